@@ -1,0 +1,35 @@
+"""The retraining pipeline: pack -> preprocess (cached) -> train (resumable) -> evaluate -> report."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from tasks.evaluate import evaluate_model
+from tasks.pack import pack_dataset
+from tasks.policies import backoff, preprocess_cache_policy, result_storage_for
+from tasks.preprocess import PREPROCESS_VERSION, fit_features
+from tasks.report import write_report
+from tasks.train import train_model
+from training.config import RetrainConfig
+
+__all__ = ["retrain"]
+
+
+@flow(name="retrain", log_prints=True)
+def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
+    """Retrain the model on the configured data; returns the path of the run's report.json."""
+    root = config.storage.root
+    packed = pack_dataset(config)
+    prep_state = fit_features.with_options(
+        cache_policy=preprocess_cache_policy(root), result_storage=result_storage_for(root)
+    )(packed["dataset_dir"], packed["fingerprint"], config.preprocess.model_dump(mode="json"), PREPROCESS_VERSION,
+      root, return_state=True)
+    prep = prep_state.result()
+    train_state = train_model.with_options(
+        retries=config.train.max_retries,
+        retry_delay_seconds=backoff(config.train.retry_delay_seconds, config.train.max_retries),
+    )(config, packed, prep, return_state=True)
+    trained = train_state.result()
+    evaluation = evaluate_model(config, packed, trained)
+    states = {"pack": "Completed", "preprocess": prep_state.name, "train": train_state.name, "evaluate": "Completed"}
+    return write_report(packed, prep, trained, evaluation, states)

@@ -1,0 +1,92 @@
+"""`retrain`: parse arguments -> config -> flow; errors -> one line and a non-zero exit.
+
+The last line on stdout of `retrain run` is the path of the run's report.json, so scripts can do
+`report=$(retrain run | tail -n1)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from training.config import load_config
+from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
+
+__all__ = ["main"]
+
+
+def _prefect_defaults() -> None:
+    # Offline machines: telemetry errors, and the first ephemeral-server start measured 13-25 s
+    # (Prefect's default timeout is 20 s). Users' explicit settings win.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="retrain", description="Cheap, preemption-safe retraining of PyTorch models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the whole pipeline: pack -> preprocess -> train -> evaluate")
+    run.add_argument("--config", type=Path, help="YAML config file (defaults: the built-in demo)")
+    run.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key, e.g. --set train.batch_size=256 (YAML value); repeatable",
+    )
+    return parser
+
+
+def _summary(report: dict[str, Any], path: str) -> str:
+    m = report["metrics"]
+    stages = report["stages"]
+    lines = [
+        f"run {report['run_key']}: {report['status']} after {report['steps']} steps",
+        f"  pack        {stages['pack']['state']:<10} dataset {stages['pack']['dataset']}"
+        f" ({'reused' if stages['pack']['reused'] else 'packed'}, {sum(stages['pack']['rows'].values())} rows)",
+        f"  preprocess  {stages['preprocess']['state']:<10} stats {stages['preprocess']['key']}",
+        f"  train       {stages['train']['state']:<10} "
+        + ("already complete" if stages["train"]["already_complete"] else
+           f"best step {stages['train']['best_step']}, val AUC {stages['train']['best_val_auc']:.4f}, "
+           f"{stages['train']['precision']} on {stages['train']['device']}"),
+        f"  evaluate    test AUC {m['auc']:.4f}  log loss {m['logloss']:.4f}  accuracy {m['accuracy']:.4f}",
+    ]
+    if report.get("bayes_auc") is not None:
+        lines.append(f"              (Bayes-optimal AUC of the demo generator: {report['bayes_auc']:.4f})")
+    if report["resumed_from_steps"]:
+        lines.append(f"  resumed from steps {report['resumed_from_steps']}, {report['steps_lost']} steps lost")
+    promo = report["promotion"]
+    lines.append(f"  champion    {'PROMOTED' if promo['promoted'] else 'kept'}: {promo['reason']}")
+    lines.append(f"  model       {report['model']['sha256'][:16]}  {report['model']['uri']}")
+    lines.append(path)
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+    _prefect_defaults()
+    from flows.retrain import retrain
+
+    report_path = retrain(config)
+    report = json.loads(Path(report_path).read_text())
+    sys.stderr.flush()
+    print(_summary(report, report_path), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except Preempted as err:
+        print(f"retrain: preempted, retries exhausted: {err}; run the same command again to resume", file=sys.stderr)
+        return EXIT_PREEMPTED
+    except RetrainError as err:
+        print(f"retrain: error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from tasks.policies import retry_only_preemptions
+from training.config import RetrainConfig
+from training.stages import train_stage
+
+__all__ = ["train_model"]
+
+
+@task(name="train", retry_condition_fn=retry_only_preemptions)
+def train_model(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any]) -> dict[str, Any]:
+    """Train in a child process; a preemption raises Preempted, which is retried and resumes."""
+    logger = get_run_logger()
+
+    def log_event(event: dict[str, Any]) -> None:
+        if event["event"] == "validation":
+            logger.info("step %d/%d  train_loss %.4f  val_auc %.4f", event["step"], event["max_steps"],
+                        event["train_loss"], event["val_auc"])
+        elif event["event"] == "resumed":
+            logger.info("resumed from step %d (%s)", event["step"], event["checkpoint"])
+
+    trained = train_stage(config, packed, prep, log_event)
+    if trained.get("already_complete"):
+        logger.info("run %s was already complete: nothing to train", trained["run_key"])
+    return trained

@@ -1,0 +1,173 @@
+"""Atomic, verified checkpoints: save, find the newest good one, load, retain.
+
+A checkpoint is the folder `step-{n:08d}/` holding `state.pt` and `manifest.json`. It is written
+under a temporary name, its manifest (sha256 and size of every file) is written last, and the
+folder is renamed into place. A folder without a verifying manifest is never resumed from:
+a torn write, flipped bytes or a missing file make the loader warn, name it, and fall back to
+the previous good checkpoint.
+
+States load with `torch.load(weights_only=True)`, which cannot execute code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.errors import CheckpointError
+from training.storage import fsync_dir
+
+__all__ = [
+    "CheckpointManifest",
+    "save_checkpoint",
+    "latest_verified_checkpoint",
+    "verify_checkpoint",
+    "load_checkpoint_state",
+    "apply_retention",
+    "list_checkpoints",
+]
+
+log = logging.getLogger(__name__)
+CHECKPOINT_FORMAT = 1
+_STATE = "state.pt"
+_MANIFEST = "manifest.json"
+
+
+@dataclass
+class CheckpointManifest:
+    step: int
+    run_key: str
+    config_fingerprint: str
+    files: dict[str, dict[str, Any]]
+    val_auc: float | None = None
+    emergency: bool = False
+    format: int = CHECKPOINT_FORMAT
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"  # zero-padded: sorting by name is sorting by step
+
+
+def save_checkpoint(ckpt_root: Path, manifest: CheckpointManifest, state: dict[str, Any]) -> Path:
+    """Write `state` durably and publish it; returns the checkpoint folder."""
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / step_dir_name(manifest.step)
+    tmp = ckpt_root / f".{final.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    state_path = tmp / _STATE
+    with open(state_path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    manifest.files = {_STATE: {"sha256": _sha256(state_path), "bytes": state_path.stat().st_size}}
+    with open(tmp / _MANIFEST, "w") as f:
+        json.dump(asdict(manifest), f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_dir(tmp)
+    if final.exists():
+        # Same step saved again (e.g. an emergency save right after a periodic one): swap it.
+        trash = ckpt_root / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    fsync_dir(ckpt_root)
+    return final
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Published checkpoint folders, newest first (verified or not)."""
+    if not ckpt_root.exists():
+        return []
+    return sorted((p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith("step-")), reverse=True)
+
+
+def verify_checkpoint(path: Path) -> CheckpointManifest:
+    """The manifest of `path` if every file it lists matches; else CheckpointError saying why."""
+    try:
+        raw = json.loads((path / _MANIFEST).read_text())
+        manifest = CheckpointManifest(**raw)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path}: no manifest (torn write)") from None
+    except (json.JSONDecodeError, TypeError) as err:
+        raise CheckpointError(f"checkpoint {path}: unreadable manifest ({err})") from None
+    for name, meta in manifest.files.items():
+        f = path / name
+        if not f.exists():
+            raise CheckpointError(f"checkpoint {path}: file {name} is missing")
+        if f.stat().st_size != meta["bytes"]:
+            raise CheckpointError(f"checkpoint {path}: {name} is {f.stat().st_size} bytes, manifest says {meta['bytes']}")
+        if _sha256(f) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupted)")
+    return manifest
+
+
+def latest_verified_checkpoint(ckpt_root: Path) -> tuple[Path, CheckpointManifest] | None:
+    """The newest checkpoint that verifies; torn or corrupt ones are skipped with a warning."""
+    for path in list_checkpoints(ckpt_root):
+        try:
+            return path, verify_checkpoint(path)
+        except CheckpointError as err:
+            log.warning("skipping checkpoint: %s", err)
+    return None
+
+
+def load_checkpoint_state(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path / _STATE, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means an unusable file
+        raise CheckpointError(f"checkpoint {path}: cannot load {_STATE} ({err})") from None
+
+
+def _looks_complete(path: Path) -> bool:
+    """Cheap check (manifest present, sizes match); the full sha256 check happens on load."""
+    try:
+        manifest = CheckpointManifest(**json.loads((path / _MANIFEST).read_text()))
+        return all((path / n).stat().st_size == m["bytes"] for n, m in manifest.files.items())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def apply_retention(ckpt_root: Path, keep_last: int, protect: set[int]) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints and the `protect`ed steps.
+
+    Called only after a newer checkpoint has been published, so the checkpoint a run resumed
+    from survives until a newer verified one exists. Torn folders and stale temp folders of
+    dead writers are removed too.
+    """
+    deleted = []
+    kept = 0
+    for path in list_checkpoints(ckpt_root):
+        step = int(path.name.split("-")[1])
+        complete = _looks_complete(path)
+        if complete and kept < keep_last:
+            kept += 1
+            continue
+        if complete and step in protect:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    for tmp in ckpt_root.glob(".step-*"):
+        if not tmp.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return deleted

@@ -1,0 +1,230 @@
+"""The validated run configuration, how it is loaded, and its fingerprints.
+
+One pydantic model (`RetrainConfig`) is the whole contract: the CLI builds it from YAML plus
+`--set` overrides, and the Prefect flow takes it as its single parameter, so the UI renders a
+form from the same field descriptions. Unknown keys are errors, and every problem is reported
+at once in a single `ConfigError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from training.errors import ConfigError
+
+__all__ = [
+    "DataConfig",
+    "PreprocessConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "EvalConfig",
+    "StorageConfig",
+    "RetrainConfig",
+    "load_config",
+    "apply_overrides",
+    "fingerprint",
+    "DEMO_NUMERIC",
+    "DEMO_CATEGORICAL",
+]
+
+DEMO_NUMERIC = ["price", "discount", "rating", "reviews_log", "position", "dwell_prev"]
+DEMO_CATEGORICAL = ["category", "device", "region", "brand"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DataConfig(_Section):
+    source: str | None = Field(
+        None,
+        description="Parquet file or directory of Parquet files. Empty: the built-in synthetic "
+        "click-through demo dataset, generated once under <storage.root>/demo/.",
+    )
+    label: str = Field("clicked", description="Label column; values must be 0 or 1.")
+    numeric: list[str] = Field(default_factory=lambda: list(DEMO_NUMERIC), description="Numeric feature columns.")
+    categorical: list[str] = Field(
+        default_factory=lambda: list(DEMO_CATEGORICAL), description="Categorical feature columns (any type)."
+    )
+    validation_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the validation split.")
+    test_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the test split.")
+    split_seed: int = Field(0, description="Seed of the deterministic row-to-split assignment.")
+    rows_per_member: int = Field(4096, gt=0, description="Rows per tar member (micro-batch) in a shard.")
+    shard_size_mb: float = Field(16.0, gt=0, description="Target shard size in MB, tar headers counted.")
+
+    @model_validator(mode="after")
+    def _columns_distinct(self) -> DataConfig:
+        columns = [self.label, *self.numeric, *self.categorical]
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        if repeated:
+            raise ValueError(f"columns listed twice across label/numeric/categorical: {repeated}")
+        if not self.numeric and not self.categorical:
+            raise ValueError("no feature columns: set data.numeric and/or data.categorical")
+        return self
+
+
+class PreprocessConfig(_Section):
+    max_vocab: int = Field(1000, gt=0, description="Most frequent categories kept per column; others share one bucket.")
+    min_count: int = Field(1, gt=0, description="Categories seen fewer times in the train split are treated as unknown.")
+
+
+class ModelConfig(_Section):
+    factory: str | None = Field(
+        None,
+        description='User model as "package.module:function" called with (n_numeric, cardinalities, config); '
+        "empty: the built-in MLP with categorical embeddings.",
+    )
+    hidden: list[int] = Field(default_factory=lambda: [128, 64], description="Hidden layer widths of the MLP.")
+    embedding_dim: int = Field(16, gt=0, description="Embedding width per categorical column.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each hidden layer.")
+    gradient_checkpointing: bool = Field(False, description="Recompute hidden activations in backward to save memory.")
+
+    @field_validator("hidden")
+    @classmethod
+    def _positive_widths(cls, v: list[int]) -> list[int]:
+        if any(w <= 0 for w in v):
+            raise ValueError(f"every hidden width must be > 0 (got {v})")
+        return v
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, v: str | None) -> str | None:
+        if v is not None and (v.count(":") != 1 or not all(v.split(":"))):
+            raise ValueError(f'must look like "package.module:function" (got {v!r})')
+        return v
+
+
+class TrainConfig(_Section):
+    max_steps: int = Field(600, gt=0, description="Optimizer steps at most.")
+    batch_size: int = Field(512, gt=0, description="Rows per micro-batch.")
+    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.")
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW.")
+    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(50, ge=0, description="Linear warmup steps, then cosine decay to 10% of lr.")
+    grad_clip: float = Field(1.0, ge=0, description="Max gradient norm; 0 disables clipping.")
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="auto: bf16 on CUDA GPUs that support it, fp16 on older GPUs, fp32 on CPU."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.")
+    eval_every: int = Field(100, gt=0, description="Validate every N optimizer steps.")
+    checkpoint_every: int = Field(100, gt=0, description="Checkpoint every N optimizer steps.")
+    keep_last: int = Field(2, gt=0, description="Checkpoints kept besides the best one.")
+    patience: int = Field(5, ge=0, description="Validations without improvement before early stop; 0 disables.")
+    min_delta: float = Field(1e-4, ge=0, description="Smallest validation AUC gain that counts as improvement.")
+    seed: int = Field(0, description="Seed of model init, data order and dropout.")
+    deterministic: bool = Field(True, description="Deterministic kernels, so a resumed run is bit-identical.")
+    num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    spot_notice_url: str | None = Field(
+        None,
+        description="Spot-interruption notice URL to poll (off when empty), e.g. "
+        "http://169.254.169.254/latest/meta-data/spot/instance-action on AWS.",
+    )
+    spot_poll_seconds: float = Field(5.0, gt=0, description="Seconds between spot-notice polls.")
+    max_retries: int = Field(3, ge=0, description="Times the train task is retried after a preemption.")
+    retry_delay_seconds: float = Field(10.0, ge=0, description="First retry delay; doubles each retry.")
+
+
+class EvalConfig(_Section):
+    target_auc: float | None = Field(None, gt=0, le=1, description="Test AUC a model must reach to be promoted.")
+    min_delta: float = Field(0.0, ge=0, description="Test AUC the challenger must gain over the champion.")
+
+
+class StorageConfig(_Section):
+    root: str = Field(".retrain", description="Root of datasets, caches, runs and models.")
+
+
+class RetrainConfig(_Section):
+    """Everything that defines a retraining run."""
+
+    data: DataConfig = Field(default_factory=DataConfig)
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+
+
+def fingerprint(*parts: Any) -> str:
+    """A short content address: sha256 of the canonical JSON of `parts`."""
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=_jsonable)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    raise TypeError(f"cannot fingerprint {type(value).__name__}")
+
+
+def _format_errors(err: ValidationError, origin: str) -> str:
+    problems = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "<top level>"
+        if e["type"] == "extra_forbidden":
+            problems.append(f"unknown key '{key}'")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+            problems.append(f"{key}: {msg}{shown}")
+    return f"invalid config {origin}: " + "; ".join(problems)
+
+
+def validate_config(raw: dict[str, Any], origin: str = "") -> RetrainConfig:
+    """Build the config from a plain mapping, collecting every problem into one error."""
+    try:
+        return RetrainConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err, origin or "(from --set)")) from None
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `dotted.key=value` overrides; values parse as YAML scalars or lists."""
+    out = json.loads(json.dumps(raw))
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. --set train.batch_size=256")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(f"--set {key}: cannot parse {text!r} as a YAML value") from None
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}: '{part}' is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RetrainConfig:
+    """Read YAML (optional), apply overrides, validate; every problem in one `ConfigError`."""
+    raw: dict[str, Any] = {}
+    origin = ""
+    if path is not None:
+        p = Path(path)
+        origin = f"in {p}"
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p} does not exist") from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"config file {p} is not valid YAML{where}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of sections (data, train, ...)")
+        raw = loaded
+    raw = apply_overrides(raw, overrides or [])
+    return validate_config(raw, origin)

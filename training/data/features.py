@@ -1,0 +1,135 @@
+"""Feature statistics fitted on the train split, and the transform that applies them.
+
+Numeric columns are standardised with the train mean and std (nulls become the mean).
+Categorical columns arrive as 63-bit hashes from packing; the `max_vocab` most frequent train
+values (seen at least `min_count` times) get indices 1..V, everything else shares index 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from training.config import PreprocessConfig, fingerprint
+from training.data.packing import DatasetManifest
+from training.data.shards import ShardReader
+
+__all__ = ["PREPROCESS_VERSION", "FeatureStats", "fit_feature_stats", "preprocess_key"]
+
+# Bump when the fitting or transform code changes meaning: it is part of the cache key.
+PREPROCESS_VERSION = "1"
+
+
+@dataclass
+class FeatureStats:
+    numeric: list[str]
+    categorical: list[str]
+    mean: list[float]
+    std: list[float]
+    vocab: list[list[int]]  # per categorical column: hashes in index order (index = position + 1)
+    key: str = ""
+
+    @property
+    def cardinalities(self) -> list[int]:
+        return [len(v) + 1 for v in self.vocab]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> FeatureStats:
+        return cls(**json.loads(text))
+
+    def transformer(self) -> FeatureTransform:
+        return FeatureTransform(self)
+
+
+class FeatureTransform:
+    """Vectorised numpy transform of one micro-batch; picklable for DataLoader workers."""
+
+    def __init__(self, stats: FeatureStats) -> None:
+        self.mean = np.asarray(stats.mean, dtype=np.float32)
+        self.inv_std = (1.0 / np.asarray(stats.std, dtype=np.float64)).astype(np.float32)
+        self.lookups = []
+        for hashes in stats.vocab:
+            keys = np.asarray(hashes, dtype=np.int64)
+            order = np.argsort(keys, kind="stable")
+            self.lookups.append((keys[order], (order + 1).astype(np.int64)))
+
+    def __call__(self, num: np.ndarray, cat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        x = (num - self.mean) * self.inv_std
+        np.nan_to_num(x, copy=False, nan=0.0)
+        out = np.zeros(cat.shape, dtype=np.int64)
+        for j, (keys, index) in enumerate(self.lookups):
+            if keys.size == 0:
+                continue
+            col = cat[:, j]
+            pos = np.searchsorted(keys, col)
+            pos_clipped = np.minimum(pos, keys.size - 1)
+            hit = keys[pos_clipped] == col
+            out[:, j] = np.where(hit, index[pos_clipped], 0)
+        return x.astype(np.float32, copy=False), out
+
+
+def preprocess_key(dataset_fingerprint: str, config: PreprocessConfig) -> str:
+    return fingerprint("preprocess", PREPROCESS_VERSION, dataset_fingerprint, config)
+
+
+def fit_feature_stats(
+    dataset_dir: Path, manifest: DatasetManifest, config: PreprocessConfig, out_root: Path
+) -> tuple[Path, FeatureStats]:
+    """Fit on the train split and write `<out_root>/<key>/feature_stats.json` (atomic)."""
+    key = preprocess_key(manifest.fingerprint, config)
+    out_path = out_root / key / "feature_stats.json"
+    if out_path.exists():
+        return out_path, FeatureStats.from_json(out_path.read_text())
+
+    n_num, n_cat = len(manifest.numeric), len(manifest.categorical)
+    total = np.zeros(n_num, dtype=np.float64)
+    total_sq = np.zeros(n_num, dtype=np.float64)
+    count = np.zeros(n_num, dtype=np.int64)
+    counts: list[dict[int, int]] = [{} for _ in range(n_cat)]
+    for shard in manifest.shards_of("train"):
+        reader = ShardReader(dataset_dir / shard.name)
+        try:
+            for key_ in reader.keys:
+                block = reader.block(key_)
+                num = block["num"].astype(np.float64)
+                finite = np.isfinite(num)
+                total += np.where(finite, num, 0).sum(axis=0)
+                total_sq += np.where(finite, num * num, 0).sum(axis=0)
+                count += finite.sum(axis=0)
+                for j in range(n_cat):
+                    values, freq = np.unique(block["cat"][:, j], return_counts=True)
+                    d = counts[j]
+                    for v, c in zip(values.tolist(), freq.tolist()):
+                        d[v] = d.get(v, 0) + c
+            del block  # drop the views into the mmap before closing it
+        finally:
+            reader.close()
+    mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
+    var = np.divide(total_sq, count, out=np.zeros_like(total), where=count > 0) - mean**2
+    std = np.sqrt(np.maximum(var, 0))
+    std[std < 1e-12] = 1.0  # constant column: leave it centred, do not divide by ~0
+    vocab = []
+    for d in counts:
+        kept = [(c, h) for h, c in d.items() if c >= config.min_count and h != 0]
+        kept.sort(key=lambda t: (-t[0], t[1]))
+        vocab.append([h for _, h in kept[: config.max_vocab]])
+    stats = FeatureStats(
+        numeric=list(manifest.numeric),
+        categorical=list(manifest.categorical),
+        mean=mean.tolist(),
+        std=std.tolist(),
+        vocab=vocab,
+        key=key,
+    )
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    tmp.write_text(stats.to_json())
+    os.replace(tmp, out_path)
+    return out_path, stats

@@ -1,0 +1,102 @@
+"""Test-split evaluation of a model package, and the champion/challenger promotion.
+
+`<root>/models/<sha256>/` holds promoted model packages (content-addressed, written first);
+`<root>/models/champion` is a small JSON pointer to one of them, replaced atomically. A crash
+between the two writes leaves the old champion in place and an unreferenced package behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training.config import EvalConfig, ModelConfig
+from training.data.features import FeatureStats
+from training.data.loader import ShardBatches, iter_split
+from training.data.packing import DatasetManifest
+from training.errors import CheckpointError
+from training.metrics import accuracy, log_loss, roc_auc
+from training.model import build_model, weights_sha256
+from training.storage import read_json, write_json_atomic
+
+__all__ = ["evaluate_package", "read_champion", "decide_promotion", "promote", "EVAL_BATCH"]
+
+EVAL_BATCH = 8192
+
+
+def load_package(package_dir: Path) -> tuple[torch.nn.Module, FeatureStats, dict[str, Any]]:
+    meta = read_json(package_dir / "model.json")
+    if meta is None:
+        raise CheckpointError(f"model package {package_dir} has no model.json")
+    stats = FeatureStats(**meta["feature_stats"])
+    model = build_model(ModelConfig(**meta["model_config"]), len(stats.numeric), stats.cardinalities)
+    try:
+        state = torch.load(package_dir / "model.pt", map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001
+        raise CheckpointError(f"model package {package_dir}: cannot load model.pt ({err})") from None
+    if weights_sha256(state) != meta["sha256"]:
+        raise CheckpointError(f"model package {package_dir}: weights do not match their sha256 (corrupted)")
+    model.load_state_dict(state)
+    model.eval()
+    return model, stats, meta
+
+
+def compatible(stats: FeatureStats, manifest: DatasetManifest) -> bool:
+    return stats.numeric == manifest.numeric and stats.categorical == manifest.categorical
+
+
+@torch.no_grad()
+def evaluate_package(package_dir: Path, dataset_dir: Path, manifest: DatasetManifest, split: str = "test") -> dict[str, float]:
+    """Exact AUC, log loss and accuracy of a model package on a split, with its own feature stats."""
+    model, stats, _ = load_package(package_dir)
+    batches = ShardBatches(dataset_dir, manifest, split, EVAL_BATCH, stats.transformer(), shuffle=False, drop_last=False)
+    probs, labels = [], []
+    for x_num, x_cat, y in iter_split(batches):
+        probs.append(torch.sigmoid(model(x_num, x_cat).float()).numpy())
+        labels.append(y.numpy())
+    p, y = np.concatenate(probs), np.concatenate(labels)
+    return {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "accuracy": accuracy(y, p), "rows": int(y.size)}
+
+
+def read_champion(models_root: Path) -> dict[str, Any] | None:
+    return read_json(models_root / "champion")
+
+
+def decide_promotion(
+    challenger_sha: str, challenger: dict[str, float], champion_sha: str | None, champion: dict[str, float] | None,
+    config: EvalConfig,
+) -> tuple[bool, str]:
+    auc = challenger["auc"]
+    if config.target_auc is not None and auc < config.target_auc:
+        return False, f"test AUC {auc:.4f} is below eval.target_auc {config.target_auc:.4f}"
+    if champion_sha == challenger_sha:
+        return False, "this model is already the champion"
+    if champion is None:
+        return True, f"no champion yet; test AUC {auc:.4f}"
+    needed = champion["auc"] + config.min_delta
+    if auc >= needed and auc > champion["auc"]:
+        return True, f"test AUC {auc:.4f} beats the champion's {champion['auc']:.4f} by at least eval.min_delta {config.min_delta}"
+    return False, f"test AUC {auc:.4f} does not beat the champion's {champion['auc']:.4f} by eval.min_delta {config.min_delta}"
+
+
+def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str, Any]) -> Path:
+    """Copy the package to models/<sha256>/ (first), then swap the champion pointer (last)."""
+    target = models_root / sha256
+    if not (target / "model.json").exists():
+        tmp = models_root / f".{sha256}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(package_dir, tmp)
+        os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
+    write_json_atomic(models_root / "champion", {**record, "sha256": sha256, "uri": str(target / "model.pt")})
+    return target
+
+
+def champion_package(models_root: Path, pointer: dict[str, Any]) -> Path:
+    return models_root / pointer["sha256"]
+
+

@@ -1,0 +1,369 @@
+"""The training loop: one function that reads top to bottom.
+
+Everything that shapes the future of the run is in the checkpoint (model, optimizer, scheduler,
+scaler, step, data position, every RNG, early-stopping state, time accumulators, history), so a
+run killed at any moment and resumed ends bit-identical to an uninterrupted one (deterministic
+mode, same hardware). Rank-aware through `rank`/`world_size` arguments and free of module state,
+so it can run under torchrun later.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import struct
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from training.checkpoint import (
+    CheckpointManifest,
+    apply_retention,
+    latest_verified_checkpoint,
+    load_checkpoint_state,
+    save_checkpoint,
+)
+from training.config import RetrainConfig, fingerprint
+from training.data.features import FeatureStats
+from training.data.loader import ShardBatches, StreamPosition, iter_split, make_train_loader
+from training.data.packing import load_manifest
+from training.early_stopping import EarlyStopping
+from training.errors import CheckpointError, DataError, Preempted
+from training.metrics import log_loss, roc_auc
+from training.model import build_model, weights_sha256
+from training.precision import autocast_dtype, resolve_device, resolve_precision
+from training.rng import capture_rng, configure_determinism, restore_rng, seed_everything
+from training.storage import read_json, write_json_atomic
+
+__all__ = ["TrainJob", "StopFlag", "train", "train_fingerprint", "EVAL_BATCH_SIZE"]
+
+log = logging.getLogger(__name__)
+EVAL_BATCH_SIZE = 8192
+# Train-config fields that change how a run is executed, not what it computes.
+_OPERATIONAL = {
+    "num_workers", "max_retries", "retry_delay_seconds", "checkpoint_every", "keep_last", "device",
+    "spot_notice_url", "spot_poll_seconds",
+}
+
+
+def train_fingerprint(config: RetrainConfig) -> str:
+    return fingerprint(
+        "train", config.model, config.train.model_dump(mode="json", exclude=_OPERATIONAL)
+    )
+
+
+@dataclass
+class TrainJob:
+    """Everything the training process needs; JSON so it can cross a process boundary."""
+
+    run_key: str
+    run_dir: str
+    dataset_dir: str
+    stats_path: str
+    config: dict[str, Any]
+
+    def save(self, path: Path) -> None:
+        write_json_atomic(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: Path) -> TrainJob:
+        return cls(**json.loads(path.read_text()))
+
+
+class StopFlag:
+    """Set from a signal handler or the spot-notice poller; checked after each optimizer step."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+
+@dataclass
+class RunState:
+    """Counters that survive resumes (saved in every checkpoint)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    resumed_from_steps: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    steps_lost: int = 0
+    seconds: dict[str, float] = field(
+        default_factory=lambda: {"train": 0.0, "data_wait": 0.0, "compute": 0.0, "checkpoint": 0.0, "eval": 0.0, "lost": 0.0}
+    )
+
+
+class _Heartbeat:
+    """The highest step reached and the train seconds at that point, overwritten in place each
+    step (one pwrite, no fsync): after a hard kill it tells the next attempt how much was lost."""
+
+    _FMT = "<qd"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+
+    def read(self) -> tuple[int, float] | None:
+        data = os.pread(self._fd, struct.calcsize(self._FMT), 0)
+        return struct.unpack(self._FMT, data) if len(data) == struct.calcsize(self._FMT) else None
+
+    def write(self, step: int, seconds: float) -> None:
+        os.pwrite(self._fd, struct.pack(self._FMT, step, seconds), 0)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))  # cosine down to 10%
+
+    return f
+
+
+@torch.no_grad()
+def evaluate_batches(model: torch.nn.Module, batches: ShardBatches, device: torch.device, precision: str) -> dict[str, float]:
+    was_training = model.training
+    model.eval()
+    probs, labels = [], []
+    dtype = autocast_dtype(precision)
+    for x_num, x_cat, y in iter_split(batches):
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            logits = model(x_num.to(device), x_cat.to(device))
+        probs.append(torch.sigmoid(logits.float()).cpu().numpy())
+        labels.append(y.numpy())
+    model.train(was_training)
+    p, y = np.concatenate(probs), np.concatenate(labels)
+    return {"auc": roc_auc(y, p), "logloss": log_loss(y, p)}
+
+
+def train(
+    job: TrainJob,
+    stop: StopFlag | None = None,
+    emit: Callable[[dict[str, Any]], None] = lambda event: None,
+    rank: int = 0,
+    world_size: int = 1,
+) -> dict[str, Any]:
+    """Train (or resume, or find already finished) the run in `job.run_dir`; return its result."""
+    stop = stop or StopFlag()
+    started = time.time()
+    spawn_time = float(os.environ.get("RETRAIN_SPAWN_TIME", started))
+    config = RetrainConfig.model_validate(job.config)
+    tc = config.train
+    run_dir = Path(job.run_dir)
+    ckpt_dir = run_dir / "checkpoints"
+    result_path = run_dir / "result.json"
+    config_fp = train_fingerprint(config)
+
+    finished = read_json(result_path)
+    if finished is not None:
+        finished["already_complete"] = True
+        return finished
+
+    device = resolve_device(tc.device)
+    precision = resolve_precision(tc.precision, device)
+    seed_everything(tc.seed)
+    configure_determinism(tc.deterministic)
+
+    dataset_dir = Path(job.dataset_dir)
+    manifest = load_manifest(dataset_dir)
+    if manifest is None:
+        raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
+    stats = FeatureStats.from_json(Path(job.stats_path).read_text())
+    transform = stats.transformer()
+    train_batches = ShardBatches(dataset_dir, manifest, "train", tc.batch_size, transform, seed=tc.seed)
+    val_batches = ShardBatches(
+        dataset_dir, manifest, "validation", EVAL_BATCH_SIZE, transform, shuffle=False, drop_last=False
+    )
+
+    model = build_model(config.model, len(stats.numeric), stats.cardinalities).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(tc.warmup_steps, tc.max_steps))
+    # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    stopper = EarlyStopping(tc.patience, tc.min_delta)
+    state = RunState()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    heartbeat = _Heartbeat(run_dir / "heartbeat.bin")
+
+    found = latest_verified_checkpoint(ckpt_dir)
+    resumed_step: int | None = None
+    if found is not None:
+        path, ckpt_manifest = found
+        if ckpt_manifest.run_key != job.run_key or ckpt_manifest.config_fingerprint != config_fp:
+            raise CheckpointError(
+                f"checkpoint {path} belongs to run {ckpt_manifest.run_key} (config {ckpt_manifest.config_fingerprint}), "
+                f"not {job.run_key} (config {config_fp}); move it away or use a fresh storage.root"
+            )
+        saved = load_checkpoint_state(path)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        scaler.load_state_dict(saved["scaler"])
+        stopper.load_state_dict(saved["early_stopping"])
+        state = RunState(**saved["run"])
+        restore_rng(saved["rng"])
+        resumed_step = state.step
+        state.resumed_from_steps.append(state.step)
+        state.preemptions += 1
+        beat = heartbeat.read()
+        if beat is not None and beat[0] > state.step:
+            state.steps_lost += beat[0] - state.step
+            state.seconds["lost"] += max(0.0, beat[1] - state.seconds["train"])
+        log.info("resuming from %s (step %d)", path.name, state.step)
+        emit({"event": "resumed", "step": state.step, "checkpoint": str(path)})
+    elif ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+        log.warning("no verified checkpoint in %s: starting from step 0", ckpt_dir)
+
+    def save(emergency: bool = False) -> None:
+        t0 = time.perf_counter()
+        payload = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+            "early_stopping": stopper.state_dict(),
+            "run": asdict(state),
+            "rng": capture_rng(),
+        }
+        val_auc = state.history[-1]["val_auc"] if state.history and state.history[-1]["step"] == state.step else None
+        man = CheckpointManifest(state.step, job.run_key, config_fp, {}, val_auc=val_auc, emergency=emergency)
+        save_checkpoint(ckpt_dir, man, payload)
+        protect = {s for s in (stopper.best_step, resumed_step) if s is not None}
+        apply_retention(ckpt_dir, tc.keep_last, protect)
+        state.seconds["checkpoint"] += time.perf_counter() - t0
+        emit({"event": "checkpoint", "step": state.step, "emergency": emergency})
+
+    dtype = autocast_dtype(precision)
+    loader = make_train_loader(
+        train_batches, StreamPosition(state.epoch, state.batch), tc.num_workers, pin_memory=device.type == "cuda"
+    )
+    batches = iter(loader)
+    model.train()
+    status = "completed"
+    first_step_latency: float | None = None
+    clock = time.perf_counter()
+    while state.step < tc.max_steps:
+        if stop.requested:
+            save(emergency=True)
+            heartbeat.close()
+            raise Preempted(f"stopped at step {state.step}: {stop.reason}", step=state.step)
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=device)
+        for _ in range(tc.grad_accum):
+            t_wait = time.perf_counter()
+            epoch, index, x_num, x_cat, y = next(batches)
+            x_num, x_cat, y = x_num.to(device, non_blocking=True), x_cat.to(device, non_blocking=True), y.to(device)
+            t_compute = time.perf_counter()
+            state.seconds["data_wait"] += t_compute - t_wait
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                logits = model(x_num, x_cat)
+            # Loss in fp32 and divided by the accumulation steps, so the summed gradient is a mean.
+            loss = F.binary_cross_entropy_with_logits(logits.float(), y) / tc.grad_accum
+            scaler.scale(loss).backward()
+            loss_sum += loss.detach()
+            state.seconds["compute"] += time.perf_counter() - t_compute
+        state.epoch, state.batch = divmod(epoch * train_batches.batches_per_epoch + index + 1, train_batches.batches_per_epoch)
+        if tc.grad_clip > 0:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        state.step += 1
+        now = time.perf_counter()
+        state.seconds["train"] += now - clock
+        clock = now
+        heartbeat.write(state.step, state.seconds["train"])
+        if first_step_latency is None:
+            first_step_latency = time.time() - spawn_time
+
+        improved = False
+        if state.step % tc.eval_every == 0 or state.step == tc.max_steps:
+            t_eval = time.perf_counter()
+            val = evaluate_batches(model, val_batches, device, precision)
+            improved = stopper.update(val["auc"], state.step)
+            state.history.append(
+                {"step": state.step, "train_loss": float(loss_sum), "val_auc": val["auc"], "val_logloss": val["logloss"],
+                 "lr": scheduler.get_last_lr()[0]}
+            )
+            state.seconds["eval"] += time.perf_counter() - t_eval
+            emit({"event": "validation", **state.history[-1], "max_steps": tc.max_steps})
+        early = stopper.should_stop
+        if state.step % tc.checkpoint_every == 0 or improved or early or state.step == tc.max_steps:
+            save()
+        clock = time.perf_counter()  # checkpoint and eval time are accounted separately
+        if early:
+            status = "early_stopped"
+            break
+    heartbeat.close()
+
+    best_step = stopper.best_step
+    best_dir = ckpt_dir / f"step-{best_step:08d}"
+    best_state = load_checkpoint_state(best_dir)["model"]
+    package = export_model_package(run_dir / "model", best_state, config, stats, job.run_key, best_step, stopper.best)
+    result = {
+        "run_key": job.run_key,
+        "status": status,
+        "steps": state.step,
+        "best_step": best_step,
+        "best_val_auc": stopper.best,
+        "precision": precision,
+        "device": device.type,
+        "model": package,
+        "history": state.history,
+        "resumed_from_steps": state.resumed_from_steps,
+        "preemptions": state.preemptions,
+        "steps_lost": state.steps_lost,
+        "seconds": state.seconds,
+        "first_step_latency_seconds": first_step_latency,
+        "samples_seen": state.step * tc.batch_size * tc.grad_accum * world_size,
+    }
+    if rank == 0:
+        write_json_atomic(result_path, result)
+    return result
+
+
+def export_model_package(
+    out_dir: Path,
+    state_dict: dict[str, torch.Tensor],
+    config: RetrainConfig,
+    stats: FeatureStats,
+    run_key: str,
+    best_step: int | None,
+    val_auc: float | None,
+) -> dict[str, Any]:
+    """A self-contained model: weights plus everything needed to score new data."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sha = weights_sha256(state_dict)
+    tmp = out_dir / f".model.pt.tmp-{os.getpid()}"
+    torch.save(state_dict, tmp)
+    os.replace(tmp, out_dir / "model.pt")
+    meta = {
+        "sha256": sha,
+        "run_key": run_key,
+        "best_step": best_step,
+        "val_auc": val_auc,
+        "model_config": config.model.model_dump(mode="json"),
+        "feature_stats": json.loads(stats.to_json()),
+    }
+    write_json_atomic(out_dir / "model.json", meta)
+    return {"uri": str(out_dir / "model.pt"), "sha256": sha}

@@ -1,0 +1,210 @@
+"""The four pipeline stages as plain functions of small values (paths, fingerprints, metrics).
+
+Each Prefect task in `tasks/` calls exactly one of these, so the whole pipeline also runs and
+is tested without Prefect. Storage layout under `storage.root`:
+
+    demo/                         the synthetic demo dataset (only when data.source is empty)
+    datasets/<fingerprint>/       shards + manifest.json
+    preprocess/<key>/             feature_stats.json
+    runs/<run_key>/               checkpoints/, model/, result.json, evaluation.json, report.json
+    models/<sha256>/              promoted model packages
+    models/champion               pointer (JSON) to the champion package
+    prefect/                      Prefect task results and cache records
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from training.config import RetrainConfig, fingerprint
+from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key
+from training.data.packing import load_manifest, pack_shards
+from training.errors import DataError
+from training.evaluate import champion_package, compatible, decide_promotion, evaluate_package, promote, read_champion
+from training.loop import TrainJob, train_fingerprint
+from training.storage import read_json, write_json_atomic
+
+__all__ = ["pack_stage", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
+
+
+def _root(config: RetrainConfig) -> Path:
+    return Path(config.storage.root).expanduser().resolve()
+
+
+def pack_stage(config: RetrainConfig) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    root = _root(config)
+    bayes_auc = None
+    if config.data.source is None:
+        from training.data.demo import ensure_demo_dataset
+
+        source, bayes_auc = ensure_demo_dataset(root)
+    else:
+        source = Path(config.data.source).expanduser()
+    dataset_dir, manifest, reused = pack_shards(source, config.data, root / "datasets")
+    return {
+        "source": str(source),
+        "dataset_dir": str(dataset_dir),
+        "fingerprint": manifest.fingerprint,
+        "rows": manifest.rows,
+        "shards": len(manifest.shards),
+        "reused": reused,
+        "bayes_auc": bayes_auc,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def preprocess_stage(dataset_dir: str, preprocess: dict[str, Any], storage_root: str) -> dict[str, Any]:
+    from training.config import PreprocessConfig
+
+    t0 = time.perf_counter()
+    config = PreprocessConfig.model_validate(preprocess)
+    manifest = load_manifest(Path(dataset_dir))
+    if manifest is None:
+        raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
+    stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, Path(storage_root) / "preprocess")
+    return {
+        "stats_path": str(stats_path),
+        "key": stats.key,
+        "code_version": PREPROCESS_VERSION,
+        "cardinalities": stats.cardinalities,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
+def run_key_for(config: RetrainConfig, dataset_fingerprint: str) -> str:
+    return fingerprint("run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess), train_fingerprint(config))
+
+
+def train_stage(
+    config: RetrainConfig,
+    packed: dict[str, Any],
+    prep: dict[str, Any],
+    on_event: Callable[[dict[str, Any]], None] = lambda e: None,
+) -> dict[str, Any]:
+    from training.launch import run_training_process
+
+    t0 = time.perf_counter()
+    root = _root(config)
+    stats_path = Path(prep["stats_path"])
+    if not stats_path.exists():
+        # The Prefect cache can outlive the file it points at (someone cleaned the root):
+        # refitting is deterministic, so do it rather than fail.
+        prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), str(root))
+    run_key = run_key_for(config, packed["fingerprint"])
+    job = TrainJob(
+        run_key=run_key,
+        run_dir=str(root / "runs" / run_key),
+        dataset_dir=packed["dataset_dir"],
+        stats_path=prep["stats_path"],
+        config=config.model_dump(mode="json"),
+    )
+    finished = read_json(Path(job.run_dir) / "result.json")
+    if finished is not None:
+        # A finished run needs no child process (and no 4 s of torch start-up).
+        result = {**finished, "already_complete": True}
+    else:
+        result = run_training_process(job, on_event)
+    summary = {k: v for k, v in result.items() if k != "history"}
+    summary["run_dir"] = job.run_dir
+    summary["seconds_this_attempt"] = time.perf_counter() - t0
+    return summary
+
+
+def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    root = _root(config)
+    run_dir = Path(trained["run_dir"])
+    dataset_dir = Path(packed["dataset_dir"])
+    manifest = load_manifest(dataset_dir)
+    if manifest is None:
+        raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
+    challenger_sha = trained["model"]["sha256"]
+    metrics = evaluate_package(run_dir / "model", dataset_dir, manifest)
+    models_root = root / "models"
+    pointer = read_champion(models_root)
+    champion_metrics = None
+    champion_note = None
+    if pointer is not None:
+        package = champion_package(models_root, pointer)
+        from training.evaluate import load_package
+
+        _, stats, _ = load_package(package)
+        if compatible(stats, manifest):
+            champion_metrics = evaluate_package(package, dataset_dir, manifest)
+            champion_note = "re-evaluated on this run's test split"
+        else:
+            champion_metrics = pointer.get("metrics")
+            champion_note = "feature columns differ from this dataset: compared on its recorded test metrics"
+    promoted, reason = decide_promotion(
+        challenger_sha, metrics, pointer["sha256"] if pointer else None, champion_metrics, config.eval
+    )
+    if promoted:
+        promote(
+            models_root,
+            run_dir / "model",
+            challenger_sha,
+            {"run_key": trained["run_key"], "metrics": metrics, "dataset": packed["fingerprint"]},
+        )
+    evaluation = {
+        "metrics": metrics,
+        "target_auc": config.eval.target_auc,
+        "target_met": None if config.eval.target_auc is None else metrics["auc"] >= config.eval.target_auc,
+        "promotion": {
+            "promoted": promoted,
+            "reason": reason,
+            "challenger_sha256": challenger_sha,
+            "champion_sha256": pointer["sha256"] if pointer else None,
+            "champion_metrics": champion_metrics,
+            "champion_note": champion_note,
+        },
+        "seconds": time.perf_counter() - t0,
+    }
+    write_json_atomic(run_dir / "evaluation.json", evaluation)
+    return evaluation
+
+
+def report_stage(
+    packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any], evaluation: dict[str, Any],
+    stage_states: dict[str, str],
+) -> str:
+    run_dir = Path(trained["run_dir"])
+    result = read_json(run_dir / "result.json") or {}
+    durations = {
+        "pack": packed["seconds"],
+        "preprocess": prep["seconds"],
+        "train": trained["seconds_this_attempt"],
+        "evaluate": evaluation["seconds"],
+    }
+    report = {
+        "run_key": trained["run_key"],
+        "status": trained["status"],
+        "steps": trained["steps"],
+        "metrics": {k: evaluation["metrics"][k] for k in ("auc", "logloss", "accuracy")},
+        "model": trained["model"],
+        "resumed_from_steps": trained["resumed_from_steps"],
+        "preemptions": trained["preemptions"],
+        "steps_lost": trained["steps_lost"],
+        "durations": durations,
+        "cost": {},  # filled by the cost-accounting stage
+        "stages": {
+            "pack": {"state": stage_states.get("pack"), "reused": packed["reused"], "dataset": packed["fingerprint"],
+                     "rows": packed["rows"], "shards": packed["shards"], "dir": packed["dataset_dir"]},
+            "preprocess": {"state": stage_states.get("preprocess"), "key": prep["key"], "stats": prep["stats_path"]},
+            "train": {"state": stage_states.get("train"), "already_complete": bool(trained.get("already_complete")),
+                      "best_step": trained["best_step"], "best_val_auc": trained["best_val_auc"],
+                      "precision": trained["precision"], "device": trained["device"],
+                      "seconds": trained["seconds"], "first_step_latency_seconds": trained["first_step_latency_seconds"],
+                      "history": result.get("history", [])},
+            "evaluate": {"state": stage_states.get("evaluate")},
+        },
+        "target_auc": evaluation["target_auc"],
+        "target_met": evaluation["target_met"],
+        "promotion": evaluation["promotion"],
+        "bayes_auc": packed.get("bayes_auc"),
+    }
+    path = run_dir / "report.json"
+    write_json_atomic(path, report)
+    return str(path)

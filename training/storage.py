@@ -1,0 +1,50 @@
+"""Durable local writes: temp file, fsync, atomic rename, fsync of the folder.
+
+A reader sees either the old file or the new one, never a torn one, even across a power cut.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from training.errors import StorageError
+
+__all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json"]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except OSError as err:
+        raise StorageError(f"cannot write {path}: {err.strerror or err}") from None
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    write_atomic(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError as err:
+        raise StorageError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
