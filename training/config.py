@@ -101,7 +101,7 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    max_steps: int = Field(600, gt=0, description="Optimizer steps at most.")
+    max_steps: int = Field(2000, gt=0, description="Optimizer steps at most.")
     batch_size: int = Field(512, gt=0, description="Rows per micro-batch.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW.")
@@ -112,8 +112,8 @@ class TrainConfig(_Section):
         "auto", description="auto: bf16 on CUDA GPUs that support it, fp16 on older GPUs, fp32 on CPU."
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.")
-    eval_every: int = Field(100, gt=0, description="Validate every N optimizer steps.")
-    checkpoint_every: int = Field(100, gt=0, description="Checkpoint every N optimizer steps.")
+    eval_every: int = Field(200, gt=0, description="Validate every N optimizer steps.")
+    checkpoint_every: int = Field(200, gt=0, description="Checkpoint every N optimizer steps.")
     keep_last: int = Field(2, gt=0, description="Checkpoints kept besides the best one.")
     patience: int = Field(5, ge=0, description="Validations without improvement before early stop; 0 disables.")
     min_delta: float = Field(1e-4, ge=0, description="Smallest validation AUC gain that counts as improvement.")

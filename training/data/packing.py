@@ -185,7 +185,7 @@ class _Validator:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise DataError(
-                f"{path}: label column '{name}' must be 0 or 1, found {values[i]!r} at row {first_row + i}"
+                f"{path}: label column '{name}' must be 0 or 1, found {float(values[i])!r} at row {first_row + i}"
             )
         return values.astype(np.float32)
 

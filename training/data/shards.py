@@ -129,4 +129,7 @@ class ShardReader:
         return {field: np.concatenate([b[field] for b in blocks]) for field in FIELDS}
 
     def close(self) -> None:
-        self._mm.close()
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # arrays still view the mapping; it is unmapped when the last one is freed

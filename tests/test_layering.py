@@ -1,0 +1,56 @@
+"""The import direction: training/ never imports Prefect or the layers above it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {
+    "training": {"prefect", "tasks", "flows", "retrain_cli"},
+    "tasks": {"flows", "retrain_cli"},
+    "flows": {"retrain_cli"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
+def test_layer_imports_only_downwards(layer: str) -> None:
+    offenders = {
+        str(p.relative_to(ROOT)): sorted(_imports(p) & FORBIDDEN[layer]) for p in (ROOT / layer).rglob("*.py")
+    }
+    offenders = {k: v for k, v in offenders.items() if v}
+    assert offenders == {}
+
+
+def test_flows_import_only_tasks_and_the_config_model() -> None:
+    for path in (ROOT / "flows").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("training"):
+                assert node.module == "training.config", f"{path.name} imports {node.module}"
+
+
+def test_training_runs_without_prefect_importable() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['prefect'] = None\n"
+        "import training.stages, training.loop, training.launch, training.worker\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "ok"

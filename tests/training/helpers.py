@@ -1,0 +1,22 @@
+"""Builds a ready-to-train job from a config, through the same stage functions the flow uses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.config import RetrainConfig
+from training.loop import TrainJob
+from training.stages import pack_stage, preprocess_stage, run_key_for
+
+
+def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root)
+    run_key = run_key_for(config, packed["fingerprint"])
+    return TrainJob(
+        run_key=run_key,
+        run_dir=str(Path(config.storage.root) / "runs" / (run_name or run_key)),
+        dataset_dir=packed["dataset_dir"],
+        stats_path=prep["stats_path"],
+        config=config.model_dump(mode="json"),
+    )

@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.checkpoint import (
+    CheckpointManifest,
+    apply_retention,
+    latest_verified_checkpoint,
+    list_checkpoints,
+    load_checkpoint_state,
+    save_checkpoint,
+)
+
+
+def _save(root: Path, step: int) -> Path:
+    return save_checkpoint(root, CheckpointManifest(step, "run", "cfg", {}), {"w": torch.full((64,), float(step)), "step": step})
+
+
+def test_newest_verified_wins(tmp_path: Path) -> None:
+    for s in (10, 20, 30):
+        _save(tmp_path, s)
+    path, manifest = latest_verified_checkpoint(tmp_path)
+    assert manifest.step == 30 and path.name == "step-00000030"
+    assert load_checkpoint_state(path)["step"] == 30
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing file", "no manifest"])
+def test_damaged_newest_falls_back_with_a_warning(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    _save(tmp_path, 10)
+    newest = _save(tmp_path, 20)
+    state = newest / "state.pt"
+    if damage == "flip":
+        data = bytearray(state.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        state.write_bytes(bytes(data))
+    elif damage == "truncate":
+        state.write_bytes(state.read_bytes()[:100])
+    elif damage == "missing file":
+        state.unlink()
+    else:
+        (newest / "manifest.json").unlink()
+    with caplog.at_level(logging.WARNING):
+        path, manifest = latest_verified_checkpoint(tmp_path)
+    assert manifest.step == 10
+    assert "step-00000020" in caplog.text
+
+
+def test_torn_temp_folder_is_ignored(tmp_path: Path) -> None:
+    _save(tmp_path, 10)
+    torn = tmp_path / ".step-00000020.tmp-99999"
+    torn.mkdir()
+    (torn / "state.pt").write_bytes(b"partial")
+    assert latest_verified_checkpoint(tmp_path)[1].step == 10
+
+
+def test_retention_keeps_last_k_plus_protected(tmp_path: Path) -> None:
+    for s in (10, 20, 30, 40, 50):
+        _save(tmp_path, s)
+    apply_retention(tmp_path, keep_last=2, protect={20})
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000050", "step-00000040", "step-00000020"]
+
+
+def test_states_load_without_executing_code(tmp_path: Path) -> None:
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = save_checkpoint(tmp_path, CheckpointManifest(1, "run", "cfg", {}), {"x": Evil()})
+    from training.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="cannot load"):
+        load_checkpoint_state(path)

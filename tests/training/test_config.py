@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from training.config import RetrainConfig, apply_overrides, load_config
+from training.errors import ConfigError
+
+
+def test_defaults_are_the_demo() -> None:
+    config = load_config()
+    assert config.data.source is None
+    assert config.storage.root == ".retrain"
+    assert config.train.precision == "auto"
+
+
+def test_set_parses_yaml_scalars_and_lists() -> None:
+    config = load_config(overrides=["train.batch_size=256", "model.hidden=[64, 32]", "train.lr=1e-3",
+                                    "eval.target_auc=0.8", "data.source=/x.parquet"])
+    assert config.train.batch_size == 256
+    assert config.model.hidden == [64, 32]
+    assert config.train.lr == pytest.approx(1e-3)
+    assert config.eval.target_auc == 0.8
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'train\.batchsize'"):
+        load_config(overrides=["train.batchsize=3"])
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_non_positive_batch_size_is_rejected(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"train\.batch_size: Input should be greater than 0"):
+        load_config(overrides=[f"train.batch_size={value}"])
+
+
+def test_every_problem_is_listed_in_one_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("train:\n  batch_size: 0\n  lr: -1\n  bogus: 1\ndata:\n  label: y\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg)
+    message = str(info.value)
+    assert str(cfg) in message
+    assert "train.batch_size" in message and "train.lr" in message and "train.bogus" in message
+    assert "\n" not in message
+
+
+def test_missing_config_file_and_bad_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"bad\.yaml is not valid YAML at line"):
+        load_config(bad)
+
+
+def test_malformed_override() -> None:
+    with pytest.raises(ConfigError, match="expected dotted.key=value"):
+        apply_overrides({}, ["train.batch_size"])
+
+
+def test_columns_listed_twice_are_rejected() -> None:
+    with pytest.raises(ConfigError, match="listed twice"):
+        load_config(overrides=["data.numeric=[a, b]", "data.categorical=[b]"])
+
+
+def test_config_round_trips_through_json() -> None:
+    config = load_config(overrides=["train.max_steps=7"])
+    assert RetrainConfig.model_validate_json(config.model_dump_json()) == config

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from training.config import RetrainConfig
+from training.data.features import fit_feature_stats
+from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+from training.data.packing import pack_shards
+from training.errors import DataError
+
+
+@pytest.fixture
+def packed(small_config: RetrainConfig, demo_source: Path, tmp_path: Path):
+    d, manifest, _ = pack_shards(demo_source, small_config.data, tmp_path / "datasets")
+    _, stats = fit_feature_stats(d, manifest, small_config.preprocess, tmp_path / "pre")
+    return d, manifest, stats
+
+
+def _take(loader, n: int) -> list[tuple]:
+    out = []
+    for item in loader:
+        out.append(item)
+        if len(out) == n:
+            return out
+    raise AssertionError("stream ended")
+
+
+def test_seek_equals_sequential_reading(packed) -> None:
+    d, manifest, stats = packed
+    batches = ShardBatches(d, manifest, "train", 100, stats.transformer(), seed=3)
+    per_epoch = batches.batches_per_epoch
+    sequential = _take(make_train_loader(batches, StreamPosition(), 0, False), per_epoch + 10)
+    start = per_epoch - 5  # crosses the epoch boundary
+    resumed = _take(make_train_loader(batches, StreamPosition(0, start), 0, False), 15)
+    for a, b in zip(sequential[start:], resumed):
+        assert a[:2] == b[:2]
+        for x, y in zip(a[2:], b[2:]):
+            assert torch.equal(x, y)
+
+
+def test_workers_deliver_the_single_process_order(packed) -> None:
+    d, manifest, stats = packed
+    batches = ShardBatches(d, manifest, "train", 128, stats.transformer(), seed=1)
+    single = _take(make_train_loader(batches, StreamPosition(0, 7), 0, False), 20)
+    multi = _take(make_train_loader(batches, StreamPosition(0, 7), 2, False), 20)
+    assert [b[:2] for b in single] == [b[:2] for b in multi]
+    assert all(torch.equal(a[4], b[4]) for a, b in zip(single, multi))
+
+
+def test_each_epoch_sees_every_row_once_in_a_new_order(packed) -> None:
+    d, manifest, stats = packed
+    batches = ShardBatches(d, manifest, "train", 1, stats.transformer(), seed=0)
+    rows = manifest.rows["train"]
+    epoch0 = np.concatenate([batches.batch(0, i)[0].numpy() for i in range(rows)])
+    epoch1 = np.concatenate([batches.batch(1, i)[0].numpy() for i in range(rows)])
+    assert not np.array_equal(epoch0, epoch1)
+    key = lambda a: np.sort(a.view(np.int32).reshape(len(a), -1).sum(axis=1))  # noqa: E731
+    assert np.array_equal(key(epoch0), key(epoch1))
+
+
+def test_corrupt_shard_is_refused(packed) -> None:
+    d, manifest, stats = packed
+    shard = d / manifest.shards_of("train")[0].name
+    data = bytearray(shard.read_bytes())
+    data[2000] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    batches = ShardBatches(d, manifest, "train", 64, stats.transformer(), shuffle=False)
+    with pytest.raises(DataError, match="sha256 does not match"):
+        batches.batch(0, 0)
+
+
+def test_batch_larger_than_split_is_a_clear_error(packed) -> None:
+    d, manifest, stats = packed
+    with pytest.raises(DataError, match="lower train.batch_size"):
+        ShardBatches(d, manifest, "validation", 10**6, stats.transformer())
+
+
+def test_feature_transform(packed) -> None:
+    _, _, stats = packed
+    t = stats.transformer()
+    num = np.array([[np.nan] * len(stats.numeric)], dtype=np.float32)
+    cat = np.array([[stats.vocab[j][0] if stats.vocab[j] else 5 for j in range(len(stats.categorical))]], dtype=np.int64)
+    cat[0, 0] = 12345  # unseen category
+    x, c = t(num, cat)
+    assert np.all(x == 0)  # nulls are imputed with the mean
+    assert c[0, 0] == 0 and np.all(c[0, 1:] == 1)

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.training.helpers import make_job
+from training.config import RetrainConfig
+from training.errors import CheckpointError, Preempted
+from training.loop import StopFlag, train
+
+
+def _stop_after_checkpoint(at_step: int, stop: StopFlag):
+    def emit(event: dict) -> None:
+        if event["event"] == "checkpoint" and event["step"] == at_step:
+            stop.request("test")
+
+    return emit
+
+
+def test_train_completes_and_exports_a_model(small_config: RetrainConfig) -> None:
+    result = train(make_job(small_config))
+    assert result["status"] == "completed" and result["steps"] == 60
+    assert len(result["model"]["sha256"]) == 64
+    assert Path(result["model"]["uri"]).exists()
+    assert [h["step"] for h in result["history"]] == [20, 40, 60]
+    assert result["best_val_auc"] > 0.6
+
+
+def test_resume_after_stop_is_bit_identical(small_config: RetrainConfig, tmp_path: Path) -> None:
+    reference = train(make_job(small_config, "reference"))
+    job = make_job(small_config, "interrupted")
+    for at in (20, 40):
+        stop = StopFlag()
+        with pytest.raises(Preempted):
+            train(job, stop, _stop_after_checkpoint(at, stop))
+    resumed = train(job)
+    assert resumed["model"]["sha256"] == reference["model"]["sha256"]
+    assert resumed["history"] == reference["history"]
+    assert resumed["resumed_from_steps"] == [20, 40]
+    assert resumed["preemptions"] == 2
+
+
+def test_workers_change_nothing_but_speed(small_config: RetrainConfig) -> None:
+    reference = train(make_job(small_config, "w0"))
+    small_config.train.num_workers = 2
+    with_workers = train(make_job(small_config, "w2"))
+    assert with_workers["model"]["sha256"] == reference["model"]["sha256"]
+
+
+def test_early_stopping_patience_survives_a_resume(small_config: RetrainConfig) -> None:
+    small_config.train.max_steps = 400
+    small_config.train.eval_every = 10
+    small_config.train.checkpoint_every = 10
+    small_config.train.patience = 3
+    small_config.train.min_delta = 0.5  # nothing improves by 0.5 AUC: stops after 3 bad evals
+    reference = train(make_job(small_config, "ref"))
+    assert reference["status"] == "early_stopped"
+    assert reference["steps"] == 40  # best at 10, then 20, 30, 40 without improvement
+    job = make_job(small_config, "resumed")
+    stop = StopFlag()
+    with pytest.raises(Preempted):
+        train(job, stop, _stop_after_checkpoint(30, stop))
+    state = json.loads((Path(job.run_dir) / "checkpoints" / "step-00000030" / "manifest.json").read_text())
+    assert state["step"] == 30
+    resumed = train(job)
+    assert resumed["status"] == "early_stopped" and resumed["steps"] == 40  # counter continued, not restarted
+
+
+def test_checkpoint_of_another_config_is_refused(small_config: RetrainConfig) -> None:
+    job = make_job(small_config, "shared")
+    stop = StopFlag()
+    with pytest.raises(Preempted):
+        train(job, stop, _stop_after_checkpoint(20, stop))
+    small_config.train.lr = 0.5
+    other = make_job(small_config, "shared")
+    with pytest.raises(CheckpointError, match="belongs to run"):
+        train(other)
+
+
+def test_finished_run_is_not_trained_again(small_config: RetrainConfig) -> None:
+    job = make_job(small_config)
+    first = train(job)
+    again = train(job)
+    assert again["already_complete"] and again["model"] == first["model"]
+
+
+def test_grad_accumulation_matches_one_big_batch(small_config: RetrainConfig) -> None:
+    big = train(make_job(small_config, "big"))
+    small_config.train.batch_size = 64
+    small_config.train.grad_accum = 2
+    accumulated = train(make_job(small_config, "accum"))
+    # Same rows per optimizer step, loss divided by the accumulation steps: same training up to
+    # float summation order.
+    for a, b in zip(big["history"], accumulated["history"]):
+        assert abs(a["val_auc"] - b["val_auc"]) < 2e-3

@@ -1,0 +1,160 @@
+from __future__ import annotations
+
+import hashlib
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import webdataset as wds
+
+from training.config import RetrainConfig, load_config
+from training.data.packing import load_manifest, pack_shards
+from training.data.shards import ShardReader
+from training.errors import DataError
+
+
+def _pack(config: RetrainConfig, source: Path, root: Path):
+    return pack_shards(source, config.data, root / "datasets")
+
+
+def _tree_hashes(d: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+
+
+def test_packing_is_byte_reproducible(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    a, man_a, _ = _pack(small_config, demo_source, tmp_path / "a")
+    b, man_b, _ = _pack(small_config, demo_source, tmp_path / "b")
+    assert a.name == b.name == man_a.fingerprint
+    assert _tree_hashes(a) == _tree_hashes(b)
+    assert len(man_a.shards) > 3
+
+
+def test_shards_hold_micro_batches_with_fixed_metadata(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    d, manifest, _ = _pack(small_config, demo_source, tmp_path)
+    shard = d / manifest.shards[0].name
+    with tarfile.open(shard) as tar:
+        members = tar.getmembers()
+    assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in members)
+    reader = ShardReader(shard)
+    block = reader.block(reader.keys[0])
+    assert block["num"].shape == (256, len(small_config.data.numeric))
+    assert block["cat"].shape == (256, len(small_config.data.categorical))
+    reader.close()
+    assert sum(manifest.rows.values()) == 8000
+    for info in manifest.shards:
+        p = d / info.name
+        assert p.stat().st_size == info.bytes
+        assert hashlib.sha256(p.read_bytes()).hexdigest() == info.sha256
+
+
+def test_shard_sizes_stay_near_the_target(demo_source: Path, tmp_path: Path) -> None:
+    config = load_config(overrides=["data.rows_per_member=64", "data.shard_size_mb=0.2"])
+    _, manifest, _ = pack_shards(demo_source, config.data, tmp_path)
+    full = [s for s in manifest.shards_of("train")][:-1]
+    assert full and all(0.95 * 200_000 <= s.bytes <= 200_000 for s in full)
+
+
+def test_webdataset_reads_the_shards(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    d, manifest, _ = _pack(small_config, demo_source, tmp_path)
+    urls = [str(d / s.name) for s in manifest.shards_of("test")]
+    rows = 0
+    for sample in wds.WebDataset(urls, shardshuffle=False).decode():
+        assert sample["num.npy"].dtype == np.float32
+        rows += len(sample["label.npy"])
+    assert rows == manifest.rows["test"]
+
+
+def test_rerun_writes_nothing(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    d, _, reused = _pack(small_config, demo_source, tmp_path)
+    assert not reused
+    before = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    d2, _, reused2 = _pack(small_config, demo_source, tmp_path)
+    assert reused2 and d2 == d
+    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == before
+    assert [p.name for p in (tmp_path / "datasets").iterdir()] == [d.name]
+
+
+def test_split_is_deterministic_and_near_the_fractions(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    _, manifest, _ = _pack(small_config, demo_source, tmp_path)
+    assert abs(manifest.rows["test"] / 8000 - 0.1) < 0.02
+    assert abs(manifest.rows["validation"] / 8000 - 0.1) < 0.02
+
+
+def test_directory_source(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    table = pq.read_table(demo_source)
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(table.slice(0, 5000), src / "part-0.parquet")
+    pq.write_table(table.slice(5000), src / "part-1.parquet")
+    _, manifest, _ = pack_shards(src, small_config.data, tmp_path / "datasets")
+    assert sum(manifest.rows.values()) == 8000
+
+
+# ---- bad input: one clear line naming the problem, and earlier datasets untouched ----
+
+def _write(path: Path, table: pa.Table) -> Path:
+    pq.write_table(table, path)
+    return path
+
+
+@pytest.fixture
+def packed_before(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    d, _, _ = _pack(small_config, demo_source, tmp_path)
+    return d, _tree_hashes(d)
+
+
+def _bad_cases(demo_source: Path, tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    table = pq.read_table(demo_source)
+    truncated = tmp_path / "truncated.parquet"
+    truncated.write_bytes(demo_source.read_bytes()[:5000])
+    prices = table.column("price").to_pylist()
+    prices_text = [str(p) for p in prices]
+    prices_text[123] = "abc"
+    labels = table.column("clicked").to_numpy().astype(np.float64)
+    labels_nan = labels.copy()
+    labels_nan[50] = np.nan
+    labels_two = labels.copy()
+    labels_two[60] = 2
+    i = table.schema.get_field_index
+    return {
+        "missing file": (tmp_path / "absent.parquet", "does not exist"),
+        "truncated": (truncated, "not a readable Parquet file"),
+        "missing label": (_write(tmp_path / "nolabel.parquet", table.drop_columns(["clicked"])), r"missing column\(s\) \['clicked'\]"),
+        "missing feature": (_write(tmp_path / "nofeat.parquet", table.drop_columns(["brand"])), r"missing column\(s\) \['brand'\]"),
+        "non-numeric": (_write(tmp_path / "text.parquet", table.set_column(i("price"), "price", pa.array(prices_text))),
+                        r"column 'price' has non-numeric value 'abc' at row 123"),
+        "nan label": (_write(tmp_path / "nan.parquet", table.set_column(i("clicked"), "clicked", pa.array(labels_nan))),
+                      r"label column 'clicked' must be 0 or 1, found nan at row 50"),
+        "label 2": (_write(tmp_path / "two.parquet", table.set_column(i("clicked"), "clicked", pa.array(labels_two))),
+                    r"must be 0 or 1, found 2\.0 at row 60"),
+        "empty": (_write(tmp_path / "empty.parquet", table.slice(0, 0)), r"the table is empty"),
+        "single class": (_write(tmp_path / "one.parquet", table.set_column(
+            i("clicked"), "clicked", pa.array(np.ones(len(table), dtype=np.int8)))), r"has only class 1"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing file", "truncated", "missing label", "missing feature", "non-numeric",
+                                  "nan label", "label 2", "empty", "single class"])
+def test_bad_input_is_named_and_nothing_is_lost(
+    case: str, small_config: RetrainConfig, demo_source: Path, tmp_path: Path, packed_before: tuple[Path, dict[str, str]]
+) -> None:
+    source, pattern = _bad_cases(demo_source, tmp_path)[case]
+    with pytest.raises(DataError, match=pattern) as info:
+        pack_shards(source, small_config.data, tmp_path / "datasets")
+    assert "\n" not in str(info.value)
+    if case not in ("missing file", "empty", "single class"):
+        assert source.name in str(info.value)
+    d, hashes = packed_before
+    assert _tree_hashes(d) == hashes
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [d.name]  # no partial leftovers
+
+
+def test_a_damaged_dataset_is_never_used_silently(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    d, manifest, _ = _pack(small_config, demo_source, tmp_path)
+    shard = d / manifest.shards[0].name
+    shard.write_bytes(shard.read_bytes()[:-512])
+    with pytest.raises(DataError, match="wrong size"):
+        load_manifest(d)

@@ -1,0 +1,127 @@
+"""Real processes, real signals: SIGKILL and SIGTERM on the training child process."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import random
+import signal
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.training.helpers import make_job
+from training.checkpoint import latest_verified_checkpoint
+from training.config import RetrainConfig
+from training.errors import Preempted
+from training.launch import run_training_process
+from training.loop import TrainJob
+
+
+def _heartbeat_step(job: TrainJob) -> int:
+    path = Path(job.run_dir) / "heartbeat.bin"
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return -1
+    return struct.unpack("<qd", data)[0] if len(data) == 16 else -1
+
+
+def _signal_at_step(job: TrainJob, step: int, sig: signal.Signals):
+    """on_start callback: send `sig` to the child once it has completed `step` steps."""
+    seen: dict[str, int] = {}
+
+    def on_start(proc: subprocess.Popen) -> None:
+        def watch() -> None:
+            while proc.poll() is None:
+                current = _heartbeat_step(job)
+                if current >= step:
+                    seen["step"] = current
+                    proc.send_signal(sig)
+                    return
+                time.sleep(0.005)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    return on_start, seen
+
+
+@pytest.fixture
+def long_config(small_config: RetrainConfig) -> RetrainConfig:
+    small_config.train.max_steps = 400
+    small_config.train.eval_every = 50
+    small_config.train.checkpoint_every = 25
+    return small_config
+
+
+@pytest.mark.slow
+def test_three_sigkills_resume_bit_identical(long_config: RetrainConfig) -> None:
+    reference = run_training_process(make_job(long_config, "reference"))
+    job = make_job(long_config, "killed")
+    targets = sorted(random.Random(os.getpid()).sample(range(5, 395), 3))
+    for target in targets:
+        on_start, _ = _signal_at_step(job, target, signal.SIGKILL)
+        with pytest.raises(Preempted, match="SIGKILL"):
+            run_training_process(job, on_start=on_start)
+    final = run_training_process(job)
+    assert final["model"]["sha256"] == reference["model"]["sha256"], f"kills at steps {targets}"
+    assert final["history"] == reference["history"]
+    assert final["preemptions"] == 3 and len(final["resumed_from_steps"]) == 3
+    # no data replayed or skipped: the resumed run trained exactly max_steps optimizer steps
+    assert final["samples_seen"] == reference["samples_seen"]
+
+
+@pytest.mark.slow
+def test_sigterm_loses_at_most_one_step(long_config: RetrainConfig) -> None:
+    job = make_job(long_config)
+    on_start, seen = _signal_at_step(job, 137, signal.SIGTERM)
+    with pytest.raises(Preempted, match="preempted and checkpointed"):
+        run_training_process(job, on_start=on_start)
+    _, manifest = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")
+    assert manifest.emergency
+    assert manifest.step >= seen["step"]  # the step in flight was finished, then saved
+    assert _heartbeat_step(job) - manifest.step <= 1
+    final = run_training_process(job)
+    assert final["status"] == "completed"
+    assert final["steps_lost"] <= 1
+    assert final["resumed_from_steps"] == [manifest.step]
+
+
+class _SpotNotice(http.server.BaseHTTPRequestHandler):
+    calls = 0
+
+    def do_GET(self) -> None:  # noqa: N802
+        type(self).calls += 1
+        if type(self).calls < 3:
+            self.send_response(404)
+            self.end_headers()
+            return
+        body = b'{"action": "terminate", "time": "2026-11-21T03:00:00Z"}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_spot_notice_poller_checkpoints_and_exits(long_config: RetrainConfig) -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SpotNotice)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        long_config.train.max_steps = 100_000
+        long_config.train.spot_notice_url = f"http://127.0.0.1:{server.server_port}/latest/meta-data/spot/instance-action"
+        long_config.train.spot_poll_seconds = 0.2
+        job = make_job(long_config)
+        with pytest.raises(Preempted):
+            run_training_process(job)
+        _, manifest = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")
+        assert manifest.emergency and _SpotNotice.calls >= 3
+    finally:
+        server.shutdown()
