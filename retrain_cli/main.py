@@ -69,11 +69,33 @@ def _run(args: argparse.Namespace) -> int:
     _prefect_defaults()
     from flows.retrain import retrain
 
-    report_path = retrain(config)
+    try:
+        report_path = retrain(config)
+    finally:
+        _stop_ephemeral_server()
     report = json.loads(Path(report_path).read_text())
     sys.stderr.flush()
     print(_summary(report, report_path), flush=True)
     return 0
+
+
+def _stop_ephemeral_server() -> None:
+    # Prefect stops its temporary server in an atexit hook, which logs after our last line.
+    # Stop it now so the error line or the report path really is the last thing printed.
+    server_module = sys.modules.get("prefect.server.api.server")
+    if server_module is None:
+        return
+    try:
+        from prefect.logging.handlers import APILogWorker
+
+        APILogWorker.drain_all(timeout=5)  # send the run's logs while the server is still up
+    except Exception:  # noqa: BLE001
+        pass
+    for server in list(getattr(server_module.SubprocessASGIServer, "_instances", {}).values()):
+        try:
+            server.stop()
+        except Exception:  # noqa: BLE001 - best effort; atexit tries again
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import task
 
-from tasks.policies import retry_only_preemptions
+from tasks.policies import retry_only_preemptions, task_logger
 from training.config import RetrainConfig
 from training.stages import train_stage
 
@@ -14,7 +14,7 @@ __all__ = ["train_model"]
 @task(name="train", retry_condition_fn=retry_only_preemptions)
 def train_model(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any]) -> dict[str, Any]:
     """Train in a child process; a preemption raises Preempted, which is retried and resumes."""
-    logger = get_run_logger()
+    logger = task_logger()
 
     def log_event(event: dict[str, Any]) -> None:
         if event["event"] == "validation":

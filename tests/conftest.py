@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
+import tempfile
+
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# Never touch the developer's ~/.prefect: one throwaway home per test session.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="retrain-test-prefect-home-")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 
 from training.config import RetrainConfig, load_config  # noqa: E402
 from training.data.demo import ensure_demo_dataset  # noqa: E402

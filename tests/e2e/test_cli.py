@@ -1,0 +1,95 @@
+"""`retrain run` as a user runs it: a real subprocess with its own ephemeral Prefect server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import small_overrides
+from tests.kill import _worker_pids
+
+pytestmark = pytest.mark.slow
+
+
+def _retrain(args: list[str], cwd: Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=cwd, capture_output=True, text=True,
+        timeout=600, **kwargs,
+    )
+
+
+def _sets(overrides: list[str]) -> list[str]:
+    return [arg for o in overrides for arg in ("--set", o)]
+
+
+def test_demo_with_no_arguments(tmp_path: Path) -> None:
+    out = _retrain([], tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report_path = Path(out.stdout.strip().splitlines()[-1])
+    assert report_path.is_absolute() and report_path.is_relative_to(tmp_path / ".retrain")
+    report = json.loads(report_path.read_text())
+    assert report["status"] in ("completed", "early_stopped")
+    assert 0.5 < report["metrics"]["auc"] <= report["bayes_auc"] + 0.01
+    assert "Bayes-optimal AUC" in out.stdout
+
+
+def test_second_run_shows_cached_preprocessing(tmp_path: Path, demo_source: Path) -> None:
+    args = _sets(small_overrides(tmp_path / "root", demo_source))
+    first = _retrain(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = _retrain(args, tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "preprocess  Cached" in second.stdout
+    assert "already complete" in second.stdout
+    assert first.stdout.splitlines()[-1] == second.stdout.splitlines()[-1]
+
+
+def test_config_error_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    out = _retrain(["--set", "train.batch_size=0", "--set", "train.bogus=1"], tmp_path)
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train.batch_size" in lines[0] and "unknown key 'train.bogus'" in lines[0]
+    assert not (tmp_path / ".retrain").exists()
+
+
+def test_data_error_is_one_line_naming_the_column(tmp_path: Path, demo_source: Path) -> None:
+    args = _sets(small_overrides(tmp_path / "root", demo_source)) + ["--set", "data.numeric=[price, nope]"]
+    out = _retrain(args, tmp_path)
+    assert out.returncode == 2
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("retrain: error: ") and "'nope'" in last and demo_source.name in last
+
+
+def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
+    overrides = small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=400", "train.checkpoint_every=10"]
+    args = _sets(overrides)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    runs = tmp_path / "root" / "runs"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        ckpts = list(runs.glob("*/checkpoints/step-*")) if runs.exists() else []
+        if len(ckpts) >= 2:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole machine goes away: flow, server and trainer
+    proc.wait()
+    for _ in range(100):
+        if not _worker_pids(str(runs)):
+            break
+        time.sleep(0.05)
+    again = _retrain(args, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
+    assert report["status"] in ("completed", "early_stopped") and report["resumed_from_steps"]
+    assert "resumed from steps" in again.stdout

@@ -1,0 +1,95 @@
+"""The whole flow under a real (test-harness) Prefect server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+from flows.retrain import retrain
+from tests.kill import kill_worker_when
+from training.config import RetrainConfig
+from training.errors import Preempted
+from training.stages import pack_stage, run_key_for
+
+
+def _report(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def _task_runs(flow_run_id) -> dict[str, object]:
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    return {r.name.rsplit("-", 1)[0]: r for r in runs}
+
+
+def test_flow_runs_then_reuses_everything(small_config: RetrainConfig) -> None:
+    first = _report(retrain(small_config))
+    assert first["status"] == "completed" and first["steps"] == 60
+    assert set(first["metrics"]) == {"auc", "logloss", "accuracy"}
+    assert first["stages"]["pack"]["reused"] is False
+    assert first["stages"]["preprocess"]["state"] == "Completed"
+    assert first["promotion"]["promoted"]
+    for key in ("run_key", "model", "resumed_from_steps", "preemptions", "steps_lost", "durations", "cost"):
+        assert key in first
+
+    second = _report(retrain(small_config))
+    assert second["stages"]["pack"]["reused"] is True
+    assert second["stages"]["preprocess"]["state"] == "Cached"
+    assert second["stages"]["train"]["already_complete"] is True
+    assert second["model"] == first["model"]
+    assert not second["promotion"]["promoted"] and "already the champion" in second["promotion"]["reason"]
+
+
+def _run_dir(config: RetrainConfig) -> str:
+    packed = pack_stage(config)
+    return str(Path(config.storage.root).resolve() / "runs" / run_key_for(config, packed["fingerprint"]))
+
+
+@pytest.mark.slow
+def test_killed_training_process_is_retried_and_resumes(small_config: RetrainConfig) -> None:
+    small_config.train.max_steps = 300
+    small_config.train.checkpoint_every = 10
+    run_dir = _run_dir(small_config)
+    kill_worker_when(run_dir, step=45)
+    state = retrain(small_config, return_state=True)
+    report = _report(state.result())
+    assert report["status"] == "completed" and report["steps"] == 300
+    assert report["preemptions"] == 1 and report["resumed_from_steps"][0] >= 40
+    train_run = _task_runs(state.state_details.flow_run_id)["train"]
+    assert train_run.run_count == 2  # first attempt killed, the retry resumed
+
+
+@pytest.mark.slow
+def test_rerun_after_the_flow_failed_resumes_from_the_checkpoint(small_config: RetrainConfig) -> None:
+    small_config.train.max_steps = 300
+    small_config.train.checkpoint_every = 10
+    small_config.train.max_retries = 0
+    run_dir = _run_dir(small_config)
+    kill_worker_when(run_dir, step=45)
+    with pytest.raises(Preempted):
+        retrain(small_config)
+    report = _report(retrain(small_config))
+    assert report["status"] == "completed"
+    assert report["stages"]["pack"]["reused"] and report["stages"]["preprocess"]["state"] == "Cached"
+    assert report["resumed_from_steps"] and report["resumed_from_steps"][0] >= 40
+
+
+def test_a_bug_is_not_retried(small_config: RetrainConfig) -> None:
+    small_config.model.factory = "tests.model_factories:wrong_shape"
+    state = retrain(small_config, return_state=True)
+    assert state.is_failed()
+    train_run = _task_runs(state.state_details.flow_run_id)["train"]
+    assert train_run.run_count == 1
+    with pytest.raises(RuntimeError, match="exit code 1"):
+        state.result()
+
+
+def test_a_user_model_factory_trains(small_config: RetrainConfig) -> None:
+    small_config.model.factory = "tests.model_factories:linear"
+    small_config.train.lr = 0.05
+    report = _report(retrain(small_config))
+    assert report["status"] == "completed" and report["metrics"]["auc"] > 0.6

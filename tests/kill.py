@@ -1,0 +1,49 @@
+"""Find and signal the training child process of a run, from outside, as a spot reclaim would."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import threading
+import time
+from pathlib import Path
+
+
+def _worker_pids(run_dir: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"training.worker" in cmdline and any(run_dir.encode() in part for part in cmdline):
+            pids.append(int(entry))
+    return pids
+
+
+def kill_worker_when(run_dir: str, step: int, sig: signal.Signals = signal.SIGKILL, times: int = 1) -> threading.Thread:
+    """Background thread: `times` times, wait for a worker of `run_dir` past `step`, send `sig`."""
+    heartbeat = Path(run_dir) / "heartbeat.bin"
+
+    def watch() -> None:
+        killed: set[int] = set()
+        deadline = time.time() + 300
+        while len(killed) < times and time.time() < deadline:
+            try:
+                data = heartbeat.read_bytes()
+                current = struct.unpack("<qd", data)[0] if len(data) == 16 else -1
+            except FileNotFoundError:
+                current = -1
+            if current >= step:
+                for pid in _worker_pids(run_dir):
+                    if pid not in killed:
+                        os.kill(pid, sig)
+                        killed.add(pid)
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread

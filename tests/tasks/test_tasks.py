@@ -1,0 +1,31 @@
+"""Tasks called through .fn(), plus the retry policy against real Prefect states."""
+
+from __future__ import annotations
+
+from prefect.states import Failed
+
+from tasks.pack import pack_dataset
+from tasks.policies import backoff, retry_only_preemptions
+from tasks.preprocess import PREPROCESS_VERSION, fit_features
+from training.config import RetrainConfig
+from training.errors import ConfigError, DataError, Preempted
+
+
+def test_pack_and_preprocess_tasks(small_config: RetrainConfig) -> None:
+    packed = pack_dataset.fn(small_config)
+    assert packed["reused"] is False and packed["shards"] > 3
+    prep = fit_features.fn(packed["dataset_dir"], packed["fingerprint"], small_config.preprocess.model_dump(),
+                           PREPROCESS_VERSION, small_config.storage.root)
+    assert prep["stats_path"].endswith("feature_stats.json")
+    again = pack_dataset.fn(small_config)
+    assert again["reused"] is True and again["dataset_dir"] == packed["dataset_dir"]
+
+
+def test_only_preemptions_are_retried() -> None:
+    assert retry_only_preemptions(None, None, Failed(data=Preempted("spot reclaim")))
+    for err in (ConfigError("x"), DataError("x"), RuntimeError("shape mismatch")):
+        assert not retry_only_preemptions(None, None, Failed(data=err))
+
+
+def test_backoff_doubles() -> None:
+    assert backoff(5, 3) == [5, 10, 20]
