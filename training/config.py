@@ -113,7 +113,14 @@ class TrainConfig(_Section):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.")
     eval_every: int = Field(200, gt=0, description="Validate every N optimizer steps.")
-    checkpoint_every: int = Field(200, gt=0, description="Checkpoint every N optimizer steps.")
+    checkpoint_every: int | str = Field(
+        200,
+        description='Checkpoint interval: N optimizer steps (200), seconds of training ("90s"), or "auto" '
+        "for the Young/Daly optimum sqrt(2 x measured save cost x mean_seconds_between_preemptions).",
+    )
+    mean_seconds_between_preemptions: float = Field(
+        7200.0, gt=0, description='Expected seconds between preemptions; used by checkpoint_every="auto".'
+    )
     keep_last: int = Field(2, gt=0, description="Checkpoints kept besides the best one.")
     patience: int = Field(5, ge=0, description="Validations without improvement before early stop; 0 disables.")
     min_delta: float = Field(1e-4, ge=0, description="Smallest validation AUC gain that counts as improvement.")
@@ -128,6 +135,37 @@ class TrainConfig(_Section):
     spot_poll_seconds: float = Field(5.0, gt=0, description="Seconds between spot-notice polls.")
     max_retries: int = Field(3, ge=0, description="Times the train task is retried after a preemption.")
     retry_delay_seconds: float = Field(10.0, ge=0, description="First retry delay; doubles each retry.")
+
+
+    @field_validator("checkpoint_every")
+    @classmethod
+    def _interval(cls, v: int | str) -> int | str:
+        if isinstance(v, int):
+            if v <= 0:
+                raise ValueError("must be > 0 steps")
+            return v
+        text = v.strip().lower()
+        if text == "auto":
+            return text
+        if text.endswith("s"):
+            try:
+                seconds = float(text[:-1])
+            except ValueError:
+                seconds = -1
+            if seconds > 0:
+                return text
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+        raise ValueError('use a step count (200), seconds ("90s") or "auto"')
+
+    def checkpoint_interval(self) -> tuple[str, float]:
+        """("steps", n) | ("seconds", s) | ("auto", 0)."""
+        v = self.checkpoint_every
+        if isinstance(v, int):
+            return "steps", float(v)
+        if v == "auto":
+            return "auto", 0.0
+        return "seconds", float(v[:-1])
 
 
 class EvalConfig(_Section):

@@ -49,7 +49,7 @@ EVAL_BATCH_SIZE = 8192
 # Train-config fields that change how a run is executed, not what it computes.
 _OPERATIONAL = {
     "num_workers", "max_retries", "retry_delay_seconds", "checkpoint_every", "keep_last", "device",
-    "spot_notice_url", "spot_poll_seconds",
+    "spot_notice_url", "spot_poll_seconds", "mean_seconds_between_preemptions",
 }
 
 
@@ -106,6 +106,36 @@ class RunState:
     seconds: dict[str, float] = field(
         default_factory=lambda: {"train": 0.0, "data_wait": 0.0, "compute": 0.0, "checkpoint": 0.0, "eval": 0.0, "lost": 0.0}
     )
+    checkpoints_saved: int = 0
+    last_save_train_seconds: float = 0.0
+    save_cost_seconds: float | None = None  # moving average of measured save cost
+    restart_to_first_step_seconds: list[float] = field(default_factory=list)
+
+
+class CheckpointSchedule:
+    """When to checkpoint: every N steps, every S seconds of training, or the Young/Daly
+    optimum sqrt(2 * save cost * mean time between preemptions) from the measured save cost."""
+
+    def __init__(self, mode: str, value: float, mean_seconds_between_preemptions: float) -> None:
+        self.mode, self.value, self.mtbp = mode, value, mean_seconds_between_preemptions
+
+    def interval_seconds(self, state: RunState) -> float | None:
+        if self.mode == "seconds":
+            return self.value
+        if self.mode == "auto" and state.save_cost_seconds is not None:
+            return math.sqrt(2.0 * state.save_cost_seconds * self.mtbp)
+        return None
+
+    def due(self, state: RunState) -> bool:
+        if self.mode == "steps":
+            return state.step % int(self.value) == 0
+        interval = self.interval_seconds(state)
+        return interval is not None and state.seconds["train"] - state.last_save_train_seconds >= interval
+
+    def describe(self, state: RunState) -> dict[str, Any]:
+        return {"mode": self.mode, "steps": int(self.value) if self.mode == "steps" else None,
+                "seconds": self.interval_seconds(state), "save_cost_seconds": state.save_cost_seconds,
+                "mean_seconds_between_preemptions": self.mtbp if self.mode == "auto" else None}
 
 
 class _Heartbeat:
@@ -127,6 +157,14 @@ class _Heartbeat:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _shutdown_workers(batches: Any) -> None:
+    # The train stream is endless, so its worker processes are still prefetching when the
+    # loop ends; stop them now rather than at garbage collection.
+    shutdown = getattr(batches, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
@@ -181,7 +219,7 @@ def train(
     device = resolve_device(tc.device)
     precision = resolve_precision(tc.precision, device)
     seed_everything(tc.seed)
-    configure_determinism(tc.deterministic)
+    configure_determinism(tc.deterministic, device)
 
     dataset_dir = Path(job.dataset_dir)
     manifest = load_manifest(dataset_dir)
@@ -249,9 +287,14 @@ def train(
         save_checkpoint(ckpt_dir, man, payload)
         protect = {s for s in (stopper.best_step, resumed_step) if s is not None}
         apply_retention(ckpt_dir, tc.keep_last, protect)
-        state.seconds["checkpoint"] += time.perf_counter() - t0
+        cost = time.perf_counter() - t0
+        state.seconds["checkpoint"] += cost
+        state.checkpoints_saved += 1
+        state.last_save_train_seconds = state.seconds["train"]
+        state.save_cost_seconds = cost if state.save_cost_seconds is None else 0.7 * state.save_cost_seconds + 0.3 * cost
         emit({"event": "checkpoint", "step": state.step, "emergency": emergency})
 
+    schedule = CheckpointSchedule(*tc.checkpoint_interval(), tc.mean_seconds_between_preemptions)
     dtype = autocast_dtype(precision)
     loader = make_train_loader(
         train_batches, StreamPosition(state.epoch, state.batch), tc.num_workers, pin_memory=device.type == "cuda"
@@ -265,6 +308,7 @@ def train(
         if stop.requested:
             save(emergency=True)
             heartbeat.close()
+            _shutdown_workers(batches)
             raise Preempted(f"stopped at step {state.step}: {stop.reason}", step=state.step)
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=device)
@@ -295,6 +339,8 @@ def train(
         heartbeat.write(state.step, state.seconds["train"])
         if first_step_latency is None:
             first_step_latency = time.time() - spawn_time
+            if resumed_step is not None:
+                state.restart_to_first_step_seconds.append(first_step_latency)
 
         improved = False
         if state.step % tc.eval_every == 0 or state.step == tc.max_steps:
@@ -308,13 +354,14 @@ def train(
             state.seconds["eval"] += time.perf_counter() - t_eval
             emit({"event": "validation", **state.history[-1], "max_steps": tc.max_steps})
         early = stopper.should_stop
-        if state.step % tc.checkpoint_every == 0 or improved or early or state.step == tc.max_steps:
+        if schedule.due(state) or improved or early or state.step == tc.max_steps:
             save()
         clock = time.perf_counter()  # checkpoint and eval time are accounted separately
         if early:
             status = "early_stopped"
             break
     heartbeat.close()
+    _shutdown_workers(batches)
 
     best_step = stopper.best_step
     best_dir = ckpt_dir / f"step-{best_step:08d}"
@@ -335,6 +382,9 @@ def train(
         "steps_lost": state.steps_lost,
         "seconds": state.seconds,
         "first_step_latency_seconds": first_step_latency,
+        "restart_to_first_step_seconds": state.restart_to_first_step_seconds,
+        "checkpoints_saved": state.checkpoints_saved,
+        "checkpoint_interval": schedule.describe(state),
         "samples_seen": state.step * tc.batch_size * tc.grad_accum * world_size,
     }
     if rank == 0:

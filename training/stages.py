@@ -188,6 +188,16 @@ def report_stage(
         "preemptions": trained["preemptions"],
         "steps_lost": trained["steps_lost"],
         "durations": durations,
+        "preemption": {
+            "preemptions": trained["preemptions"],
+            "resumed_from_steps": trained["resumed_from_steps"],
+            "steps_lost": trained["steps_lost"],
+            "seconds_lost": trained["seconds"]["lost"],
+            "checkpoint_seconds": trained["seconds"]["checkpoint"],
+            "checkpoints_saved": trained.get("checkpoints_saved"),
+            "checkpoint_interval": trained.get("checkpoint_interval"),
+            "restart_to_first_step_seconds": trained.get("restart_to_first_step_seconds", []),
+        },
         "cost": {},  # filled by the cost-accounting stage
         "stages": {
             "pack": {"state": stage_states.get("pack"), "reused": packed["reused"], "dataset": packed["fingerprint"],

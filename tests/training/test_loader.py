@@ -22,9 +22,11 @@ def packed(small_config: RetrainConfig, demo_source: Path, tmp_path: Path):
 
 def _take(loader, n: int) -> list[tuple]:
     out = []
-    for item in loader:
+    it = iter(loader)
+    for item in it:
         out.append(item)
         if len(out) == n:
+            getattr(it, "_shutdown_workers", lambda: None)()
             return out
     raise AssertionError("stream ended")
 

@@ -95,3 +95,32 @@ def test_grad_accumulation_matches_one_big_batch(small_config: RetrainConfig) ->
     # float summation order.
     for a, b in zip(big["history"], accumulated["history"]):
         assert abs(a["val_auc"] - b["val_auc"]) < 2e-3
+
+
+@pytest.mark.parametrize("interval", ["auto", "0.05s"])
+def test_time_based_checkpoint_intervals(small_config: RetrainConfig, interval: str) -> None:
+    small_config.train.max_steps = 200
+    small_config.train.eval_every = 100
+    small_config.train.checkpoint_every = interval
+    small_config.train.mean_seconds_between_preemptions = 0.5  # tiny, so auto saves often here
+    result = train(make_job(small_config))
+    described = result["checkpoint_interval"]
+    assert described["mode"] == ("auto" if interval == "auto" else "seconds")
+    assert described["seconds"] is not None and described["seconds"] > 0
+    # more saves than the validation-triggered ones (steps 100 and 200)
+    assert result["checkpoints_saved"] > 2
+    if interval == "auto":
+        expected = (2 * described["save_cost_seconds"] * 0.5) ** 0.5
+        assert described["seconds"] == pytest.approx(expected)
+
+
+def test_checkpoint_interval_is_validated() -> None:
+    from training.config import load_config
+    from training.errors import ConfigError
+
+    assert load_config(overrides=["train.checkpoint_every=90s"]).train.checkpoint_interval() == ("seconds", 90.0)
+    assert load_config(overrides=["train.checkpoint_every=auto"]).train.checkpoint_interval() == ("auto", 0.0)
+    with pytest.raises(ConfigError, match="train.checkpoint_every"):
+        load_config(overrides=["train.checkpoint_every=soon"])
+    with pytest.raises(ConfigError, match="train.checkpoint_every"):
+        load_config(overrides=["train.checkpoint_every=0"])
