@@ -268,8 +268,18 @@ def train(
             state.seconds["lost"] += max(0.0, beat[1] - state.seconds["train"])
         log.info("resuming from %s (step %d)", path.name, state.step)
         emit({"event": "resumed", "step": state.step, "checkpoint": str(path)})
-    elif ckpt_dir.exists() and any(ckpt_dir.iterdir()):
-        log.warning("no verified checkpoint in %s: starting from step 0", ckpt_dir)
+    else:
+        if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
+            log.warning("no verified checkpoint in %s: starting from step 0", ckpt_dir)
+        beat = heartbeat.read()
+        if beat is not None and beat[0] > 0:
+            # An earlier attempt died before its first checkpoint: all of it was lost.
+            resumed_step = 0
+            state.resumed_from_steps.append(0)
+            state.preemptions += 1
+            state.steps_lost += beat[0]
+            state.seconds["lost"] += beat[1]
+    heartbeat.write(state.step, state.seconds["train"])  # counted once, even if we die before step 1
 
     def save(emergency: bool = False) -> None:
         t0 = time.perf_counter()
