@@ -16,6 +16,8 @@ import json
 import logging
 import os
 import shutil
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,8 @@ __all__ = [
     "load_checkpoint_state",
     "apply_retention",
     "list_checkpoints",
+    "snapshot",
+    "AsyncCheckpointer",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,24 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+class _HashingWriter:
+    """Write-through file wrapper that hashes the bytes; torch.save streams into it."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self._h = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self._h.update(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"  # zero-padded: sorting by name is sorting by step
 
@@ -74,10 +96,11 @@ def save_checkpoint(ckpt_root: Path, manifest: CheckpointManifest, state: dict[s
     tmp.mkdir()
     state_path = tmp / _STATE
     with open(state_path, "wb") as f:
-        torch.save(state, f)
+        hashing = _HashingWriter(f)
+        torch.save(state, hashing)  # hashed as it is written: no second pass over the file
         f.flush()
         os.fsync(f.fileno())
-    manifest.files = {_STATE: {"sha256": _sha256(state_path), "bytes": state_path.stat().st_size}}
+    manifest.files = {_STATE: {"sha256": hashing.hexdigest(), "bytes": state_path.stat().st_size}}
     with open(tmp / _MANIFEST, "w") as f:
         json.dump(asdict(manifest), f, indent=1, sort_keys=True)
         f.flush()
@@ -171,3 +194,60 @@ def apply_retention(ckpt_root: Path, keep_last: int, protect: set[int]) -> list[
         if not tmp.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(tmp, ignore_errors=True)
     return deleted
+
+
+def snapshot(obj: Any) -> Any:
+    """A deep copy of every tensor in a nested state, on the CPU, so training can go on
+    mutating the originals while the copy is written."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(snapshot(v) for v in obj)
+    return obj
+
+
+class AsyncCheckpointer:
+    """Writes checkpoints in a background thread; the loop only waits for the in-memory copy.
+
+    At most one save is in flight: a new save first waits for the previous one, so memory
+    stays bounded at one extra copy of the state. Retention runs after each publish, in the
+    same thread, so deletes always follow a newer verified checkpoint.
+    """
+
+    def __init__(self, ckpt_root: Path, keep_last: int) -> None:
+        self.ckpt_root = ckpt_root
+        self.keep_last = keep_last
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.background_seconds = 0.0
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def save(self, manifest: CheckpointManifest, state: dict[str, Any], protect: set[int], blocking: bool = False) -> None:
+        self.wait()
+        copy = snapshot(state)
+
+        def write() -> None:
+            t0 = time.perf_counter()
+            try:
+                save_checkpoint(self.ckpt_root, manifest, copy)
+                apply_retention(self.ckpt_root, self.keep_last, protect)
+            except BaseException as err:  # noqa: BLE001 - handed to the loop by wait()
+                self._error = err
+            finally:
+                self.background_seconds += time.perf_counter() - t0
+
+        if blocking:
+            write()
+            self.wait()
+            return
+        self._thread = threading.Thread(target=write, name=f"checkpoint-{manifest.step}", daemon=True)
+        self._thread.start()

@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from training.checkpoint import (
+    AsyncCheckpointer,
     CheckpointManifest,
-    apply_retention,
     latest_verified_checkpoint,
     load_checkpoint_state,
-    save_checkpoint,
 )
 from training.config import RetrainConfig, fingerprint
 from training.data.features import FeatureStats
@@ -281,8 +280,13 @@ def train(
             state.seconds["lost"] += beat[1]
     heartbeat.write(state.step, state.seconds["train"])  # counted once, even if we die before step 1
 
-    def save(emergency: bool = False) -> None:
+    checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last)
+
+    def save(emergency: bool = False, blocking: bool = False) -> None:
         t0 = time.perf_counter()
+        # Accounting first, so the saved state already counts this save.
+        state.checkpoints_saved += 1
+        state.last_save_train_seconds = state.seconds["train"]
         payload = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
@@ -294,14 +298,13 @@ def train(
         }
         val_auc = state.history[-1]["val_auc"] if state.history and state.history[-1]["step"] == state.step else None
         man = CheckpointManifest(state.step, job.run_key, config_fp, {}, val_auc=val_auc, emergency=emergency)
-        save_checkpoint(ckpt_dir, man, payload)
         protect = {s for s in (stopper.best_step, resumed_step) if s is not None}
-        apply_retention(ckpt_dir, tc.keep_last, protect)
-        cost = time.perf_counter() - t0
-        state.seconds["checkpoint"] += cost
-        state.checkpoints_saved += 1
-        state.last_save_train_seconds = state.seconds["train"]
-        state.save_cost_seconds = cost if state.save_cost_seconds is None else 0.7 * state.save_cost_seconds + 0.3 * cost
+        # Emergency saves block: the process exits right after. Others write in the background
+        # and the loop only waits for the in-memory copy.
+        checkpointer.save(man, payload, protect, blocking=emergency or blocking)
+        stall = time.perf_counter() - t0
+        state.seconds["checkpoint"] += stall
+        state.save_cost_seconds = stall if state.save_cost_seconds is None else 0.7 * state.save_cost_seconds + 0.3 * stall
         emit({"event": "checkpoint", "step": state.step, "emergency": emergency})
 
     schedule = CheckpointSchedule(*tc.checkpoint_interval(), tc.mean_seconds_between_preemptions)
@@ -372,6 +375,7 @@ def train(
             break
     heartbeat.close()
     _shutdown_workers(batches)
+    checkpointer.wait()  # the final and best checkpoints must be on disk before export
 
     best_step = stopper.best_step
     best_dir = ckpt_dir / f"step-{best_step:08d}"
@@ -394,6 +398,7 @@ def train(
         "first_step_latency_seconds": first_step_latency,
         "restart_to_first_step_seconds": state.restart_to_first_step_seconds,
         "checkpoints_saved": state.checkpoints_saved,
+        "checkpoint_background_seconds": checkpointer.background_seconds,
         "checkpoint_interval": schedule.describe(state),
         "samples_seen": state.step * tc.batch_size * tc.grad_accum * world_size,
     }

@@ -1,0 +1,121 @@
+"""Checkpoint stall per save vs a plain torch.save, and restart-to-first-step for a ~100 MB state."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import best_of, demo_parquet
+from training.checkpoint import (
+    AsyncCheckpointer,
+    CheckpointManifest,
+    latest_verified_checkpoint,
+    load_checkpoint_state,
+    save_checkpoint,
+)
+from training.config import load_config
+from training.errors import Preempted
+from training.launch import run_training_process
+from training.loop import TrainJob
+from training.model import TabularMLP
+from training.stages import pack_stage, preprocess_stage, run_key_for
+
+WIDE = [2048, 2048, 2048]  # ~8.4M parameters: model + AdamW moments ~ 100 MB
+
+
+def _state() -> dict[str, Any]:
+    model = TabularMLP(6, [41, 4, 61, 301], WIDE)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 6), torch.zeros(4, 4, dtype=torch.long)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
+def _job(work: Path, source: Path, name: str) -> TrainJob:
+    config = load_config(overrides=[
+        f"storage.root={work}", f"data.source={source}", f"model.hidden={WIDE}", "train.max_steps=100000",
+        "train.checkpoint_every=20", "train.eval_every=1000",
+    ])
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(), str(work))
+    return TrainJob(run_key_for(config, packed["fingerprint"]), str(work / "runs" / name), packed["dataset_dir"],
+                    prep["stats_path"], config.model_dump(mode="json"))
+
+
+def _term_after(job: TrainJob, step: int):
+    def on_start(proc) -> None:
+        def watch() -> None:
+            hb = Path(job.run_dir) / "heartbeat.bin"
+            while proc.poll() is None:
+                data = hb.read_bytes() if hb.exists() else b""
+                if len(data) == 16 and struct.unpack("<qd", data)[0] >= step:
+                    proc.send_signal(signal.SIGTERM)
+                    return
+                time.sleep(0.01)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    return on_start
+
+
+def _import_floor() -> float:
+    """A bare interpreter importing torch and the loop: the floor of any restart."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch, training.loop"], check=True)
+    return time.perf_counter() - t0
+
+
+def run(work: Path) -> dict[str, Any]:
+    state = _state()
+    state_mb = sum(t.numel() * t.element_size() for t in state["model"].values()) * 3 / 1e6
+    ckpt_root = work / "ckpt"
+    checkpointer = AsyncCheckpointer(ckpt_root, keep_last=2)
+
+    stalls = []
+    for step in range(1, 6):
+        checkpointer.wait()  # measure the stall alone, not waiting on the previous write
+        t0 = time.perf_counter()
+        checkpointer.save(CheckpointManifest(step, "bench", "bench", {}), state, set())
+        stalls.append(time.perf_counter() - t0)
+    checkpointer.wait()
+
+    def sync_save() -> None:
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+        save_checkpoint(ckpt_root, CheckpointManifest(1, "bench", "bench", {}), state)
+
+    def plain_save() -> None:
+        torch.save(state, work / "plain.pt")
+
+    t_sync = best_of(sync_save, 5)
+    t_plain = best_of(plain_save, 5)
+
+    source = demo_parquet(work, 200_000)
+    job = _job(work, source, "restart")
+    for stop_at in (25, 27):  # first attempt checkpoints and is stopped; the second resumes
+        try:
+            run_training_process(job, on_start=_term_after(job, stop_at))
+        except Preempted:
+            pass
+    path, _ = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")
+    restart = load_checkpoint_state(path)["run"]["restart_to_first_step_seconds"][-1]
+    floor = min(_import_floor() for _ in range(3))
+    return {
+        "state_mb": round(state_mb, 1),
+        "loop_stall_per_save_seconds": round(min(stalls), 4),
+        "background_write_seconds": round(checkpointer.background_seconds / len(stalls), 3),
+        "synchronous_verified_save_seconds": round(t_sync, 3),
+        "plain_torch_save_seconds": round(t_plain, 3),
+        "stall_ratio_vs_torch_save": round(min(stalls) / t_plain, 3),
+        "restart_checkpoint_mb": round((path / "state.pt").stat().st_size / 1e6, 1),
+        "restart_to_first_step_seconds": round(restart, 2),
+        "bare_import_torch_seconds": round(floor, 2),
+    }

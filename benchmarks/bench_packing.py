@@ -1,0 +1,68 @@
+"""Packing throughput: project packer vs the raw limit vs webdataset.ShardWriter (one row per member)."""
+
+from __future__ import annotations
+
+import io
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow.parquet as pq
+import webdataset as wds
+
+from benchmarks.common import best_of, demo_parquet
+from training.config import load_config
+from training.data.packing import category_hash, pack_shards
+
+
+def run(work: Path, rows: int = 500_000) -> dict[str, Any]:
+    source = demo_parquet(work, rows)
+    config = load_config()
+    n_num, n_cat = len(config.data.numeric), len(config.data.categorical)
+    payload = rows * (4 * n_num + 8 * n_cat + 4)
+
+    def project() -> None:
+        shutil.rmtree(work / "datasets", ignore_errors=True)
+        pack_shards(source, config.data, work / "datasets")
+
+    def raw_limit() -> None:
+        # pyarrow reads the same Parquet and the same payload bytes go to one file.
+        table = pq.read_table(source)
+        with open(work / "raw.bin", "wb") as f:
+            f.write(np.stack([table[c].to_numpy().astype(np.float32) for c in config.data.numeric], 1).tobytes())
+            f.write(np.stack([category_hash(table[c]) for c in config.data.categorical], 1).tobytes())
+            f.write(table[config.data.label].to_numpy().astype(np.float32).tobytes())
+
+    sub = min(rows, 50_000)  # ShardWriter is slow: time a slice and scale per MB
+
+    def shardwriter() -> None:
+        table = pq.read_table(source).slice(0, sub)
+        num = np.stack([table[c].to_numpy().astype(np.float32) for c in config.data.numeric], 1)
+        cat = np.stack([category_hash(table[c]) for c in config.data.categorical], 1)
+        label = table[config.data.label].to_numpy().astype(np.float32)
+        out = work / "wds"
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        with wds.ShardWriter(str(out / "shard-%06d.tar"), maxsize=16_000_000, verbose=0) as sink:
+            for i in range(sub):
+                sink.write({"__key__": f"{i:09d}", "num.npy": num[i], "cat.npy": cat[i], "label.npy": label[i:i + 1]})
+
+    t_project = best_of(project)
+    t_raw = best_of(raw_limit)
+    t_wds = best_of(shardwriter, repeat=1)
+    mb = payload / 1e6
+    wds_mb = mb * sub / rows
+    project_bytes = sum(p.stat().st_size for p in (work / "datasets").rglob("*.tar"))
+    wds_bytes = sum(p.stat().st_size for p in (work / "wds").glob("*.tar"))
+    return {
+        "rows": rows,
+        "payload_mb": round(mb, 2),
+        "project_mb_per_s": round(mb / t_project, 1),
+        "raw_limit_mb_per_s": round(mb / t_raw, 1),
+        "shardwriter_mb_per_s": round(wds_mb / t_wds, 1),
+        "ratio_vs_raw_limit": round(t_raw / t_project, 2),
+        "ratio_vs_shardwriter": round((mb / t_project) / (wds_mb / t_wds), 1),
+        "bytes_on_disk_per_payload_byte": {"project": round(project_bytes / payload, 3),
+                                           "shardwriter": round(wds_bytes / (payload * sub / rows), 3)},
+    }

@@ -1,0 +1,51 @@
+"""Run the benchmark suite: `python -m benchmarks.run [name ...]`.
+
+Every figure is a ratio against a reference measured in the same run on the same bytes.
+Writes benchmarks/results/<name>.json and prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import bench_checkpoint, bench_loading, bench_packing, bench_preemption
+from benchmarks.common import machine
+
+SUITE = {
+    "packing": bench_packing.run,
+    "loading": bench_loading.run,
+    "checkpoint": bench_checkpoint.run,
+    "preemption": bench_preemption.run,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("names", nargs="*", choices=[*SUITE, []], help="benchmarks to run (default: all)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    where = machine()
+    for name in args.names or list(SUITE):
+        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+            t0 = time.perf_counter()
+            result = SUITE[name](Path(tmp))
+            result["machine"] = where
+            result["command"] = f"python -m benchmarks.run {name}"
+            result["wall_seconds"] = round(time.perf_counter() - t0, 1)
+        (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        print(f"\n### {name}  ({where})")
+        print("| figure | value |\n|---|---|")
+        for key, value in result.items():
+            if key not in ("machine", "command"):
+                print(f"| {key} | {value} |")
+
+
+if __name__ == "__main__":
+    main()
