@@ -102,6 +102,11 @@ class ModelConfig(_Section):
 
 class TrainConfig(_Section):
     max_steps: int = Field(2000, gt=0, description="Optimizer steps at most.")
+    init_from: Literal["none", "champion"] = Field(
+        "none",
+        description="champion: warm-start from the current champion when its architecture and feature "
+        "columns match (it then keeps the champion's preprocessing); otherwise a fresh start.",
+    )
     batch_size: int = Field(512, gt=0, description="Rows per micro-batch.")
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW.")

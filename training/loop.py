@@ -67,6 +67,8 @@ class TrainJob:
     dataset_dir: str
     stats_path: str
     config: dict[str, Any]
+    init_weights: str | None = None  # warm start: weights file of the champion
+    init_sha256: str | None = None  # ... and the sha256 its weights must have
 
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))
@@ -156,6 +158,17 @@ class _Heartbeat:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _warm_start(model: torch.nn.Module, weights: Path, sha256: str | None) -> None:
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001
+        raise CheckpointError(f"warm start: cannot load {weights} ({err})") from None
+    if sha256 is not None and weights_sha256(state) != sha256:
+        raise CheckpointError(f"warm start: {weights} does not match the champion's sha256 (corrupted)")
+    model.load_state_dict(state)
+    log.info("warm start from %s", weights)
 
 
 def _shutdown_workers(batches: Any) -> None:
@@ -270,6 +283,8 @@ def train(
     else:
         if ckpt_dir.exists() and any(ckpt_dir.iterdir()):
             log.warning("no verified checkpoint in %s: starting from step 0", ckpt_dir)
+        if job.init_weights is not None:
+            _warm_start(model, Path(job.init_weights), job.init_sha256)
         beat = heartbeat.read()
         if beat is not None and beat[0] > 0:
             # An earlier attempt died before its first checkpoint: all of it was lost.

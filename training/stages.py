@@ -74,8 +74,34 @@ def preprocess_stage(dataset_dir: str, preprocess: dict[str, Any], storage_root:
     }
 
 
-def run_key_for(config: RetrainConfig, dataset_fingerprint: str) -> str:
-    return fingerprint("run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess), train_fingerprint(config))
+def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
+    parts = ["run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess), train_fingerprint(config)]
+    if init_sha256 is not None:
+        parts.append(f"warm:{init_sha256}")  # a warm start computes something else: its own run
+    return fingerprint(*parts)
+
+
+def warm_start_plan(config: RetrainConfig, root: Path) -> tuple[dict[str, Any] | None, str]:
+    """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
+    if config.train.init_from != "champion":
+        return None, "train.init_from is none"
+    models_root = root / "models"
+    pointer = read_champion(models_root)
+    if pointer is None:
+        return None, "no champion yet: fresh start"
+    package = champion_package(models_root, pointer)
+    meta = read_json(package / "model.json")
+    if meta is None:
+        return None, f"champion package {package} has no model.json: fresh start"
+    if meta["model_config"] != config.model.model_dump(mode="json"):
+        return None, "the champion's model config differs from model.*: fresh start"
+    stats = meta["feature_stats"]
+    if stats["numeric"] != config.data.numeric or stats["categorical"] != config.data.categorical:
+        return None, "the champion's feature columns differ from data.numeric/data.categorical: fresh start"
+    return (
+        {"weights": str(package / "model.pt"), "sha256": pointer["sha256"], "stats": stats},
+        f"warm start from champion {pointer['sha256'][:12]} with its feature statistics",
+    )
 
 
 def train_stage(
@@ -93,23 +119,45 @@ def train_stage(
         # The Prefect cache can outlive the file it points at (someone cleaned the root):
         # refitting is deterministic, so do it rather than fail.
         prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), str(root))
-    run_key = run_key_for(config, packed["fingerprint"])
+        stats_path = Path(prep["stats_path"])
+    warm, warm_reason = warm_start_plan(config, root)
+    init_sha = None
+    if warm is not None:
+        # Embedding rows and input scaling must mean what they meant for the champion, so the
+        # warm-started model keeps the champion's preprocessing; unseen categories share index 0.
+        init_sha = warm["sha256"]
+        stats_path = root / "preprocess" / f"champion-{init_sha[:16]}" / "feature_stats.json"
+        if not stats_path.exists():
+            write_json_atomic(stats_path, warm["stats"])
+    run_key = run_key_for(config, packed["fingerprint"], init_sha)
     job = TrainJob(
         run_key=run_key,
         run_dir=str(root / "runs" / run_key),
         dataset_dir=packed["dataset_dir"],
-        stats_path=prep["stats_path"],
+        stats_path=str(stats_path),
         config=config.model_dump(mode="json"),
+        init_weights=warm["weights"] if warm else None,
+        init_sha256=init_sha,
     )
     finished = read_json(Path(job.run_dir) / "result.json")
     if finished is not None:
-        # A finished run needs no child process (and no 4 s of torch start-up).
+        # A finished run needs no child process (and no 3 s of torch start-up).
         result = {**finished, "already_complete": True}
     else:
         result = run_training_process(job, on_event)
     summary = {k: v for k, v in result.items() if k != "history"}
     summary["run_dir"] = job.run_dir
     summary["seconds_this_attempt"] = time.perf_counter() - t0
+    summary["warm_start"] = {
+        "requested": config.train.init_from == "champion",
+        "used": warm is not None,
+        "reason": warm_reason,
+        "champion_sha256": init_sha,
+    }
+    target = config.eval.target_auc
+    summary["steps_to_target"] = (
+        None if target is None else next((h["step"] for h in result.get("history", []) if h["val_auc"] >= target), None)
+    )
     return summary
 
 
@@ -213,6 +261,8 @@ def report_stage(
         "target_auc": evaluation["target_auc"],
         "target_met": evaluation["target_met"],
         "promotion": evaluation["promotion"],
+        "warm_start": trained.get("warm_start"),
+        "steps_to_target": trained.get("steps_to_target"),
         "bayes_auc": packed.get("bayes_auc"),
     }
     path = run_dir / "report.json"

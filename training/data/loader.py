@@ -170,6 +170,10 @@ def make_train_loader(batches: ShardBatches, start: StreamPosition, num_workers:
         pin_memory=pin_memory,
         prefetch_factor=4 if num_workers else None,
         persistent_workers=False,
+        # Not fork: the training process runs threads (background checkpoint writer, spot-notice
+        # poller, Prefect's loop when called in-process), and forking a threaded process can
+        # deadlock or kill workers. forkserver children start from a clean single-threaded parent.
+        multiprocessing_context="forkserver" if num_workers else None,
     )
 
 

@@ -1,0 +1,67 @@
+"""Deployments against a real Prefect server: deploy, schedule, trigger, run on a worker."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import small_overrides
+from tests.e2e.conftest import POOL, ROOT, PrefectServer, deployment, flow_run
+from training.config import load_config
+
+pytestmark = pytest.mark.slow
+
+
+def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> None:
+    retrain = deployment(deployed, "retrain")
+    (schedule,) = retrain["schedules"]
+    assert schedule["schedule"]["cron"] == "0 3 * * 6"
+    assert schedule["schedule"]["timezone"] == "Europe/Berlin"
+    assert schedule["active"] is True
+    assert retrain["global_concurrency_limit"]["limit"] == 1
+    assert retrain["work_pool_name"] == POOL
+    # The flow's one parameter is the typed config model: the UI form is built from this schema.
+    schema = retrain["parameter_openapi_schema"]
+    assert schema["properties"]["config"]["$ref"] == "#/definitions/RetrainConfig"
+    assert "Optimizer steps at most." in json.dumps(schema["definitions"]["TrainConfig"])
+
+    incremental = deployment(deployed, "retrain-incremental")
+    assert incremental["schedules"][0]["active"] is False
+    assert incremental["schedules"][0]["schedule"]["timezone"] == "Europe/Berlin"  # shared via an anchor
+    assert incremental["parameters"]["config"]["train"]["init_from"] == "champion"
+    assert incremental["global_concurrency_limit"]["limit"] == 1
+
+
+def test_gpu_spot_example_reschedules_on_sigterm() -> None:
+    spec = yaml.safe_load((ROOT / "deployments" / "gpu-spot.yaml").read_text())
+    (dep,) = spec["deployments"]
+    assert dep["work_pool"]["job_variables"]["env"]["PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR"] == "reschedule"
+    assert dep["concurrency_limit"] == 1
+
+
+def _trigger(server: PrefectServer, params: dict) -> str:
+    out = server.cli("deployment", "run", "retrain/retrain", "--params", json.dumps(params))
+    match = re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout)
+    assert match, out.stdout
+    return match.group(1)
+
+
+def test_triggered_run_completes_on_a_worker(deployed: PrefectServer, tmp_path: Path, demo_source: Path) -> None:
+    config = load_config(overrides=small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=30"])
+    flow_run_id = _trigger(deployed, {"config": config.model_dump(mode="json")})
+    deployed.cli("worker", "start", "--pool", POOL, "--run-once", timeout=420)
+    run = flow_run(deployed, flow_run_id)
+    assert run["state"]["type"] == "COMPLETED", run["state"]
+    (report,) = (tmp_path / "root" / "runs").glob("*/report.json")
+    assert json.loads(report.read_text())["steps"] == 30  # the parameter override took effect
+
+
+def test_bad_parameter_is_rejected_before_any_work(deployed: PrefectServer, tmp_path: Path) -> None:
+    params = {"config": {"train": {"batch_size": 0}, "storage": {"root": str(tmp_path / "root")}}}
+    with pytest.raises(AssertionError, match="batch_size"):
+        _trigger(deployed, params)  # the server validates against the schema: no run is created
+    assert not (tmp_path / "root").exists()
