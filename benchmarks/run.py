@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import bench_checkpoint, bench_loading, bench_packing, bench_preemption
+from benchmarks import bench_checkpoint, bench_loading, bench_packing, bench_preemption, bench_warm_start
 from benchmarks.common import machine
 
 SUITE = {
@@ -21,6 +21,7 @@ SUITE = {
     "loading": bench_loading.run,
     "checkpoint": bench_checkpoint.run,
     "preemption": bench_preemption.run,
+    "warm_start": bench_warm_start.run,
 }
 
 

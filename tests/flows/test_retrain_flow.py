@@ -26,8 +26,20 @@ def _task_runs(flow_run_id) -> dict[str, object]:
     return {r.name.rsplit("-", 1)[0]: r for r in runs}
 
 
+def _artifacts(flow_run_id) -> dict[str, object]:
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))
+    return {a.key: a for a in found}
+
+
 def test_flow_runs_then_reuses_everything(small_config: RetrainConfig) -> None:
-    first = _report(retrain(small_config))
+    state = retrain(small_config, return_state=True)
+    first = _report(state.result())
+    artifacts = _artifacts(state.state_details.flow_run_id)
+    assert {"champion-challenger", "promotion-decision"} <= set(artifacts)
+    assert "PROMOTED" in artifacts["promotion-decision"].data
     assert first["status"] == "completed" and first["steps"] == 60
     assert set(first["metrics"]) == {"auc", "logloss", "accuracy"}
     assert first["stages"]["pack"]["reused"] is False
