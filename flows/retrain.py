@@ -32,4 +32,4 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
     trained = train_state.result()
     evaluation = evaluate_model(config, packed, trained)
     states = {"pack": "Completed", "preprocess": prep_state.name, "train": train_state.name, "evaluate": "Completed"}
-    return write_report(packed, prep, trained, evaluation, states)
+    return write_report(config, packed, prep, trained, evaluation, states)

@@ -35,7 +35,33 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. --set train.batch_size=256 (YAML value); repeatable",
     )
+    plan = sub.add_parser("plan", help="estimate time and cost per instance type from a short calibration run")
+    plan.add_argument("--config", type=Path, help="YAML config file (defaults: the built-in demo)")
+    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    plan.add_argument("--instance-types", default=None,
+                      help="comma-separated keys of cost.prices to compare (default: all)")
+    plan.add_argument("--deadline-hours", type=float, default=None, help="the run must finish within this")
+    plan.add_argument("--calibration-steps", type=int, default=50, help="optimizer steps to time (default 50)")
     return parser
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from training.plan import plan_run
+
+    config = load_config(args.config, args.overrides)
+    config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+    types = args.instance_types.split(",") if args.instance_types else sorted(config.cost.prices)
+    plan = plan_run(config, [t.strip() for t in types if t.strip()], args.deadline_hours, args.calibration_steps)
+    c = plan["calibration"]
+    print(f"calibration: {c['steps']} steps here, {c['seconds_per_step'] * 1000:.2f} ms/step; "
+          f"the whole run here ~{c['estimated_run_hours_here'] * 3600:.0f} s")
+    print(f"{'instance':<16}{'market':<11}{'$/h':>8}{'hours':>10}{'preempt.':>10}{'cost $':>12}  deadline")
+    for r in plan["rows"]:
+        print(f"{r['instance_type']:<16}{r['market']:<11}{r['rate_per_hour']:>8.2f}{r['runtime_hours']:>10.4f}"
+              f"{r['expected_preemptions']:>10.2f}{r['cost_usd']:>12.4f}  {'ok' if r['meets_deadline'] else 'missed'}")
+    best = plan["cheapest"]
+    print(json.dumps({"cheapest": best, "deadline_hours": plan["deadline_hours"]}))
+    return 0 if best is not None else 1
 
 
 def _summary(report: dict[str, Any], path: str) -> str:
@@ -56,6 +82,15 @@ def _summary(report: dict[str, Any], path: str) -> str:
         lines.append(f"              (Bayes-optimal AUC of the demo generator: {report['bayes_auc']:.4f})")
     if report["resumed_from_steps"]:
         lines.append(f"  resumed from steps {report['resumed_from_steps']}, {report['steps_lost']} steps lost")
+    cost = report["cost"]
+    util = report["utilization"]
+    lines.append(
+        f"  cost        ${cost['total_usd']:.4f} on {cost['instance_type']} ({cost['market']}), "
+        f"{cost['gpu_hours']:.3f} GPU-h; naive run ${cost['naive']['usd']:.4f}, saved ${cost['savings_usd']:.4f}"
+    )
+    lines.append(f"  bottleneck  {util['verdict']} (data stall {util['data_stall_fraction']:.1%})")
+    if report.get("stop_reason"):
+        lines.append(f"  stopped     {report['stop_reason']}")
     promo = report["promotion"]
     lines.append(f"  champion    {'PROMOTED' if promo['promoted'] else 'kept'}: {promo['reason']}")
     lines.append(f"  model       {report['model']['sha256'][:16]}  {report['model']['uri']}")
@@ -101,7 +136,7 @@ def _stop_ephemeral_server() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _run(args)
+        return _plan(args) if args.command == "plan" else _run(args)
     except Preempted as err:
         print(f"retrain: preempted, retries exhausted: {err}; run the same command again to resume", file=sys.stderr)
         return EXIT_PREEMPTED

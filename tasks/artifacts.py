@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.context import TaskRunContext
 
-__all__ = ["publish_promotion"]
+__all__ = ["publish_promotion", "publish_report", "TrainingProgress"]
 
 
 def _in_run() -> bool:
@@ -36,3 +43,43 @@ def publish_promotion(evaluation: dict[str, Any]) -> None:
         key="promotion-decision",
         description="Champion/challenger decision",
     )
+
+
+def publish_report(report_path: Path, curves: Path | None) -> None:
+    if not _in_run():
+        return
+    from training.report_render import render_markdown
+
+    report = json.loads(report_path.read_text())
+    cost = report["cost"]
+    create_table_artifact(
+        [
+            {"item": "compute (this run)", "usd": round(cost["compute"]["usd"], 6),
+             "gpu_hours": round(cost["compute"]["gpu_hours"], 6), "seconds": round(cost["compute"]["billed_seconds"], 2)},
+            *[{"item": f"  stage {k}", "usd": round(v, 6), "gpu_hours": None, "seconds": None}
+              for k, v in cost["compute"]["per_stage_usd"].items()],
+            {"item": "storage (retention)", "usd": round(cost["storage"]["total_usd"], 6), "gpu_hours": None, "seconds": None},
+            {"item": "naive run (on-demand, fp32, no early stop)", "usd": round(cost["naive"]["usd"], 6),
+             "gpu_hours": round(cost["naive"]["gpu_hours"], 6), "seconds": round(cost["naive"]["seconds"], 2)},
+            {"item": "saved", "usd": round(cost["savings_usd"], 6), "gpu_hours": None, "seconds": None},
+        ],
+        key="run-cost",
+        description=f"{cost['instance_type']} on {cost['market']}; tags {cost['tags']}",
+    )
+    create_markdown_artifact(render_markdown(report, curves, embed=True), key="run-report",
+                             description=f"Report of run {report['run_key']}")
+
+
+class TrainingProgress:
+    """A progress artifact in the Prefect UI, updated at each validation."""
+
+    def __init__(self, max_steps: int) -> None:
+        self.max_steps = max_steps
+        self.artifact_id = (
+            create_progress_artifact(0.0, key="training-progress", description="Optimizer steps done")
+            if _in_run() else None
+        )
+
+    def update(self, step: int) -> None:
+        if self.artifact_id is not None:
+            update_progress_artifact(self.artifact_id, 100.0 * step / self.max_steps)

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import task
 
+from tasks.artifacts import publish_report
+from training.config import RetrainConfig
 from training.stages import report_stage
 
 __all__ = ["write_report"]
@@ -11,8 +14,10 @@ __all__ = ["write_report"]
 
 @task(name="report")
 def write_report(
-    packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any], evaluation: dict[str, Any],
-    stage_states: dict[str, str],
+    config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any],
+    evaluation: dict[str, Any], stage_states: dict[str, str],
 ) -> str:
-    """Write runs/<run_key>/report.json and return its path."""
-    return report_stage(packed, prep, trained, evaluation, stage_states)
+    """Write runs/<run_key>/report.json, report.md and curves.png; publish them as artifacts."""
+    paths = report_stage(config, packed, prep, trained, evaluation, stage_states)
+    publish_report(Path(paths["report"]), Path(paths["curves"]) if paths["curves"] else None)
+    return paths["report"]

@@ -4,6 +4,7 @@ from typing import Any
 
 from prefect import task
 
+from tasks.artifacts import TrainingProgress
 from tasks.policies import retry_only_preemptions, task_logger
 from training.config import RetrainConfig
 from training.stages import train_stage
@@ -15,15 +16,18 @@ __all__ = ["train_model"]
 def train_model(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any]) -> dict[str, Any]:
     """Train in a child process; a preemption raises Preempted, which is retried and resumes."""
     logger = task_logger()
+    progress = TrainingProgress(config.train.max_steps)
 
     def log_event(event: dict[str, Any]) -> None:
         if event["event"] == "validation":
+            progress.update(event["step"])
             logger.info("step %d/%d  train_loss %.4f  val_auc %.4f", event["step"], event["max_steps"],
                         event["train_loss"], event["val_auc"])
         elif event["event"] == "resumed":
             logger.info("resumed from step %d (%s)", event["step"], event["checkpoint"])
 
     trained = train_stage(config, packed, prep, log_event)
+    progress.update(config.train.max_steps)  # finished, whether completed or stopped early
     if trained.get("already_complete"):
         logger.info("run %s was already complete: nothing to train", trained["run_key"])
     return trained

@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from training.errors import ConfigError
 
 __all__ = [
+    "CostConfig",
+    "BudgetConfig",
+    "InstancePrice",
     "DataConfig",
     "PreprocessConfig",
     "ModelConfig",
@@ -178,6 +181,96 @@ class EvalConfig(_Section):
     min_delta: float = Field(0.0, ge=0, description="Test AUC the challenger must gain over the champion.")
 
 
+class InstancePrice(_Section):
+    gpus: int = Field(0, ge=0, description="Accelerators on the instance.")
+    on_demand_per_hour: float = Field(ge=0, description="On-demand $/h for the whole instance.")
+    spot_per_hour: float | None = Field(None, ge=0, description="Spot $/h for the whole instance; empty: not offered.")
+    relative_speed: float = Field(
+        1.0, gt=0, description="Training throughput relative to the machine `retrain plan` calibrates on."
+    )
+
+
+# Public list prices, quoted 2026-11 (check your provider and region; override any entry in YAML):
+# - p4d.24xlarge (8x A100 40 GB): AWS on-demand $32.77/h (us-east-1 list price); spot about
+#   $9.83/h (a quote that varies by zone and hour).
+# - one A100: about $3.21/h per GPU on-demand (cloud list prices for 1x A100 40 GB instances).
+# - local-cpu: your own machine, no marginal compute bill.
+DEFAULT_PRICES: dict[str, dict[str, Any]] = {
+    "local-cpu": {"gpus": 0, "on_demand_per_hour": 0.0, "spot_per_hour": 0.0},
+    "a100-1x": {"gpus": 1, "on_demand_per_hour": 3.21},
+    "p4d.24xlarge": {"gpus": 8, "on_demand_per_hour": 32.77, "spot_per_hour": 9.83},
+}
+# AWS S3 list prices per GB-month, us-east-1, quoted 2026-11: Standard, Standard-IA, Glacier IR.
+DEFAULT_STORAGE_PRICES = {"STANDARD": 0.023, "STANDARD_IA": 0.0125, "GLACIER_IR": 0.004}
+
+
+class CostConfig(_Section):
+    instance_type: str = Field("local-cpu", description="The instance type this run runs on (a key of cost.prices).")
+    market: Literal["on_demand", "spot"] = Field("on_demand", description="Market this run is billed on.")
+    prices: dict[str, InstancePrice] = Field(
+        default_factory=lambda: {k: InstancePrice(**v) for k, v in DEFAULT_PRICES.items()},
+        description="Instance type -> GPUs and $/h; entries given here are merged over the defaults.",
+    )
+    storage_per_gb_month: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_STORAGE_PRICES), description="$/GB-month per storage class."
+    )
+    storage_class: dict[str, str] = Field(
+        default_factory=lambda: {"shards": "STANDARD", "checkpoints": "STANDARD", "models": "STANDARD"},
+        description="Storage class per object class (shards, checkpoints, models).",
+    )
+    retention_days: dict[str, float] = Field(
+        default_factory=lambda: {"shards": 30.0, "checkpoints": 7.0, "models": 365.0},
+        description="Days each object class is kept, for the storage estimate.",
+    )
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="Cost-allocation tags (e.g. team, project, owner) for the report and objects."
+    )
+
+    @field_validator("prices", mode="before")
+    @classmethod
+    def _merge_prices(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        merged: dict[str, Any] = {k: dict(p) for k, p in DEFAULT_PRICES.items()}
+        for name, entry in v.items():
+            if isinstance(entry, BaseModel):
+                entry = entry.model_dump()
+            merged[name] = {**merged.get(name, {}), **entry} if isinstance(entry, dict) else entry
+        return merged
+
+    @model_validator(mode="after")
+    def _known_instance(self) -> CostConfig:
+        if self.instance_type not in self.prices:
+            raise ValueError(
+                f"cost.instance_type {self.instance_type!r} has no entry in cost.prices "
+                f"(known: {sorted(self.prices)}); add one to your config"
+            )
+        if self.market == "spot" and self.prices[self.instance_type].spot_per_hour is None:
+            raise ValueError(f"cost.market is spot but cost.prices[{self.instance_type!r}].spot_per_hour is empty")
+        for cls_name in ("shards", "checkpoints", "models"):
+            storage_class = self.storage_class.get(cls_name)
+            if storage_class not in self.storage_per_gb_month:
+                raise ValueError(f"cost.storage_class.{cls_name}: {storage_class!r} has no price in cost.storage_per_gb_month")
+            if cls_name not in self.retention_days:
+                raise ValueError(f"cost.retention_days.{cls_name} is missing")
+        return self
+
+    def rate(self) -> tuple[float, int]:
+        """($/h, GPUs) of the declared instance on the declared market."""
+        entry = self.prices[self.instance_type]
+        rate = entry.spot_per_hour if self.market == "spot" else entry.on_demand_per_hour
+        return float(rate or 0.0), entry.gpus
+
+
+class BudgetConfig(_Section):
+    max_usd: float | None = Field(None, gt=0, description="Stop training before the run's bill would exceed this.")
+    max_gpu_hours: float | None = Field(None, gt=0, description="Stop training before GPU-hours would exceed this.")
+    max_wall_seconds: float | None = Field(None, gt=0, description="Stop training before the run's wall time would exceed this.")
+    champion_gate: bool = Field(
+        False, description="Stop early when the validation AUC's trend cannot reach the champion's plus eval.min_delta."
+    )
+
+
 class StorageConfig(_Section):
     root: str = Field(".retrain", description="Root of datasets, caches, runs and models.")
 
@@ -191,6 +284,8 @@ class RetrainConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
 
 
 def fingerprint(*parts: Any) -> str:

@@ -69,6 +69,10 @@ class TrainJob:
     config: dict[str, Any]
     init_weights: str | None = None  # warm start: weights file of the champion
     init_sha256: str | None = None  # ... and the sha256 its weights must have
+    rate_per_hour: float = 0.0  # $/h of the machine, for budgets
+    gpus: int = 0
+    pre_train_seconds: float = 0.0  # pack + preprocess time of this run, counted against budgets
+    champion_val_auc: float | None = None  # for the champion gate
 
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))
@@ -105,12 +109,19 @@ class RunState:
     preemptions: int = 0
     steps_lost: int = 0
     seconds: dict[str, float] = field(
-        default_factory=lambda: {"train": 0.0, "data_wait": 0.0, "compute": 0.0, "checkpoint": 0.0, "eval": 0.0, "lost": 0.0}
+        default_factory=lambda: {"train": 0.0, "data_wait": 0.0, "compute": 0.0, "checkpoint": 0.0, "eval": 0.0,
+                                 "lost": 0.0, "startup": 0.0, "pre_train": 0.0}
     )
     checkpoints_saved: int = 0
     last_save_train_seconds: float = 0.0
     save_cost_seconds: float | None = None  # moving average of measured save cost
     restart_to_first_step_seconds: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+
+    def billed_seconds(self) -> float:
+        """Every second the machine was held for this run, lost work and restarts included."""
+        s = self.seconds
+        return s["pre_train"] + s["startup"] + s["train"] + s["eval"] + s["checkpoint"] + s["lost"]
 
 
 class CheckpointSchedule:
@@ -158,6 +169,90 @@ class _Heartbeat:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+class Budget:
+    """The run's spending limits in seconds, dollars and GPU-hours of held machine time."""
+
+    def __init__(self, config: Any, rate_per_hour: float, gpus: int) -> None:
+        self.config, self.rate, self.gpus = config, rate_per_hour, gpus
+
+    def exceeded(self, state: RunState, next_steps: int) -> str | None:
+        spent = state.billed_seconds()
+        per_step = (state.seconds["train"] + state.seconds["checkpoint"]) / max(1, state.step)
+        per_eval = state.seconds["eval"] / max(1, len(state.history))
+        projected = spent + (per_step * next_steps + per_eval if next_steps else 0.0)
+        c = self.config
+        checks = [
+            ("budget.max_wall_seconds", c.max_wall_seconds, spent, projected, 1.0, "s"),
+            ("budget.max_usd", c.max_usd, spent, projected, self.rate / 3600.0, "$"),
+            ("budget.max_gpu_hours", c.max_gpu_hours, spent, projected, self.gpus / 3600.0, "GPU-h"),
+        ]
+        for key, limit, now, then, per_second, unit in checks:
+            if limit is None or per_second == 0:
+                continue
+            if then * per_second > limit:
+                return (f"{key}={limit:g}: {now * per_second:.4g} {unit} spent, "
+                        f"{then * per_second:.4g} {unit} after the next interval")
+        return None
+
+
+def champion_gate(history: list[dict[str, Any]], champion_auc: float | None, min_delta: float, max_steps: int) -> str | None:
+    """Stop when even an optimistic linear extrapolation of the last three validations cannot
+    reach the champion's validation AUC plus min_delta by max_steps."""
+    if champion_auc is None or len(history) < 3:
+        return None
+    recent = history[-3:]
+    steps = np.array([h["step"] for h in recent], dtype=np.float64)
+    aucs = np.array([h["val_auc"] for h in recent], dtype=np.float64)
+    slope = float(np.polyfit(steps, aucs, 1)[0])
+    best = max(h["val_auc"] for h in history)
+    reachable = best + max(0.0, slope) * (max_steps - steps[-1])
+    needed = champion_auc + min_delta
+    if reachable < needed:
+        return (f"champion gate: validation AUC trend reaches at most {reachable:.4f} by step {max_steps}, "
+                f"the champion needs {needed:.4f}")
+    return None
+
+
+def measure_fp32_slowdown(model: torch.nn.Module, batches: ShardBatches, device: torch.device, precision: str,
+                          steps: int = 10) -> float:
+    """fp32 step time over this run's precision, timed on a copy of the model (for the naive
+    counterfactual in the cost report)."""
+    import copy
+
+    def timed(dtype: torch.dtype | None) -> float:
+        m = copy.deepcopy(model).train()
+        x_num, x_cat, y = (t.to(device) for t in batches.batch(0, 0))
+        for i in range(steps + 3):  # 3 warm-up steps
+            if i == 3:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                out = m(x_num, x_cat)
+            F.binary_cross_entropy_with_logits(out.float(), y).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    return timed(None) / timed(autocast_dtype(precision))
+
+
+def accelerator_stats(device: torch.device) -> dict[str, Any]:
+    """Memory and utilisation on CUDA; "n/a" elsewhere, never invented."""
+    if device.type != "cuda":
+        return {"memory_peak_bytes": "n/a", "memory_total_bytes": "n/a", "memory_peak_fraction": "n/a",
+                "utilization_percent": "n/a"}
+    peak = torch.cuda.max_memory_allocated(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    try:
+        util: Any = torch.cuda.utilization(device)  # NVML, when pynvml is installed
+    except Exception:  # noqa: BLE001 - NVML missing or unsupported
+        util = "n/a"
+    return {"memory_peak_bytes": peak, "memory_total_bytes": total, "memory_peak_fraction": peak / total,
+            "utilization_percent": util, "memory_stats": {k: v for k, v in torch.cuda.memory_stats(device).items()
+                                                          if k in ("num_alloc_retries", "num_ooms")}}
 
 
 def _warm_start(model: torch.nn.Module, weights: Path, sha256: str | None) -> None:
@@ -211,6 +306,7 @@ def train(
     emit: Callable[[dict[str, Any]], None] = lambda event: None,
     rank: int = 0,
     world_size: int = 1,
+    now_fn: Callable[[], float] = time.perf_counter,
 ) -> dict[str, Any]:
     """Train (or resume, or find already finished) the run in `job.run_dir`; return its result."""
     stop = stop or StopFlag()
@@ -270,6 +366,8 @@ def train(
         scaler.load_state_dict(saved["scaler"])
         stopper.load_state_dict(saved["early_stopping"])
         state = RunState(**saved["run"])
+        for key, value in RunState().seconds.items():
+            state.seconds.setdefault(key, value)
         restore_rng(saved["rng"])
         resumed_step = state.step
         state.resumed_from_steps.append(state.step)
@@ -298,7 +396,7 @@ def train(
     checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last)
 
     def save(emergency: bool = False, blocking: bool = False) -> None:
-        t0 = time.perf_counter()
+        t0 = now_fn()
         # Accounting first, so the saved state already counts this save.
         state.checkpoints_saved += 1
         state.last_save_train_seconds = state.seconds["train"]
@@ -317,7 +415,7 @@ def train(
         # Emergency saves block: the process exits right after. Others write in the background
         # and the loop only waits for the in-memory copy.
         checkpointer.save(man, payload, protect, blocking=emergency or blocking)
-        stall = time.perf_counter() - t0
+        stall = now_fn() - t0
         state.seconds["checkpoint"] += stall
         state.save_cost_seconds = stall if state.save_cost_seconds is None else 0.7 * state.save_cost_seconds + 0.3 * stall
         emit({"event": "checkpoint", "step": state.step, "emergency": emergency})
@@ -331,7 +429,11 @@ def train(
     model.train()
     status = "completed"
     first_step_latency: float | None = None
-    clock = time.perf_counter()
+    if resumed_step is None:
+        state.seconds["pre_train"] = job.pre_train_seconds  # once per run, not per attempt
+    state.seconds["startup"] += time.time() - spawn_time  # process start, imports, data and checkpoint load
+    budget = Budget(config.budget, job.rate_per_hour, job.gpus)
+    last = now_fn()
     while state.step < tc.max_steps:
         if stop.requested:
             save(emergency=True)
@@ -341,10 +443,10 @@ def train(
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=device)
         for _ in range(tc.grad_accum):
-            t_wait = time.perf_counter()
+            t_wait = now_fn()
             epoch, index, x_num, x_cat, y = next(batches)
             x_num, x_cat, y = x_num.to(device, non_blocking=True), x_cat.to(device, non_blocking=True), y.to(device)
-            t_compute = time.perf_counter()
+            t_compute = now_fn()
             state.seconds["data_wait"] += t_compute - t_wait
             with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                 logits = model(x_num, x_cat)
@@ -352,7 +454,7 @@ def train(
             loss = F.binary_cross_entropy_with_logits(logits.float(), y) / tc.grad_accum
             scaler.scale(loss).backward()
             loss_sum += loss.detach()
-            state.seconds["compute"] += time.perf_counter() - t_compute
+            state.seconds["compute"] += now_fn() - t_compute
         state.epoch, state.batch = divmod(epoch * train_batches.batches_per_epoch + index + 1, train_batches.batches_per_epoch)
         if tc.grad_clip > 0:
             scaler.unscale_(optimizer)
@@ -361,36 +463,58 @@ def train(
         scaler.update()
         scheduler.step()
         state.step += 1
-        now = time.perf_counter()
-        state.seconds["train"] += now - clock
-        clock = now
+        now = now_fn()
+        state.seconds["train"] += now - last
+        last = now
         heartbeat.write(state.step, state.seconds["train"])
         if first_step_latency is None:
             first_step_latency = time.time() - spawn_time
             if resumed_step is not None:
                 state.restart_to_first_step_seconds.append(first_step_latency)
 
-        improved = False
-        if state.step % tc.eval_every == 0 or state.step == tc.max_steps:
-            t_eval = time.perf_counter()
+        def validate() -> bool:
+            t_eval = now_fn()
             val = evaluate_batches(model, val_batches, device, precision)
-            improved = stopper.update(val["auc"], state.step)
+            better = stopper.update(val["auc"], state.step)
             state.history.append(
                 {"step": state.step, "train_loss": float(loss_sum), "val_auc": val["auc"], "val_logloss": val["logloss"],
                  "lr": scheduler.get_last_lr()[0]}
             )
-            state.seconds["eval"] += time.perf_counter() - t_eval
-            emit({"event": "validation", **state.history[-1], "max_steps": tc.max_steps})
-        early = stopper.should_stop
-        if schedule.due(state) or improved or early or state.step == tc.max_steps:
-            save()
-        clock = time.perf_counter()  # checkpoint and eval time are accounted separately
-        if early:
+            state.seconds["eval"] += now_fn() - t_eval
+            emit({"event": "validation", **state.history[-1], "max_steps": tc.max_steps,
+                  "spent_seconds": state.billed_seconds()})
+            return better
+
+        improved = False
+        validated = state.step % tc.eval_every == 0 or state.step == tc.max_steps
+        if validated:
+            improved = validate()
+        # Budgets: at a validation, stop if the next interval would cross a limit; at any step,
+        # stop once a limit is crossed (a step far slower than the average so far).
+        over = budget.exceeded(state, tc.eval_every if validated else 0)
+        if over is not None:
+            if not validated:
+                improved = validate()  # the best model must be validated before we stop
+            status, state.stop_reason = "budget_stopped", over
+        elif validated and stopper.should_stop:
             status = "early_stopped"
+            state.stop_reason = f"no validation AUC gain > {tc.min_delta} in {tc.patience} validations"
+        elif validated and config.budget.champion_gate:
+            gated = champion_gate(state.history, job.champion_val_auc, config.eval.min_delta, tc.max_steps)
+            if gated is not None:
+                status, state.stop_reason = "early_stopped", gated
+        stopping = status != "completed"
+        if schedule.due(state) or improved or stopping or state.step == tc.max_steps:
+            save()
+        last = now_fn()  # checkpoint and eval time are accounted separately
+        if stopping:
+            log.info("stopping at step %d: %s", state.step, state.stop_reason)
             break
     heartbeat.close()
     _shutdown_workers(batches)
     checkpointer.wait()  # the final and best checkpoints must be on disk before export
+
+    fp32_slowdown = 1.0 if precision == "fp32" else measure_fp32_slowdown(model, train_batches, device, precision)
 
     best_step = stopper.best_step
     best_dir = ckpt_dir / f"step-{best_step:08d}"
@@ -399,6 +523,11 @@ def train(
     result = {
         "run_key": job.run_key,
         "status": status,
+        "stop_reason": state.stop_reason,
+        "fp32_slowdown": fp32_slowdown,
+        "max_steps": tc.max_steps,
+        "billed_seconds": state.billed_seconds(),
+        "accelerator": accelerator_stats(device),
         "steps": state.step,
         "best_step": best_step,
         "best_val_auc": stopper.best,

@@ -104,6 +104,21 @@ def warm_start_plan(config: RetrainConfig, root: Path) -> tuple[dict[str, Any] |
     )
 
 
+def _champion_val_auc(config: RetrainConfig, root: Path, packed: dict[str, Any]) -> float | None:
+    """The champion's AUC on this run's validation split, for the champion gate."""
+    pointer = read_champion(root / "models")
+    if pointer is None:
+        return None
+    from training.evaluate import load_package
+
+    package = champion_package(root / "models", pointer)
+    manifest = load_manifest(Path(packed["dataset_dir"]))
+    _, stats, _ = load_package(package)
+    if manifest is None or not compatible(stats, manifest):
+        return None
+    return evaluate_package(package, Path(packed["dataset_dir"]), manifest, split="validation")["auc"]
+
+
 def train_stage(
     config: RetrainConfig,
     packed: dict[str, Any],
@@ -130,6 +145,7 @@ def train_stage(
         if not stats_path.exists():
             write_json_atomic(stats_path, warm["stats"])
     run_key = run_key_for(config, packed["fingerprint"], init_sha)
+    rate, gpus = config.cost.rate()
     job = TrainJob(
         run_key=run_key,
         run_dir=str(root / "runs" / run_key),
@@ -138,6 +154,10 @@ def train_stage(
         config=config.model_dump(mode="json"),
         init_weights=warm["weights"] if warm else None,
         init_sha256=init_sha,
+        rate_per_hour=rate,
+        gpus=gpus,
+        pre_train_seconds=packed["seconds"] + prep["seconds"],
+        champion_val_auc=_champion_val_auc(config, root, packed) if config.budget.champion_gate else None,
     )
     finished = read_json(Path(job.run_dir) / "result.json")
     if finished is not None:
@@ -214,12 +234,67 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
     return evaluation
 
 
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def cost_report(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any],
+                evaluation: dict[str, Any]) -> dict[str, Any]:
+    """The bill of this run from measured seconds and bytes, and the naive counterfactual."""
+    from training.cost import compute_cost, naive_counterfactual, storage_cost
+
+    rate, gpus = config.cost.rate()
+    seconds = trained["seconds"]
+    train_billed = trained["billed_seconds"] - seconds.get("pre_train", 0.0)
+    stages = {"pack": packed["seconds"], "preprocess": prep["seconds"], "train": train_billed,
+              "evaluate": evaluation["seconds"]}
+    compute = compute_cost(stages, rate, gpus)
+    run_dir = Path(trained["run_dir"])
+    storage = storage_cost(
+        {"shards": _dir_bytes(Path(packed["dataset_dir"])), "checkpoints": _dir_bytes(run_dir / "checkpoints"),
+         "models": _dir_bytes(run_dir / "model")},
+        config.cost.storage_class, config.cost.storage_per_gb_month, config.cost.retention_days,
+    )
+    per_step = (seconds["train"] + seconds["eval"] + seconds["checkpoint"]) / max(1, trained["steps"])
+    on_demand = config.cost.prices[config.cost.instance_type].on_demand_per_hour
+    one_start = seconds.get("startup", 0.0) / (1 + trained["preemptions"])  # the naive run starts once too
+    naive = naive_counterfactual(
+        other_stage_seconds=packed["seconds"] + prep["seconds"] + evaluation["seconds"] + one_start,
+        train_seconds_per_step=per_step,
+        naive_steps=trained.get("max_steps", trained["steps"]),
+        fp32_slowdown=trained.get("fp32_slowdown", 1.0),
+        on_demand_per_hour=on_demand,
+        gpus=gpus,
+    )
+    total = compute["usd"] + storage["total_usd"]
+    naive_total = naive["usd"] + storage["total_usd"]
+    return {
+        "instance_type": config.cost.instance_type,
+        "market": config.cost.market,
+        "rate_per_hour": rate,
+        "gpus": gpus,
+        "compute": compute,
+        "gpu_hours": compute["gpu_hours"],
+        "storage": storage,
+        "total_usd": total,
+        "naive": naive,
+        "savings_usd": naive_total - total,
+        "savings_fraction": (naive_total - total) / naive_total if naive_total else 0.0,
+        "tags": dict(config.cost.tags),
+    }
+
+
 def report_stage(
-    packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any], evaluation: dict[str, Any],
-    stage_states: dict[str, str],
-) -> str:
+    config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any],
+    evaluation: dict[str, Any], stage_states: dict[str, str],
+) -> dict[str, str]:
+    """Write report.json, curves.png and report.md into the run folder; return their paths."""
+    from training.report_render import render_curves, render_markdown
+    from training.utilization import utilization_summary
+
     run_dir = Path(trained["run_dir"])
     result = read_json(run_dir / "result.json") or {}
+    history = result.get("history", [])
     durations = {
         "pack": packed["seconds"],
         "preprocess": prep["seconds"],
@@ -229,6 +304,7 @@ def report_stage(
     report = {
         "run_key": trained["run_key"],
         "status": trained["status"],
+        "stop_reason": trained.get("stop_reason"),
         "steps": trained["steps"],
         "metrics": {k: evaluation["metrics"][k] for k in ("auc", "logloss", "accuracy")},
         "model": trained["model"],
@@ -246,7 +322,10 @@ def report_stage(
             "checkpoint_interval": trained.get("checkpoint_interval"),
             "restart_to_first_step_seconds": trained.get("restart_to_first_step_seconds", []),
         },
-        "cost": {},  # filled by the cost-accounting stage
+        "cost": cost_report(config, packed, prep, trained, evaluation),
+        "utilization": utilization_summary(trained["seconds"], trained.get("samples_seen", 0),
+                                           trained.get("accelerator") or {}),
+        "tags": dict(config.cost.tags),
         "stages": {
             "pack": {"state": stage_states.get("pack"), "reused": packed["reused"], "dataset": packed["fingerprint"],
                      "rows": packed["rows"], "shards": packed["shards"], "dir": packed["dataset_dir"]},
@@ -255,7 +334,7 @@ def report_stage(
                       "best_step": trained["best_step"], "best_val_auc": trained["best_val_auc"],
                       "precision": trained["precision"], "device": trained["device"],
                       "seconds": trained["seconds"], "first_step_latency_seconds": trained["first_step_latency_seconds"],
-                      "history": result.get("history", [])},
+                      "history": history},
             "evaluate": {"state": stage_states.get("evaluate")},
         },
         "target_auc": evaluation["target_auc"],
@@ -266,5 +345,9 @@ def report_stage(
         "bayes_auc": packed.get("bayes_auc"),
     }
     path = run_dir / "report.json"
+    curves = render_curves(history, run_dir / "curves.png")
+    markdown = render_markdown(report, curves, embed=False)
+    (run_dir / "report.md").write_text(markdown)
+    report["files"] = {"report_md": str(run_dir / "report.md"), "curves_png": str(curves) if curves else None}
     write_json_atomic(path, report)
-    return str(path)
+    return {"report": str(path), "markdown": str(run_dir / "report.md"), "curves": str(curves) if curves else ""}

@@ -93,3 +93,19 @@ def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
     report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
     assert report["status"] in ("completed", "early_stopped") and report["resumed_from_steps"]
     assert "resumed from steps" in again.stdout
+
+
+def test_plan_prints_the_cheapest_instance_meeting_the_deadline(tmp_path: Path, demo_source: Path) -> None:
+    cfg = tmp_path / "prices.yaml"
+    cfg.write_text(
+        "cost:\n  prices:\n"
+        "    slow-cheap: {gpus: 1, on_demand_per_hour: 1.40, relative_speed: 1.0}\n"
+        "    fast-dear: {gpus: 1, on_demand_per_hour: 4.00, relative_speed: 2.2}\n"
+    )
+    args = ["--config", str(cfg), *_sets(small_overrides(tmp_path / "root", demo_source)),
+            "--instance-types", "slow-cheap,fast-dear", "--calibration-steps", "20"]
+    out = subprocess.run([sys.executable, "-m", "retrain_cli.main", "plan", *args, "--deadline-hours", "5"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["cheapest"]["instance_type"] == "slow-cheap"
+    assert "ms/step" in out.stdout

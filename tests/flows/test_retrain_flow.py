@@ -38,8 +38,20 @@ def test_flow_runs_then_reuses_everything(small_config: RetrainConfig) -> None:
     state = retrain(small_config, return_state=True)
     first = _report(state.result())
     artifacts = _artifacts(state.state_details.flow_run_id)
-    assert {"champion-challenger", "promotion-decision"} <= set(artifacts)
+    assert {"champion-challenger", "promotion-decision", "run-cost", "run-report", "training-progress"} <= set(artifacts)
     assert "PROMOTED" in artifacts["promotion-decision"].data
+    assert artifacts["training-progress"].data == 100.0
+    assert "data:image/png;base64," in artifacts["run-report"].data
+    assert "naive run" in artifacts["run-cost"].data
+    curves = Path(first["files"]["curves_png"])
+    from PIL import Image
+
+    with Image.open(curves) as image:  # a valid PNG
+        assert image.format == "PNG" and image.size[0] > 100
+    assert Path(first["files"]["report_md"]).read_text().startswith("# Retrain run")
+    assert first["cost"]["compute"]["billed_seconds"] > 0 and "naive" in first["cost"]
+    assert first["utilization"]["verdict"] in ("data-bound", "memory-bound", "compute-bound")
+    assert first["utilization"]["accelerator"]["memory_peak_bytes"] == "n/a"  # CPU: not invented
     assert first["status"] == "completed" and first["steps"] == 60
     assert set(first["metrics"]) == {"auc", "logloss", "accuracy"}
     assert first["stages"]["pack"]["reused"] is False

@@ -30,7 +30,7 @@ def _trained(config: RetrainConfig, name: str) -> tuple[dict, dict]:
     return packed, {**result, "run_dir": job.run_dir}
 
 
-def test_worse_challenger_keeps_the_champion_better_one_is_promoted(small_config: RetrainConfig) -> None:
+def test_worse_challenger_keeps_the_champion_a_better_one_is_promoted(small_config: RetrainConfig) -> None:
     packed, good = _trained(small_config, "good")
     first = evaluate_stage(small_config, packed, good)
     assert first["promotion"]["promoted"]
@@ -44,6 +44,14 @@ def test_worse_challenger_keeps_the_champion_better_one_is_promoted(small_config
     assert not second["promotion"]["promoted"]
     assert second["promotion"]["champion_metrics"]["auc"] > second["metrics"]["auc"]
     assert read_champion(Path(small_config.storage.root) / "models") == champion
+
+    small_config.train.max_steps = 200  # trained longer: better
+    small_config.train.eval_every = 20
+    packed, better = _trained(small_config, "better")
+    third = evaluate_stage(small_config, packed, better)
+    assert third["metrics"]["auc"] > third["promotion"]["champion_metrics"]["auc"]
+    assert third["promotion"]["promoted"], third["promotion"]["reason"]
+    assert read_champion(Path(small_config.storage.root) / "models")["sha256"] == better["model"]["sha256"]
 
 
 def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(

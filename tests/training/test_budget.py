@@ -1,0 +1,85 @@
+"""Budget stops: a fake clock, a real short budget, and a budget that survives a resume."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tests.training.helpers import make_job
+from training.config import RetrainConfig
+from training.errors import Preempted
+from training.loop import StopFlag, train
+
+
+def _fake_clock(tick: float = 0.01):
+    counter = itertools.count()
+    return lambda: next(counter) * tick
+
+
+@pytest.fixture
+def budget_config(small_config: RetrainConfig) -> RetrainConfig:
+    small_config.train.max_steps = 10_000
+    small_config.train.eval_every = 10
+    small_config.train.checkpoint_every = 10
+    small_config.train.patience = 0
+    return small_config
+
+
+def test_fake_clock_budget_stop_is_graceful_and_bounded(budget_config: RetrainConfig) -> None:
+    budget_config.budget.max_wall_seconds = 20.0
+    result = train(make_job(budget_config), now_fn=_fake_clock())
+    assert result["status"] == "budget_stopped"
+    assert "budget.max_wall_seconds=20" in result["stop_reason"]
+    per_step = (result["seconds"]["train"] + result["seconds"]["checkpoint"]) / result["steps"]
+    interval = 10 * per_step + result["seconds"]["eval"] / len(result["history"])
+    assert result["billed_seconds"] <= 20.0 + interval  # never over by more than one validation interval
+    assert result["model"]["sha256"]  # the best model was exported
+
+
+def test_dollar_budget_uses_the_declared_rate(budget_config: RetrainConfig) -> None:
+    job = make_job(budget_config)
+    job.rate_per_hour = 3600.0  # $1 per second of held machine
+    budget_config.budget.max_usd = 15.0
+    job.config = budget_config.model_dump(mode="json")
+    result = train(job, now_fn=_fake_clock())
+    assert result["status"] == "budget_stopped" and "budget.max_usd=15" in result["stop_reason"]
+
+
+def test_real_short_budget(budget_config: RetrainConfig) -> None:
+    budget_config.budget.max_wall_seconds = 2.0
+    result = train(make_job(budget_config))
+    assert result["status"] == "budget_stopped"
+    assert result["steps"] < 10_000
+
+
+def test_budget_survives_a_kill_and_resume(budget_config: RetrainConfig) -> None:
+    budget_config.budget.max_wall_seconds = 20.0
+    reference = train(make_job(budget_config, "reference"), now_fn=_fake_clock())
+    job = make_job(budget_config, "resumed")
+    stop = StopFlag()
+
+    def stop_at_40(event: dict) -> None:
+        if event["event"] == "checkpoint" and event["step"] == 40:
+            stop.request("test")
+
+    with pytest.raises(Preempted):
+        train(job, stop, stop_at_40, now_fn=_fake_clock())
+    resumed = train(job, now_fn=_fake_clock())
+    # The spend so far came back from the checkpoint: the resumed run stops where the
+    # uninterrupted one did, not 20 fresh seconds later.
+    assert resumed["status"] == "budget_stopped"
+    assert resumed["steps"] <= reference["steps"]
+    assert resumed["resumed_from_steps"] == [40]
+
+
+def test_champion_gate_stops_a_hopeless_run(budget_config: RetrainConfig) -> None:
+    budget_config.budget.champion_gate = True
+    budget_config.train.max_steps = 200
+    job = make_job(budget_config)
+    job.champion_val_auc = 0.99  # unreachable for this model and data
+    job.config = budget_config.model_dump(mode="json")
+    result = train(job)
+    assert result["status"] == "early_stopped"
+    assert result["stop_reason"].startswith("champion gate")
+    assert 30 <= result["steps"] < 200  # an optimistic linear trend no longer reaches the champion

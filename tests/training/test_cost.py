@@ -1,0 +1,77 @@
+"""Cost arithmetic against hand-computed cases."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.config import load_config
+from training.cost import compute_cost, naive_counterfactual, plan_instances, storage_cost
+from training.errors import ConfigError
+
+
+def test_compute_cost_is_rate_times_time_per_stage() -> None:
+    out = compute_cost({"pack": 360.0, "train": 3240.0}, rate_per_hour=9.83, gpus=8)
+    assert out["billed_seconds"] == 3600.0
+    assert out["usd"] == pytest.approx(9.83)
+    assert out["gpu_hours"] == pytest.approx(8.0)
+    assert out["per_stage_usd"] == {"pack": pytest.approx(0.983), "train": pytest.approx(8.847)}
+
+
+def test_preemption_inflated_cost() -> None:
+    # 2 h of useful training, 3 preemptions each losing 6 min of work plus a 2 min restart:
+    # billed 2 h + 3 x 8 min = 2.4 h at $9.83/h = $23.592.
+    seconds = {"train": 2 * 3600.0, "lost": 3 * 360.0, "restarts": 3 * 120.0}
+    assert compute_cost(seconds, 9.83, 8)["usd"] == pytest.approx(23.592)
+
+
+def test_storage_cost_for_the_retention() -> None:
+    out = storage_cost(
+        {"shards": 50_000_000_000, "checkpoints": 10_000_000_000},
+        {"shards": "STANDARD", "checkpoints": "STANDARD_IA"},
+        {"STANDARD": 0.023, "STANDARD_IA": 0.0125},
+        {"shards": 30.0, "checkpoints": 7.0},
+    )
+    assert out["shards"]["usd"] == pytest.approx(50 * 0.023)  # 50 GB for one month
+    assert out["checkpoints"]["usd"] == pytest.approx(10 * 0.0125 * 7 / 30)
+    assert out["total_usd"] == pytest.approx(1.15 + 0.0291666667)
+
+
+def test_naive_counterfactual() -> None:
+    # 600 s of other stages, 0.5 s/step measured in bf16, fp32 measured 2x slower, 10,000 steps
+    # without early stopping: 600 + 10,000 s = 10,600 s at the on-demand $32.77/h.
+    out = naive_counterfactual(other_stage_seconds=600, train_seconds_per_step=0.5, naive_steps=10_000,
+                               fp32_slowdown=2.0, on_demand_per_hour=32.77, gpus=8)
+    assert out["seconds"] == 10_600
+    assert out["usd"] == pytest.approx(32.77 * 10_600 / 3600)
+    assert out["gpu_hours"] == pytest.approx(8 * 10_600 / 3600)
+
+
+def test_plan_worked_example_cheaper_slower_instance_wins_when_the_deadline_allows() -> None:
+    # Seed 002: $1.40/h x 2.2 h = $3.08 beats $4.00/h x 1 h = $4.00.
+    candidates = [("big", "on_demand", 4.00, 2.2), ("small", "on_demand", 1.40, 1.0)]
+    kwargs = dict(calibrated_hours=2.2, candidates=candidates, mean_hours_between_preemptions=10.0,
+                  restart_hours=0.0, checkpoint_interval_hours=0.0)
+    rows = plan_instances(deadline_hours=3.0, **kwargs)
+    assert rows[0].instance_type == "small" and rows[0].cost_usd == pytest.approx(3.08)
+    assert rows[1].cost_usd == pytest.approx(4.00)
+    tight = plan_instances(deadline_hours=1.5, **kwargs)
+    assert tight[0].instance_type == "big" and not tight[1].meets_deadline
+
+
+def test_plan_inflates_spot_by_expected_preemptions() -> None:
+    # 10 h job, a preemption every 5 h, each costing 0.1 h restart + 0.2 h / 2 lost:
+    # t = 10 + t/5 * 0.2  =>  t = 10 / 0.96.
+    (row,) = plan_instances(calibrated_hours=10, candidates=[("x", "spot", 1.0, 1.0)],
+                            mean_hours_between_preemptions=5, restart_hours=0.1, checkpoint_interval_hours=0.2,
+                            deadline_hours=None)
+    assert row.runtime_hours == pytest.approx(10 / 0.96)
+    assert row.expected_preemptions == pytest.approx(10 / 0.96 / 5)
+
+
+def test_price_table_entries_merge_and_are_validated() -> None:
+    config = load_config(overrides=["cost.instance_type=p4d.24xlarge", "cost.market=spot"])
+    assert config.cost.rate() == (9.83, 8)
+    with pytest.raises(ConfigError, match="no entry in cost.prices"):
+        load_config(overrides=["cost.instance_type=nope"])
+    with pytest.raises(ConfigError, match="spot_per_hour is empty"):
+        load_config(overrides=["cost.instance_type=a100-1x", "cost.market=spot"])

@@ -1,0 +1,126 @@
+"""Dollars and GPU-hours: prices, the run's bill, the naive counterfactual, and run plans.
+
+All arithmetic is `rate x time` on measured seconds; nothing here guesses a runtime.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "SECONDS_PER_HOUR",
+    "hourly_rate",
+    "compute_cost",
+    "storage_cost",
+    "naive_counterfactual",
+    "plan_instances",
+    "PlanRow",
+]
+
+SECONDS_PER_HOUR = 3600.0
+GB = 1e9
+DAYS_PER_MONTH = 30.0
+
+
+def hourly_rate(prices: dict[str, Any], instance_type: str, market: str) -> tuple[float, int]:
+    """($/h, GPUs) of an instance type on a market ('spot' or 'on_demand')."""
+    entry = prices[instance_type]
+    return float(entry["spot_per_hour"] if market == "spot" else entry["on_demand_per_hour"]), int(entry["gpus"])
+
+
+def compute_cost(stage_seconds: dict[str, float], rate_per_hour: float, gpus: int) -> dict[str, Any]:
+    """Billed compute: every second the machine was held, per stage, times the hourly rate."""
+    total = sum(stage_seconds.values())
+    return {
+        "billed_seconds": total,
+        "usd": rate_per_hour * total / SECONDS_PER_HOUR,
+        "gpu_hours": gpus * total / SECONDS_PER_HOUR,
+        "per_stage_usd": {k: rate_per_hour * v / SECONDS_PER_HOUR for k, v in stage_seconds.items()},
+    }
+
+
+def storage_cost(bytes_by_class: dict[str, int], storage_classes: dict[str, str], prices_per_gb_month: dict[str, float],
+                 retention_days: dict[str, float]) -> dict[str, Any]:
+    """$ to keep each object class for its configured retention (GB x $/GB-month x months)."""
+    out: dict[str, Any] = {}
+    for cls, size in bytes_by_class.items():
+        storage_class = storage_classes[cls]
+        months = retention_days[cls] / DAYS_PER_MONTH
+        out[cls] = {
+            "bytes": size,
+            "storage_class": storage_class,
+            "retention_days": retention_days[cls],
+            "usd": size / GB * prices_per_gb_month[storage_class] * months,
+        }
+    out["total_usd"] = sum(v["usd"] for v in out.values() if isinstance(v, dict))
+    return out
+
+
+def naive_counterfactual(
+    *,
+    other_stage_seconds: float,
+    train_seconds_per_step: float,
+    naive_steps: int,
+    fp32_slowdown: float,
+    on_demand_per_hour: float,
+    gpus: int,
+) -> dict[str, Any]:
+    """The same job done the naive way: on-demand, fp32, no early stopping, no preemptions.
+
+    `train_seconds_per_step` is the measured time of one optimizer step (compute, data wait,
+    evaluation and checkpoint time spread over the steps); `fp32_slowdown` is measured fp32 step
+    time over this run's step time (1.0 when this run already trained in fp32).
+    """
+    train = train_seconds_per_step * fp32_slowdown * naive_steps
+    seconds = other_stage_seconds + train
+    return {
+        "seconds": seconds,
+        "steps": naive_steps,
+        "fp32_slowdown": fp32_slowdown,
+        "usd": on_demand_per_hour * seconds / SECONDS_PER_HOUR,
+        "gpu_hours": gpus * seconds / SECONDS_PER_HOUR,
+    }
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    instance_type: str
+    market: str
+    rate_per_hour: float
+    runtime_hours: float
+    expected_preemptions: float
+    preemption_overhead_hours: float
+    cost_usd: float
+    meets_deadline: bool
+
+
+def plan_instances(
+    *,
+    calibrated_hours: float,
+    candidates: list[tuple[str, str, float, float]],
+    mean_hours_between_preemptions: float,
+    restart_hours: float,
+    checkpoint_interval_hours: float,
+    deadline_hours: float | None,
+) -> list[PlanRow]:
+    """Cost and runtime per (instance type, market, $/h, speed relative to the calibration box).
+
+    Spot runs are inflated by the expected preemptions: each costs a restart plus, on average,
+    half a checkpoint interval of lost work. Sorted cheapest first.
+    """
+    rows = []
+    for name, market, rate, speed in candidates:
+        runtime = calibrated_hours / speed
+        if market == "spot":
+            per_preemption = restart_hours + checkpoint_interval_hours / 2
+            # Preemptions also hit the overhead itself: solve t = runtime + (t / mtbp) * per_preemption.
+            denom = 1 - per_preemption / mean_hours_between_preemptions
+            total = runtime / denom if denom > 0 else math.inf
+            preemptions = total / mean_hours_between_preemptions
+        else:
+            total, preemptions = runtime, 0.0
+        rows.append(PlanRow(name, market, rate, total, preemptions, total - runtime, rate * total,
+                            deadline_hours is None or total <= deadline_hours))
+    return sorted(rows, key=lambda r: (not r.meets_deadline, r.cost_usd))

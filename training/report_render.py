@@ -1,0 +1,100 @@
+"""The human report: curves as a PNG and a Markdown page, written next to report.json.
+
+The same Markdown is published as a Prefect artifact, so a run without a Prefect UI has the
+same report as a file.
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+from typing import Any
+
+__all__ = ["render_curves", "render_markdown"]
+
+
+def render_curves(history: list[dict[str, Any]], out: Path) -> Path | None:
+    """Training loss and validation AUC against steps; None when there is no history."""
+    if not history:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on training machines
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, (loss_ax, auc_ax) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o", label="train loss (last batch)")
+    loss_ax.plot(steps, [h["val_logloss"] for h in history], marker="o", label="validation log loss")
+    loss_ax.set_xlabel("step")
+    loss_ax.set_title("loss")
+    loss_ax.legend()
+    auc_ax.plot(steps, [h["val_auc"] for h in history], marker="o", color="tab:green")
+    auc_ax.set_xlabel("step")
+    auc_ax.set_title("validation AUC")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+def _usd(x: float) -> str:
+    return f"${x:,.4f}" if x < 1 else f"${x:,.2f}"
+
+
+def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = True) -> str:
+    cost = report["cost"]
+    util = report["utilization"]
+    m = report["metrics"]
+    lines = [
+        f"# Retrain run `{report['run_key']}`: {report['status']}",
+        "",
+        f"{report['steps']} steps; test AUC **{m['auc']:.4f}**, log loss {m['logloss']:.4f}, accuracy {m['accuracy']:.4f}.",
+    ]
+    if report.get("stop_reason"):
+        lines.append(f"Stopped: {report['stop_reason']}.")
+    lines += ["", f"Promotion: **{'promoted' if report['promotion']['promoted'] else 'champion kept'}**: "
+              f"{report['promotion']['reason']}.", ""]
+    lines += [
+        "## Cost",
+        "",
+        f"{cost['instance_type']} on {cost['market']} at {_usd(cost['rate_per_hour'])}/h.",
+        "",
+        "| | this run | naive run (on-demand, fp32, no early stop) |",
+        "|---|---|---|",
+        f"| compute | {_usd(cost['compute']['usd'])} | {_usd(cost['naive']['usd'])} |",
+        f"| GPU-hours | {cost['compute']['gpu_hours']:.4f} | {cost['naive']['gpu_hours']:.4f} |",
+        f"| seconds | {cost['compute']['billed_seconds']:.1f} | {cost['naive']['seconds']:.1f} |",
+        f"| storage | {_usd(cost['storage']['total_usd'])} | |",
+        "",
+        f"Saved {_usd(cost['savings_usd'])} against the naive run.",
+        "",
+        "| stage | $ |",
+        "|---|---|",
+        *[f"| {k} | {_usd(v)} |" for k, v in cost["compute"]["per_stage_usd"].items()],
+        "",
+        "## Where the time went",
+        "",
+        f"**{util['verdict']}**: {util['advice']}.",
+        "",
+        "| | seconds | share |",
+        "|---|---|---|",
+        *[f"| {k} | {v:.2f} | {util['fractions'][k]:.1%} |" for k, v in util["seconds"].items()],
+        "",
+        f"{util['samples_per_second']:,.0f} samples/s; data-stall fraction {util['data_stall_fraction']:.1%}.",
+        "",
+    ]
+    if curves is not None:
+        lines.append("## Curves")
+        lines.append("")
+        if embed:
+            data = base64.b64encode(curves.read_bytes()).decode()
+            lines.append(f"![loss and validation AUC](data:image/png;base64,{data})")
+        else:
+            lines.append(f"![loss and validation AUC]({curves.name})")
+        lines.append("")
+        lines.append(f"Curves: `{curves}`")
+    return "\n".join(lines) + "\n"
