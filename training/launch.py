@@ -19,7 +19,7 @@ from typing import Any, Callable
 import training
 from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
-from training.loop import TrainJob
+from training.loop import TrainJob, count_attempt
 
 __all__ = ["run_training_process"]
 
@@ -47,6 +47,7 @@ def run_training_process(
     error_path = run_dir / f"error-{os.getpid()}.json"
     error_path.unlink(missing_ok=True)
     job.save(job_path)
+    count_attempt(run_dir)
     proc = subprocess.Popen(
         [sys.executable, "-m", "training.worker", str(job_path), str(error_path), str(os.getpid())],
         stdout=subprocess.PIPE,

@@ -274,6 +274,24 @@ def _shutdown_workers(batches: Any) -> None:
         shutdown()
 
 
+def read_attempts(run_dir: Path) -> int:
+    """Training processes started for this run (counted by the launcher before each start)."""
+    try:
+        return int((run_dir / "attempts").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def count_attempt(run_dir: Path) -> int:
+    """Count one more training process, before it starts: an attempt killed during start-up
+    (imports, data and checkpoint load) is still a preemption the report must show."""
+    count = read_attempts(run_dir) + 1
+    tmp = run_dir / f".attempts.tmp-{os.getpid()}"
+    tmp.write_text(str(count))
+    os.replace(tmp, run_dir / "attempts")
+    return count
+
+
 def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     def f(step: int) -> float:
         if step < warmup:
@@ -349,6 +367,7 @@ def train(
     state = RunState()
     run_dir.mkdir(parents=True, exist_ok=True)
     heartbeat = _Heartbeat(run_dir / "heartbeat.bin")
+    attempts = read_attempts(run_dir)
 
     found = latest_verified_checkpoint(ckpt_dir)
     resumed_step: int | None = None
@@ -392,6 +411,8 @@ def train(
             state.steps_lost += beat[0]
             state.seconds["lost"] += beat[1]
     heartbeat.write(state.step, state.seconds["train"])  # counted once, even if we die before step 1
+    # An attempt killed before it even loaded the checkpoint leaves no other trace: count starts.
+    state.preemptions = max(state.preemptions, attempts - 1)
 
     checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last)
 

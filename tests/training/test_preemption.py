@@ -22,9 +22,12 @@ from training.launch import run_training_process
 from training.loop import TrainJob
 
 
-def _heartbeat_step(job: TrainJob) -> int:
+def _heartbeat_step(job: TrainJob, since: float = 0.0) -> int:
+    """The heartbeat's step, if this attempt wrote it (mtime after `since`), else -1."""
     path = Path(job.run_dir) / "heartbeat.bin"
     try:
+        if path.stat().st_mtime < since:
+            return -1  # still the previous attempt's value
         data = path.read_bytes()
     except FileNotFoundError:
         return -1
@@ -36,9 +39,11 @@ def _signal_at_step(job: TrainJob, step: int, sig: signal.Signals):
     seen: dict[str, int] = {}
 
     def on_start(proc: subprocess.Popen) -> None:
+        started = time.time()
+
         def watch() -> None:
             while proc.poll() is None:
-                current = _heartbeat_step(job)
+                current = _heartbeat_step(job, since=started)
                 if current >= step:
                     seen["step"] = current
                     proc.send_signal(sig)
@@ -125,3 +130,21 @@ def test_spot_notice_poller_checkpoints_and_exits(long_config: RetrainConfig) ->
         assert manifest.emergency and _SpotNotice.calls >= 3
     finally:
         server.shutdown()
+
+
+@pytest.mark.slow
+def test_an_attempt_killed_during_start_up_still_counts(long_config: RetrainConfig) -> None:
+    job = make_job(long_config)
+    on_start, _ = _signal_at_step(job, 30, signal.SIGKILL)
+    with pytest.raises(Preempted):
+        run_training_process(job, on_start=on_start)
+
+    def kill_at_once(proc: subprocess.Popen) -> None:
+        time.sleep(1.0)  # inside Python start-up / torch import, before any checkpoint is read
+        proc.kill()
+
+    with pytest.raises(Preempted):
+        run_training_process(job, on_start=kill_at_once)
+    final = run_training_process(job)
+    assert final["preemptions"] == 2
+    assert len(final["resumed_from_steps"]) == 1  # only one attempt got as far as resuming
