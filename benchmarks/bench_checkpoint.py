@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import shutil
 import signal
-import struct
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.common import best_of, demo_parquet
+from benchmarks.common import best_of, demo_parquet, signal_at_step, train_job
 from training.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
@@ -22,12 +20,9 @@ from training.checkpoint import (
     load_checkpoint_state,
     save_checkpoint,
 )
-from training.config import load_config
 from training.errors import Preempted
 from training.launch import run_training_process
-from training.loop import TrainJob
 from training.model import TabularMLP
-from training.stages import pack_stage, preprocess_stage, run_key_for
 
 WIDE = [2048, 2048, 2048]  # ~8.4M parameters: model + AdamW moments ~ 100 MB
 
@@ -38,33 +33,6 @@ def _state() -> dict[str, Any]:
     model(torch.randn(4, 6), torch.zeros(4, 4, dtype=torch.long)).sum().backward()
     opt.step()
     return {"model": model.state_dict(), "optimizer": opt.state_dict()}
-
-
-def _job(work: Path, source: Path, name: str) -> TrainJob:
-    config = load_config(overrides=[
-        f"storage.root={work}", f"data.source={source}", f"model.hidden={WIDE}", "train.max_steps=100000",
-        "train.checkpoint_every=20", "train.eval_every=1000",
-    ])
-    packed = pack_stage(config)
-    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(), str(work))
-    return TrainJob(run_key_for(config, packed["fingerprint"]), str(work / "runs" / name), packed["dataset_dir"],
-                    prep["stats_path"], config.model_dump(mode="json"))
-
-
-def _term_after(job: TrainJob, step: int):
-    def on_start(proc) -> None:
-        def watch() -> None:
-            hb = Path(job.run_dir) / "heartbeat.bin"
-            while proc.poll() is None:
-                data = hb.read_bytes() if hb.exists() else b""
-                if len(data) == 16 and struct.unpack("<qd", data)[0] >= step:
-                    proc.send_signal(signal.SIGTERM)
-                    return
-                time.sleep(0.01)
-
-        threading.Thread(target=watch, daemon=True).start()
-
-    return on_start
 
 
 def _import_floor() -> float:
@@ -99,10 +67,11 @@ def run(work: Path) -> dict[str, Any]:
     t_plain = best_of(plain_save, 5)
 
     source = demo_parquet(work, 200_000)
-    job = _job(work, source, "restart")
+    job = train_job(work, "restart", [f"data.source={source}", f"model.hidden={WIDE}", "train.max_steps=100000",
+                                          "train.checkpoint_every=20", "train.eval_every=1000"])
     for stop_at in (25, 27):  # first attempt checkpoints and is stopped; the second resumes
         try:
-            run_training_process(job, on_start=_term_after(job, stop_at))
+            run_training_process(job, on_start=signal_at_step(job.run_dir, stop_at, signal.SIGTERM))
         except Preempted:
             pass
     path, _ = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")

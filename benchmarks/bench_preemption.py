@@ -4,44 +4,21 @@ checkpoint interval, each attempt a fresh training process as after a real spot 
 from __future__ import annotations
 
 import signal
-import struct
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import demo_parquet
+from benchmarks.common import demo_parquet, signal_at_step, train_job
 from training.config import load_config
 from training.errors import Preempted
 from training.launch import run_training_process
 from training.loop import TrainJob
-from training.stages import pack_stage, preprocess_stage, run_key_for
 
 
 def _job(work: Path, name: str, max_steps: int) -> TrainJob:
     source = demo_parquet(work, 200_000)
-    config = load_config(overrides=[f"storage.root={work}", f"data.source={source}", f"train.max_steps={max_steps}",
-                                    "train.patience=0", "model.hidden=[512, 256]"])
-    packed = pack_stage(config)
-    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(), str(work))
-    return TrainJob(run_key_for(config, packed["fingerprint"]), str(work / "runs" / name), packed["dataset_dir"],
-                    prep["stats_path"], config.model_dump(mode="json"))
-
-
-def _kill_at(job: TrainJob, step: int):
-    def on_start(proc) -> None:
-        def watch() -> None:
-            hb = Path(job.run_dir) / "heartbeat.bin"
-            while proc.poll() is None:
-                data = hb.read_bytes() if hb.exists() else b""
-                if len(data) == 16 and struct.unpack("<qd", data)[0] >= step:
-                    proc.send_signal(signal.SIGKILL)
-                    return
-                time.sleep(0.005)
-
-        threading.Thread(target=watch, daemon=True).start()
-
-    return on_start
+    return train_job(work, name, [f"data.source={source}", f"train.max_steps={max_steps}", "train.patience=0",
+                                  "model.hidden=[512, 256]"])
 
 
 def run(work: Path, max_steps: int = 6000) -> dict[str, Any]:
@@ -55,7 +32,7 @@ def run(work: Path, max_steps: int = 6000) -> dict[str, Any]:
     t0 = time.perf_counter()
     for step in kills:
         try:
-            run_training_process(job, on_start=_kill_at(job, step))
+            run_training_process(job, on_start=signal_at_step(job.run_dir, step, signal.SIGKILL))
         except Preempted:
             pass
     final = run_training_process(job)

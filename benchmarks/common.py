@@ -39,3 +39,39 @@ def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
 def demo_parquet(work: Path, rows: int) -> Path:
     path, _ = ensure_demo_dataset(work, rows=rows, seed=1)
     return path
+
+
+def train_job(work: Path, name: str, overrides: list[str]):
+    """A packed, preprocessed training job under `work`, as the flow would build it."""
+    from training.config import load_config
+    from training.loop import TrainJob
+    from training.stages import pack_stage, preprocess_stage, run_key_for
+
+    config = load_config(overrides=[f"storage.root={work}", *overrides])
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(), str(work))
+    return TrainJob(run_key_for(config, packed["fingerprint"]), str(work / "runs" / name), packed["dataset_dir"],
+                    prep["stats_path"], config.model_dump(mode="json"))
+
+
+def signal_at_step(run_dir: str, step: int, sig: int):
+    """on_start callback for run_training_process: send `sig` once this attempt passed `step`."""
+    import struct
+    import threading
+
+    def on_start(proc) -> None:
+        started = time.time()
+
+        def watch() -> None:
+            hb = Path(run_dir) / "heartbeat.bin"
+            while proc.poll() is None:
+                fresh = hb.exists() and hb.stat().st_mtime >= started
+                data = hb.read_bytes() if fresh else b""
+                if len(data) == 16 and struct.unpack("<qd", data)[0] >= step:
+                    proc.send_signal(sig)
+                    return
+                time.sleep(0.005)
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    return on_start

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from training.errors import CheckpointError
-from training.storage import fsync_dir
+from training.storage import HashingWriter, fsync_dir
 
 __all__ = [
     "CheckpointManifest",
@@ -65,24 +65,6 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-class _HashingWriter:
-    """Write-through file wrapper that hashes the bytes; torch.save streams into it."""
-
-    def __init__(self, f: Any) -> None:
-        self._f = f
-        self._h = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self._h.update(data)
-        return self._f.write(data)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
-
-
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"  # zero-padded: sorting by name is sorting by step
 
@@ -96,7 +78,7 @@ def save_checkpoint(ckpt_root: Path, manifest: CheckpointManifest, state: dict[s
     tmp.mkdir()
     state_path = tmp / _STATE
     with open(state_path, "wb") as f:
-        hashing = _HashingWriter(f)
+        hashing = HashingWriter(f)
         torch.save(state, hashing)  # hashed as it is written: no second pass over the file
         f.flush()
         os.fsync(f.fileno())

@@ -5,6 +5,7 @@ A reader sees either the old file or the new one, never a torn one, even across 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -12,7 +13,29 @@ from typing import Any
 
 from training.errors import StorageError
 
-__all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json"]
+__all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json", "HashingWriter"]
+
+
+class HashingWriter:
+    """Write-through file wrapper that hashes the bytes as they go: a file's sha256 without a
+    second pass over it (shards, checkpoints)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self._h = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self._h.update(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
 
 
 def fsync_dir(path: Path) -> None:

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from training.config import DataConfig, fingerprint
 from training.data.shards import ShardTarWriter, encode_npy, member_bytes
 from training.errors import DataError
+from training.storage import HashingWriter
 
 __all__ = [
     "PACK_FORMAT_VERSION",
@@ -273,7 +274,7 @@ class _SplitWriter:
     def _open_shard(self) -> None:
         name = f"{self.split}-{len(self.shards):06d}.tar"
         self._file = open(self.out_dir / name, "wb")
-        self._hashing = _HashingFile(self._file)
+        self._hashing = HashingWriter(self._file)
         self._writer = ShardTarWriter(self._hashing)  # type: ignore[arg-type]
         self._rows_in_shard = 0
         self._name = name
@@ -294,24 +295,6 @@ class _SplitWriter:
             self._emit(self.buffered)
         if self._writer is not None:
             self._close_shard()
-
-
-class _HashingFile:
-    """File wrapper that hashes what is written, so shards are hashed without re-reading."""
-
-    def __init__(self, f) -> None:  # noqa: ANN001
-        self._f = f
-        self._h = hashlib.sha256()
-
-    def write(self, data: bytes) -> int:
-        self._h.update(data)
-        return self._f.write(data)
-
-    def tell(self) -> int:
-        return self._f.tell()
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
 
 
 def _iter_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
