@@ -39,11 +39,17 @@ def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
 # the dataset fingerprint, the preprocessing config and the code version explicitly, because
 # TASK_SOURCE hashes only the task's own lines, not the library code it calls.
 def preprocess_cache_policy(storage_root: str) -> CachePolicy:
-    return (INPUTS + TASK_SOURCE).configure(key_storage=str(Path(storage_root) / "prefect" / "cache-keys"))
+    return (INPUTS + TASK_SOURCE).configure(key_storage=str(_root(storage_root) / "prefect" / "cache-keys"))
 
 
 def result_storage_for(storage_root: str) -> Path:
-    return Path(storage_root) / "prefect" / "results"
+    return _root(storage_root) / "prefect" / "results"
+
+
+def _root(storage_root: str) -> Path:
+    # Deployments may say "~/.retrain": expand it here as the stages do, or Prefect would write
+    # into a folder literally named "~".
+    return Path(storage_root).expanduser().resolve()
 
 
 def backoff(first_delay: float, retries: int) -> list[float]:

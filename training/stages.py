@@ -64,7 +64,8 @@ def preprocess_stage(dataset_dir: str, preprocess: dict[str, Any], storage_root:
     manifest = load_manifest(Path(dataset_dir))
     if manifest is None:
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
-    stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, Path(storage_root) / "preprocess")
+    root = Path(storage_root).expanduser().resolve()
+    stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root / "preprocess")
     return {
         "stats_path": str(stats_path),
         "key": stats.key,

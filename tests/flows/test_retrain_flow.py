@@ -117,3 +117,14 @@ def test_a_user_model_factory_trains(small_config: RetrainConfig) -> None:
     small_config.train.lr = 0.05
     report = _report(retrain(small_config))
     assert report["status"] == "completed" and report["metrics"]["auc"] > 0.6
+
+
+def test_a_home_relative_root_is_expanded(small_config: RetrainConfig, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    small_config.storage.root = "~/retrain-root"  # as deployments/prefect.yaml says
+    report = retrain(small_config)
+    assert Path(report).is_relative_to(tmp_path / "home" / "retrain-root")
+    assert (tmp_path / "home" / "retrain-root" / "prefect").exists()
+    assert not (tmp_path / "~").exists()
