@@ -13,7 +13,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import bench_checkpoint, bench_loading, bench_packing, bench_preemption, bench_warm_start
+from benchmarks import (
+    bench_checkpoint,
+    bench_loading,
+    bench_overhead,
+    bench_packing,
+    bench_preemption,
+    bench_warm_start,
+)
 from benchmarks.common import machine
 
 SUITE = {
@@ -22,6 +29,7 @@ SUITE = {
     "checkpoint": bench_checkpoint.run,
     "preemption": bench_preemption.run,
     "warm_start": bench_warm_start.run,
+    "overhead": bench_overhead.run,
 }
 
 

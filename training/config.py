@@ -135,6 +135,7 @@ class TrainConfig(_Section):
     seed: int = Field(0, description="Seed of model init, data order and dropout.")
     deterministic: bool = Field(True, description="Deterministic kernels, so a resumed run is bit-identical.")
     num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    profile: bool = Field(False, description="Record a short torch.profiler trace into the run folder; top ops in the report.")
     spot_notice_url: str | None = Field(
         None,
         description="Spot-interruption notice URL to poll (off when empty), e.g. "

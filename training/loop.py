@@ -48,7 +48,7 @@ EVAL_BATCH_SIZE = 8192
 # Train-config fields that change how a run is executed, not what it computes.
 _OPERATIONAL = {
     "num_workers", "max_retries", "retry_delay_seconds", "checkpoint_every", "keep_last", "device",
-    "spot_notice_url", "spot_poll_seconds", "mean_seconds_between_preemptions",
+    "spot_notice_url", "spot_poll_seconds", "mean_seconds_between_preemptions", "profile",
 }
 
 
@@ -454,6 +454,11 @@ def train(
         state.seconds["pre_train"] = job.pre_train_seconds  # once per run, not per attempt
     state.seconds["startup"] += time.time() - spawn_time  # process start, imports, data and checkpoint load
     budget = Budget(config.budget, job.rate_per_hour, job.gpus)
+    profiler = None
+    if tc.profile:
+        from training.profiling import StepProfiler
+
+        profiler = StepProfiler(run_dir / "profile", device)
     last = now_fn()
     while state.step < tc.max_steps:
         if stop.requested:
@@ -488,6 +493,8 @@ def train(
         state.seconds["train"] += now - last
         last = now
         heartbeat.write(state.step, state.seconds["train"])
+        if profiler is not None:
+            profiler.step()
         if first_step_latency is None:
             first_step_latency = time.time() - spawn_time
             if resumed_step is not None:
@@ -533,6 +540,8 @@ def train(
             break
     heartbeat.close()
     _shutdown_workers(batches)
+    if profiler is not None:
+        profiler.close()
     checkpointer.wait()  # the final and best checkpoints must be on disk before export
 
     fp32_slowdown = 1.0 if precision == "fp32" else measure_fp32_slowdown(model, train_batches, device, precision)
@@ -546,6 +555,7 @@ def train(
         "status": status,
         "stop_reason": state.stop_reason,
         "fp32_slowdown": fp32_slowdown,
+        "profile": profiler.summary() if profiler is not None else None,
         "max_steps": tc.max_steps,
         "billed_seconds": state.billed_seconds(),
         "accelerator": accelerator_stats(device),

@@ -327,6 +327,7 @@ def report_stage(
         "utilization": utilization_summary(trained["seconds"], trained.get("samples_seen", 0),
                                            trained.get("accelerator") or {}),
         "tags": dict(config.cost.tags),
+        "profile": trained.get("profile"),
         "stages": {
             "pack": {"state": stage_states.get("pack"), "reused": packed["reused"], "dataset": packed["fingerprint"],
                      "rows": packed["rows"], "shards": packed["shards"], "dir": packed["dataset_dir"]},

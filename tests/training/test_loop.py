@@ -124,3 +124,13 @@ def test_checkpoint_interval_is_validated() -> None:
         load_config(overrides=["train.checkpoint_every=soon"])
     with pytest.raises(ConfigError, match="train.checkpoint_every"):
         load_config(overrides=["train.checkpoint_every=0"])
+
+
+def test_profile_records_a_trace_and_top_ops(small_config: RetrainConfig) -> None:
+    small_config.train.profile = True
+    result = train(make_job(small_config))
+    profile = result["profile"]
+    assert Path(profile["trace"]).stat().st_size > 0
+    assert profile["steps"] == 10 and profile["after_steps"] == 10
+    names = [op["name"] for op in profile["top_ops"]]
+    assert any("addmm" in n or "linear" in n or "mm" in n for n in names), names
