@@ -431,7 +431,8 @@ def train(
             "rng": capture_rng(),
         }
         val_auc = state.history[-1]["val_auc"] if state.history and state.history[-1]["step"] == state.step else None
-        man = CheckpointManifest(state.step, job.run_key, config_fp, {}, val_auc=val_auc, emergency=emergency)
+        man = CheckpointManifest(state.step, job.run_key, config_fp, {}, val_auc=val_auc, emergency=emergency,
+                                 extra={"tags": dict(config.cost.tags)})
         protect = {s for s in (stopper.best_step, resumed_step) if s is not None}
         # Emergency saves block: the process exits right after. Others write in the background
         # and the loop only waits for the in-memory copy.
@@ -604,6 +605,7 @@ def export_model_package(
         "val_auc": val_auc,
         "model_config": config.model.model_dump(mode="json"),
         "feature_stats": json.loads(stats.to_json()),
+        "tags": dict(config.cost.tags),
     }
     write_json_atomic(out_dir / "model.json", meta)
     return {"uri": str(out_dir / "model.pt"), "sha256": sha}

@@ -218,6 +218,7 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
             {"run_key": trained["run_key"], "metrics": metrics, "dataset": packed["fingerprint"]},
         )
     evaluation = {
+        "tags": dict(config.cost.tags),
         "metrics": metrics,
         "target_auc": config.eval.target_auc,
         "target_met": None if config.eval.target_auc is None else metrics["auc"] >= config.eval.target_auc,

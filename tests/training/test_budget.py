@@ -83,3 +83,32 @@ def test_champion_gate_stops_a_hopeless_run(budget_config: RetrainConfig) -> Non
     assert result["status"] == "early_stopped"
     assert result["stop_reason"].startswith("champion gate")
     assert 30 <= result["steps"] < 200  # an optimistic linear trend no longer reaches the champion
+
+
+@pytest.mark.slow
+def test_budget_survives_a_real_sigkill(budget_config: RetrainConfig) -> None:
+    import signal
+
+    from tests.training.test_preemption import _signal_at_step
+    from training.launch import run_training_process
+
+    budget_config.budget.max_wall_seconds = 12.0
+    budget_config.cost.tags = {"team": "ranking"}
+    job = make_job(budget_config)
+    on_start, seen = _signal_at_step(job, 150, signal.SIGKILL)
+    with pytest.raises(Preempted):
+        run_training_process(job, on_start=on_start)
+    final = run_training_process(job)
+    assert final["status"] == "budget_stopped"
+    assert final["preemptions"] == 1
+    # Both process start-ups and the killed attempt's lost work are on the bill ...
+    assert final["seconds"]["lost"] >= 0 and final["seconds"]["startup"] > 0
+    assert len(final["resumed_from_steps"]) == 1 and final["resumed_from_steps"][0] >= 140
+    per_step = (final["seconds"]["train"] + final["seconds"]["checkpoint"]) / final["steps"]
+    interval = 10 * per_step + final["seconds"]["eval"] / len(final["history"])
+    # ... and the total still stops within one validation interval of the limit.
+    assert final["billed_seconds"] <= 12.0 + interval
+    import json
+    from pathlib import Path
+
+    assert json.loads((Path(job.run_dir) / "model" / "model.json").read_text())["tags"] == {"team": "ranking"}
