@@ -460,6 +460,20 @@ def train(
         from training.profiling import StepProfiler
 
         profiler = StepProfiler(run_dir / "profile", device)
+    def validate(train_loss: float) -> bool:
+        """Validation AUC at this step; True when it is a new best."""
+        t_eval = now_fn()
+        val = evaluate_batches(model, val_batches, device, precision)
+        better = stopper.update(val["auc"], state.step)
+        state.history.append(
+            {"step": state.step, "train_loss": train_loss, "val_auc": val["auc"], "val_logloss": val["logloss"],
+             "lr": scheduler.get_last_lr()[0]}
+        )
+        state.seconds["eval"] += now_fn() - t_eval
+        emit({"event": "validation", **state.history[-1], "max_steps": tc.max_steps,
+              "spent_seconds": state.billed_seconds()})
+        return better
+
     last = now_fn()
     while state.step < tc.max_steps:
         if stop.requested:
@@ -501,29 +515,16 @@ def train(
             if resumed_step is not None:
                 state.restart_to_first_step_seconds.append(first_step_latency)
 
-        def validate() -> bool:
-            t_eval = now_fn()
-            val = evaluate_batches(model, val_batches, device, precision)
-            better = stopper.update(val["auc"], state.step)
-            state.history.append(
-                {"step": state.step, "train_loss": float(loss_sum), "val_auc": val["auc"], "val_logloss": val["logloss"],
-                 "lr": scheduler.get_last_lr()[0]}
-            )
-            state.seconds["eval"] += now_fn() - t_eval
-            emit({"event": "validation", **state.history[-1], "max_steps": tc.max_steps,
-                  "spent_seconds": state.billed_seconds()})
-            return better
-
         improved = False
         validated = state.step % tc.eval_every == 0 or state.step == tc.max_steps
         if validated:
-            improved = validate()
+            improved = validate(float(loss_sum))
         # Budgets: at a validation, stop if the next interval would cross a limit; at any step,
         # stop once a limit is crossed (a step far slower than the average so far).
         over = budget.exceeded(state, tc.eval_every if validated else 0)
         if over is not None:
             if not validated:
-                improved = validate()  # the best model must be validated before we stop
+                improved = validate(float(loss_sum))  # the best model must be validated before we stop
             status, state.stop_reason = "budget_stopped", over
         elif validated and stopper.should_stop:
             status = "early_stopped"
