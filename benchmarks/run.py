@@ -19,6 +19,7 @@ from benchmarks import (
     bench_overhead,
     bench_packing,
     bench_preemption,
+    bench_scale,
     bench_warm_start,
 )
 from benchmarks.common import machine
@@ -30,6 +31,7 @@ SUITE = {
     "preemption": bench_preemption.run,
     "warm_start": bench_warm_start.run,
     "overhead": bench_overhead.run,
+    "scale": bench_scale.run,
 }
 
 

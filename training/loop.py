@@ -274,6 +274,22 @@ def _shutdown_workers(batches: Any) -> None:
         shutdown()
 
 
+def _append_ledger(path: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Append one attempt's record durably; return every record so far."""
+    torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+    with open(path, "a") as f:
+        f.write(("\n" if torn else "") + json.dumps(entry) + "\n")  # never continue a torn line
+        f.flush()
+        os.fsync(f.fileno())
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill mid-write
+    return entries
+
+
 def read_attempts(run_dir: Path) -> int:
     """Training processes started for this run (counted by the launcher before each start)."""
     try:
@@ -371,6 +387,7 @@ def train(
 
     found = latest_verified_checkpoint(ckpt_dir)
     resumed_step: int | None = None
+    steps_lost, seconds_lost = 0, 0.0
     if found is not None:
         path, ckpt_manifest = found
         if ckpt_manifest.run_key != job.run_key or ckpt_manifest.config_fingerprint != config_fp:
@@ -389,12 +406,9 @@ def train(
             state.seconds.setdefault(key, value)
         restore_rng(saved["rng"])
         resumed_step = state.step
-        state.resumed_from_steps.append(state.step)
-        state.preemptions += 1
         beat = heartbeat.read()
         if beat is not None and beat[0] > state.step:
-            state.steps_lost += beat[0] - state.step
-            state.seconds["lost"] += max(0.0, beat[1] - state.seconds["train"])
+            steps_lost, seconds_lost = beat[0] - state.step, max(0.0, beat[1] - state.seconds["train"])
         log.info("resuming from %s (step %d)", path.name, state.step)
         emit({"event": "resumed", "step": state.step, "checkpoint": str(path)})
     else:
@@ -405,14 +419,20 @@ def train(
         beat = heartbeat.read()
         if beat is not None and beat[0] > 0:
             # An earlier attempt died before its first checkpoint: all of it was lost.
-            resumed_step = 0
-            state.resumed_from_steps.append(0)
-            state.preemptions += 1
-            state.steps_lost += beat[0]
-            state.seconds["lost"] += beat[1]
+            resumed_step, steps_lost, seconds_lost = 0, beat[0], beat[1]
     heartbeat.write(state.step, state.seconds["train"])  # counted once, even if we die before step 1
-    # An attempt killed before it even loaded the checkpoint leaves no other trace: count starts.
-    state.preemptions = max(state.preemptions, attempts - 1)
+    # The preemption accounting goes to a durable per-run ledger now, not only into the next
+    # checkpoint: an attempt that dies before its first checkpoint must not take its record along.
+    entries = _append_ledger(run_dir / "attempts.jsonl", {
+        "resumed_from": resumed_step, "steps_lost": steps_lost, "seconds_lost": seconds_lost,
+        "startup_seconds": time.time() - spawn_time,
+    })
+    state.resumed_from_steps = [e["resumed_from"] for e in entries if e["resumed_from"] is not None]
+    state.steps_lost = sum(e["steps_lost"] for e in entries)
+    state.seconds["lost"] = sum(e["seconds_lost"] for e in entries)
+    state.seconds["startup"] = sum(e["startup_seconds"] for e in entries)
+    # An attempt killed before it got this far leaves only the launcher's count.
+    state.preemptions = max(len(entries) - 1, attempts - 1)
 
     checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last)
 
@@ -453,7 +473,6 @@ def train(
     first_step_latency: float | None = None
     if resumed_step is None:
         state.seconds["pre_train"] = job.pre_train_seconds  # once per run, not per attempt
-    state.seconds["startup"] += time.time() - spawn_time  # process start, imports, data and checkpoint load
     budget = Budget(config.budget, job.rate_per_hour, job.gpus)
     profiler = None
     if tc.profile:

@@ -148,3 +148,16 @@ def test_an_attempt_killed_during_start_up_still_counts(long_config: RetrainConf
     final = run_training_process(job)
     assert final["preemptions"] == 2
     assert len(final["resumed_from_steps"]) == 1  # only one attempt got as far as resuming
+
+
+@pytest.mark.slow
+def test_an_attempt_killed_before_its_first_checkpoint_keeps_its_record(long_config: RetrainConfig) -> None:
+    job = make_job(long_config)
+    for target in (100, 103):  # the second attempt dies a few steps after resuming, before any save
+        on_start, _ = _signal_at_step(job, target, signal.SIGKILL)
+        with pytest.raises(Preempted):
+            run_training_process(job, on_start=on_start)
+    final = run_training_process(job)
+    assert final["preemptions"] == 2
+    assert len(final["resumed_from_steps"]) == 2  # both resumes, though only one attempt checkpointed
+    assert final["steps_lost"] >= 1
