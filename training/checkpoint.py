@@ -12,6 +12,7 @@ States load with `torch.load(weights_only=True)`, which cannot execute code.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -31,6 +32,7 @@ __all__ = [
     "CheckpointManifest",
     "save_checkpoint",
     "latest_verified_checkpoint",
+    "latest_verified_state",
     "verify_checkpoint",
     "load_checkpoint_state",
     "apply_retention",
@@ -107,24 +109,54 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     return sorted((p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith("step-")), reverse=True)
 
 
-def verify_checkpoint(path: Path) -> CheckpointManifest:
-    """The manifest of `path` if every file it lists matches; else CheckpointError saying why."""
+def _read_manifest(path: Path) -> CheckpointManifest:
     try:
-        raw = json.loads((path / _MANIFEST).read_text())
-        manifest = CheckpointManifest(**raw)
+        return CheckpointManifest(**json.loads((path / _MANIFEST).read_text()))
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path}: no manifest (torn write)") from None
     except (json.JSONDecodeError, TypeError) as err:
         raise CheckpointError(f"checkpoint {path}: unreadable manifest ({err})") from None
+
+
+def _read_verified(path: Path, name: str, meta: dict[str, Any]) -> bytes:
+    """The bytes of one listed file, checked against its manifest entry."""
+    try:
+        data = (path / name).read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path}: file {name} is missing") from None
+    if len(data) != meta["bytes"]:
+        raise CheckpointError(f"checkpoint {path}: {name} is {len(data)} bytes, manifest says {meta['bytes']}")
+    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupted)")
+    return data
+
+
+def verify_checkpoint(path: Path) -> CheckpointManifest:
+    """The manifest of `path` if every file it lists matches; else CheckpointError saying why."""
+    manifest = _read_manifest(path)
     for name, meta in manifest.files.items():
-        f = path / name
-        if not f.exists():
-            raise CheckpointError(f"checkpoint {path}: file {name} is missing")
-        if f.stat().st_size != meta["bytes"]:
-            raise CheckpointError(f"checkpoint {path}: {name} is {f.stat().st_size} bytes, manifest says {meta['bytes']}")
-        if _sha256(f) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupted)")
+        _read_verified(path, name, meta)
     return manifest
+
+
+def _load_state(path: Path, data: bytes | Path) -> dict[str, Any]:
+    try:
+        return torch.load(io.BytesIO(data) if isinstance(data, bytes) else data, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - any unpickling failure means an unusable file
+        raise CheckpointError(f"checkpoint {path}: cannot load {_STATE} ({err})") from None
+
+
+def latest_verified_state(ckpt_root: Path) -> tuple[Path, CheckpointManifest, dict[str, Any]] | None:
+    """The newest checkpoint that verifies, and its state, reading each file once (restart
+    time); torn or corrupt checkpoints are skipped with a warning naming them."""
+    for path in list_checkpoints(ckpt_root):
+        try:
+            manifest = _read_manifest(path)
+            data = _read_verified(path, _STATE, manifest.files[_STATE])
+            return path, manifest, _load_state(path, data)
+        except (CheckpointError, KeyError) as err:
+            log.warning("skipping checkpoint: %s", err)
+    return None
 
 
 def latest_verified_checkpoint(ckpt_root: Path) -> tuple[Path, CheckpointManifest] | None:
@@ -138,10 +170,7 @@ def latest_verified_checkpoint(ckpt_root: Path) -> tuple[Path, CheckpointManifes
 
 
 def load_checkpoint_state(path: Path) -> dict[str, Any]:
-    try:
-        return torch.load(path / _STATE, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - any unpickling failure means an unusable file
-        raise CheckpointError(f"checkpoint {path}: cannot load {_STATE} ({err})") from None
+    return _load_state(path, path / _STATE)
 
 
 def _looks_complete(path: Path) -> bool:

@@ -24,15 +24,25 @@ from training.metrics import accuracy, log_loss, roc_auc
 from training.model import build_model, weights_sha256
 from training.storage import read_json, write_json_atomic
 
-__all__ = ["evaluate_package", "read_champion", "decide_promotion", "promote", "EVAL_BATCH"]
+__all__ = ["evaluate_package", "predict_split", "package_stats", "load_package", "read_champion", "decide_promotion", "promote", "EVAL_BATCH"]
 
 EVAL_BATCH = 8192
 
 
-def load_package(package_dir: Path) -> tuple[torch.nn.Module, FeatureStats, dict[str, Any]]:
+def _package_meta(package_dir: Path) -> dict[str, Any]:
     meta = read_json(package_dir / "model.json")
     if meta is None:
         raise CheckpointError(f"model package {package_dir} has no model.json")
+    return meta
+
+
+def package_stats(package_dir: Path) -> FeatureStats:
+    """A package's feature statistics, without loading its weights."""
+    return FeatureStats(**_package_meta(package_dir)["feature_stats"])
+
+
+def load_package(package_dir: Path) -> tuple[torch.nn.Module, FeatureStats, dict[str, Any]]:
+    meta = _package_meta(package_dir)
     stats = FeatureStats(**meta["feature_stats"])
     model = build_model(ModelConfig(**meta["model_config"]), len(stats.numeric), stats.cardinalities)
     try:
@@ -51,15 +61,27 @@ def compatible(stats: FeatureStats, manifest: DatasetManifest) -> bool:
 
 
 @torch.no_grad()
+def predict_split(
+    model: torch.nn.Module, batches: ShardBatches, device: torch.device, autocast: torch.dtype | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities, labels) for every row of an unshuffled split, in eval mode."""
+    was_training = model.training
+    model.eval()
+    probs, labels = [], []
+    for x_num, x_cat, y in iter_split(batches):
+        with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+            logits = model(x_num.to(device), x_cat.to(device))
+        probs.append(torch.sigmoid(logits.float()).cpu().numpy())
+        labels.append(y.numpy())
+    model.train(was_training)
+    return np.concatenate(probs), np.concatenate(labels)
+
+
 def evaluate_package(package_dir: Path, dataset_dir: Path, manifest: DatasetManifest, split: str = "test") -> dict[str, float]:
     """Exact AUC, log loss and accuracy of a model package on a split, with its own feature stats."""
     model, stats, _ = load_package(package_dir)
     batches = ShardBatches(dataset_dir, manifest, split, EVAL_BATCH, stats.transformer(), shuffle=False, drop_last=False)
-    probs, labels = [], []
-    for x_num, x_cat, y in iter_split(batches):
-        probs.append(torch.sigmoid(model(x_num, x_cat).float()).numpy())
-        labels.append(y.numpy())
-    p, y = np.concatenate(probs), np.concatenate(labels)
+    p, y = predict_split(model, batches, torch.device("cpu"))
     return {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "accuracy": accuracy(y, p), "rows": int(y.size)}
 
 

@@ -26,15 +26,16 @@ import torch.nn.functional as F
 from training.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
-    latest_verified_checkpoint,
+    latest_verified_state,
     load_checkpoint_state,
 )
 from training.config import RetrainConfig, fingerprint
 from training.data.features import FeatureStats
-from training.data.loader import ShardBatches, StreamPosition, iter_split, make_train_loader
+from training.data.loader import ShardBatches, StreamPosition, make_train_loader
 from training.data.packing import load_manifest
 from training.early_stopping import EarlyStopping
 from training.errors import CheckpointError, DataError, Preempted
+from training.evaluate import predict_split
 from training.metrics import log_loss, roc_auc
 from training.model import build_model, weights_sha256
 from training.precision import autocast_dtype, resolve_device, resolve_precision
@@ -276,13 +277,15 @@ def _shutdown_workers(batches: Any) -> None:
 
 def _append_ledger(path: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
     """Append one attempt's record durably; return every record so far."""
-    torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
+    before = path.read_text() if path.exists() else ""
+    torn = bool(before) and not before.endswith("\n")
+    line = ("\n" if torn else "") + json.dumps(entry) + "\n"  # never continue a torn line
     with open(path, "a") as f:
-        f.write(("\n" if torn else "") + json.dumps(entry) + "\n")  # never continue a torn line
+        f.write(line)
         f.flush()
         os.fsync(f.fileno())
     entries = []
-    for line in path.read_text().splitlines():
+    for line in (before + line).splitlines():
         try:
             entries.append(json.loads(line))
         except json.JSONDecodeError:
@@ -293,7 +296,7 @@ def _append_ledger(path: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
 def read_attempts(run_dir: Path) -> int:
     """Training processes started for this run (counted by the launcher before each start)."""
     try:
-        return int((run_dir / "attempts").read_text() or 0)
+        return int((run_dir / "processes-started").read_text() or 0)
     except (FileNotFoundError, ValueError):
         return 0
 
@@ -302,9 +305,9 @@ def count_attempt(run_dir: Path) -> int:
     """Count one more training process, before it starts: an attempt killed during start-up
     (imports, data and checkpoint load) is still a preemption the report must show."""
     count = read_attempts(run_dir) + 1
-    tmp = run_dir / f".attempts.tmp-{os.getpid()}"
+    tmp = run_dir / f".processes-started.tmp-{os.getpid()}"
     tmp.write_text(str(count))
-    os.replace(tmp, run_dir / "attempts")
+    os.replace(tmp, run_dir / "processes-started")
     return count
 
 
@@ -318,19 +321,8 @@ def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     return f
 
 
-@torch.no_grad()
 def evaluate_batches(model: torch.nn.Module, batches: ShardBatches, device: torch.device, precision: str) -> dict[str, float]:
-    was_training = model.training
-    model.eval()
-    probs, labels = [], []
-    dtype = autocast_dtype(precision)
-    for x_num, x_cat, y in iter_split(batches):
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            logits = model(x_num.to(device), x_cat.to(device))
-        probs.append(torch.sigmoid(logits.float()).cpu().numpy())
-        labels.append(y.numpy())
-    model.train(was_training)
-    p, y = np.concatenate(probs), np.concatenate(labels)
+    p, y = predict_split(model, batches, device, autocast_dtype(precision))
     return {"auc": roc_auc(y, p), "logloss": log_loss(y, p)}
 
 
@@ -385,17 +377,16 @@ def train(
     heartbeat = _Heartbeat(run_dir / "heartbeat.bin")
     attempts = read_attempts(run_dir)
 
-    found = latest_verified_checkpoint(ckpt_dir)
+    found = latest_verified_state(ckpt_dir)
     resumed_step: int | None = None
     steps_lost, seconds_lost = 0, 0.0
     if found is not None:
-        path, ckpt_manifest = found
+        path, ckpt_manifest, saved = found
         if ckpt_manifest.run_key != job.run_key or ckpt_manifest.config_fingerprint != config_fp:
             raise CheckpointError(
                 f"checkpoint {path} belongs to run {ckpt_manifest.run_key} (config {ckpt_manifest.config_fingerprint}), "
                 f"not {job.run_key} (config {config_fp}); move it away or use a fresh storage.root"
             )
-        saved = load_checkpoint_state(path)
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
@@ -436,7 +427,7 @@ def train(
 
     checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last)
 
-    def save(emergency: bool = False, blocking: bool = False) -> None:
+    def save(emergency: bool = False) -> None:
         t0 = now_fn()
         # Accounting first, so the saved state already counts this save.
         state.checkpoints_saved += 1
@@ -456,7 +447,7 @@ def train(
         protect = {s for s in (stopper.best_step, resumed_step) if s is not None}
         # Emergency saves block: the process exits right after. Others write in the background
         # and the loop only waits for the in-memory copy.
-        checkpointer.save(man, payload, protect, blocking=emergency or blocking)
+        checkpointer.save(man, payload, protect, blocking=emergency)
         stall = now_fn() - t0
         state.seconds["checkpoint"] += stall
         state.save_cost_seconds = stall if state.save_cost_seconds is None else 0.7 * state.save_cost_seconds + 0.3 * stall

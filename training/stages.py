@@ -18,13 +18,26 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from training.config import RetrainConfig, fingerprint
+from training.config import PreprocessConfig, RetrainConfig, fingerprint
+from training.cost import compute_cost, naive_counterfactual, storage_cost
+from training.data.demo import ensure_demo_dataset
 from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key
 from training.data.packing import load_manifest, pack_shards
 from training.errors import DataError
-from training.evaluate import champion_package, compatible, decide_promotion, evaluate_package, promote, read_champion
+from training.evaluate import (
+    champion_package,
+    compatible,
+    decide_promotion,
+    evaluate_package,
+    package_stats,
+    promote,
+    read_champion,
+)
+from training.launch import run_training_process
 from training.loop import TrainJob, train_fingerprint
+from training.report_render import render_curves, render_markdown
 from training.storage import read_json, write_json_atomic
+from training.utilization import utilization_summary
 
 __all__ = ["pack_stage", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
 
@@ -38,8 +51,6 @@ def pack_stage(config: RetrainConfig) -> dict[str, Any]:
     root = _root(config)
     bayes_auc = None
     if config.data.source is None:
-        from training.data.demo import ensure_demo_dataset
-
         source, bayes_auc = ensure_demo_dataset(root)
     else:
         source = Path(config.data.source).expanduser()
@@ -57,8 +68,6 @@ def pack_stage(config: RetrainConfig) -> dict[str, Any]:
 
 
 def preprocess_stage(dataset_dir: str, preprocess: dict[str, Any], storage_root: str) -> dict[str, Any]:
-    from training.config import PreprocessConfig
-
     t0 = time.perf_counter()
     config = PreprocessConfig.model_validate(preprocess)
     manifest = load_manifest(Path(dataset_dir))
@@ -110,12 +119,9 @@ def _champion_val_auc(config: RetrainConfig, root: Path, packed: dict[str, Any])
     pointer = read_champion(root / "models")
     if pointer is None:
         return None
-    from training.evaluate import load_package
-
     package = champion_package(root / "models", pointer)
     manifest = load_manifest(Path(packed["dataset_dir"]))
-    _, stats, _ = load_package(package)
-    if manifest is None or not compatible(stats, manifest):
+    if manifest is None or not compatible(package_stats(package), manifest):
         return None
     return evaluate_package(package, Path(packed["dataset_dir"]), manifest, split="validation")["auc"]
 
@@ -126,8 +132,6 @@ def train_stage(
     prep: dict[str, Any],
     on_event: Callable[[dict[str, Any]], None] = lambda e: None,
 ) -> dict[str, Any]:
-    from training.launch import run_training_process
-
     t0 = time.perf_counter()
     root = _root(config)
     stats_path = Path(prep["stats_path"])
@@ -198,10 +202,7 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
     champion_note = None
     if pointer is not None:
         package = champion_package(models_root, pointer)
-        from training.evaluate import load_package
-
-        _, stats, _ = load_package(package)
-        if compatible(stats, manifest):
+        if compatible(package_stats(package), manifest):
             champion_metrics = evaluate_package(package, dataset_dir, manifest)
             champion_note = "re-evaluated on this run's test split"
         else:
@@ -243,8 +244,6 @@ def _dir_bytes(path: Path) -> int:
 def cost_report(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any],
                 evaluation: dict[str, Any]) -> dict[str, Any]:
     """The bill of this run from measured seconds and bytes, and the naive counterfactual."""
-    from training.cost import compute_cost, naive_counterfactual, storage_cost
-
     rate, gpus = config.cost.rate()
     seconds = trained["seconds"]
     train_billed = trained["billed_seconds"] - seconds.get("pre_train", 0.0)
@@ -291,9 +290,6 @@ def report_stage(
     evaluation: dict[str, Any], stage_states: dict[str, str],
 ) -> dict[str, str]:
     """Write report.json, curves.png and report.md into the run folder; return their paths."""
-    from training.report_render import render_curves, render_markdown
-    from training.utilization import utilization_summary
-
     run_dir = Path(trained["run_dir"])
     result = read_json(run_dir / "result.json") or {}
     history = result.get("history", [])
