@@ -19,6 +19,7 @@ from benchmarks import (
     bench_overhead,
     bench_packing,
     bench_preemption,
+    bench_s3,
     bench_scale,
     bench_warm_start,
 )
@@ -32,6 +33,7 @@ SUITE = {
     "warm_start": bench_warm_start.run,
     "overhead": bench_overhead.run,
     "scale": bench_scale.run,
+    "s3": bench_s3.run,
 }
 
 

@@ -1,12 +1,12 @@
-"""The retraining pipeline: pack -> preprocess (cached) -> train (resumable) -> evaluate -> report."""
+"""The retraining pipeline: pack (fanned out over parts) -> preprocess (cached) -> train (resumable) -> evaluate -> report."""
 
 from __future__ import annotations
 
-from prefect import flow
+from prefect import flow, unmapped
 
 from tasks.evaluate import evaluate_model
-from tasks.pack import pack_dataset
-from tasks.policies import backoff, preprocess_cache_policy, result_storage_for
+from tasks.pack import begin_packing, finish_packing, pack_part
+from tasks.policies import apply_credentials_block, backoff, preprocess_cache_policy, result_storage_for
 from tasks.preprocess import PREPROCESS_VERSION, fit_features
 from tasks.report import write_report
 from tasks.train import train_model
@@ -18,12 +18,14 @@ __all__ = ["retrain"]
 @flow(name="retrain", log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
     """Retrain the model on the configured data; returns the path of the run's report.json."""
-    root = config.storage.root
-    packed = pack_dataset(config)
+    apply_credentials_block(config.storage)
+    begun = begin_packing(config)
+    parts = pack_part.map(unmapped(config.data.model_dump(mode="json")), unmapped(begun["plan"]), begun["parts"])
+    packed = finish_packing(config, begun, parts)
     prep_state = fit_features.with_options(
-        cache_policy=preprocess_cache_policy(root), result_storage=result_storage_for(root)
+        cache_policy=preprocess_cache_policy(config.storage), result_storage=result_storage_for(config.storage)
     )(packed["dataset_dir"], packed["fingerprint"], config.preprocess.model_dump(mode="json"), PREPROCESS_VERSION,
-      root, return_state=True)
+      config.storage.root, config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
     prep = prep_state.result()
     train_state = train_model.with_options(
         retries=config.train.max_retries,

@@ -49,7 +49,8 @@ def _plan(args: argparse.Namespace) -> int:
     from training.plan import plan_run
 
     config = load_config(args.config, args.overrides)
-    config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+    if not config.storage.is_s3:
+        config.storage.root = str(Path(config.storage.root).expanduser().resolve())
     types = args.instance_types.split(",") if args.instance_types else sorted(config.cost.prices)
     plan = plan_run(config, [t.strip() for t in types if t.strip()], args.deadline_hours, args.calibration_steps)
     c = plan["calibration"]
@@ -100,7 +101,8 @@ def _summary(report: dict[str, Any], path: str) -> str:
 
 def _run(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.overrides)
-    config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+    if not config.storage.is_s3:
+        config.storage.root = str(Path(config.storage.root).expanduser().resolve())
     _prefect_defaults()
     from flows.retrain import retrain
 

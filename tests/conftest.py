@@ -1,9 +1,12 @@
-"""Shared fixtures: small real datasets and configs. Nothing here talks to any network."""
+"""Shared fixtures: small real datasets and configs, and a real S3 endpoint (moto's server) on
+127.0.0.1. Nothing here talks to any other address."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -13,9 +16,22 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # Never touch the developer's ~/.prefect: one throwaway home per test session.
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix="retrain-test-prefect-home-")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+# Credentials for the loopback S3 server only; never a developer's real ones, never the
+# instance metadata service.
+S3_SECRET = "test-secret-must-never-be-printed"
+os.environ.update({
+    "AWS_ACCESS_KEY_ID": "AKIATESTKEYNEVERPRINT",
+    "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+})
+for _var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+    os.environ.pop(_var, None)
 
 from training.config import RetrainConfig, load_config  # noqa: E402
 from training.data.demo import ensure_demo_dataset  # noqa: E402
+
+from tests.fault_proxy import FaultProxy  # noqa: E402
 
 SMALL_ROWS = 8000
 
@@ -47,3 +63,49 @@ def small_overrides(root: Path, source: Path) -> list[str]:
 @pytest.fixture
 def small_config(tmp_path: Path, demo_source: Path) -> RetrainConfig:
     return load_config(overrides=small_overrides(tmp_path / "root", demo_source))
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """moto's standalone S3 server: a real HTTP endpoint on 127.0.0.1 for the session."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    _, port = server.get_host_and_port()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_bucket(s3_server: str, request: pytest.FixtureRequest) -> str:
+    """A fresh, empty bucket for one test."""
+    import re
+
+    import boto3
+
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + f"-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def fault_proxy(s3_server: str) -> Iterator[FaultProxy]:
+    proxy = FaultProxy(int(s3_server.rsplit(":", 1)[1]))
+    yield proxy
+    proxy.close()
+
+
+def s3_overrides(bucket: str, endpoint: str, local_dir: Path, prefix: str = "team/retrain") -> list[str]:
+    """Config overrides for an s3:// root on the loopback server, with short timeouts so that
+    fault tests end quickly."""
+    return [
+        f"storage.root=s3://{bucket}/{prefix}",
+        f"storage.endpoint_url={endpoint}",
+        f"storage.local_dir={local_dir}",
+        "storage.connect_timeout_s=2",
+        "storage.read_timeout_s=3",
+        "storage.max_attempts=4",
+        "storage.multipart_mb=5",
+        "cost.tags={team: ranking, project: ctr}",
+    ]

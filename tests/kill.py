@@ -10,21 +10,28 @@ import time
 from pathlib import Path
 
 
-def _worker_pids(run_dir: str) -> list[int]:
+def _worker_pids(run_dir: str, rank: int | None = None) -> list[int]:
+    """Training worker processes of `run_dir`; with `rank`, only that torchrun rank's."""
     pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if rank is not None else []
         except OSError:
             continue
-        if b"training.worker" in cmdline and any(run_dir.encode() in part for part in cmdline):
-            pids.append(int(entry))
+        if b"training.worker" not in cmdline or not any(run_dir.encode() in part for part in cmdline):
+            continue
+        if rank is not None and (f"RANK={rank}".encode() not in environ or b"TORCHELASTIC_RUN_ID" not in b" ".join(
+                e[:19] for e in environ)):
+            continue
+        pids.append(int(entry))
     return pids
 
 
-def kill_worker_when(run_dir: str, step: int, sig: signal.Signals = signal.SIGKILL, times: int = 1) -> threading.Thread:
+def kill_worker_when(run_dir: str, step: int, sig: signal.Signals = signal.SIGKILL, times: int = 1,
+                     rank: int | None = None) -> threading.Thread:
     """Background thread: `times` times, wait for a worker of `run_dir` past `step`, send `sig`."""
     heartbeat = Path(run_dir) / "heartbeat.bin"
 
@@ -38,7 +45,7 @@ def kill_worker_when(run_dir: str, step: int, sig: signal.Signals = signal.SIGKI
             except FileNotFoundError:
                 current = -1
             if current >= step:
-                for pid in _worker_pids(run_dir):
+                for pid in _worker_pids(run_dir, rank):
                     if pid not in killed:
                         os.kill(pid, sig)
                         killed.add(pid)

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -227,9 +227,12 @@ class AsyncCheckpointer:
     same thread, so deletes always follow a newer verified checkpoint.
     """
 
-    def __init__(self, ckpt_root: Path, keep_last: int) -> None:
+    def __init__(
+        self, ckpt_root: Path, keep_last: int, on_published: Callable[[Path, set[int]], None] | None = None
+    ) -> None:
         self.ckpt_root = ckpt_root
         self.keep_last = keep_last
+        self.on_published = on_published  # e.g. hand the new checkpoint to the S3 uploader
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.background_seconds = 0.0
@@ -249,8 +252,10 @@ class AsyncCheckpointer:
         def write() -> None:
             t0 = time.perf_counter()
             try:
-                save_checkpoint(self.ckpt_root, manifest, copy)
+                published = save_checkpoint(self.ckpt_root, manifest, copy)
                 apply_retention(self.ckpt_root, self.keep_last, protect)
+                if self.on_published is not None:
+                    self.on_published(published, protect)
             except BaseException as err:  # noqa: BLE001 - handed to the loop by wait()
                 self._error = err
             finally:

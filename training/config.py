@@ -28,6 +28,7 @@ __all__ = [
     "TrainConfig",
     "EvalConfig",
     "StorageConfig",
+    "LifecycleConfig",
     "RetrainConfig",
     "load_config",
     "apply_overrides",
@@ -60,6 +61,11 @@ class DataConfig(_Section):
     split_seed: int = Field(0, description="Seed of the deterministic row-to-split assignment.")
     rows_per_member: int = Field(4096, gt=0, description="Rows per tar member (micro-batch) in a shard.")
     shard_size_mb: float = Field(16.0, gt=0, description="Target shard size in MB, tar headers counted.")
+    pack_parts: int = Field(
+        8, ge=1, le=4096,
+        description="Packing fans out over at most this many parts (runs of Parquet row groups), one task each; "
+        "the shards are byte-identical for any value.",
+    )
 
     @model_validator(mode="after")
     def _columns_distinct(self) -> DataConfig:
@@ -110,7 +116,9 @@ class TrainConfig(_Section):
         description="champion: warm-start from the current champion when its architecture and feature "
         "columns match (it then keeps the champion's preprocessing); otherwise a fresh start.",
     )
-    batch_size: int = Field(512, gt=0, description="Rows per micro-batch.")
+    batch_size: int = Field(
+        512, gt=0, description="Rows per micro-batch, across all processes: each of N processes takes batch_size/N."
+    )
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW.")
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
@@ -144,6 +152,31 @@ class TrainConfig(_Section):
     spot_poll_seconds: float = Field(5.0, gt=0, description="Seconds between spot-notice polls.")
     max_retries: int = Field(3, ge=0, description="Times the train task is retried after a preemption.")
     retry_delay_seconds: float = Field(10.0, ge=0, description="First retry delay; doubles each retry.")
+    nproc_per_node: int = Field(1, ge=1, description="Training processes per node; above 1 the loop runs under torchrun with DDP.")
+    nnodes: int = Field(1, ge=1, description="Nodes of a multi-node run (each runs this task with the same rdzv settings).")
+    rdzv_endpoint: str | None = Field(
+        None, description="host:port of the rendezvous for nnodes > 1 (e.g. a Kubernetes headless service); "
+        "single-node runs use 127.0.0.1."
+    )
+    rdzv_id: str | None = Field(None, description="Rendezvous id; empty: the run key.")
+    ddp_bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).")
+    ddp_timeout_s: float = Field(300.0, gt=0, description="Collective timeout: a hung rank fails the job after this.")
+
+    @model_validator(mode="after")
+    def _world(self) -> TrainConfig:
+        world = self.nproc_per_node * self.nnodes
+        if self.batch_size % world:
+            raise ValueError(
+                f"train.batch_size {self.batch_size} must be divisible by nproc_per_node x nnodes = {world} "
+                "(it is the global micro-batch, split evenly across processes)"
+            )
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("train.nnodes > 1 needs train.rdzv_endpoint (host:port reachable from every node)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
 
 
     @field_validator("checkpoint_every")
@@ -239,6 +272,18 @@ class CostConfig(_Section):
             merged[name] = {**merged.get(name, {}), **entry} if isinstance(entry, dict) else entry
         return merged
 
+    @field_validator("tags")
+    @classmethod
+    def _object_tags(cls, v: dict[str, str]) -> dict[str, str]:
+        # S3 allows 10 tags per object; the pipeline adds retrain-class and retrain-run.
+        if len(v) > 8:
+            raise ValueError(f"cost.tags has {len(v)} tags; S3 objects take at most 8 besides the pipeline's 2")
+        for key, value in v.items():
+            if not key or len(key) > 128 or len(value) > 256 or key.lower().startswith(("aws:", "retrain-")):
+                raise ValueError(f"cost.tags.{key}: keys are 1-128 characters, values up to 256, and "
+                                 "'aws:' and 'retrain-' prefixes are reserved")
+        return v
+
     @model_validator(mode="after")
     def _known_instance(self) -> CostConfig:
         if self.instance_type not in self.prices:
@@ -272,8 +317,66 @@ class BudgetConfig(_Section):
     )
 
 
+# S3 storage classes a lifecycle rule may transition to (PutBucketLifecycleConfiguration).
+TRANSITION_CLASSES = ("STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE")
+
+
+class LifecycleConfig(_Section):
+    manage: bool = Field(True, description="Ensure the bucket's lifecycle rules for this root (merged, idempotent).")
+    checkpoint_transition_days: int = Field(7, ge=1, description="Days until checkpoints move to a colder class.")
+    checkpoint_storage_class: str = Field("GLACIER_IR", description="The colder class checkpoints move to.")
+    checkpoint_expire_days: int = Field(30, ge=1, description="Days until checkpoints are deleted.")
+    shard_cache_expire_days: int = Field(30, ge=1, description="Days until packed shards (rebuildable) are deleted.")
+    abort_multipart_days: int = Field(1, ge=1, description="Days until an unfinished multipart upload is aborted.")
+
+    @model_validator(mode="after")
+    def _order(self) -> LifecycleConfig:
+        if self.checkpoint_storage_class not in TRANSITION_CLASSES:
+            raise ValueError(
+                f"storage.lifecycle.checkpoint_storage_class {self.checkpoint_storage_class!r} is not one of "
+                f"{list(TRANSITION_CLASSES)}"
+            )
+        if self.checkpoint_expire_days <= self.checkpoint_transition_days:
+            raise ValueError(
+                f"storage.lifecycle.checkpoint_expire_days ({self.checkpoint_expire_days}) must be greater than "
+                f"checkpoint_transition_days ({self.checkpoint_transition_days})"
+            )
+        return self
+
+
 class StorageConfig(_Section):
-    root: str = Field(".retrain", description="Root of datasets, caches, runs and models.")
+    root: str = Field(".retrain", description="Root of datasets, caches, runs and models: a folder or s3://bucket/prefix.")
+    endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint (MinIO, R2, Ceph). Empty: AWS_ENDPOINT_URL, else AWS S3."
+    )
+    region: str | None = Field(None, description="S3 region. Empty: the AWS configuration's default.")
+    credentials_block: str | None = Field(
+        None, description="Name of a Prefect AwsCredentials block. Empty: the standard AWS credential chain."
+    )
+    local_dir: str | None = Field(
+        None, description="Local working copy of an s3:// root. Empty: ~/.cache/retrain/s3/<bucket>/<prefix>."
+    )
+    shard_cache_gb: float = Field(20.0, gt=0, description="Size limit of the local cache of shards read from S3.")
+    multipart_mb: int = Field(64, ge=5, description="Objects above this many MB upload in parts of this size.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="S3 connect timeout per attempt.")
+    read_timeout_s: float = Field(30.0, gt=0, description="S3 read timeout per attempt.")
+    max_attempts: int = Field(5, ge=1, le=20, description="Attempts per S3 request, with exponential backoff.")
+    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
+
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        if v.startswith("s3://"):
+            bucket = v[5:].split("/", 1)[0]
+            if not bucket:
+                raise ValueError(f"storage.root {v!r} names no bucket; write s3://bucket/prefix")
+        elif "://" in v:
+            raise ValueError(f"storage.root {v!r}: only local folders and s3:// roots are supported")
+        return v
+
+    @property
+    def is_s3(self) -> bool:
+        return self.root.startswith("s3://")
 
 
 class RetrainConfig(_Section):

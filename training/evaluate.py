@@ -106,7 +106,7 @@ def decide_promotion(
     return False, f"test AUC {auc:.4f} does not beat the champion's {champion['auc']:.4f} by eval.min_delta {config.min_delta}"
 
 
-def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str, Any]) -> Path:
+def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str, Any], uri: str | None = None) -> Path:
     """Copy the package to models/<sha256>/ (first), then swap the champion pointer (last)."""
     target = models_root / sha256
     if not (target / "model.json").exists():
@@ -114,7 +114,7 @@ def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str,
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(package_dir, tmp)
         os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    write_json_atomic(models_root / "champion", {**record, "sha256": sha256, "uri": str(target / "model.pt")})
+    write_json_atomic(models_root / "champion", {**record, "sha256": sha256, "uri": uri or str(target / "model.pt")})
     return target
 
 

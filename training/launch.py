@@ -3,13 +3,20 @@
 A child process, not a thread: a hard kill of the child (OOM killer, SIGKILL) leaves the task
 process alive to report `Preempted`, and the task's retry starts a fresh child that resumes
 from the last verified checkpoint.
+
+With `train.nproc_per_node` or `train.nnodes` above 1 the child is PyTorch's own launcher,
+`python -m torch.distributed.run` (torchrun), which starts one `training.worker` per rank. It
+runs with `--max-restarts 0`: when a rank dies torchrun stops the others and exits, and the
+Prefect task's retry (one code path for every kind of preemption) resumes the job.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,6 +31,7 @@ from training.loop import TrainJob, count_attempt
 __all__ = ["run_training_process"]
 
 _TERM_GRACE_SECONDS = 60.0
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun may prefix rank output lines
 
 
 def _child_env() -> dict[str, str]:
@@ -33,6 +41,52 @@ def _child_env() -> dict[str, str]:
     env["RETRAIN_SPAWN_TIME"] = repr(time.time())
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_command(job: TrainJob, job_path: Path, error_path: Path) -> list[str]:
+    worker = ["-m", "training.worker", str(job_path), str(error_path), str(os.getpid())]
+    tc = job.config.get("train", {})
+    nproc, nnodes = int(tc.get("nproc_per_node", 1)), int(tc.get("nnodes", 1))
+    if nproc * nnodes == 1:
+        return [sys.executable, *worker]
+    if nnodes == 1:
+        # One node: the rendezvous and gloo stay on loopback.
+        endpoint = f"127.0.0.1:{_free_loopback_port()}"
+    else:
+        endpoint = tc["rdzv_endpoint"]
+    torchrun = [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", "--max-restarts=0", "--monitor-interval=0.5",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={tc.get('rdzv_id') or job.run_key}",
+        *worker,
+    ]
+    # torchrun has no parent-death signal: if the task process dies, SIGTERM it so that it
+    # stops its ranks (which then write their emergency checkpoint), instead of an orphan job.
+    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *torchrun]
+
+
+_EXEC_WITH_PDEATHSIG = (
+    "import ctypes, os, sys\n"
+    "try:\n    ctypes.CDLL('libc.so.6').prctl(1, 15)\nexcept OSError:\n    pass\n"
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def _rank_errors(error_path: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(error_path.parent.glob(error_path.name + "*")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+        path.unlink(missing_ok=True)
+    return found
 
 
 def run_training_process(
@@ -48,18 +102,19 @@ def run_training_process(
     error_path.unlink(missing_ok=True)
     job.save(job_path)
     count_attempt(run_dir)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "training.worker", str(job_path), str(error_path), str(os.getpid())],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=_child_env(),
-    )
+    for stale in error_path.parent.glob(error_path.name + ".rank*"):
+        stale.unlink(missing_ok=True)
+    env = _child_env()
+    if int(job.config.get("train", {}).get("nnodes", 1)) == 1:
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
+    proc = subprocess.Popen(worker_command(job, job_path, error_path), stdout=subprocess.PIPE, text=True, env=env)
+    distributed = proc.args[1] == "-c"
     on_start(proc)
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
             try:
-                event = json.loads(line)
+                event = json.loads(_RANK_PREFIX.sub("", line, count=1))
             except json.JSONDecodeError:
                 sys.stderr.write(line)  # a user model printing to stdout: pass it through
                 continue
@@ -89,4 +144,15 @@ def run_training_process(
         error_path.unlink(missing_ok=True)
         cls = getattr(errors, raw["type"], RetrainError)
         raise cls(raw["message"])
+    if distributed:
+        # torchrun exits 1 whatever its ranks did: their error files say what happened. A user
+        # error on any rank wins; otherwise a rank was killed or lost its peers: a preemption.
+        reported = _rank_errors(error_path)
+        for raw in reported:
+            if raw["type"] == "Bug":
+                raise RuntimeError(f"training job {job.run_key} failed on a rank: {raw['message']}; see its log above")
+            cls = getattr(errors, raw["type"], RetrainError)
+            if cls is not Preempted:
+                raise cls(raw["message"])
+        raise Preempted(f"training job {job.run_key} lost a rank (torchrun exit code {rc}); resuming on retry")
     raise RuntimeError(f"training process for run {job.run_key} failed with exit code {rc}; see its log above")

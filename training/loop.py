@@ -9,6 +9,7 @@ so it can run under torchrun later.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -21,6 +22,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from training.checkpoint import (
@@ -34,13 +36,15 @@ from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader
 from training.data.packing import load_manifest
 from training.early_stopping import EarlyStopping
-from training.errors import CheckpointError, DataError, Preempted
+from training.checkpoint_upload import CheckpointUploader, restore_newer_checkpoint
+from training.errors import CheckpointError, DataError, Preempted, RetrainError
 from training.evaluate import predict_split
 from training.metrics import log_loss, roc_auc
 from training.model import build_model, weights_sha256
 from training.precision import autocast_dtype, resolve_device, resolve_precision
 from training.rng import capture_rng, configure_determinism, restore_rng, seed_everything
 from training.storage import read_json, write_json_atomic
+from training.storage_root import MODEL, RUN, StorageRoot
 
 __all__ = ["TrainJob", "StopFlag", "train", "train_fingerprint", "EVAL_BATCH_SIZE"]
 
@@ -50,7 +54,14 @@ EVAL_BATCH_SIZE = 8192
 _OPERATIONAL = {
     "num_workers", "max_retries", "retry_delay_seconds", "checkpoint_every", "keep_last", "device",
     "spot_notice_url", "spot_poll_seconds", "mean_seconds_between_preemptions", "profile",
+    # The global batch is train.batch_size whatever the process count, so a run may resume on
+    # another world size: how many processes compute it is not part of what is computed.
+    "nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "ddp_bucket_mb", "ddp_timeout_s",
 }
+
+
+_STATUSES = ("completed", "budget_stopped", "early_stopped")
+_STATUS_CODES = {name: i for i, name in enumerate(_STATUSES)}
 
 
 def train_fingerprint(config: RetrainConfig) -> str:
@@ -74,6 +85,7 @@ class TrainJob:
     gpus: int = 0
     pre_train_seconds: float = 0.0  # pack + preprocess time of this run, counted against budgets
     champion_val_auc: float | None = None  # for the champion gate
+    run_rel: str = ""  # run_dir relative to storage.root: where its objects go on S3
 
     def save(self, path: Path) -> None:
         write_json_atomic(path, asdict(self))
@@ -336,6 +348,9 @@ def train(
 ) -> dict[str, Any]:
     """Train (or resume, or find already finished) the run in `job.run_dir`; return its result."""
     stop = stop or StopFlag()
+    emit_any_rank = emit
+    if rank != 0:
+        emit = lambda event: None  # noqa: E731 - progress is rank 0's to report
     started = time.time()
     spawn_time = float(os.environ.get("RETRAIN_SPAWN_TIME", started))
     config = RetrainConfig.model_validate(job.config)
@@ -345,6 +360,10 @@ def train(
     result_path = run_dir / "result.json"
     config_fp = train_fingerprint(config)
 
+    root = StorageRoot.from_config(config) if config.storage.is_s3 and job.run_rel else None
+    if root is not None and root.fetch(f"{job.run_rel}/result.json") is not None:
+        root.fetch(f"{job.run_rel}/model/model.json")
+        root.fetch(f"{job.run_rel}/model/model.pt")
     finished = read_json(result_path)
     if finished is not None:
         finished["already_complete"] = True
@@ -361,7 +380,8 @@ def train(
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
     stats = FeatureStats.from_json(Path(job.stats_path).read_text())
     transform = stats.transformer()
-    train_batches = ShardBatches(dataset_dir, manifest, "train", tc.batch_size, transform, seed=tc.seed)
+    # train.batch_size is the global micro-batch: each of world_size processes takes its share.
+    train_batches = ShardBatches(dataset_dir, manifest, "train", tc.batch_size // world_size, transform, seed=tc.seed)
     val_batches = ShardBatches(
         dataset_dir, manifest, "validation", EVAL_BATCH_SIZE, transform, shuffle=False, drop_last=False
     )
@@ -374,7 +394,14 @@ def train(
     stopper = EarlyStopping(tc.patience, tc.min_delta)
     state = RunState()
     run_dir.mkdir(parents=True, exist_ok=True)
-    heartbeat = _Heartbeat(run_dir / "heartbeat.bin")
+    heartbeat = _Heartbeat(run_dir / ("heartbeat.bin" if rank == 0 else f"heartbeat-rank{rank}.bin"))
+    uploader = None
+    if root is not None:
+        # A fresh machine: the ledger and the newest complete checkpoint come from S3.
+        root.fetch(f"{job.run_rel}/attempts.jsonl")
+        restore_newer_checkpoint(root, f"{job.run_rel}/checkpoints", ckpt_dir)
+        if rank == 0:
+            uploader = CheckpointUploader(root, job.run_rel, job.run_key, tc.keep_last)
     attempts = read_attempts(run_dir)
 
     found = latest_verified_state(ckpt_dir)
@@ -395,7 +422,9 @@ def train(
         state = RunState(**saved["run"])
         for key, value in RunState().seconds.items():
             state.seconds.setdefault(key, value)
-        restore_rng(saved["rng"])
+        per_rank = saved.get("rng_per_rank")
+        # Each rank its own generators when the world size is unchanged; else rank 0's for all.
+        restore_rng(per_rank[rank] if per_rank is not None and len(per_rank) == world_size else saved["rng"])
         resumed_step = state.step
         beat = heartbeat.read()
         if beat is not None and beat[0] > state.step:
@@ -414,10 +443,9 @@ def train(
     heartbeat.write(state.step, state.seconds["train"])  # counted once, even if we die before step 1
     # The preemption accounting goes to a durable per-run ledger now, not only into the next
     # checkpoint: an attempt that dies before its first checkpoint must not take its record along.
-    entries = _append_ledger(run_dir / "attempts.jsonl", {
-        "resumed_from": resumed_step, "steps_lost": steps_lost, "seconds_lost": seconds_lost,
-        "startup_seconds": time.time() - spawn_time,
-    })
+    entry = {"resumed_from": resumed_step, "steps_lost": steps_lost, "seconds_lost": seconds_lost,
+             "startup_seconds": time.time() - spawn_time}
+    entries = _append_ledger(run_dir / "attempts.jsonl", entry) if rank == 0 else [entry]
     state.resumed_from_steps = [e["resumed_from"] for e in entries if e["resumed_from"] is not None]
     state.steps_lost = sum(e["steps_lost"] for e in entries)
     state.seconds["lost"] = sum(e["seconds_lost"] for e in entries)
@@ -425,10 +453,23 @@ def train(
     # An attempt killed before it got this far leaves only the launcher's count.
     state.preemptions = max(len(entries) - 1, attempts - 1)
 
-    checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last)
+    checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last, on_published=uploader.submit if uploader else None)
+    if uploader is not None and found is not None:
+        # Resumed from a local checkpoint S3 may lack (its upload was cut off): make it durable.
+        remote_steps = root.remote_checkpoints(f"{job.run_rel}/checkpoints") if root else {}
+        if "manifest.json" not in remote_steps.get(resumed_step or 0, {}):
+            uploader.submit(found[0], {resumed_step or 0})
 
     def save(emergency: bool = False) -> None:
+        """Called on every rank at the same step (the RNG gather is a collective); rank 0 writes."""
         t0 = now_fn()
+        rng = capture_rng()
+        rng_per_rank = None
+        if world_size > 1:
+            rng_per_rank = [None] * world_size
+            dist.all_gather_object(rng_per_rank, rng)
+        if rank != 0:
+            return
         # Accounting first, so the saved state already counts this save.
         state.checkpoints_saved += 1
         state.last_save_train_seconds = state.seconds["train"]
@@ -439,8 +480,10 @@ def train(
             "scaler": scaler.state_dict(),
             "early_stopping": stopper.state_dict(),
             "run": asdict(state),
-            "rng": capture_rng(),
+            "rng": rng,
         }
+        if rng_per_rank is not None:
+            payload["rng_per_rank"] = rng_per_rank
         val_auc = state.history[-1]["val_auc"] if state.history and state.history[-1]["step"] == state.step else None
         man = CheckpointManifest(state.step, job.run_key, config_fp, {}, val_auc=val_auc, emergency=emergency,
                                  extra={"tags": dict(config.cost.tags)})
@@ -456,8 +499,18 @@ def train(
     schedule = CheckpointSchedule(*tc.checkpoint_interval(), tc.mean_seconds_between_preemptions)
     dtype = autocast_dtype(precision)
     loader = make_train_loader(
-        train_batches, StreamPosition(state.epoch, state.batch), tc.num_workers, pin_memory=device.type == "cuda"
+        train_batches, StreamPosition(state.epoch, state.batch), tc.num_workers, pin_memory=device.type == "cuda",
+        rank=rank, world=world_size,
     )
+    per_epoch = loader.dataset.per_epoch  # global batches per epoch
+    ddp = None
+    if world_size > 1:
+        # After the resume: every rank loaded the same checkpoint, and DDP checks it by
+        # broadcasting rank 0's parameters. Gradients are averaged in buckets during backward.
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=tc.ddp_bucket_mb)
+    forward = ddp if ddp is not None else model
+    stop_agreed = False
+    rows_seen = 0
     batches = iter(loader)
     model.train()
     status = "completed"
@@ -486,27 +539,43 @@ def train(
 
     last = now_fn()
     while state.step < tc.max_steps:
-        if stop.requested:
+        # One process decides alone; under DDP every rank acts on the flag they agreed on at
+        # the end of the last step, so all of them stop at the same step.
+        if stop_agreed if world_size > 1 else stop.requested:
             save(emergency=True)
+            if uploader is not None:
+                # The local disk of a spot machine dies with it: the emergency checkpoint counts
+                # only once it is on S3.
+                try:
+                    uploader.flush()
+                except RetrainError as err:
+                    log.error("emergency checkpoint stayed local: %s", err)
             heartbeat.close()
             _shutdown_workers(batches)
-            raise Preempted(f"stopped at step {state.step}: {stop.reason}", step=state.step)
+            if world_size > 1:
+                dist.barrier()  # nobody exits (and makes torchrun kill the rest) before rank 0 wrote
+            raise Preempted(f"stopped at step {state.step}: {stop.reason or 'another rank was stopped'}",
+                            step=state.step)
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=device)
-        for _ in range(tc.grad_accum):
+        for micro in range(tc.grad_accum):
             t_wait = now_fn()
             epoch, index, x_num, x_cat, y = next(batches)
             x_num, x_cat, y = x_num.to(device, non_blocking=True), x_cat.to(device, non_blocking=True), y.to(device)
             t_compute = now_fn()
             state.seconds["data_wait"] += t_compute - t_wait
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                logits = model(x_num, x_cat)
-            # Loss in fp32 and divided by the accumulation steps, so the summed gradient is a mean.
-            loss = F.binary_cross_entropy_with_logits(logits.float(), y) / tc.grad_accum
-            scaler.scale(loss).backward()
+            rows_seen += int(y.shape[0])
+            # Under DDP only the last micro-batch all-reduces: the others accumulate locally.
+            sync = ddp.no_sync() if ddp is not None and micro < tc.grad_accum - 1 else contextlib.nullcontext()
+            with sync:
+                with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+                    logits = forward(x_num, x_cat)
+                # Loss in fp32 and divided by the accumulation steps, so the summed gradient is a mean.
+                loss = F.binary_cross_entropy_with_logits(logits.float(), y) / tc.grad_accum
+                scaler.scale(loss).backward()
             loss_sum += loss.detach()
             state.seconds["compute"] += now_fn() - t_compute
-        state.epoch, state.batch = divmod(epoch * train_batches.batches_per_epoch + index + 1, train_batches.batches_per_epoch)
+        state.epoch, state.batch = divmod(epoch * per_epoch + index + 1, per_epoch)
         if tc.grad_clip > 0:
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
@@ -527,34 +596,51 @@ def train(
 
         improved = False
         validated = state.step % tc.eval_every == 0 or state.step == tc.max_steps
-        if validated:
+        if validated and world_size > 1:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the global batch's loss, as with one process
+        if validated and rank == 0:
             improved = validate(float(loss_sum))
         # Budgets: at a validation, stop if the next interval would cross a limit; at any step,
         # stop once a limit is crossed (a step far slower than the average so far).
-        over = budget.exceeded(state, tc.eval_every if validated else 0)
+        over = budget.exceeded(state, tc.eval_every if validated else 0) if rank == 0 else None
         if over is not None:
             if not validated:
                 improved = validate(float(loss_sum))  # the best model must be validated before we stop
             status, state.stop_reason = "budget_stopped", over
-        elif validated and stopper.should_stop:
+        elif validated and rank == 0 and stopper.should_stop:
             status = "early_stopped"
             state.stop_reason = f"no validation AUC gain > {tc.min_delta} in {tc.patience} validations"
-        elif validated and config.budget.champion_gate:
+        elif validated and rank == 0 and config.budget.champion_gate:
             gated = champion_gate(state.history, job.champion_val_auc, config.eval.min_delta, tc.max_steps)
             if gated is not None:
                 status, state.stop_reason = "early_stopped", gated
-        stopping = status != "completed"
-        if schedule.due(state) or improved or stopping or state.step == tc.max_steps:
+        save_now = schedule.due(state) or improved or status != "completed" or state.step == tc.max_steps
+        if world_size > 1:
+            # Rank 0 decided (validation, budgets and time-based schedules are its alone); every
+            # rank contributes its stop request. One tiny all-reduce per step keeps them in step.
+            flags = torch.tensor([int(stop.requested), _STATUS_CODES[status] if rank == 0 else 0,
+                                  int(save_now) if rank == 0 else 0], dtype=torch.int64)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            stop_agreed = bool(flags[0])
+            status = _STATUSES[int(flags[1])]
+            save_now = bool(flags[2])
+        if save_now:
             save()
         last = now_fn()  # checkpoint and eval time are accounted separately
-        if stopping:
+        if status != "completed":
             log.info("stopping at step %d: %s", state.step, state.stop_reason)
             break
     heartbeat.close()
     _shutdown_workers(batches)
+    emit_any_rank({"event": "rank_done", "rank": rank, "rows": rows_seen, "step": state.step})
+    if rank != 0:
+        return {"rank": rank, "rows": rows_seen, "steps": state.step, "status": status}
     if profiler is not None:
         profiler.close()
     checkpointer.wait()  # the final and best checkpoints must be on disk before export
+    if uploader is not None:
+        uploader.flush()
+        uploader.close()
 
     fp32_slowdown = 1.0 if precision == "fp32" else measure_fp32_slowdown(model, train_batches, device, precision)
 
@@ -587,10 +673,18 @@ def train(
         "checkpoints_saved": state.checkpoints_saved,
         "checkpoint_background_seconds": checkpointer.background_seconds,
         "checkpoint_interval": schedule.describe(state),
-        "samples_seen": state.step * tc.batch_size * tc.grad_accum * world_size,
+        "samples_seen": state.step * tc.batch_size * tc.grad_accum,  # batch_size is already global
+        "world_size": world_size,
     }
+    if uploader is not None:
+        result["checkpoint_upload"] = {"uploaded": len(uploader.uploaded), "superseded": uploader.superseded,
+                                       "failures": uploader.failures, "background_seconds": uploader.seconds}
     if rank == 0:
         write_json_atomic(result_path, result)
+        if root is not None:
+            root.publish_all([f"{job.run_rel}/model/model.pt", f"{job.run_rel}/model/model.json"], MODEL, job.run_key)
+            root.publish(f"{job.run_rel}/attempts.jsonl", RUN, job.run_key)
+            root.publish(f"{job.run_rel}/result.json", RUN, job.run_key)  # last: the run is done
     return result
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import shutil
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 from training.config import RetrainConfig
 from training.cost import plan_instances
 from training.errors import ConfigError
 from training.loop import TrainJob, train
+from training.storage_root import StorageRoot
 from training.stages import pack_stage, preprocess_stage, run_key_for
 
 __all__ = ["plan_run"]
@@ -24,7 +24,8 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
         raise ConfigError(f"--instance-types: no price for {unknown} in cost.prices (known: {sorted(config.cost.prices)})")
     t0 = time.perf_counter()
     packed = pack_stage(config)
-    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root)
+    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
+                            config.storage.model_dump(mode="json"), config.cost.tags)
     data_seconds = time.perf_counter() - t0
 
     # Calibrate: the real loop, on the real data and model, for a few steps in a scratch folder.
@@ -35,7 +36,8 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     calib.train.eval_every = steps
     calib.train.checkpoint_every = steps
     calib.train.patience = 0
-    scratch = Path(config.storage.root).expanduser().resolve() / "plan" / run_key_for(calib, packed["fingerprint"])
+    # Local even for an s3:// root: calibration output is thrown away.
+    scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, packed["fingerprint"])
     shutil.rmtree(scratch, ignore_errors=True)
     t1 = time.time()
     result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=packed["dataset_dir"],

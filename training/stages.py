@@ -10,20 +10,35 @@ is tested without Prefect. Storage layout under `storage.root`:
     models/<sha256>/              promoted model packages
     models/champion               pointer (JSON) to the champion package
     prefect/                      Prefect task results and cache records
+
+With `storage.root: s3://bucket/prefix` the same layout lives under the prefix, and the stages
+work on a local copy of the parts they need (`training.storage_root`).
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from training.config import PreprocessConfig, RetrainConfig, fingerprint
+from training.config import DataConfig, PreprocessConfig, RetrainConfig, StorageConfig, fingerprint
 from training.cost import compute_cost, naive_counterfactual, storage_cost
 from training.data.demo import ensure_demo_dataset
 from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key
-from training.data.packing import load_manifest, pack_shards
-from training.errors import DataError
+from training.data.packing import (
+    PackPart,
+    PackPlan,
+    assemble_shards,
+    dataset_fingerprint,
+    load_manifest,
+    pack_part,
+    plan_pack,
+    source_files,
+    start_pack,
+)
+from training.errors import DataError, StorageError
 from training.evaluate import (
     champion_package,
     compatible,
@@ -37,46 +52,128 @@ from training.launch import run_training_process
 from training.loop import TrainJob, train_fingerprint
 from training.report_render import render_curves, render_markdown
 from training.storage import read_json, write_json_atomic
+from training.storage_root import CACHE, MODEL, RUN, StorageRoot
 from training.utilization import utilization_summary
 
-__all__ = ["pack_stage", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
+__all__ = ["pack_stage", "pack_begin", "pack_part_stage", "pack_finish", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
 
 
-def _root(config: RetrainConfig) -> Path:
-    return Path(config.storage.root).expanduser().resolve()
+def pack_begin(config: RetrainConfig) -> dict[str, Any]:
+    """Check storage, find an already packed dataset (here or on S3), or plan the packing.
 
-
-def pack_stage(config: RetrainConfig) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    root = _root(config)
+    Returns {"done": <pack result> | None, "plan": <PackPlan as JSON> | None, "parts": [...]}:
+    the parts are what `pack_part_stage` runs, serially here or fanned out by the flow.
+    """
+    started = time.time()
+    root = StorageRoot.from_config(config)
+    storage = {**root.environment_summary(), **root.prepare()}  # fail here, not mid-training
     bayes_auc = None
     if config.data.source is None:
-        source, bayes_auc = ensure_demo_dataset(root)
+        source, bayes_auc = ensure_demo_dataset(root.local)
     else:
         source = Path(config.data.source).expanduser()
-    dataset_dir, manifest, reused = pack_shards(source, config.data, root / "datasets")
+    base = {"source": str(source), "storage": storage, "bayes_auc": bayes_auc, "started_at": started}
+    if root.is_remote:
+        fp, _ = dataset_fingerprint(source_files(source), config.data)
+        dataset_dir = root.fetch_dataset(fp)  # packed before, on any machine
+        if dataset_dir is not None:
+            manifest = load_manifest(dataset_dir)
+            assert manifest is not None
+            return {"done": _packed(base, root, dataset_dir, manifest, reused=True, uploaded=0), "plan": None, "parts": []}
+    datasets = root.local / "datasets"
+    datasets.mkdir(parents=True, exist_ok=True)
+    plan, existing = plan_pack(source, config.data, datasets, config.data.pack_parts)
+    if plan is None:
+        assert existing is not None
+        dataset_dir = datasets / existing.fingerprint
+        uploaded = root.publish_dataset(dataset_dir, existing)  # packed here before, maybe never uploaded
+        return {"done": _packed(base, root, dataset_dir, existing, reused=True, uploaded=uploaded), "plan": None,
+                "parts": []}
+    start_pack(plan)
+    return {"done": None, "plan": {**base, **asdict(plan)}, "parts": [asdict(p) for p in plan.parts]}
+
+
+def _plan_of(plan: dict[str, Any]) -> PackPlan:
+    fields = {k: plan[k] for k in ("source", "fingerprint", "sources", "work_dir", "final_dir")}
+    return PackPlan(**fields, parts=[PackPart(**{**p, "row_groups": tuple(p["row_groups"])}) for p in plan["parts"]])
+
+
+def pack_part_stage(data: dict[str, Any], plan: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """Pack one part (see `training.data.packing.PackPart`); small result, pieces on disk."""
+    return pack_part(_plan_of(plan), PackPart(**{**part, "row_groups": tuple(part["row_groups"])}),
+                     DataConfig.model_validate(data))
+
+
+def pack_finish(config: RetrainConfig, begun: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Assemble the shards from the parts (or pass on the reused dataset) and publish them."""
+    if begun["done"] is not None:
+        return {**begun["done"], "seconds": time.time() - begun["done"]["started_at"]}
+    plan = _plan_of(begun["plan"])
+    root = StorageRoot.from_config(config)
+    try:
+        manifest = assemble_shards(plan, parts, config.data)
+    except BaseException:
+        shutil.rmtree(plan.work_dir, ignore_errors=True)
+        raise
+    dataset_dir = Path(plan.final_dir)
+    uploaded = root.publish_dataset(dataset_dir, manifest)
+    packed = _packed(begun["plan"], root, dataset_dir, manifest, reused=False, uploaded=uploaded)
+    return {**packed, "parts": len(parts), "seconds": time.time() - begun["plan"]["started_at"]}
+
+
+def _packed(base: dict[str, Any], root: StorageRoot, dataset_dir: Path, manifest: Any, reused: bool,
+            uploaded: int) -> dict[str, Any]:
     return {
-        "source": str(source),
+        "source": base["source"],
         "dataset_dir": str(dataset_dir),
+        "dataset_uri": root.display(f"datasets/{manifest.fingerprint}"),
         "fingerprint": manifest.fingerprint,
         "rows": manifest.rows,
         "shards": len(manifest.shards),
         "reused": reused,
-        "bayes_auc": bayes_auc,
-        "seconds": time.perf_counter() - t0,
+        "uploaded_bytes": uploaded,
+        "storage": base["storage"],
+        "bayes_auc": base["bayes_auc"],
+        "started_at": base["started_at"],
+        "seconds": time.time() - base["started_at"],
     }
 
 
-def preprocess_stage(dataset_dir: str, preprocess: dict[str, Any], storage_root: str) -> dict[str, Any]:
+def pack_stage(config: RetrainConfig) -> dict[str, Any]:
+    """The whole pack stage in this process: begin, every part in turn, finish."""
+    begun = pack_begin(config)
+    if begun["done"] is not None:
+        return pack_finish(config, begun, [])
+    data = config.data.model_dump(mode="json")
+    try:
+        parts = [pack_part_stage(data, begun["plan"], part) for part in begun["parts"]]
+    except BaseException:
+        shutil.rmtree(begun["plan"]["work_dir"], ignore_errors=True)
+        raise
+    return pack_finish(config, begun, parts)
+
+
+def preprocess_stage(
+    dataset_dir: str,
+    preprocess: dict[str, Any],
+    storage_root: str,
+    storage: dict[str, Any] | None = None,
+    tags: dict[str, str] | None = None,
+) -> dict[str, Any]:
     t0 = time.perf_counter()
     config = PreprocessConfig.model_validate(preprocess)
     manifest = load_manifest(Path(dataset_dir))
     if manifest is None:
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
-    root = Path(storage_root).expanduser().resolve()
-    stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root / "preprocess")
+    root = StorageRoot(StorageConfig.model_validate(storage or {"root": storage_root}), tags)
+    rel = f"preprocess/{preprocess_key(manifest.fingerprint, config)}/feature_stats.json"
+    fitted_here = root.fetch(rel) is None  # fitted before, on any machine: reuse it
+    stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root.local / "preprocess")
+    if fitted_here:
+        root.publish(rel, CACHE)
     return {
         "stats_path": str(stats_path),
+        "stats_rel": rel,
         "key": stats.key,
         "code_version": PREPROCESS_VERSION,
         "cardinalities": stats.cardinalities,
@@ -91,15 +188,30 @@ def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: st
     return fingerprint(*parts)
 
 
-def warm_start_plan(config: RetrainConfig, root: Path) -> tuple[dict[str, Any] | None, str]:
+def fetch_champion(root: StorageRoot) -> tuple[dict[str, Any], Path] | None:
+    """The champion pointer and the local folder of its package (downloaded from S3 if need be)."""
+    # Fresh: another run, on another machine, may have promoted since this copy was made.
+    if root.fetch("models/champion", fresh=True) is None:
+        return None
+    pointer = read_champion(root.local / "models")
+    if pointer is None:
+        return None
+    for name in ("model.json", "model.pt"):
+        rel = f"models/{pointer['sha256']}/{name}"
+        if root.fetch(rel) is None:
+            raise StorageError(f"champion {pointer['sha256'][:12]}: {root.display(rel)} is missing; "
+                               "restore it or delete models/champion")
+    return pointer, champion_package(root.local / "models", pointer)
+
+
+def warm_start_plan(config: RetrainConfig, root: StorageRoot) -> tuple[dict[str, Any] | None, str]:
     """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
     if config.train.init_from != "champion":
         return None, "train.init_from is none"
-    models_root = root / "models"
-    pointer = read_champion(models_root)
-    if pointer is None:
+    champion = fetch_champion(root)
+    if champion is None:
         return None, "no champion yet: fresh start"
-    package = champion_package(models_root, pointer)
+    pointer, package = champion
     meta = read_json(package / "model.json")
     if meta is None:
         return None, f"champion package {package} has no model.json: fresh start"
@@ -114,12 +226,12 @@ def warm_start_plan(config: RetrainConfig, root: Path) -> tuple[dict[str, Any] |
     )
 
 
-def _champion_val_auc(config: RetrainConfig, root: Path, packed: dict[str, Any]) -> float | None:
+def _champion_val_auc(config: RetrainConfig, root: StorageRoot, packed: dict[str, Any]) -> float | None:
     """The champion's AUC on this run's validation split, for the champion gate."""
-    pointer = read_champion(root / "models")
-    if pointer is None:
+    champion = fetch_champion(root)
+    if champion is None:
         return None
-    package = champion_package(root / "models", pointer)
+    _, package = champion
     manifest = load_manifest(Path(packed["dataset_dir"]))
     if manifest is None or not compatible(package_stats(package), manifest):
         return None
@@ -133,12 +245,14 @@ def train_stage(
     on_event: Callable[[dict[str, Any]], None] = lambda e: None,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    root = _root(config)
-    stats_path = Path(prep["stats_path"])
+    root = StorageRoot.from_config(config)
+    fetched = root.fetch(prep["stats_rel"]) if "stats_rel" in prep else None
+    stats_path = fetched or Path(prep["stats_path"])
     if not stats_path.exists():
-        # The Prefect cache can outlive the file it points at (someone cleaned the root):
-        # refitting is deterministic, so do it rather than fail.
-        prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), str(root))
+        # The Prefect cache can outlive the file it points at (someone cleaned the root, or
+        # this is another machine): refitting is deterministic, so do it rather than fail.
+        prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
+                                config.storage.model_dump(mode="json"), config.cost.tags)
         stats_path = Path(prep["stats_path"])
     warm, warm_reason = warm_start_plan(config, root)
     init_sha = None
@@ -146,14 +260,15 @@ def train_stage(
         # Embedding rows and input scaling must mean what they meant for the champion, so the
         # warm-started model keeps the champion's preprocessing; unseen categories share index 0.
         init_sha = warm["sha256"]
-        stats_path = root / "preprocess" / f"champion-{init_sha[:16]}" / "feature_stats.json"
+        stats_path = root.local / "preprocess" / f"champion-{init_sha[:16]}" / "feature_stats.json"
         if not stats_path.exists():
             write_json_atomic(stats_path, warm["stats"])
     run_key = run_key_for(config, packed["fingerprint"], init_sha)
     rate, gpus = config.cost.rate()
     job = TrainJob(
         run_key=run_key,
-        run_dir=str(root / "runs" / run_key),
+        run_dir=str(root.local / "runs" / run_key),
+        run_rel=f"runs/{run_key}",
         dataset_dir=packed["dataset_dir"],
         stats_path=str(stats_path),
         config=config.model_dump(mode="json"),
@@ -164,6 +279,9 @@ def train_stage(
         pre_train_seconds=packed["seconds"] + prep["seconds"],
         champion_val_auc=_champion_val_auc(config, root, packed) if config.budget.champion_gate else None,
     )
+    if root.fetch(f"{job.run_rel}/result.json") is not None:
+        root.fetch(f"{job.run_rel}/model/model.json")
+        root.fetch(f"{job.run_rel}/model/model.pt")
     finished = read_json(Path(job.run_dir) / "result.json")
     if finished is not None:
         # A finished run needs no child process (and no 3 s of torch start-up).
@@ -172,6 +290,7 @@ def train_stage(
         result = run_training_process(job, on_event)
     summary = {k: v for k, v in result.items() if k != "history"}
     summary["run_dir"] = job.run_dir
+    summary["run_uri"] = root.display(job.run_rel)
     summary["seconds_this_attempt"] = time.perf_counter() - t0
     summary["warm_start"] = {
         "requested": config.train.init_from == "champion",
@@ -188,7 +307,7 @@ def train_stage(
 
 def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
-    root = _root(config)
+    root = StorageRoot.from_config(config)
     run_dir = Path(trained["run_dir"])
     dataset_dir = Path(packed["dataset_dir"])
     manifest = load_manifest(dataset_dir)
@@ -196,12 +315,13 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
     challenger_sha = trained["model"]["sha256"]
     metrics = evaluate_package(run_dir / "model", dataset_dir, manifest)
-    models_root = root / "models"
-    pointer = read_champion(models_root)
+    models_root = root.local / "models"
+    champion = fetch_champion(root)
+    pointer = champion[0] if champion else None
     champion_metrics = None
     champion_note = None
-    if pointer is not None:
-        package = champion_package(models_root, pointer)
+    if champion is not None:
+        pointer, package = champion
         if compatible(package_stats(package), manifest):
             champion_metrics = evaluate_package(package, dataset_dir, manifest)
             champion_note = "re-evaluated on this run's test split"
@@ -217,7 +337,12 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
             run_dir / "model",
             challenger_sha,
             {"run_key": trained["run_key"], "metrics": metrics, "dataset": packed["fingerprint"]},
+            uri=root.display(f"models/{challenger_sha}/model.pt"),
         )
+        # The package first, the pointer last: a reader that finds the pointer finds the model.
+        root.publish_all([f"models/{challenger_sha}/model.pt", f"models/{challenger_sha}/model.json"], MODEL,
+                         trained["run_key"])
+        root.publish("models/champion", MODEL, trained["run_key"])
     evaluation = {
         "tags": dict(config.cost.tags),
         "metrics": metrics,
@@ -234,6 +359,7 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
         "seconds": time.perf_counter() - t0,
     }
     write_json_atomic(run_dir / "evaluation.json", evaluation)
+    root.publish(f"runs/{trained['run_key']}/evaluation.json", RUN, trained["run_key"])
     return evaluation
 
 
@@ -348,5 +474,10 @@ def report_stage(
     markdown = render_markdown(report, curves, embed=False)
     (run_dir / "report.md").write_text(markdown)
     report["files"] = {"report_md": str(run_dir / "report.md"), "curves_png": str(curves) if curves else None}
+    root = StorageRoot.from_config(config)
+    report["storage"] = {**packed.get("storage", {}), "run_uri": root.display(f"runs/{trained['run_key']}")}
     write_json_atomic(path, report)
+    rel = f"runs/{trained['run_key']}"
+    root.publish_all([f"{rel}/report.md"] + ([f"{rel}/curves.png"] if curves else []) + [f"{rel}/report.json"],
+                     RUN, trained["run_key"])
     return {"report": str(path), "markdown": str(run_dir / "report.md"), "curves": str(curves) if curves else ""}

@@ -2,6 +2,11 @@
 
 Exit codes: 0 done, EXIT_PREEMPTED after an emergency checkpoint, EXIT_USER_ERROR with the
 error written to ERROR.json. Progress events go to stdout as JSON lines; logs go to stderr.
+
+Under torchrun (WORLD_SIZE > 1) each rank runs this module: it joins the process group (gloo
+on CPU, nccl on CUDA) with `train.ddp_timeout_s` as the collective timeout, and writes its
+errors to ERROR.json.rank<N>. A rank that loses a peer (killed, or a node gone) exits with
+EXIT_PREEMPTED rather than hang: the task's retry resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -36,31 +42,80 @@ def _emit(event: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def _lost_peer(err: BaseException) -> bool:
+    """A collective that failed because another rank died or hung, not because of a bug."""
+    import torch.distributed as dist
+
+    if isinstance(err, getattr(dist, "DistError", ())):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(
+        marker in text for marker in ("Connection closed by peer", "Connection reset", "Timed out", "timed out",
+                                      "Broken pipe", "NCCL", "Gloo", "gloo")
+    )
+
+
+def _init_distributed(job: TrainJob) -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    train_cfg = job.config.get("train", {})
+    cuda = torch.cuda.is_available() and train_cfg.get("device", "auto") != "cpu"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(
+        backend="nccl" if cuda else "gloo",
+        timeout=datetime.timedelta(seconds=float(train_cfg.get("ddp_timeout_s", 300.0))),
+    )
+    return dist.get_rank(), world
+
+
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[train] %(levelname)s %(message)s")
     job_path, error_path = Path(argv[0]), Path(argv[1])
     parent = int(argv[2]) if len(argv) > 2 else None
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
     stop = StopFlag()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.request(signal.Signals(signum).name))
     _die_with_parent()
-    import os
-
-    if parent is not None and os.getppid() != parent:
+    if parent is not None and not under_torchrun and os.getppid() != parent:
         stop.request("parent process died")
     job = TrainJob.load(job_path)
+    rank, world = 0, 1
+    if under_torchrun:
+        error_path = error_path.with_name(f"{error_path.name}.rank{os.environ.get('RANK', '0')}")
     poll = job.config.get("train", {}).get("spot_notice_url")
     if poll:
         start_spot_notice_poller(poll, float(job.config["train"].get("spot_poll_seconds", 5.0)), stop)
     try:
-        result = train(job, stop, _emit)
+        rank, world = _init_distributed(job)
+        result = train(job, stop, _emit, rank=rank, world_size=world)
     except Preempted as err:
         logging.getLogger("training").warning("preempted: %s", err)
         return EXIT_PREEMPTED
     except RetrainError as err:
         error_path.write_text(json.dumps({"type": type(err).__name__, "message": str(err)}))
         return EXIT_USER_ERROR
-    _emit({"event": "done", "status": result["status"], "steps": result["steps"]})
+    except Exception as err:
+        if world > 1 and _lost_peer(err):
+            logging.getLogger("training").warning("rank %d lost a peer: %s", rank, str(err).splitlines()[0])
+            error_path.write_text(json.dumps({"type": "Preempted", "message": f"rank {rank} lost a peer"}))
+            return EXIT_PREEMPTED
+        if world > 1:  # a bug: not to be retried as if a rank had been preempted
+            error_path.write_text(json.dumps({"type": "Bug", "message": f"{type(err).__name__}: {err}".splitlines()[0]}))
+        raise
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+    if rank == 0:
+        _emit({"event": "done", "status": result["status"], "steps": result["steps"]})
     return 0
 
 

@@ -129,3 +129,68 @@ def test_a_home_relative_root_is_expanded(small_config: RetrainConfig, tmp_path:
     assert Path(report).is_relative_to(tmp_path / "home" / "retrain-root")
     assert (tmp_path / "home" / "retrain-root" / "prefect").exists()
     assert not (tmp_path / "~").exists()
+
+
+def test_whole_flow_on_s3_then_a_fresh_machine_reuses_everything(
+    s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path
+) -> None:
+    """Every stage on s3://; a second machine (empty local dir) finds the dataset, the cached
+    preprocessing, the finished run and the champion there, and every object carries its tags."""
+    import boto3
+
+    from tests.conftest import S3_SECRET, s3_overrides, small_overrides
+    from training.config import load_config
+
+    def config_for(machine: str) -> RetrainConfig:
+        return load_config(overrides=small_overrides(tmp_path / "unused", demo_source)
+                           + s3_overrides(s3_bucket, s3_server, tmp_path / machine))
+
+    state = retrain(config_for("machine-a"), return_state=True)
+    first = _report(state.result())
+    assert first["status"] == "completed" and first["promotion"]["promoted"]
+    assert first["storage"]["root"] == f"s3://{s3_bucket}/team/retrain" and first["storage"]["remote"]
+
+    raw = boto3.client("s3", endpoint_url=s3_server)
+    keys = [o["Key"] for page in raw.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket)
+            for o in page.get("Contents", [])]
+    run = f"team/retrain/runs/{first['run_key']}"
+    fp = first["stages"]["pack"]["dataset"]
+    expected = {
+        f"team/retrain/datasets/{fp}/manifest.json": "shard-cache",
+        f"{run}/result.json": "run",
+        f"{run}/report.json": "run",
+        f"{run}/model/model.pt": "model",
+        f"team/retrain/models/{first['model']['sha256']}/model.pt": "model",
+        "team/retrain/models/champion": "model",
+    }
+    assert set(expected) <= set(keys), sorted(keys)
+    checkpoints = [k for k in keys if k.startswith(f"{run}/checkpoints/")]
+    shards = [k for k in keys if k.startswith(f"team/retrain/datasets/{fp}/") and k.endswith(".tar")]
+    stats = [k for k in keys if k.startswith("team/retrain/preprocess/")]
+    results = [k for k in keys if k.startswith("team/retrain/prefect/")]
+    assert checkpoints and shards and stats and results
+    expected.update({checkpoints[0]: "checkpoint", shards[0]: "shard-cache", stats[0]: "cache"})
+    for key, cls in expected.items():
+        tags = {t["Key"]: t["Value"] for t in raw.get_object_tagging(Bucket=s3_bucket, Key=key)["TagSet"]}
+        assert tags["retrain-class"] == cls and tags["team"] == "ranking" and tags["project"] == "ctr", key
+    ckpt_tags = {t["Key"]: t["Value"] for t in raw.get_object_tagging(Bucket=s3_bucket, Key=checkpoints[0])["TagSet"]}
+    assert ckpt_tags["retrain-run"] == first["run_key"]
+    rules = [r["ID"] for r in raw.get_bucket_lifecycle_configuration(Bucket=s3_bucket)["Rules"]]
+    assert "retrain:team/retrain:checkpoints" in rules
+
+    second_state = retrain(config_for("machine-b"), return_state=True)
+    second = _report(second_state.result())
+    assert second["stages"]["pack"]["reused"] is True
+    assert second["stages"]["preprocess"]["state"] == "Cached"
+    assert second["stages"]["train"]["already_complete"] is True
+    assert second["model"]["sha256"] == first["model"]["sha256"]
+    assert second["promotion"]["reason"] == "this model is already the champion"
+    # Nothing trained there: evaluation streamed the test shards down, and no train shard.
+    assert not list((tmp_path / "machine-b").rglob("train-*.tar"))
+    assert list((tmp_path / "machine-b").rglob("test-*.tar"))
+
+    # No credentials in anything the run wrote or showed.
+    for report_path in (state.result(), second_state.result()):
+        assert S3_SECRET not in Path(report_path).read_text()
+    for artifact in _artifacts(state.state_details.flow_run_id).values():
+        assert S3_SECRET not in str(artifact.data)

@@ -4,20 +4,26 @@ from __future__ import annotations
 
 from prefect.states import Failed
 
-from tasks.pack import pack_dataset
+from tasks.pack import begin_packing, finish_packing, pack_part
 from tasks.policies import backoff, retry_only_preemptions
 from tasks.preprocess import PREPROCESS_VERSION, fit_features
 from training.config import RetrainConfig
 from training.errors import ConfigError, DataError, Preempted
 
 
+def _pack(config: RetrainConfig) -> dict:
+    begun = begin_packing.fn(config)
+    parts = [pack_part.fn(config.data.model_dump(mode="json"), begun["plan"], part) for part in begun["parts"]]
+    return finish_packing.fn(config, begun, parts)
+
+
 def test_pack_and_preprocess_tasks(small_config: RetrainConfig) -> None:
-    packed = pack_dataset.fn(small_config)
+    packed = _pack(small_config)
     assert packed["reused"] is False and packed["shards"] > 3
     prep = fit_features.fn(packed["dataset_dir"], packed["fingerprint"], small_config.preprocess.model_dump(),
                            PREPROCESS_VERSION, small_config.storage.root)
     assert prep["stats_path"].endswith("feature_stats.json")
-    again = pack_dataset.fn(small_config)
+    again = _pack(small_config)
     assert again["reused"] is True and again["dataset_dir"] == packed["dataset_dir"]
 
 

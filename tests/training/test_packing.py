@@ -10,10 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 import webdataset as wds
 
+from tests.conftest import small_overrides
 from training.config import RetrainConfig, load_config
 from training.data.packing import load_manifest, pack_shards
 from training.data.shards import ShardReader
 from training.errors import DataError
+from training.stages import pack_stage
 
 
 def _pack(config: RetrainConfig, source: Path, root: Path):
@@ -158,3 +160,58 @@ def test_a_damaged_dataset_is_never_used_silently(small_config: RetrainConfig, d
     shard.write_bytes(shard.read_bytes()[:-512])
     with pytest.raises(DataError, match="wrong size"):
         load_manifest(d)
+
+
+def _multi_file_source(tmp_path: Path, demo_source: Path) -> Path:
+    """The demo rows over three files with several row groups each."""
+    table = pq.read_table(demo_source)
+    out = tmp_path / "multi"
+    out.mkdir()
+    third = table.num_rows // 3
+    for i, lo in enumerate((0, third, 2 * third)):
+        hi = table.num_rows if i == 2 else lo + third
+        pq.write_table(table.slice(lo, hi - lo), out / f"part-{i}.parquet", row_group_size=700)
+    return out
+
+
+def test_parallel_packing_is_byte_identical_to_serial(tmp_path: Path, demo_source: Path) -> None:
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from training.stages import pack_begin, pack_finish, pack_part_stage
+
+    source = _multi_file_source(tmp_path, demo_source)
+    serial_cfg = load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.pack_parts=1"])
+    serial = pack_stage(serial_cfg)
+
+    config = load_config(overrides=small_overrides(tmp_path / "parallel", source) + ["data.pack_parts=7"])
+    begun = pack_begin(config)
+    parts = begun["parts"]
+    assert len(parts) == 7 or len(parts) > 3  # parts never span files, so about 7
+    order = list(range(len(parts)))
+    random.Random(3).shuffle(order)  # finish order must not matter
+    data = config.data.model_dump(mode="json")
+    with ThreadPoolExecutor(4) as pool:
+        done = dict(zip(order, pool.map(lambda i: pack_part_stage(data, begun["plan"], parts[i]), order), strict=True))
+    parallel = pack_finish(config, begun, [done[i] for i in range(len(parts))])
+
+    assert parallel["fingerprint"] == serial["fingerprint"]
+    a, b = Path(serial["dataset_dir"]), Path(parallel["dataset_dir"])
+    names = sorted(p.name for p in a.iterdir())
+    assert names == sorted(p.name for p in b.iterdir())
+    for name in names:
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert not list((tmp_path / "parallel").rglob("*.partial-*"))  # work folder renamed, pieces gone
+
+
+def test_a_bad_row_in_one_part_names_file_column_and_row(tmp_path: Path, demo_source: Path) -> None:
+    source = _multi_file_source(tmp_path, demo_source)
+    table = pq.read_table(source / "part-2.parquet")
+    prices = table.column("price").to_pylist()
+    prices[1500] = float("inf")
+    table = table.set_column(table.schema.get_field_index("price"), "price", pa.array(prices, pa.float64()))
+    pq.write_table(table, source / "part-2.parquet", row_group_size=700)
+    config = load_config(overrides=small_overrides(tmp_path / "root", source) + ["data.pack_parts=6"])
+    with pytest.raises(DataError, match=r"part-2\.parquet: column 'price' has an infinite value at row 1500"):
+        pack_stage(config)
+    assert not list((tmp_path / "root" / "datasets").glob("*"))  # nothing half-written left behind

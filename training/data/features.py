@@ -16,6 +16,7 @@ import numpy as np
 
 from training.config import PreprocessConfig, fingerprint
 from training.data.packing import DatasetManifest
+from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader
 
 __all__ = ["PREPROCESS_VERSION", "FeatureStats", "fit_feature_stats", "preprocess_key"]
@@ -94,7 +95,7 @@ def fit_feature_stats(
     count = np.zeros(n_num, dtype=np.int64)
     counts: list[dict[int, int]] = [{} for _ in range(n_cat)]
     for shard in manifest.shards_of("train"):
-        reader = ShardReader(dataset_dir / shard.name)
+        reader = ShardReader(local_shard(dataset_dir, shard.name, shard.bytes, shard.sha256))
         try:
             for key_ in reader.keys:
                 block = reader.block(key_)

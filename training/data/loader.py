@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from training.data.features import FeatureTransform
 from training.data.packing import DatasetManifest, ShardInfo
+from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader
 from training.errors import DataError
 
@@ -87,7 +88,7 @@ class ShardBatches:
             self._cache.move_to_end(i)
             return arrays
         info = self.shards[i]
-        path = self.dataset_dir / info.name
+        path = local_shard(self.dataset_dir, info.name, info.bytes, info.sha256)
         if i not in self._verified:
             _verify_shard(path, info)  # once per process: never train on a corrupt shard
             self._verified.add(i)
@@ -144,27 +145,40 @@ class ShardBatches:
 
 
 class TrainStream(IterableDataset):
-    """Endless stream of (epoch, batch, tensors) from `start`, rolling over epochs."""
+    """Endless stream of (epoch, global batch, tensors) from `start`, rolling over epochs.
 
-    def __init__(self, batches: ShardBatches, start: StreamPosition) -> None:
+    Under data parallelism (`world` processes) the position counts *global* batches of
+    `world x batches.batch_size` rows: process `rank` takes rows `[rank*b, (rank+1)*b)` of each,
+    which is batch `k*world + rank` of its `ShardBatches`. So every process gets exactly one
+    full batch per global batch, the stream never runs dry on one rank before another (no
+    hang, whatever the shard count per rank), the rows of global batch k are the same for any
+    world size, and a checkpoint's position means the same thing on any world size.
+    """
+
+    def __init__(self, batches: ShardBatches, start: StreamPosition, rank: int = 0, world: int = 1) -> None:
         super().__init__()
         self.batches = batches
         self.start = start
+        self.rank = rank
+        self.world = world
+        self.per_epoch = batches.batches_per_epoch // world
+        if self.per_epoch == 0:
+            raise DataError(f"split '{batches.split}' has fewer rows than one global batch of {world} x {batches.batch_size}")
 
     def __iter__(self) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        per_epoch = self.batches.batches_per_epoch
-        g = self.start.epoch * per_epoch + self.start.batch + worker
+        g = self.start.epoch * self.per_epoch + self.start.batch + worker
         while True:
-            epoch, index = divmod(g, per_epoch)
-            yield (epoch, index, *self.batches.batch(epoch, index))
+            epoch, index = divmod(g, self.per_epoch)
+            yield (epoch, index, *self.batches.batch(epoch, index * self.world + self.rank))
             g += workers
 
 
-def make_train_loader(batches: ShardBatches, start: StreamPosition, num_workers: int, pin_memory: bool) -> DataLoader:
+def make_train_loader(batches: ShardBatches, start: StreamPosition, num_workers: int, pin_memory: bool,
+                      rank: int = 0, world: int = 1) -> DataLoader:
     return DataLoader(
-        TrainStream(batches, start),
+        TrainStream(batches, start, rank, world),
         batch_size=None,  # the stream yields whole batches: no per-sample collate
         num_workers=num_workers,
         pin_memory=pin_memory,

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shutil
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -27,12 +28,19 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from training.config import DataConfig, fingerprint
+from training.data.shard_cache import is_remote_dataset
 from training.data.shards import ShardTarWriter, encode_npy, member_bytes
 from training.errors import DataError
 from training.storage import HashingWriter
 
 __all__ = [
     "PACK_FORMAT_VERSION",
+    "PackPart",
+    "PackPlan",
+    "plan_pack",
+    "start_pack",
+    "pack_part",
+    "assemble_shards",
     "SPLITS",
     "ShardInfo",
     "DatasetManifest",
@@ -107,6 +115,8 @@ def load_manifest(dataset_dir: Path) -> DatasetManifest | None:
     if not path.exists():
         return None
     manifest = DatasetManifest.from_json(path.read_text())
+    if is_remote_dataset(dataset_dir):
+        return manifest  # shards come from S3 on demand, through the shard cache
     for shard in manifest.shards:
         p = dataset_dir / shard.name
         if not p.exists() or p.stat().st_size != shard.bytes:
@@ -309,87 +319,222 @@ def dataset_fingerprint(files: list[Path], config: DataConfig) -> tuple[str, lis
     sources = [{"name": p.name, "bytes": p.stat().st_size, "sha256": _sha256_file(p)} for p in files]
     fp = fingerprint(
         "dataset", PACK_FORMAT_VERSION, [(s["bytes"], s["sha256"]) for s in sources],
-        config.model_dump(mode="json", exclude={"source"}),
+        config.model_dump(mode="json", exclude={"source", "pack_parts"}),  # parallelism changes no byte
     )
     return fp, sources
 
 
-def pack_shards(source: Path, config: DataConfig, datasets_root: Path) -> tuple[Path, DatasetManifest, bool]:
-    """Validate and pack `source`; return (dataset dir, manifest, reused?).
+@dataclass(frozen=True)
+class PackPart:
+    """A contiguous run of Parquet row groups: the unit of parallel packing.
 
-    Reuses a complete dataset with the same fingerprint without writing anything.
+    `row` is its first row in the whole source (files in name order), which fixes the split of
+    every row it holds, so parts can be packed in any order, anywhere, and still assemble into
+    the shards a serial pack writes."""
+
+    index: int
+    file: str
+    row_groups: tuple[int, ...]
+    file_row: int  # first row of the part within its file (for error messages)
+    row: int  # first row of the part in the whole source
+    rows: int
+
+
+@dataclass
+class PackPlan:
+    source: str
+    fingerprint: str
+    sources: list[dict[str, object]]
+    work_dir: str
+    final_dir: str
+    parts: list[PackPart]
+
+
+def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: int = 8) -> tuple[PackPlan | None, DatasetManifest | None]:
+    """(plan, None) for a dataset still to pack, or (None, manifest) when it is already complete.
+
+    Reads only Parquet metadata: the schema of every file is checked here, and row groups are
+    grouped into at most `max_parts` parts of about equal rows.
     """
     files = source_files(source)
     fp, sources = dataset_fingerprint(files, config)
     final_dir = datasets_root / fp
     existing = load_manifest(final_dir)
     if existing is not None:
-        return final_dir, existing, True
-
+        return None, existing
     validator = _Validator(config)
-    columns = [config.label, *config.numeric, *config.categorical]
+    groups: list[tuple[str, int, int, int]] = []  # (file, row group, file row, rows)
     for path in files:
         try:
-            schema = pq.read_schema(path)
+            meta = pq.ParquetFile(path)
+            schema = meta.schema_arrow
         except (pa.ArrowInvalid, OSError) as err:
             raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {err}") from None
         validator.check_schema(path, schema)
+        file_row = 0
+        for rg in range(meta.metadata.num_row_groups):
+            n = meta.metadata.row_group(rg).num_rows
+            groups.append((str(path), rg, file_row, n))
+            file_row += n
+    total = sum(g[3] for g in groups)
+    if total == 0:
+        raise DataError(f"{source}: the table is empty (0 rows)")
+    target = -(-total // max(1, max_parts))
+    parts: list[PackPart] = []
+    row = 0
+    current: list[tuple[str, int, int, int]] = []
 
-    datasets_root.mkdir(parents=True, exist_ok=True)
-    work_dir = datasets_root / f"{fp}.partial-{os.getpid()}"
-    shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir()
+    def close() -> None:
+        nonlocal row
+        if current:
+            n = sum(g[3] for g in current)
+            parts.append(PackPart(len(parts), current[0][0], tuple(g[1] for g in current), current[0][2], row, n))
+            row += n
+            current.clear()
+
+    for group in groups:
+        # A part never spans files, so each task opens one file.
+        if current and (current[0][0] != group[0] or sum(g[3] for g in current) + group[3] > target):
+            close()
+        current.append(group)
+    close()
+    # Private to this pack: two packers of the same input never share a work folder.
+    work_dir = datasets_root / f"{fp}.partial-{uuid.uuid4().hex[:12]}"
+    return PackPlan(str(source), fp, sources, str(work_dir), str(final_dir), parts), None
+
+
+def _piece(work_dir: Path, part: int, split: str, key: str) -> Path:
+    return work_dir / "pieces" / f"{part:06d}.{split}.{key}.npy"
+
+
+def pack_part(plan: PackPlan, part: PackPart, config: DataConfig) -> dict[str, dict[str, int]]:
+    """Validate and transform one part's rows into per-split pieces (.npy) in the work folder.
+
+    Holds one record batch of the part in memory at a time. Idempotent: a retried part
+    overwrites its own pieces."""
+    work_dir = Path(plan.work_dir)
+    (work_dir / "pieces").mkdir(parents=True, exist_ok=True)
+    path = Path(part.file)
+    validator = _Validator(config)
+    split_all = _split_of_rows(part.row, part.rows, config)
+    counts = {name: int((split_all == code).sum()) for code, name in enumerate(SPLITS)}
+    n_num, n_cat = len(config.numeric), len(config.categorical)
+    outs = {
+        name: {
+            "num": np.lib.format.open_memmap(_piece(work_dir, part.index, name, "num"), "w+", np.float32, (counts[name], n_num)),
+            "cat": np.lib.format.open_memmap(_piece(work_dir, part.index, name, "cat"), "w+", np.int64, (counts[name], n_cat)),
+            "label": np.lib.format.open_memmap(_piece(work_dir, part.index, name, "label"), "w+", np.float32, (counts[name],)),
+        }
+        for name in SPLITS
+    }
+    filled = dict.fromkeys(SPLITS, 0)
+    positives = dict.fromkeys(SPLITS, 0)
+    columns = [config.label, *config.numeric, *config.categorical]
+    offset = 0
     try:
-        writers = {s: _SplitWriter(s, work_dir, config, len(config.numeric), len(config.categorical)) for s in SPLITS}
-        row = 0
-        for path in files:
-            file_row = 0
-            for batch in _iter_batches(path, columns):
-                n = batch.num_rows
-                label = validator.label(path, batch.column(config.label), file_row)
-                num = np.empty((n, len(config.numeric)), dtype=np.float32)
-                for j, name in enumerate(config.numeric):
-                    num[:, j] = validator.numeric(path, name, batch.column(name), file_row)
-                cat = np.empty((n, len(config.categorical)), dtype=np.int64)
-                for j, name in enumerate(config.categorical):
-                    cat[:, j] = category_hash(batch.column(name))
-                split = _split_of_rows(row, n, config)
-                for code, name in enumerate(SPLITS):
-                    sel = split == code
-                    if sel.any():
-                        writers[name].add(num[sel], cat[sel], label[sel])
-                row += n
-                file_row += n
-        if row == 0:
-            raise DataError(f"{source}: the table is empty (0 rows)")
-        for w in writers.values():
-            w.finish()
-        _check_splits(source, config, writers)
-        manifest = DatasetManifest(
-            fingerprint=fp,
-            format_version=PACK_FORMAT_VERSION,
-            label=config.label,
-            numeric=list(config.numeric),
-            categorical=list(config.categorical),
-            rows={s: writers[s].rows for s in SPLITS},
-            positives={s: writers[s].positives for s in SPLITS},
-            shards=[shard for s in SPLITS for shard in writers[s].shards],
-            sources=sources,
-        )
-        tmp = work_dir / "manifest.json.tmp"
-        tmp.write_text(manifest.to_json())
-        os.replace(tmp, work_dir / "manifest.json")
-        try:
-            os.rename(work_dir, final_dir)
-        except OSError:
-            # Another packer of the same input won the race; its dataset is identical.
-            shutil.rmtree(work_dir, ignore_errors=True)
-            if load_manifest(final_dir) is None:
-                raise
-    except BaseException:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=_READ_BATCH_ROWS, row_groups=list(part.row_groups),
+                                                    columns=columns)
+        for batch in batches:
+            n = batch.num_rows
+            first = part.file_row + offset
+            label = validator.label(path, batch.column(config.label), first)
+            num = np.empty((n, n_num), dtype=np.float32)
+            for j, name in enumerate(config.numeric):
+                num[:, j] = validator.numeric(path, name, batch.column(name), first)
+            cat = np.empty((n, n_cat), dtype=np.int64)
+            for j, name in enumerate(config.categorical):
+                cat[:, j] = category_hash(batch.column(name))
+            split = split_all[offset : offset + n]
+            for code, name in enumerate(SPLITS):
+                sel = split == code
+                k = int(sel.sum())
+                if k:
+                    lo = filled[name]
+                    outs[name]["num"][lo : lo + k] = num[sel]
+                    outs[name]["cat"][lo : lo + k] = cat[sel]
+                    outs[name]["label"][lo : lo + k] = label[sel]
+                    positives[name] += int(label[sel].sum())
+                    filled[name] += k
+            offset += n
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {err}") from None
+    for arrays in outs.values():
+        for arr in arrays.values():
+            arr.flush()
+    if offset != part.rows:
+        raise DataError(f"{path}: row groups {list(part.row_groups)} hold {offset} rows, its metadata says {part.rows}")
+    return {"rows": counts, "positives": positives}
+
+
+def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], config: DataConfig) -> DatasetManifest:
+    """Write every split's shards from the pieces, in part order, then the manifest (last),
+    and rename the work folder into place. The bytes do not depend on how parts were packed."""
+    work_dir = Path(plan.work_dir)
+    final_dir = Path(plan.final_dir)
+    writers = {s: _SplitWriter(s, work_dir, config, len(config.numeric), len(config.categorical)) for s in SPLITS}
+    for part in plan.parts:
+        for name in SPLITS:
+            arrays = {k: np.load(_piece(work_dir, part.index, name, k), mmap_mode="r") for k in ("num", "cat", "label")}
+            for lo in range(0, len(arrays["label"]), _READ_BATCH_ROWS):
+                hi = lo + _READ_BATCH_ROWS
+                writers[name].add(np.array(arrays["num"][lo:hi]), np.array(arrays["cat"][lo:hi]),
+                                  np.array(arrays["label"][lo:hi]))
+            for k in ("num", "cat", "label"):
+                _piece(work_dir, part.index, name, k).unlink()  # keep the disk bounded as we go
+    shutil.rmtree(work_dir / "pieces", ignore_errors=True)
+    for w in writers.values():
+        w.finish()
+    _check_splits(Path(plan.source), config, writers)
+    manifest = DatasetManifest(
+        fingerprint=plan.fingerprint,
+        format_version=PACK_FORMAT_VERSION,
+        label=config.label,
+        numeric=list(config.numeric),
+        categorical=list(config.categorical),
+        rows={s: writers[s].rows for s in SPLITS},
+        positives={s: writers[s].positives for s in SPLITS},
+        shards=[shard for s in SPLITS for shard in writers[s].shards],
+        sources=plan.sources,
+    )
+    tmp = work_dir / "manifest.json.tmp"
+    tmp.write_text(manifest.to_json())
+    os.replace(tmp, work_dir / "manifest.json")
+    try:
+        os.rename(work_dir, final_dir)
+    except OSError:
+        # Another packer of the same input won the race; its dataset is identical.
         shutil.rmtree(work_dir, ignore_errors=True)
+        if load_manifest(final_dir) is None:
+            raise
+    return manifest
+
+
+def start_pack(plan: PackPlan) -> None:
+    """A fresh work folder (what a dead packer left there is not trusted)."""
+    work_dir = Path(plan.work_dir)
+    shutil.rmtree(work_dir, ignore_errors=True)
+    work_dir.mkdir(parents=True)
+
+
+def pack_shards(source: Path, config: DataConfig, datasets_root: Path) -> tuple[Path, DatasetManifest, bool]:
+    """Validate and pack `source` in this process; return (dataset dir, manifest, reused?).
+
+    Reuses a complete dataset with the same fingerprint without writing anything. The same
+    plan / part / assemble steps run fanned out over a Prefect task runner in the flow.
+    """
+    datasets_root.mkdir(parents=True, exist_ok=True)
+    plan, existing = plan_pack(source, config, datasets_root)
+    if plan is None:
+        assert existing is not None
+        return datasets_root / existing.fingerprint, existing, True
+    start_pack(plan)
+    try:
+        results = [pack_part(plan, part, config) for part in plan.parts]
+        manifest = assemble_shards(plan, results, config)
+    except BaseException:
+        shutil.rmtree(plan.work_dir, ignore_errors=True)
         raise
-    return final_dir, manifest, False
+    return Path(plan.final_dir), manifest, False
 
 
 def _check_splits(source: Path, config: DataConfig, writers: dict[str, _SplitWriter]) -> None:

@@ -1,0 +1,89 @@
+"""Shards of S3-backed datasets, on demand, through a size-limited local cache.
+
+A dataset folder that holds `remote.json` (written by `StorageRoot`) has its shards on S3; a
+shard that is not on local disk is streamed down (resuming broken connections with ranged
+GETs, checked against the manifest's sha256) when a reader first needs it. Afterwards the
+cache evicts the least recently used shards of S3-backed datasets until it is under its limit.
+Shards of local-only datasets are never evicted: they have no other copy.
+
+Several processes (DataLoader workers, ranks) may share a cache: downloads go to private temp
+files renamed into place, and an evicted file stays readable by whoever has it open.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from training.errors import StorageError
+
+__all__ = ["REMOTE_MARKER", "local_shard", "evict", "is_remote_dataset"]
+
+log = logging.getLogger(__name__)
+
+REMOTE_MARKER = "remote.json"
+_stores: dict[str, Any] = {}  # one boto3 client per process and bucket
+
+
+def is_remote_dataset(dataset_dir: Path) -> bool:
+    return (dataset_dir / REMOTE_MARKER).exists()
+
+
+def _marker(dataset_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((dataset_dir / REMOTE_MARKER).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise StorageError(f"{dataset_dir / REMOTE_MARKER} is unreadable ({err}); delete it and rerun") from None
+
+
+def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> Path:
+    """The local path of shard `name`, downloading it first if this dataset lives on S3."""
+    path = dataset_dir / name
+    try:
+        if path.stat().st_size == size:
+            os.utime(path)  # recently used: evicted last
+            return path
+    except FileNotFoundError:
+        pass
+    marker = _marker(dataset_dir)
+    if marker is None:
+        raise StorageError(f"shard {path} is missing; delete {dataset_dir} to repack the dataset")
+    from training.s3 import S3Settings, S3Store
+
+    key = json.dumps(marker["settings"], sort_keys=True)
+    store = _stores.get(key)
+    if store is None:
+        store = _stores[key] = S3Store(S3Settings(**marker["settings"]))
+    store.download_file(f"{marker['rel']}/{name}", path, size=size, sha256=sha256)
+    evict(Path(marker["cache_root"]), int(marker["cache_bytes"]), keep=path)
+    return path
+
+
+def evict(cache_root: Path, limit: int, keep: Path | None = None) -> list[Path]:
+    """Delete least recently used shards of S3-backed datasets until they fit in `limit` bytes."""
+    files: list[tuple[float, int, Path]] = []
+    for marker in cache_root.glob(f"*/{REMOTE_MARKER}"):
+        for shard in marker.parent.glob("*.tar"):
+            try:
+                st = shard.stat()
+            except FileNotFoundError:
+                continue  # evicted by another process meanwhile
+            files.append((st.st_mtime, st.st_size, shard))
+    total = sum(size for _, size, _ in files)
+    deleted = []
+    for _, size, shard in sorted(files):
+        if total <= limit:
+            break
+        if keep is not None and shard == keep:
+            continue
+        shard.unlink(missing_ok=True)
+        total -= size
+        deleted.append(shard)
+    if deleted:
+        log.info("shard cache: evicted %d shards to stay under %.1f GB", len(deleted), limit / (1 << 30))
+    return deleted

@@ -1,0 +1,235 @@
+"""`storage.root` as one interface, whether it is a local folder or s3://bucket/prefix.
+
+Every stage works on a local folder with the root's layout (see `training.stages`). For a
+local root that folder *is* the root and publishing is a no-op. For an s3:// root it is a
+working copy (`storage.local_dir`, by default ~/.cache/retrain/s3/<bucket>/<prefix>), and:
+
+- `publish(rel, cls)` uploads one file of it, tagged with its object class, the run key and
+  the user's cost-allocation tags; folders publish their marker file (manifest, pointer) last;
+- `fetch(rel)` brings one object down (`fresh=True` for mutable ones such as the champion
+  pointer, which must never come from a stale local copy);
+- datasets publish their shards, then the manifest; a machine that finds the manifest reads
+  shards on demand through the size-limited local shard cache (`training.data.shard_cache`).
+
+Object classes (the `retrain-class` tag) and their lifecycle: `checkpoint` moves to a colder
+class after N days and expires after M; `shard-cache` (packed shards, rebuildable from the
+Parquet source) expires; `model` (promoted models), `run` and `cache` objects are kept.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from training.config import LifecycleConfig, StorageConfig
+from training.data.shard_cache import REMOTE_MARKER
+from training.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
+from training.storage import write_atomic, write_json_atomic
+
+__all__ = ["StorageRoot", "lifecycle_rules", "REMOTE_MARKER", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT, SHARD_CACHE, MODEL, RUN, CACHE = "checkpoint", "shard-cache", "model", "run", "cache"
+
+
+def settings_for(storage: StorageConfig) -> S3Settings:
+    bucket, prefix = parse_s3_uri(storage.root)
+    return S3Settings(
+        bucket=bucket,
+        prefix=prefix,
+        endpoint_url=storage.endpoint_url,
+        region=storage.region,
+        connect_timeout_s=storage.connect_timeout_s,
+        read_timeout_s=storage.read_timeout_s,
+        max_attempts=storage.max_attempts,
+        multipart_bytes=storage.multipart_mb << 20,
+    )
+
+
+def lifecycle_rules(prefix: str, config: LifecycleConfig) -> list[dict[str, Any]]:
+    """The rules this pipeline owns for one root; ids start with "retrain:" and name the prefix."""
+    scope = f"{prefix}/" if prefix else ""
+
+    def tagged(cls: str) -> dict[str, Any]:
+        tag = {"Key": CLASS_TAG, "Value": cls}
+        return {"And": {"Prefix": scope, "Tags": [tag]}} if scope else {"Tag": tag}
+
+    rid = f"{RULE_PREFIX}{prefix or '/'}"[:200]
+    return [
+        {
+            "ID": f"{rid}:checkpoints",
+            "Status": "Enabled",
+            "Filter": tagged(CHECKPOINT),
+            "Transitions": [{"Days": config.checkpoint_transition_days, "StorageClass": config.checkpoint_storage_class}],
+            "Expiration": {"Days": config.checkpoint_expire_days},
+        },
+        {
+            "ID": f"{rid}:shard-cache",
+            "Status": "Enabled",
+            "Filter": tagged(SHARD_CACHE),
+            "Expiration": {"Days": config.shard_cache_expire_days},
+        },
+        {
+            # Parts of uploads killed mid-way are billed until aborted.
+            "ID": f"{rid}:abort-multipart",
+            "Status": "Enabled",
+            "Filter": {"Prefix": scope},
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": config.abort_multipart_days},
+        },
+    ]
+
+
+class StorageRoot:
+    """The root of one pipeline: a local folder, plus an S3 prefix when `storage.root` is s3://."""
+
+    def __init__(self, storage: StorageConfig, tags: dict[str, str] | None = None) -> None:
+        self.config = storage
+        self.uri = storage.root
+        self.user_tags = dict(tags or {})
+        self.remote: S3Store | None = None
+        if storage.is_s3:
+            settings = settings_for(storage)
+            self.remote = S3Store(settings)
+            default = Path("~/.cache/retrain/s3") / settings.bucket / (settings.prefix or "_")
+            self.local = Path(storage.local_dir or default).expanduser().resolve()
+        else:
+            self.local = Path(storage.root).expanduser().resolve()
+
+    @classmethod
+    def from_config(cls, config: Any) -> StorageRoot:
+        """From a RetrainConfig (its storage section and cost-allocation tags)."""
+        return cls(config.storage, config.cost.tags)
+
+    @property
+    def is_remote(self) -> bool:
+        return self.remote is not None
+
+    def path(self, rel: str) -> Path:
+        return self.local / rel
+
+    def display(self, rel: str) -> str:
+        """Where `rel` lives, for reports and logs: its s3:// URI or its local path."""
+        return self.remote.uri(rel) if self.remote is not None else str(self.local / rel)
+
+    def tags(self, cls: str, run: str | None = None) -> dict[str, str]:
+        return object_tags(cls, run, self.user_tags)
+
+    # -- bucket set-up ----------------------------------------------------------------------------
+
+    def prepare(self) -> dict[str, Any]:
+        """Check the bucket and ensure its lifecycle rules (merged, idempotent)."""
+        if self.remote is None:
+            return {"remote": False}
+        self.remote.check_bucket()
+        changed = None
+        if self.config.lifecycle.manage:
+            changed = self.remote.ensure_lifecycle(lifecycle_rules(self.remote.prefix, self.config.lifecycle))
+        return {"remote": True, "bucket": self.remote.bucket, "lifecycle_updated": changed}
+
+    # -- single objects ---------------------------------------------------------------------------
+
+    def publish(self, rel: str, cls: str, run: str | None = None) -> None:
+        if self.remote is None:
+            return
+        self.remote.upload_file(rel, self.local / rel, self.tags(cls, run))
+
+    def publish_all(self, rels: list[str], cls: str, run: str | None = None) -> None:
+        for rel in rels:
+            self.publish(rel, cls, run)
+
+    def fetch(self, rel: str, fresh: bool = False) -> Path | None:
+        """The local path of `rel`, downloaded when missing (or always, with `fresh`); None when
+        it exists nowhere. Content-addressed objects never change, so their local copy is good."""
+        local = self.local / rel
+        if self.remote is None or (local.exists() and not fresh):
+            return local if local.exists() else None
+        data = self.remote.get_bytes(rel)
+        if data is None:
+            if fresh:
+                local.unlink(missing_ok=True)  # gone remotely: a stale local copy must not win
+            return local if local.exists() and not fresh else None
+        write_atomic(local, data)
+        return local
+
+    def fetch_file(self, rel: str, size: int | None = None, sha256: str | None = None) -> Path:
+        """A large object streamed to its local path (resumable, sha256-checked)."""
+        assert self.remote is not None
+        return self.remote.download_file(rel, self.local / rel, size=size, sha256=sha256)
+
+    # -- datasets -----------------------------------------------------------------------------------
+
+    def _mark_remote(self, dataset_dir: Path, rel: str) -> None:
+        assert self.remote is not None
+        marker = {
+            "settings": self.remote.settings.to_json(),
+            "rel": rel,
+            "cache_bytes": int(self.config.shard_cache_gb * (1 << 30)),
+            "cache_root": str(self.local / "datasets"),
+        }
+        write_json_atomic(dataset_dir / REMOTE_MARKER, marker)
+
+    def publish_dataset(self, dataset_dir: Path, manifest: Any) -> int:
+        """Upload the shards that are not there yet, then the manifest; returns bytes uploaded."""
+        if self.remote is None:
+            return 0
+        rel = f"datasets/{manifest.fingerprint}"
+        present = self.remote.list(rel + "/")
+        sent = 0
+        for shard in manifest.shards:
+            if present.get(f"{rel}/{shard.name}") != shard.bytes:
+                self.remote.upload_file(f"{rel}/{shard.name}", dataset_dir / shard.name, self.tags(SHARD_CACHE))
+                sent += shard.bytes
+        # Last: a reader that finds the manifest finds every shard it lists.
+        self.remote.upload_file(f"{rel}/manifest.json", dataset_dir / "manifest.json", self.tags(SHARD_CACHE))
+        self._mark_remote(dataset_dir, rel)
+        return sent
+
+    def fetch_dataset(self, fingerprint: str) -> Path | None:
+        """The local folder of a dataset published under this root (manifest only: shards come
+        on demand through the shard cache), or None when it is absent or incomplete there."""
+        from training.data.packing import DatasetManifest
+
+        if self.remote is None:
+            return None
+        rel = f"datasets/{fingerprint}"
+        data = self.remote.get_bytes(f"{rel}/manifest.json")
+        if data is None:
+            return None
+        try:
+            manifest = DatasetManifest.from_json(data.decode())
+        except (ValueError, TypeError, KeyError) as err:
+            log.warning("%s has an unreadable manifest (%s): packing again", self.remote.uri(rel), err)
+            return None
+        present = self.remote.list(rel + "/")
+        missing = [s.name for s in manifest.shards if present.get(f"{rel}/{s.name}") != s.bytes]
+        if missing:
+            # Expired by the lifecycle rule, or deleted: the dataset is rebuildable, so rebuild it.
+            log.warning("%s lacks %d of its shards (e.g. %s): packing again", self.remote.uri(rel), len(missing), missing[0])
+            return None
+        dataset_dir = self.local / rel
+        dataset_dir.mkdir(parents=True, exist_ok=True)
+        self._mark_remote(dataset_dir, rel)
+        write_atomic(dataset_dir / "manifest.json", data)  # last, as on S3
+        return dataset_dir
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def remote_checkpoints(self, ckpt_rel: str) -> dict[int, dict[str, int]]:
+        """{step: {file name: size}} of the checkpoints under `ckpt_rel` on S3."""
+        assert self.remote is not None
+        out: dict[int, dict[str, int]] = {}
+        for key, size in self.remote.list(ckpt_rel + "/").items():
+            parts = key[len(ckpt_rel) + 1 :].split("/")
+            if len(parts) == 2 and parts[0].startswith("step-") and parts[0][5:].isdigit():
+                out.setdefault(int(parts[0][5:]), {})[parts[1]] = size
+        return out
+
+    def environment_summary(self) -> dict[str, Any]:
+        """What the report says about storage: where, never how (no credentials)."""
+        if self.remote is None:
+            return {"root": str(self.local), "remote": False}
+        return {"root": self.uri, "remote": True, "endpoint": self.remote.settings.endpoint, "local_dir": str(self.local),
+                "shard_cache_gb": self.config.shard_cache_gb}
+
