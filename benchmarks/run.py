@@ -20,6 +20,7 @@ from benchmarks import (
     bench_packing,
     bench_preemption,
     bench_s3,
+    bench_scaling,
     bench_scale,
     bench_warm_start,
 )
@@ -34,6 +35,7 @@ SUITE = {
     "overhead": bench_overhead.run,
     "scale": bench_scale.run,
     "s3": bench_s3.run,
+    "scaling": bench_scaling.run,
 }
 
 

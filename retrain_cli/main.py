@@ -42,7 +42,20 @@ def _parser() -> argparse.ArgumentParser:
                       help="comma-separated keys of cost.prices to compare (default: all)")
     plan.add_argument("--deadline-hours", type=float, default=None, help="the run must finish within this")
     plan.add_argument("--calibration-steps", type=int, default=50, help="optimizer steps to time (default 50)")
+    join = sub.add_parser("join", help="run this node's training processes of a multi-node run (train.nnodes > 1)")
+    join.add_argument("--config", type=Path, help="the same YAML config as the flow run")
+    join.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    join.add_argument("--node-rank", type=int, required=True, help="this node's rank, 1..nnodes-1")
     return parser
+
+
+def _join(args: argparse.Namespace) -> int:
+    from training.stages import join_training
+
+    config = load_config(args.config, args.overrides)
+    if not config.storage.is_s3:
+        config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+    return join_training(config, args.node_rank)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -138,7 +151,7 @@ def _stop_ephemeral_server() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _plan(args) if args.command == "plan" else _run(args)
+        return {"plan": _plan, "join": _join, "run": _run}[args.command](args)
     except Preempted as err:
         print(f"retrain: preempted, retries exhausted: {err}; run the same command again to resume", file=sys.stderr)
         return EXIT_PREEMPTED

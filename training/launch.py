@@ -28,13 +28,13 @@ from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.loop import TrainJob, count_attempt
 
-__all__ = ["run_training_process"]
+__all__ = ["run_training_process", "worker_command", "child_env"]
 
 _TERM_GRACE_SECONDS = 60.0
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun may prefix rank output lines
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = dict(os.environ)
     project_root = str(Path(training.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH")) if p)
@@ -49,26 +49,27 @@ def _free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
-def worker_command(job: TrainJob, job_path: Path, error_path: Path) -> list[str]:
+def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: int = 0) -> list[str]:
     worker = ["-m", "training.worker", str(job_path), str(error_path), str(os.getpid())]
     tc = job.config.get("train", {})
     nproc, nnodes = int(tc.get("nproc_per_node", 1)), int(tc.get("nnodes", 1))
     if nproc * nnodes == 1:
         return [sys.executable, *worker]
+    common = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
+              "--max-restarts=0", "--monitor-interval=0.5"]
     if nnodes == 1:
         # One node: the rendezvous and gloo stay on loopback.
-        endpoint = f"127.0.0.1:{_free_loopback_port()}"
+        rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_loopback_port()}",
+                      f"--rdzv-id={tc.get('rdzv_id') or job.run_key}"]
     else:
-        endpoint = tc["rdzv_endpoint"]
-    torchrun = [
-        sys.executable, "-m", "torch.distributed.run",
-        f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", "--max-restarts=0", "--monitor-interval=0.5",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={tc.get('rdzv_id') or job.run_key}",
-        *worker,
-    ]
+        # Static rendezvous with fixed node ranks: the flow's own node is node 0, so global
+        # rank 0 (checkpoints, result.json, the model) runs where the flow reads them;
+        # `retrain join --node-rank N` starts the others against the same endpoint.
+        host, _, port = str(tc["rdzv_endpoint"]).rpartition(":")
+        rendezvous = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
     # torchrun has no parent-death signal: if the task process dies, SIGTERM it so that it
     # stops its ranks (which then write their emergency checkpoint), instead of an orphan job.
-    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *torchrun]
+    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *common, *rendezvous, *worker]
 
 
 _EXEC_WITH_PDEATHSIG = (
@@ -104,7 +105,7 @@ def run_training_process(
     count_attempt(run_dir)
     for stale in error_path.parent.glob(error_path.name + ".rank*"):
         stale.unlink(missing_ok=True)
-    env = _child_env()
+    env = child_env()
     if int(job.config.get("train", {}).get("nnodes", 1)) == 1:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
     proc = subprocess.Popen(worker_command(job, job_path, error_path), stdout=subprocess.PIPE, text=True, env=env)

@@ -17,6 +17,7 @@ work on a local copy of the parts they need (`training.storage_root`).
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from dataclasses import asdict
@@ -38,7 +39,7 @@ from training.data.packing import (
     source_files,
     start_pack,
 )
-from training.errors import DataError, StorageError
+from training.errors import ConfigError, DataError, StorageError
 from training.evaluate import (
     champion_package,
     compatible,
@@ -55,7 +56,7 @@ from training.storage import read_json, write_json_atomic
 from training.storage_root import CACHE, MODEL, RUN, StorageRoot
 from training.utilization import utilization_summary
 
-__all__ = ["pack_stage", "pack_begin", "pack_part_stage", "pack_finish", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
+__all__ = ["build_train_job", "join_training", "pack_stage", "pack_begin", "pack_part_stage", "pack_finish", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
 
 
 def pack_begin(config: RetrainConfig) -> dict[str, Any]:
@@ -238,13 +239,12 @@ def _champion_val_auc(config: RetrainConfig, root: StorageRoot, packed: dict[str
     return evaluate_package(package, Path(packed["dataset_dir"]), manifest, split="validation")["auc"]
 
 
-def train_stage(
-    config: RetrainConfig,
-    packed: dict[str, Any],
-    prep: dict[str, Any],
-    on_event: Callable[[dict[str, Any]], None] = lambda e: None,
-) -> dict[str, Any]:
-    t0 = time.perf_counter()
+def build_train_job(
+    config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any]
+) -> tuple[TrainJob, dict[str, Any] | None, str]:
+    """The training job of this config and data, with the warm-start plan and its reason.
+
+    Deterministic in its inputs, so every node of a multi-node run builds the same job."""
     root = StorageRoot.from_config(config)
     fetched = root.fetch(prep["stats_rel"]) if "stats_rel" in prep else None
     stats_path = fetched or Path(prep["stats_path"])
@@ -279,6 +279,19 @@ def train_stage(
         pre_train_seconds=packed["seconds"] + prep["seconds"],
         champion_val_auc=_champion_val_auc(config, root, packed) if config.budget.champion_gate else None,
     )
+    return job, warm, warm_reason
+
+
+def train_stage(
+    config: RetrainConfig,
+    packed: dict[str, Any],
+    prep: dict[str, Any],
+    on_event: Callable[[dict[str, Any]], None] = lambda e: None,
+) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    root = StorageRoot.from_config(config)
+    job, warm, warm_reason = build_train_job(config, packed, prep)
+    init_sha = job.init_sha256
     if root.fetch(f"{job.run_rel}/result.json") is not None:
         root.fetch(f"{job.run_rel}/model/model.json")
         root.fetch(f"{job.run_rel}/model/model.pt")
@@ -303,6 +316,31 @@ def train_stage(
         None if target is None else next((h["step"] for h in result.get("history", []) if h["val_auc"] >= target), None)
     )
     return summary
+
+
+def join_training(config: RetrainConfig, node_rank: int) -> int:
+    """Run this node's ranks of a multi-node job (`retrain join`): the same data, statistics and
+    job as node 0 builds (all content-addressed, from the shared root), under torchrun against
+    the same rendezvous. Returns torchrun's exit code."""
+    import subprocess
+
+    from training.launch import child_env, worker_command
+
+    if config.train.nnodes < 2:
+        raise ConfigError("retrain join is for multi-node runs: set train.nnodes >= 2 and train.rdzv_endpoint")
+    if not 1 <= node_rank < config.train.nnodes:
+        raise ConfigError(f"--node-rank must be 1..{config.train.nnodes - 1} (node 0 is the flow's own node)")
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
+                            config.storage.model_dump(mode="json"), config.cost.tags)
+    job, _, _ = build_train_job(config, packed, prep)
+    run_dir = Path(job.run_dir)
+    node_dir = run_dir / f"node-{os.getpid()}"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    job_path = node_dir / "job.json"
+    job.save(job_path)
+    command = worker_command(job, job_path, node_dir / "error.json", node_rank=node_rank)
+    return subprocess.run(command, env=child_env()).returncode
 
 
 def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:

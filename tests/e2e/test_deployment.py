@@ -43,6 +43,19 @@ def test_gpu_spot_example_reschedules_on_sigterm() -> None:
     assert dep["concurrency_limit"] == 1
 
 
+def test_multi_gpu_examples_are_valid_configs() -> None:
+    from training.config import RetrainConfig
+
+    spec = yaml.safe_load((ROOT / "deployments" / "multi-gpu.yaml").read_text())
+    deployments = {d["name"]: d for d in spec["deployments"]}
+    single = RetrainConfig.model_validate(deployments["retrain-8gpu"]["parameters"]["config"])
+    assert single.train.world_size == 8 and single.storage.is_s3
+    multi = RetrainConfig.model_validate(deployments["retrain-2x8gpu"]["parameters"]["config"])
+    assert multi.train.world_size == 16 and multi.train.rdzv_endpoint
+    spot = yaml.safe_load((ROOT / "deployments" / "gpu-spot.yaml").read_text())["deployments"][0]
+    assert RetrainConfig.model_validate(spot["parameters"]["config"]).storage.is_s3
+
+
 def _trigger(server: PrefectServer, params: dict) -> str:
     out = server.cli("deployment", "run", "retrain/retrain", "--params", json.dumps(params))
     match = re.search(r"UUID:\s*([0-9a-f-]{36})", out.stdout)

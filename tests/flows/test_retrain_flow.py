@@ -194,3 +194,32 @@ def test_whole_flow_on_s3_then_a_fresh_machine_reuses_everything(
         assert S3_SECRET not in Path(report_path).read_text()
     for artifact in _artifacts(state.state_details.flow_run_id).values():
         assert S3_SECRET not in str(artifact.data)
+
+
+def test_flow_fans_packing_out_over_parts_byte_identical_to_serial(demo_source: Path, tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from tests.conftest import small_overrides
+    from training.config import load_config
+
+    source = tmp_path / "multi"
+    source.mkdir()
+    table = pq.read_table(demo_source)
+    half = table.num_rows // 2
+    pq.write_table(table.slice(0, half), source / "a.parquet", row_group_size=1000)
+    pq.write_table(table.slice(half), source / "b.parquet", row_group_size=1000)
+    config = load_config(overrides=small_overrides(tmp_path / "flow", source) + ["data.pack_parts=4", "train.max_steps=20"])
+    state = retrain(config, return_state=True)
+    report = _report(state.result())
+    runs = _task_runs(state.state_details.flow_run_id)
+    with get_client(sync_client=True) as client:
+        all_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    part_runs = [r for r in all_runs if r.name.startswith("pack-part")]
+    assert len(part_runs) == 4 and all(r.state.is_completed() for r in part_runs)
+    assert {"pack-plan", "pack"} <= set(runs)
+
+    serial = pack_stage(load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.pack_parts=1"]))
+    assert report["stages"]["pack"]["dataset"] == serial["fingerprint"]
+    flow_dir = Path(report["stages"]["pack"]["dir"])
+    for shard in Path(serial["dataset_dir"]).iterdir():
+        assert (flow_dir / shard.name).read_bytes() == shard.read_bytes(), shard.name

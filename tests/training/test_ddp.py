@@ -105,3 +105,35 @@ def test_resume_on_another_world_size_continues_the_same_batches(demo_source: Pa
     assert result["world_size"] == 1 and result["steps"] == 60
     w1, w2 = _weights(reference), _weights(result)
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
+
+
+def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, tmp_path: Path, monkeypatch) -> None:
+    """nnodes=2: this process launches node 0 as the train task does; `retrain join
+    --node-rank 1` (a second process, as on a second machine) joins through the rendezvous."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2")))
+    overrides = small_overrides(tmp_path / "nodes", demo_source) + [
+        "train.checkpoint_every=10", "train.nnodes=2", f"train.rdzv_endpoint=127.0.0.1:{port}"]
+    job = make_job(load_config(overrides=overrides))
+    args = [sys.executable, "-m", "retrain_cli.main", "join", "--node-rank", "1"]
+    for o in overrides:
+        args += ["--set", o]
+    node1 = subprocess.Popen(args, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        result = run_training_process(job)
+        out, _ = node1.communicate(timeout=120)
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+    assert node1.returncode == 0, out[-3000:]
+    assert result["world_size"] == 2 and result["steps"] == 60
+    w1, w2 = _weights(reference), _weights(result)
+    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
