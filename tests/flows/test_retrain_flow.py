@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,7 @@ def test_a_home_relative_root_is_expanded(small_config: RetrainConfig, tmp_path:
 
 
 def test_whole_flow_on_s3_then_a_fresh_machine_reuses_everything(
-    s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path
+    s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     """Every stage on s3://; a second machine (empty local dir) finds the dataset, the cached
     preprocessing, the finished run and the champion there, and every object carries its tags."""
@@ -194,6 +195,28 @@ def test_whole_flow_on_s3_then_a_fresh_machine_reuses_everything(
         assert S3_SECRET not in Path(report_path).read_text()
     for artifact in _artifacts(state.state_details.flow_run_id).values():
         assert S3_SECRET not in str(artifact.data)
+    out, err = capfd.readouterr()  # Prefect's logs and the training process's stderr
+    assert S3_SECRET not in out + err and "AKIATESTKEYNEVERPRINT" not in out + err
+
+
+def test_flow_on_s3_with_credentials_from_a_prefect_block(
+    s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No credentials in the environment: the flow takes them from an AwsCredentials block."""
+    from prefect_aws import AwsCredentials
+
+    from tests.conftest import s3_overrides, small_overrides
+    from training.config import load_config
+
+    AwsCredentials(aws_access_key_id="AKIATESTKEYNEVERPRINT", aws_secret_access_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+                   region_name="us-east-1").save("retrain-test-creds", overwrite=True)
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    config = load_config(overrides=small_overrides(tmp_path / "unused", demo_source)
+                         + s3_overrides(s3_bucket, s3_server, tmp_path / "machine")
+                         + ["storage.credentials_block=retrain-test-creds", "train.max_steps=20"])
+    report = _report(retrain(config))
+    assert report["status"] == "completed" and report["storage"]["remote"]
 
 
 def test_flow_fans_packing_out_over_parts_byte_identical_to_serial(demo_source: Path, tmp_path: Path) -> None:
