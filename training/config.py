@@ -142,7 +142,18 @@ class TrainConfig(_Section):
     min_delta: float = Field(1e-4, ge=0, description="Smallest validation AUC gain that counts as improvement.")
     seed: int = Field(0, description="Seed of model init, data order and dropout.")
     deterministic: bool = Field(True, description="Deterministic kernels, so a resumed run is bit-identical.")
-    num_workers: int = Field(0, ge=0, description="DataLoader worker processes.")
+    num_workers: int | Literal["auto"] = Field(
+        "auto", description='DataLoader worker processes, or "auto": chosen at start from the measured data stall.'
+    )
+    auto_batch_size: bool = Field(
+        False, description="At start, find the largest micro-batch that fits accelerator memory; grad_accum keeps "
+        "the effective batch (batch_size x grad_accum) and so the learning rate as configured."
+    )
+    memory_fraction: float = Field(0.9, gt=0, le=1, description="Share of accelerator memory auto_batch_size may plan for.")
+    simulated_memory_mb: float | None = Field(
+        None, gt=0, description="Accelerator memory to plan for where there is none to measure (CPU runs, tests)."
+    )
+    compile: bool = Field(False, description="Run the model through torch.compile (one-time warm-up kept out of the timings).")
     profile: bool = Field(False, description="Record a short torch.profiler trace into the run folder; top ops in the report.")
     spot_notice_url: str | None = Field(
         None,
@@ -161,6 +172,13 @@ class TrainConfig(_Section):
     rdzv_id: str | None = Field(None, description="Rendezvous id; empty: the run key.")
     ddp_bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).")
     ddp_timeout_s: float = Field(300.0, gt=0, description="Collective timeout: a hung rank fails the job after this.")
+
+    @field_validator("num_workers")
+    @classmethod
+    def _workers(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 0:
+            raise ValueError('must be >= 0 or "auto"')
+        return v
 
     @model_validator(mode="after")
     def _world(self) -> TrainConfig:

@@ -45,6 +45,7 @@ from training.precision import autocast_dtype, resolve_device, resolve_precision
 from training.rng import capture_rng, configure_determinism, restore_rng, seed_everything
 from training.storage import read_json, write_json_atomic
 from training.storage_root import MODEL, RUN, StorageRoot
+from training.throughput import choose_num_workers, find_micro_batch
 
 __all__ = ["TrainJob", "StopFlag", "train", "train_fingerprint", "EVAL_BATCH_SIZE"]
 
@@ -57,6 +58,9 @@ _OPERATIONAL = {
     # The global batch is train.batch_size whatever the process count, so a run may resume on
     # another world size: how many processes compute it is not part of what is computed.
     "nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "ddp_bucket_mb", "ddp_timeout_s",
+    # How the effective batch is split into micro-batches, and whether the model is compiled,
+    # change speed and memory, not the rows of each step.
+    "auto_batch_size", "memory_fraction", "simulated_memory_mb", "compile",
 }
 
 
@@ -130,6 +134,11 @@ class RunState:
     save_cost_seconds: float | None = None  # moving average of measured save cost
     restart_to_first_step_seconds: list[float] = field(default_factory=list)
     stop_reason: str | None = None
+    # The micro-batch layout is decided once, at the run's first start, and kept across
+    # resumes: the data position counts global micro-batches of this size.
+    micro_batch: int | None = None  # rows per global micro-batch (all processes)
+    grad_accum: int | None = None
+    auto_batch: dict[str, Any] | None = None
 
     def billed_seconds(self) -> float:
         """Every second the machine was held for this run, lost work and restarts included."""
@@ -380,8 +389,6 @@ def train(
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
     stats = FeatureStats.from_json(Path(job.stats_path).read_text())
     transform = stats.transformer()
-    # train.batch_size is the global micro-batch: each of world_size processes takes its share.
-    train_batches = ShardBatches(dataset_dir, manifest, "train", tc.batch_size // world_size, transform, seed=tc.seed)
     val_batches = ShardBatches(
         dataset_dir, manifest, "validation", EVAL_BATCH_SIZE, transform, shuffle=False, drop_last=False
     )
@@ -498,17 +505,43 @@ def train(
 
     schedule = CheckpointSchedule(*tc.checkpoint_interval(), tc.mean_seconds_between_preemptions)
     dtype = autocast_dtype(precision)
+    if state.micro_batch is None:
+        state.micro_batch, state.grad_accum = tc.batch_size, tc.grad_accum
+        if tc.auto_batch_size:
+            state.micro_batch, state.grad_accum, state.auto_batch = _auto_batch(
+                model, tc, len(stats.numeric), len(stats.categorical), device, dtype, rank, world_size)
+    grad_accum = int(state.grad_accum or tc.grad_accum)
+    # The global micro-batch is split across the processes: each takes its share.
+    train_batches = ShardBatches(dataset_dir, manifest, "train", state.micro_batch // world_size, transform, seed=tc.seed)
+    workers_probe = None
+    num_workers = tc.num_workers
+    if num_workers == "auto":
+        workers_probe = choose_num_workers(
+            model, lambda i: train_batches.batch(0, i % train_batches.batches_per_epoch), device, dtype)
+        num_workers = workers_probe["num_workers"]
+        train_batches.release()  # workers get a copy of this object: without the probe's shards
     loader = make_train_loader(
-        train_batches, StreamPosition(state.epoch, state.batch), tc.num_workers, pin_memory=device.type == "cuda",
+        train_batches, StreamPosition(state.epoch, state.batch), int(num_workers), pin_memory=device.type == "cuda",
         rank=rank, world=world_size,
     )
+    compile_seconds = None
+    if tc.compile:
+        t_compile = time.perf_counter()
+        compiled = torch.compile(model)
+        with torch.no_grad(), torch.random.fork_rng():  # compile now: the warm-up stays out of the step timings
+            x_num, x_cat, _ = train_batches.batch(0, 0)
+            compiled(x_num[:2].to(device), x_cat[:2].to(device))
+        train_batches.release()
+        compile_seconds = time.perf_counter() - t_compile
+    else:
+        compiled = model
     per_epoch = loader.dataset.per_epoch  # global batches per epoch
     ddp = None
     if world_size > 1:
         # After the resume: every rank loaded the same checkpoint, and DDP checks it by
         # broadcasting rank 0's parameters. Gradients are averaged in buckets during backward.
-        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=tc.ddp_bucket_mb)
-    forward = ddp if ddp is not None else model
+        ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=tc.ddp_bucket_mb)
+    forward = ddp if ddp is not None else compiled
     stop_agreed = False
     rows_seen = 0
     batches = iter(loader)
@@ -558,7 +591,7 @@ def train(
                             step=state.step)
         optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), device=device)
-        for micro in range(tc.grad_accum):
+        for micro in range(grad_accum):
             t_wait = now_fn()
             epoch, index, x_num, x_cat, y = next(batches)
             x_num, x_cat, y = x_num.to(device, non_blocking=True), x_cat.to(device, non_blocking=True), y.to(device)
@@ -566,12 +599,12 @@ def train(
             state.seconds["data_wait"] += t_compute - t_wait
             rows_seen += int(y.shape[0])
             # Under DDP only the last micro-batch all-reduces: the others accumulate locally.
-            sync = ddp.no_sync() if ddp is not None and micro < tc.grad_accum - 1 else contextlib.nullcontext()
+            sync = ddp.no_sync() if ddp is not None and micro < grad_accum - 1 else contextlib.nullcontext()
             with sync:
                 with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
                     logits = forward(x_num, x_cat)
                 # Loss in fp32 and divided by the accumulation steps, so the summed gradient is a mean.
-                loss = F.binary_cross_entropy_with_logits(logits.float(), y) / tc.grad_accum
+                loss = F.binary_cross_entropy_with_logits(logits.float(), y) / grad_accum
                 scaler.scale(loss).backward()
             loss_sum += loss.detach()
             state.seconds["compute"] += now_fn() - t_compute
@@ -673,7 +706,10 @@ def train(
         "checkpoints_saved": state.checkpoints_saved,
         "checkpoint_background_seconds": checkpointer.background_seconds,
         "checkpoint_interval": schedule.describe(state),
-        "samples_seen": state.step * tc.batch_size * tc.grad_accum,  # batch_size is already global
+        "samples_seen": state.step * state.micro_batch * grad_accum,  # the micro-batch is already global
+        "batch_layout": {"micro_batch": state.micro_batch, "grad_accum": grad_accum, "auto": state.auto_batch},
+        "num_workers": {"used": int(num_workers), "probe": workers_probe},
+        "compile_seconds": compile_seconds,
         "world_size": world_size,
     }
     if uploader is not None:
@@ -686,6 +722,28 @@ def train(
             root.publish(f"{job.run_rel}/attempts.jsonl", RUN, job.run_key)
             root.publish(f"{job.run_rel}/result.json", RUN, job.run_key)  # last: the run is done
     return result
+
+
+def _auto_batch(model: torch.nn.Module, tc: Any, n_num: int, n_cat: int, device: torch.device,
+                dtype: torch.dtype | None, rank: int, world_size: int) -> tuple[int, int, dict[str, Any] | None]:
+    """(global micro-batch, grad_accum, search record) from the memory search on this device."""
+    if device.type == "cuda":
+        budget = int(torch.cuda.get_device_properties(device).total_memory * tc.memory_fraction)
+    elif tc.simulated_memory_mb is not None:
+        budget = int(tc.simulated_memory_mb * (1 << 20) * tc.memory_fraction)
+    else:
+        log.info("auto_batch_size: no accelerator memory to fit on %s; keeping train.batch_size", device.type)
+        return tc.batch_size, tc.grad_accum, {"skipped": f"no accelerator memory on {device.type}"}
+    per_rank = tc.batch_size // world_size * tc.grad_accum
+    search = find_micro_batch(model, per_rank, n_num, n_cat, device, dtype, budget)
+    layout = [search.micro_batch, search.grad_accum]
+    if world_size > 1:
+        dist.broadcast_object_list(layout, src=0)  # every rank uses rank 0's choice
+    record = {"micro_batch_per_process": layout[0], "grad_accum": layout[1], "max_fitting": search.max_fitting,
+              "budget_bytes": search.budget_bytes, "probes": search.probes, "seconds": search.seconds}
+    log.info("auto_batch_size: micro-batch %d x %d accumulation per process (largest fitting: %d rows)",
+             layout[0], layout[1], search.max_fitting)
+    return layout[0] * world_size, layout[1], record
 
 
 def export_model_package(

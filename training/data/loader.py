@@ -93,14 +93,23 @@ class ShardBatches:
             _verify_shard(path, info)  # once per process: never train on a corrupt shard
             self._verified.add(i)
         reader = ShardReader(path)
-        arrays = reader.read_all()  # one copy out of the mmap, then the mapping is closed
+        raw = reader.read_all()  # one copy out of the mmap, then the mapping is closed
         reader.close()
-        if len(arrays["label"]) != info.rows:
-            raise DataError(f"shard {path}: holds {len(arrays['label'])} rows, manifest says {info.rows}")
+        if len(raw["label"]) != info.rows:
+            raise DataError(f"shard {path}: holds {len(raw['label'])} rows, manifest says {info.rows}")
+        # The transform is row-wise, so it runs once over the whole shard here rather than
+        # once per batch: the same values, without per-call numpy overhead on every batch
+        # (it was 58% of a 256-row batch's time in a profile).
+        x_num, x_cat = self.transform(raw["num"], raw["cat"])
+        arrays = {"num": x_num, "cat": x_cat, "label": np.ascontiguousarray(raw["label"])}
         self._cache[i] = arrays
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return arrays
+
+    def release(self) -> None:
+        """Drop cached shards (before this object is copied into DataLoader workers)."""
+        self._cache.clear()
 
     def _order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
         """(shard order, cumulative row starts in that order) for an epoch."""
@@ -137,11 +146,11 @@ class ShardBatches:
             parts.append((arrays["num"][rows], arrays["cat"][rows], arrays["label"][rows]))
             lo = take_hi
             k += 1
-        num = np.concatenate([p[0] for p in parts]) if len(parts) > 1 else parts[0][0]
-        cat = np.concatenate([p[1] for p in parts]) if len(parts) > 1 else parts[0][1]
-        label = np.concatenate([p[2] for p in parts]) if len(parts) > 1 else parts[0][2]
-        x_num, x_cat = self.transform(num, cat)
-        return torch.from_numpy(x_num), torch.from_numpy(x_cat), torch.from_numpy(np.ascontiguousarray(label))
+        if len(parts) == 1:
+            x_num, x_cat, label = parts[0]
+        else:
+            x_num, x_cat, label = (np.concatenate([p[k] for p in parts]) for k in range(3))
+        return torch.from_numpy(x_num), torch.from_numpy(x_cat), torch.from_numpy(label)
 
 
 class TrainStream(IterableDataset):

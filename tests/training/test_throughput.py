@@ -1,0 +1,124 @@
+"""Start-up probes: workers from the measured stall, the micro-batch from (simulated) memory,
+torch.compile, and worker memory across epochs."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.training.helpers import make_job
+from training.config import RetrainConfig
+from training.loop import train
+from training.model import TabularMLP
+from training.throughput import choose_num_workers, find_micro_batch, step_memory_bytes
+
+CPU = torch.device("cpu")
+
+
+def _model() -> TabularMLP:
+    return TabularMLP(6, [41, 4, 61, 301], [32, 16])
+
+
+def _batch(n: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.randn(n, 6), torch.zeros(n, 4, dtype=torch.long), torch.zeros(n)
+
+
+def test_workers_follow_the_measured_stall() -> None:
+    ready = _batch()
+    fast = choose_num_workers(_model(), lambda i: ready, CPU, None)
+    assert fast["num_workers"] == 0 and fast["stall_without_workers"] < 0.02
+
+    def slow(i: int):
+        time.sleep(0.02)  # a data path far slower than the step
+        return ready
+
+    starved = choose_num_workers(_model(), slow, CPU, None)
+    assert starved["stall_without_workers"] > 0.5
+    assert starved["num_workers"] == min(8, max(0, (os.cpu_count() or 1) - 1))
+
+
+def test_probes_leave_the_run_rng_untouched() -> None:
+    model = TabularMLP(6, [41, 4, 61, 301], [32, 16], dropout=0.5)
+    batch = _batch()
+    before = torch.get_rng_state()
+    choose_num_workers(model, lambda i: batch, CPU, None)
+    step_memory_bytes(model, 32, 6, 4, CPU, None)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_micro_batch_search_finds_the_largest_fitting_divisor() -> None:
+    model = _model()
+    need = {b: step_memory_bytes(model, b, 6, 4, CPU, None) for b in (40, 41, 64)}
+    assert need[40] < need[41] < need[64]  # memory grows with the batch
+    search = find_micro_batch(model, 96, 6, 4, CPU, None, budget_bytes=need[40] + (need[41] - need[40]) // 2)
+    assert search.max_fitting == 40
+    assert search.micro_batch == 32 and search.grad_accum == 3  # 32 divides 96; 40 does not
+    assert len(search.probes) < 20  # doubling, then bisection
+    roomy = find_micro_batch(model, 96, 6, 4, CPU, None, budget_bytes=need[64] * 4)
+    assert (roomy.micro_batch, roomy.grad_accum) == (96, 1)  # never above the effective batch
+
+
+def test_auto_batch_size_keeps_the_effective_batch_under_a_simulated_limit(small_config: RetrainConfig) -> None:
+    from training.data.features import FeatureStats
+    from training.model import build_model
+
+    small_config.train.auto_batch_size = True
+    small_config.train.max_steps = 20
+    job = make_job(small_config)
+    stats = FeatureStats.from_json(Path(job.stats_path).read_text())
+    model = build_model(small_config.model, len(stats.numeric), stats.cardinalities)
+    # Room for 40 rows (after the 0.9 safety margin), not for the configured 128.
+    need40, need41 = (step_memory_bytes(model, b, 6, 4, CPU, None) for b in (40, 41))
+    job.config["train"]["simulated_memory_mb"] = (need40 + need41) / 2 / 0.9 / (1 << 20)
+    result = train(job)
+    layout = result["batch_layout"]
+    assert layout["auto"]["max_fitting"] == 40
+    assert layout["micro_batch"] == 32 and layout["grad_accum"] == 4  # 32 x 4 = the configured 128
+    assert result["samples_seen"] == 20 * 128
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_like_the_eager_one(small_config: RetrainConfig, tmp_path: Path) -> None:
+    small_config.train.max_steps = 20
+    eager = train(make_job(small_config, "eager"))
+    small_config.train.compile = True
+    compiled = train(make_job(small_config, "compiled"))
+    assert compiled["compile_seconds"] > 0
+    assert abs(compiled["best_val_auc"] - eager["best_val_auc"]) < 1e-3
+
+
+@pytest.mark.slow
+def test_worker_memory_does_not_grow_over_epochs(small_config: RetrainConfig) -> None:
+    """One endless stream over all epochs: workers are started once and hold at most their
+    shard cache, so their RSS is flat from epoch to epoch (the WebDataset-style leak of
+    re-created per-epoch iterators cannot happen)."""
+    from training.data.features import FeatureStats
+    from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+    from training.data.packing import load_manifest
+
+    job = make_job(small_config)
+    manifest = load_manifest(Path(job.dataset_dir))
+    stats = FeatureStats.from_json(Path(job.stats_path).read_text())
+    batches = ShardBatches(Path(job.dataset_dir), manifest, "train", 64, stats.transformer())
+    loader = make_train_loader(batches, StreamPosition(), 2, pin_memory=False)
+    it = iter(loader)
+
+    def workers_rss() -> int:
+        total = 0
+        for w in it._workers:  # type: ignore[attr-defined]
+            with open(f"/proc/{w.pid}/status") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+        return total
+
+    per_epoch = batches.batches_per_epoch
+    rss = []
+    for _ in range(6):
+        for _ in range(per_epoch):
+            next(it)
+        rss.append(workers_rss())
+    it._shutdown_workers()  # type: ignore[attr-defined]
+    assert max(rss[2:]) - rss[1] < 8 << 20, [r >> 20 for r in rss]

@@ -1,0 +1,170 @@
+"""Probes run once at job start that keep the accelerator fed: how many DataLoader workers the
+measured data stall calls for, and the largest micro-batch that fits accelerator memory.
+
+Both run on a copy of the model, so they leave the run's weights, optimizer and RNG streams
+untouched, and a run with and without them computes the same thing.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from training.errors import ConfigError
+
+__all__ = ["choose_num_workers", "BatchSizeSearch", "find_micro_batch", "step_memory_bytes"]
+
+log = logging.getLogger(__name__)
+
+STALL_TARGET = 0.02  # below this share of step time spent waiting for data, workers only add IPC
+MAX_WORKERS = 8
+
+
+def _fwd_bwd(model: torch.nn.Module, x_num: torch.Tensor, x_cat: torch.Tensor, y: torch.Tensor,
+             dtype: torch.dtype | None, device: torch.device) -> None:
+    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        logits = model(x_num, x_cat)
+    F.binary_cross_entropy_with_logits(logits.float(), y).backward()
+
+
+def _rng_untouched(device: torch.device) -> Any:
+    # Dropout in the probe copy would draw from the run's generators: a resumed run would then
+    # no longer be bit-identical to an uninterrupted one.
+    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
+
+
+def choose_num_workers(model: torch.nn.Module, fetch: Callable[[int], tuple[torch.Tensor, ...]], device: torch.device,
+                       dtype: torch.dtype | None, probes: int = 8) -> dict[str, Any]:
+    with _rng_untouched(device):
+        return _choose_num_workers(model, fetch, device, dtype, probes)
+
+
+def _choose_num_workers(model: torch.nn.Module, fetch: Callable[[int], tuple[torch.Tensor, ...]],
+                        device: torch.device, dtype: torch.dtype | None, probes: int) -> dict[str, Any]:
+    """Workers for `train.num_workers: auto`, from the measured stall of in-process loading.
+
+    Times `probes` batch fetches and `probes` forward/backward passes (on a copy of the model);
+    with no workers the loop waits `t_data` per step, so the stall is t_data / (t_data +
+    t_compute). Below STALL_TARGET: 0 workers. Otherwise enough workers that each has a whole
+    step of compute time to produce its batch, ceil(t_data / t_compute), capped by the CPUs
+    left beside the training process."""
+    probe_model = copy.deepcopy(model).to(device).train()
+    batches = [fetch(i) for i in range(2)]  # warm-up: first shard loads, allocator
+    for x_num, x_cat, y in batches:
+        _fwd_bwd(probe_model, x_num.to(device), x_cat.to(device), y.to(device), dtype, device)
+    t0 = time.perf_counter()
+    batches = [fetch(i) for i in range(2, 2 + probes)]
+    t_data = (time.perf_counter() - t0) / probes
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for x_num, x_cat, y in batches:
+        probe_model.zero_grad(set_to_none=True)
+        _fwd_bwd(probe_model, x_num.to(device), x_cat.to(device), y.to(device), dtype, device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t_compute = (time.perf_counter() - t0) / probes
+    stall = t_data / (t_data + t_compute) if t_data + t_compute > 0 else 0.0
+    spare_cpus = max(0, (os.cpu_count() or 1) - 1)
+    workers = 0 if stall < STALL_TARGET else min(MAX_WORKERS, spare_cpus, math.ceil(t_data / max(t_compute, 1e-9)))
+    return {"num_workers": workers, "stall_without_workers": stall, "data_seconds_per_batch": t_data,
+            "compute_seconds_per_batch": t_compute, "spare_cpus": spare_cpus}
+
+
+def step_memory_bytes(model: torch.nn.Module, batch: int, n_num: int, n_cat: int, device: torch.device,
+                      dtype: torch.dtype | None) -> int:
+    """Bytes one training step at micro-batch `batch` needs on `device` (how: see below)."""
+    with _rng_untouched(device):
+        return _step_memory_bytes(model, batch, n_num, n_cat, device, dtype)
+
+
+def _step_memory_bytes(model: torch.nn.Module, batch: int, n_num: int, n_cat: int, device: torch.device,
+                       dtype: torch.dtype | None) -> int:
+    """How the bytes are counted.
+
+    On CUDA: the allocator's peak over a real forward/backward, plus AdamW's two moments.
+    Elsewhere (CPU, or a test's simulated accelerator): parameters, gradients and AdamW's
+    moments, plus every tensor autograd saves for backward, counted as they are saved."""
+    probe = copy.deepcopy(model).to(device).train()
+    params = sum(p.numel() * p.element_size() for p in probe.parameters())
+    x_num = torch.randn(batch, n_num, device=device)
+    x_cat = torch.zeros(batch, n_cat, dtype=torch.long, device=device)
+    y = torch.zeros(batch, device=device)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        _fwd_bwd(probe, x_num, x_cat, y, dtype, device)
+        torch.cuda.synchronize()
+        return int(torch.cuda.max_memory_allocated(device) - base + 2 * params + x_num.nbytes + x_cat.nbytes)
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _fwd_bwd(probe, x_num, x_cat, y, dtype, device)
+    return int(4 * params + sum(saved.values()) + x_num.nbytes + x_cat.nbytes + y.nbytes)
+
+
+@dataclass
+class BatchSizeSearch:
+    micro_batch: int  # rows per process per micro-batch
+    grad_accum: int
+    max_fitting: int
+    budget_bytes: int
+    probes: list[tuple[int, int, bool]]  # (batch, bytes, fits)
+    seconds: float
+
+
+def find_micro_batch(model: torch.nn.Module, per_rank_effective: int, n_num: int, n_cat: int, device: torch.device,
+                     dtype: torch.dtype | None, budget_bytes: int, max_seconds: float = 300.0) -> BatchSizeSearch:
+    """The largest micro-batch that fits `budget_bytes`, and the accumulation that keeps the
+    effective batch (`per_rank_effective` rows per process per optimizer step) unchanged.
+
+    Doubling then bisection over the measured step memory: O(log n) probes, each one step.
+    The micro-batch must divide the effective batch so that every step sees exactly as many
+    rows as configured (the learning rate then stays as configured)."""
+    t0 = time.perf_counter()
+    probes: list[tuple[int, int, bool]] = []
+
+    def fits(b: int) -> bool:
+        try:
+            need = step_memory_bytes(model, b, n_num, n_cat, device, dtype)
+        except torch.cuda.OutOfMemoryError:
+            need = budget_bytes + 1
+        ok = need <= budget_bytes
+        probes.append((b, need, ok))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return ok
+
+    if not fits(1):
+        raise ConfigError(
+            f"train.auto_batch_size: not even one row per micro-batch fits in {budget_bytes / 2**20:.0f} MB; "
+            "use a smaller model or a larger accelerator"
+        )
+    lo, hi = 1, None  # lo fits; hi does not (None: not found yet)
+    while hi is None and lo < per_rank_effective and time.perf_counter() - t0 < max_seconds:
+        b = min(lo * 2, per_rank_effective)
+        if fits(b):
+            lo = b
+        else:
+            hi = b
+    while hi is not None and hi - lo > 1 and time.perf_counter() - t0 < max_seconds:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    micro = max(d for d in range(1, lo + 1) if per_rank_effective % d == 0)
+    return BatchSizeSearch(micro, per_rank_effective // micro, lo, budget_bytes, probes, time.perf_counter() - t0)
