@@ -55,6 +55,8 @@ def small_overrides(root: Path, source: Path) -> list[str]:
         "train.checkpoint_every=20",
         "train.warmup_steps=5",
         "train.retry_delay_seconds=0",
+        # Explicit: tests choose their workers (the auto probe has its own tests).
+        "train.num_workers=0",
         "model.hidden=[32, 16]",
         "model.embedding_dim=4",
     ]

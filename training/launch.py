@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -90,6 +92,33 @@ def _rank_errors(error_path: Path) -> list[dict[str, Any]]:
     return found
 
 
+def _read_lines(stream: Any, lines: queue.Queue[str | None]) -> None:
+    try:
+        for line in stream:
+            lines.put(line)
+    except (OSError, ValueError):
+        pass
+    lines.put(None)
+
+
+def _dispatch(line: str, on_event: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        event = json.loads(_RANK_PREFIX.sub("", line, count=1))
+    except json.JSONDecodeError:
+        sys.stderr.write(line)  # a user model printing to stdout: pass it through
+        return
+    on_event(event)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        return  # still running (we are unwinding without having stopped it): not ours to kill
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left in the group
+
+
 def run_training_process(
     job: TrainJob,
     on_event: Callable[[dict[str, Any]], None] = lambda event: None,
@@ -108,18 +137,32 @@ def run_training_process(
     env = child_env()
     if int(job.config.get("train", {}).get("nnodes", 1)) == 1:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
-    proc = subprocess.Popen(worker_command(job, job_path, error_path), stdout=subprocess.PIPE, text=True, env=env)
+    # Its own process group: when it ends, anything it leaves behind (a DataLoader worker
+    # orphaned by a SIGKILL, torchrun's ranks) is killed with the group, not left running.
+    proc = subprocess.Popen(worker_command(job, job_path, error_path), stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     distributed = proc.args[1] == "-c"
     on_start(proc)
     try:
         assert proc.stdout is not None
-        for line in proc.stdout:
+        # Orphans inherit the pipe, so its end of file can come long after the process is gone:
+        # lines are read in a thread, and this thread stops once the process has exited.
+        lines: queue.Queue[str | None] = queue.Queue()
+        reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
+        reader.start()
+        while True:
             try:
-                event = json.loads(_RANK_PREFIX.sub("", line, count=1))
-            except json.JSONDecodeError:
-                sys.stderr.write(line)  # a user model printing to stdout: pass it through
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if proc.poll() is None:
+                    continue
+                reader.join(timeout=1.0)  # the last lines written before the exit
+                if lines.empty():
+                    break
                 continue
-            on_event(event)
+            if line is None:
+                break
+            _dispatch(line, on_event)
         rc = proc.wait()
     except BaseException:
         # The task itself is being stopped (SIGTERM, Ctrl-C, cancellation): let the child write
@@ -131,6 +174,8 @@ def run_training_process(
             except subprocess.TimeoutExpired:
                 proc.kill()
         raise
+    finally:
+        _kill_group(proc)
 
     if rc == 0:
         result = json.loads((run_dir / "result.json").read_text())

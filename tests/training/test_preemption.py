@@ -161,3 +161,37 @@ def test_an_attempt_killed_before_its_first_checkpoint_keeps_its_record(long_con
     assert final["preemptions"] == 2
     assert len(final["resumed_from_steps"]) == 2  # both resumes, though only one attempt checkpointed
     assert final["steps_lost"] >= 1
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+def test_sigkill_with_dataloader_workers_neither_hangs_nor_leaves_orphans(long_config: RetrainConfig) -> None:
+    """The DataLoader's worker processes outlive a SIGKILLed training process and hold its
+    stdout: the launcher must not wait for that pipe, and must not leave them running."""
+    long_config.train.num_workers = 1
+    job = make_job(long_config)
+    on_start, seen = _signal_at_step(job, 30, signal.SIGKILL)
+    started: dict[str, int] = {}
+
+    def record(proc: subprocess.Popen) -> None:
+        started["pgid"] = proc.pid
+        on_start(proc)
+
+    with pytest.raises(Preempted):
+        run_training_process(job, on_start=record)
+    assert seen["step"] >= 30
+    deadline = time.time() + 5
+    while _group_members(started["pgid"]) and time.time() < deadline:
+        time.sleep(0.1)
+    assert _group_members(started["pgid"]) == []
