@@ -191,12 +191,11 @@ class S3Store:
                 self.client.upload_file(str(path), self.bucket, self.key(rel), ExtraArgs=extra, Config=config)
                 return
             except Exception as err:  # noqa: BLE001 - botocore and s3transfer errors, classified below
-                final = self._error(err, "upload", rel)
-                # Each part was already retried by botocore; what reaches here either will not
-                # get better (no bucket, no access) or lost the whole upload (a restarted server
-                # forgets the upload id: NoSuchUpload). The latter starts over, a bounded number of times.
-                if attempt == 2 or "does not exist" in str(final) or "access denied" in str(final):
-                    raise final from None
+                # Each request was already retried by botocore, with backoff; what reaches here
+                # is final, unless the server lost the whole multipart upload (a restart forgets
+                # upload ids: NoSuchUpload), which starts over, a bounded number of times.
+                if attempt == 2 or "NoSuchUpload" not in f"{_code_of(err)} {err}":
+                    raise self._error(err, "upload", rel) from None
                 log.warning("upload of %s failed (%s); starting it again", self.uri(rel), _code_of(err))
                 time.sleep((1.0 + random.random()) * (attempt + 1))
 

@@ -279,3 +279,4 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     remote = root.remote_checkpoints(f"{job.run_rel}/checkpoints")
     assert remote and all("manifest.json" in files for files in remote.values())  # the torn one is gone
     assert root.remote.head(f"{job.run_rel}/result.json") is not None
+
