@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.utils.data import DataLoader
 
 from training.checkpoint import (
     AsyncCheckpointer,
@@ -198,8 +199,11 @@ class Budget:
 
     def __init__(self, config: Any, rate_per_hour: float, gpus: int) -> None:
         self.config, self.rate, self.gpus = config, rate_per_hour, gpus
+        self.active = any(v is not None for v in (config.max_wall_seconds, config.max_usd, config.max_gpu_hours))
 
     def exceeded(self, state: RunState, next_steps: int) -> str | None:
+        if not self.active:
+            return None  # checked every step: no work when there is nothing to check
         spent = state.billed_seconds()
         per_step = (state.seconds["train"] + state.seconds["checkpoint"]) / max(1, state.step)
         per_eval = state.seconds["eval"] / max(1, len(state.history))
@@ -535,7 +539,7 @@ def train(
         compile_seconds = time.perf_counter() - t_compile
     else:
         compiled = model
-    per_epoch = loader.dataset.per_epoch  # global batches per epoch
+    per_epoch = (loader.dataset if isinstance(loader, DataLoader) else loader).per_epoch  # global batches per epoch
     ddp = None
     if world_size > 1:
         # After the resume: every rank loaded the same checkpoint, and DDP checks it by
@@ -544,6 +548,7 @@ def train(
     forward = ddp if ddp is not None else compiled
     stop_agreed = False
     rows_seen = 0
+    on_accelerator = device.type != "cpu"
     batches = iter(loader)
     model.train()
     status = "completed"
@@ -590,23 +595,29 @@ def train(
             raise Preempted(f"stopped at step {state.step}: {stop.reason or 'another rank was stopped'}",
                             step=state.step)
         optimizer.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), device=device)
+        loss_sum: torch.Tensor | None = None
         for micro in range(grad_accum):
             t_wait = now_fn()
             epoch, index, x_num, x_cat, y = next(batches)
-            x_num, x_cat, y = x_num.to(device, non_blocking=True), x_cat.to(device, non_blocking=True), y.to(device)
+            if on_accelerator:
+                x_num, x_cat, y = x_num.to(device, non_blocking=True), x_cat.to(device, non_blocking=True), y.to(device)
             t_compute = now_fn()
             state.seconds["data_wait"] += t_compute - t_wait
             rows_seen += int(y.shape[0])
             # Under DDP only the last micro-batch all-reduces: the others accumulate locally.
             sync = ddp.no_sync() if ddp is not None and micro < grad_accum - 1 else contextlib.nullcontext()
             with sync:
-                with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                    logits = forward(x_num, x_cat)
+                if dtype is None:
+                    logits = forward(x_num, x_cat)  # fp32: no autocast context to enter every step
+                else:
+                    with torch.autocast(device.type, dtype=dtype):
+                        logits = forward(x_num, x_cat)
                 # Loss in fp32 and divided by the accumulation steps, so the summed gradient is a mean.
-                loss = F.binary_cross_entropy_with_logits(logits.float(), y) / grad_accum
+                loss = F.binary_cross_entropy_with_logits(logits.float(), y)
+                if grad_accum > 1:
+                    loss = loss / grad_accum
                 scaler.scale(loss).backward()
-            loss_sum += loss.detach()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             state.seconds["compute"] += now_fn() - t_compute
         state.epoch, state.batch = divmod(epoch * per_epoch + index + 1, per_epoch)
         if tc.grad_clip > 0:

@@ -54,8 +54,8 @@ def _choose_num_workers(model: torch.nn.Module, fetch: Callable[[int], tuple[tor
     Times `probes` batch fetches and `probes` forward/backward passes (on a copy of the model);
     with no workers the loop waits `t_data` per step, so the stall is t_data / (t_data +
     t_compute). Below STALL_TARGET: 0 workers. Otherwise enough workers that each has a whole
-    step of compute time to produce its batch, ceil(t_data / t_compute), capped by the CPUs
-    left beside the training process."""
+    step of compute time to produce its batch, ceil(t_data / t_compute), capped by the cores
+    the training process leaves idle."""
     probe_model = copy.deepcopy(model).to(device).train()
     batches = [fetch(i) for i in range(2)]  # warm-up: first shard loads, allocator
     for x_num, x_cat, y in batches:
@@ -73,7 +73,11 @@ def _choose_num_workers(model: torch.nn.Module, fetch: Callable[[int], tuple[tor
         torch.cuda.synchronize()
     t_compute = (time.perf_counter() - t0) / probes
     stall = t_data / (t_data + t_compute) if t_data + t_compute > 0 else 0.0
-    spare_cpus = max(0, (os.cpu_count() or 1) - 1)
+    # A worker helps only on a core the training process leaves idle: on CPU its intra-op
+    # threads take torch.get_num_threads() cores (a worker there competes with the step and
+    # was measured 3.5x slower on a 2-core box); on an accelerator the process needs one.
+    busy = torch.get_num_threads() if device.type == "cpu" else 1
+    spare_cpus = max(0, (os.cpu_count() or 1) - busy)
     workers = 0 if stall < STALL_TARGET else min(MAX_WORKERS, spare_cpus, math.ceil(t_data / max(t_compute, 1e-9)))
     return {"num_workers": workers, "stall_without_workers": stall, "data_seconds_per_batch": t_data,
             "compute_seconds_per_batch": t_compute, "spare_cpus": spare_cpus}

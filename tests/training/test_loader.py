@@ -49,8 +49,8 @@ def test_workers_deliver_the_single_process_order(packed) -> None:
     batches = ShardBatches(d, manifest, "train", 128, stats.transformer(), seed=1)
     single = _take(make_train_loader(batches, StreamPosition(0, 7), 0, False), 20)
     multi = _take(make_train_loader(batches, StreamPosition(0, 7), 2, False), 20)
-    assert [b[:2] for b in single] == [b[:2] for b in multi]
-    assert all(torch.equal(a[4], b[4]) for a, b in zip(single, multi))
+    assert [tuple(b[:2]) for b in single] == [tuple(b[:2]) for b in multi]
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(single, multi, strict=True) for k in (2, 3, 4))
 
 
 def test_each_epoch_sees_every_row_once_in_a_new_order(packed) -> None:

@@ -143,7 +143,9 @@ class ShardBatches:
             take_hi = min(hi, int(starts[k + 1]))
             rows = self._row_perm(epoch, shard)[lo - starts[k] : take_hi - starts[k]]
             arrays = self._shard_arrays(shard)
-            parts.append((arrays["num"][rows], arrays["cat"][rows], arrays["label"][rows]))
+            # np.take: the same gather as fancy indexing, with less dispatch per call.
+            parts.append((np.take(arrays["num"], rows, axis=0), np.take(arrays["cat"], rows, axis=0),
+                          np.take(arrays["label"], rows)))
             lo = take_hi
             k += 1
         if len(parts) == 1:
@@ -185,7 +187,11 @@ class TrainStream(IterableDataset):
 
 
 def make_train_loader(batches: ShardBatches, start: StreamPosition, num_workers: int, pin_memory: bool,
-                      rank: int = 0, world: int = 1) -> DataLoader:
+                      rank: int = 0, world: int = 1) -> DataLoader | TrainStream:
+    if num_workers == 0 and not pin_memory:
+        # In-process loading needs none of the DataLoader's machinery: iterating the stream
+        # directly saves its per-batch fetch and convert calls (the loop then waits less).
+        return TrainStream(batches, start, rank, world)
     return DataLoader(
         TrainStream(batches, start, rank, world),
         batch_size=None,  # the stream yields whole batches: no per-sample collate
