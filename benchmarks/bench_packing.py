@@ -25,6 +25,17 @@ def run(work: Path, rows: int = 500_000) -> dict[str, Any]:
         shutil.rmtree(work / "datasets", ignore_errors=True)
         pack_shards(source, config.data, work / "datasets")
 
+    def project_parts() -> None:
+        # The flow's fan-out path, run in this process: plan, 4 parts to pieces, assemble.
+        from training.data.packing import assemble_shards, pack_part, plan_pack, start_pack
+
+        shutil.rmtree(work / "datasets-parts", ignore_errors=True)
+        (work / "datasets-parts").mkdir()
+        plan, _ = plan_pack(source, config.data, work / "datasets-parts", max_parts=4)
+        assert plan is not None
+        start_pack(plan)
+        assemble_shards(plan, [pack_part(plan, part, config.data) for part in plan.parts], config.data)
+
     def raw_limit() -> None:
         # pyarrow reads the same Parquet and the same payload bytes go to one file.
         table = pq.read_table(source)
@@ -48,14 +59,23 @@ def run(work: Path, rows: int = 500_000) -> dict[str, Any]:
                 sink.write({"__key__": f"{i:09d}", "num.npy": num[i], "cat.npy": cat[i], "label.npy": label[i:i + 1]})
 
     t_project = best_of(project)
+    t_parts = best_of(project_parts)
     t_raw = best_of(raw_limit)
     t_wds = best_of(shardwriter, repeat=1)
     mb = payload / 1e6
     wds_mb = mb * sub / rows
     project_bytes = sum(p.stat().st_size for p in (work / "datasets").rglob("*.tar"))
     wds_bytes = sum(p.stat().st_size for p in (work / "wds").glob("*.tar"))
+    from training.data.packing import load_manifest
+
+    manifest = load_manifest(next((work / "datasets").iterdir()))
+    target = config.data.shard_size_mb * 1e6
+    full = [sh.bytes for split in ("train", "validation", "test") for sh in manifest.shards_of(split)[:-1]]
     return {
         "rows": rows,
+        "project_parts_path_mb_per_s": round(payload / 1e6 / t_parts, 1),
+        "shards_below_last_per_split": len(full),
+        "max_shard_size_deviation_from_target": round(max((abs(b - target) / target for b in full), default=0.0), 4),
         "payload_mb": round(mb, 2),
         "project_mb_per_s": round(mb / t_project, 1),
         "raw_limit_mb_per_s": round(mb / t_raw, 1),

@@ -41,6 +41,7 @@ __all__ = [
     "start_pack",
     "pack_part",
     "assemble_shards",
+    "split_writers",
     "SPLITS",
     "ShardInfo",
     "DatasetManifest",
@@ -407,8 +408,10 @@ def _piece(work_dir: Path, part: int, split: str, key: str) -> Path:
     return work_dir / "pieces" / f"{part:06d}.{split}.{key}.npy"
 
 
-def pack_part(plan: PackPlan, part: PackPart, config: DataConfig) -> dict[str, dict[str, int]]:
-    """Validate and transform one part's rows into per-split pieces (.npy) in the work folder.
+def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
+              writers: dict[str, _SplitWriter] | None = None) -> dict[str, dict[str, int]]:
+    """Validate and transform one part's rows into per-split pieces (.npy) in the work folder,
+    or, given the split `writers` of a serial pack (parts fed in order), straight into shards.
 
     Holds one record batch of the part in memory at a time. Idempotent: a retried part
     overwrites its own pieces."""
@@ -419,7 +422,7 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig) -> dict[str, d
     split_all = _split_of_rows(part.row, part.rows, config)
     counts = {name: int((split_all == code).sum()) for code, name in enumerate(SPLITS)}
     n_num, n_cat = len(config.numeric), len(config.categorical)
-    outs = {
+    outs = {} if writers is not None else {
         name: {
             "num": np.lib.format.open_memmap(_piece(work_dir, part.index, name, "num"), "w+", np.float32, (counts[name], n_num)),
             "cat": np.lib.format.open_memmap(_piece(work_dir, part.index, name, "cat"), "w+", np.int64, (counts[name], n_cat)),
@@ -445,15 +448,23 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig) -> dict[str, d
             for j, name in enumerate(config.categorical):
                 cat[:, j] = category_hash(batch.column(name))
             split = split_all[offset : offset + n]
+            # One stable gather groups the rows by split, keeping their order within each;
+            # cheaper than a boolean selection per split and array (measured in the packer).
+            order = np.argsort(split, kind="stable")
+            bounds = np.concatenate(([0], np.cumsum(np.bincount(split, minlength=len(SPLITS)))))
+            num, cat, label = np.take(num, order, axis=0), np.take(cat, order, axis=0), np.take(label, order)
             for code, name in enumerate(SPLITS):
-                sel = split == code
-                k = int(sel.sum())
+                a, b = int(bounds[code]), int(bounds[code + 1])
+                k = b - a
                 if k:
                     lo = filled[name]
-                    outs[name]["num"][lo : lo + k] = num[sel]
-                    outs[name]["cat"][lo : lo + k] = cat[sel]
-                    outs[name]["label"][lo : lo + k] = label[sel]
-                    positives[name] += int(label[sel].sum())
+                    if writers is not None:
+                        writers[name].add(num[a:b], cat[a:b], label[a:b])
+                    else:
+                        outs[name]["num"][lo : lo + k] = num[a:b]
+                        outs[name]["cat"][lo : lo + k] = cat[a:b]
+                        outs[name]["label"][lo : lo + k] = label[a:b]
+                    positives[name] += int(label[a:b].sum())
                     filled[name] += k
             offset += n
     except (pa.ArrowInvalid, OSError) as err:
@@ -466,13 +477,20 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig) -> dict[str, d
     return {"rows": counts, "positives": positives}
 
 
-def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], config: DataConfig) -> DatasetManifest:
-    """Write every split's shards from the pieces, in part order, then the manifest (last),
-    and rename the work folder into place. The bytes do not depend on how parts were packed."""
+def split_writers(plan: PackPlan, config: DataConfig) -> dict[str, _SplitWriter]:
+    return {s: _SplitWriter(s, Path(plan.work_dir), config, len(config.numeric), len(config.categorical)) for s in SPLITS}
+
+
+def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], config: DataConfig,
+                    writers: dict[str, _SplitWriter] | None = None) -> DatasetManifest:
+    """Write every split's shards from the pieces, in part order (or finish `writers` that the
+    parts fed directly), then the manifest (last), and rename the work folder into place. The
+    bytes do not depend on how parts were packed."""
     work_dir = Path(plan.work_dir)
     final_dir = Path(plan.final_dir)
-    writers = {s: _SplitWriter(s, work_dir, config, len(config.numeric), len(config.categorical)) for s in SPLITS}
-    for part in plan.parts:
+    fed = writers is not None
+    writers = writers if writers is not None else split_writers(plan, config)
+    for part in [] if fed else plan.parts:
         for name in SPLITS:
             arrays = {k: np.load(_piece(work_dir, part.index, name, k), mmap_mode="r") for k in ("num", "cat", "label")}
             for lo in range(0, len(arrays["label"]), _READ_BATCH_ROWS):
@@ -529,8 +547,10 @@ def pack_shards(source: Path, config: DataConfig, datasets_root: Path) -> tuple[
         return datasets_root / existing.fingerprint, existing, True
     start_pack(plan)
     try:
-        results = [pack_part(plan, part, config) for part in plan.parts]
-        manifest = assemble_shards(plan, results, config)
+        # In one process the parts go in order straight into the shard writers: no pieces.
+        writers = split_writers(plan, config)
+        results = [pack_part(plan, part, config, writers) for part in plan.parts]
+        manifest = assemble_shards(plan, results, config, writers)
     except BaseException:
         shutil.rmtree(plan.work_dir, ignore_errors=True)
         raise
