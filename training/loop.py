@@ -140,6 +140,7 @@ class RunState:
     micro_batch: int | None = None  # rows per global micro-batch (all processes)
     grad_accum: int | None = None
     auto_batch: dict[str, Any] | None = None
+    num_workers: int | None = None  # what num_workers="auto" chose at the first start
 
     def billed_seconds(self) -> float:
         """Every second the machine was held for this run, lost work and restarts included."""
@@ -519,10 +520,12 @@ def train(
     train_batches = ShardBatches(dataset_dir, manifest, "train", state.micro_batch // world_size, transform, seed=tc.seed)
     workers_probe = None
     num_workers = tc.num_workers
-    if num_workers == "auto":
+    if num_workers == "auto" and state.num_workers is not None:
+        num_workers = state.num_workers  # probed at the first start: a restart does not pay for it again
+    elif num_workers == "auto":
         workers_probe = choose_num_workers(
             model, lambda i: train_batches.batch(0, i % train_batches.batches_per_epoch), device, dtype)
-        num_workers = workers_probe["num_workers"]
+        num_workers = state.num_workers = workers_probe["num_workers"]
         train_batches.release()  # workers get a copy of this object: without the probe's shards
     loader = make_train_loader(
         train_batches, StreamPosition(state.epoch, state.batch), int(num_workers), pin_memory=device.type == "cuda",
