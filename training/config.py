@@ -121,6 +121,10 @@ class TrainConfig(_Section):
     )
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.")
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW.")
+    lr_reference_batch: int | None = Field(
+        None, gt=0, description="Linear scaling rule: lr is the peak rate at this effective batch, and a run with "
+        "another effective batch (batch_size x grad_accum) uses lr x effective / lr_reference_batch, after warmup."
+    )
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(50, ge=0, description="Linear warmup steps, then cosine decay to 10% of lr.")
     grad_clip: float = Field(1.0, ge=0, description="Max gradient norm; 0 disables clipping.")
@@ -188,6 +192,8 @@ class TrainConfig(_Section):
                 f"train.batch_size {self.batch_size} must be divisible by nproc_per_node x nnodes = {world} "
                 "(it is the global micro-batch, split evenly across processes)"
             )
+        if self.lr_reference_batch is not None and self.warmup_steps == 0:
+            raise ValueError("train.lr_reference_batch scales the learning rate: it needs train.warmup_steps > 0")
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise ValueError("train.nnodes > 1 needs train.rdzv_endpoint (host:port reachable from every node)")
         return self
@@ -195,6 +201,12 @@ class TrainConfig(_Section):
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
+
+    def peak_lr(self) -> float:
+        """lr, scaled linearly with the effective batch when lr_reference_batch is set."""
+        if self.lr_reference_batch is None:
+            return self.lr
+        return self.lr * self.batch_size * self.grad_accum / self.lr_reference_batch
 
 
     @field_validator("checkpoint_every")

@@ -399,7 +399,7 @@ def train(
     )
 
     model = build_model(config.model, len(stats.numeric), stats.cardinalities).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(tc.warmup_steps, tc.max_steps))
     # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
@@ -721,7 +721,8 @@ def train(
         "checkpoint_background_seconds": checkpointer.background_seconds,
         "checkpoint_interval": schedule.describe(state),
         "samples_seen": state.step * state.micro_batch * grad_accum,  # the micro-batch is already global
-        "batch_layout": {"micro_batch": state.micro_batch, "grad_accum": grad_accum, "auto": state.auto_batch},
+        "batch_layout": {"micro_batch": state.micro_batch, "grad_accum": grad_accum, "auto": state.auto_batch,
+                         "peak_lr": tc.peak_lr()},
         "num_workers": {"used": int(num_workers), "probe": workers_probe},
         "compile_seconds": compile_seconds,
         "world_size": world_size,

@@ -123,3 +123,19 @@ def test_worker_memory_does_not_grow_over_epochs(small_config: RetrainConfig) ->
         rss.append(workers_rss())
     it._shutdown_workers()  # type: ignore[attr-defined]
     assert max(rss[2:]) - rss[1] < 8 << 20, [r >> 20 for r in rss]
+
+
+def test_linear_lr_scaling_rule_follows_the_effective_batch(small_config: RetrainConfig) -> None:
+    from training.config import load_config
+    from training.errors import ConfigError
+
+    small_config.train.lr_reference_batch = 64
+    small_config.train.grad_accum = 2
+    assert small_config.train.peak_lr() == pytest.approx(small_config.train.lr * 128 * 2 / 64)
+    small_config.train.max_steps = 10
+    small_config.train.eval_every = 10
+    result = train(make_job(small_config))
+    assert result["batch_layout"]["peak_lr"] == pytest.approx(small_config.train.lr * 4)
+    # Warmup is what makes a scaled-up rate safe: without it, refuse.
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        load_config(overrides=["train.lr_reference_batch=256", "train.warmup_steps=0"])
