@@ -58,7 +58,7 @@ def run(work: Path) -> dict[str, Any]:
     server, endpoint = _server()
     try:
         boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench-bucket")
-        s3 = [f"storage.root=s3://bench-bucket/retrain", f"storage.endpoint_url={endpoint}"]
+        s3 = ["storage.root=s3://bench-bucket/retrain", f"storage.endpoint_url={endpoint}"]
         config = load_config(overrides=[*s3, f"storage.local_dir={work / 'machine-a'}"])
         root = StorageRoot.from_config(config)
         state = _state()

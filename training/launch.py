@@ -173,6 +173,7 @@ def run_training_process(
                 proc.wait(timeout=_TERM_GRACE_SECONDS)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
         raise
     finally:
         _kill_group(proc)

@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from training.errors import StorageError
 
@@ -397,7 +397,3 @@ class ResumableObjectReader(io.RawIOBase):
         self._close_body()
         super().close()
 
-
-def iter_chunks(reader: io.RawIOBase, size: int = 1 << 20) -> Iterator[bytes]:
-    while chunk := reader.read(size):
-        yield chunk
