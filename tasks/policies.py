@@ -36,7 +36,9 @@ def retry_only_preemptions(task: Any, task_run: Any, state: Any) -> bool:
 def retry_transient(task: Any, task_run: Any, state: Any) -> bool:
     """Retry storage and network hiccups; bad data and bugs fail at once."""
     exc = _exception_of(state)
-    return isinstance(exc, (Preempted, StorageError, ConnectionError, TimeoutError))
+    if isinstance(exc, StorageError):
+        return exc.transient  # a missing bucket or denied access will not get better
+    return isinstance(exc, (Preempted, ConnectionError, TimeoutError))
 
 
 # The default policy includes the flow run id, so it never hits across runs. The inputs carry

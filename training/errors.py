@@ -43,7 +43,12 @@ class DataError(RetrainError):
 
 
 class StorageError(RetrainError):
-    """The storage root cannot be read or written."""
+    """The storage root cannot be read or written. `transient`: the network or the endpoint
+    failed (worth a task retry); otherwise (no bucket, no access) retrying cannot help."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class CheckpointError(RetrainError):

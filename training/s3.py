@@ -129,12 +129,16 @@ class S3Store:
                                 "AWS_SECRET_ACCESS_KEY, a profile or role, or storage.credentials_block")
         if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
             return StorageError(f"cannot reach endpoint {self.settings.endpoint} for bucket '{self.bucket}' after "
-                                f"{self.settings.max_attempts} attempts ({name}); check storage.endpoint_url and the network")
+                                f"{self.settings.max_attempts} attempts ({name}); check storage.endpoint_url and the network",
+                                transient=True)
         if name in ("ReadTimeoutError",):
             return StorageError(f"endpoint {self.settings.endpoint} did not answer within {self.settings.read_timeout_s}s "
-                                f"in {self.settings.max_attempts} attempts to {action} {where}")
+                                f"in {self.settings.max_attempts} attempts to {action} {where}", transient=True)
         detail = code or name
-        return StorageError(f"cannot {action} {where} ({detail})")
+        # A server-side failure may pass; a refused request (4xx: no such key, bad request) will not.
+        server_side = (isinstance(status, int) and status >= 500) or code.isdigit() and int(code) >= 500
+        transient = server_side or code in ("SlowDown", "RequestTimeout", "InternalError", "ServiceUnavailable")
+        return StorageError(f"cannot {action} {where} ({detail})", transient=transient)
 
     def _call(self, action: str, rel: str, fn: Any, **kwargs: Any) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
@@ -372,7 +376,8 @@ class ResumableObjectReader(io.RawIOBase):
                 if self._failures >= self.store.settings.max_attempts:
                     raise StorageError(
                         f"reading {self.store.uri(self.rel)} at endpoint {self.store.settings.endpoint} broke off "
-                        f"{self._failures} times at byte {self.pos} of {self.size} ({type(err).__name__})"
+                        f"{self._failures} times at byte {self.pos} of {self.size} ({type(err).__name__})",
+                        transient=True,
                     ) from None
                 self.resumes += 1
                 log.warning("read of %s broke off at byte %d (%s); resuming with a ranged GET",

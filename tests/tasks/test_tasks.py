@@ -5,10 +5,10 @@ from __future__ import annotations
 from prefect.states import Failed
 
 from tasks.pack import begin_packing, finish_packing, pack_part
-from tasks.policies import backoff, retry_only_preemptions
+from tasks.policies import backoff, retry_only_preemptions, retry_transient
 from tasks.preprocess import PREPROCESS_VERSION, fit_features
 from training.config import RetrainConfig
-from training.errors import ConfigError, DataError, Preempted
+from training.errors import ConfigError, DataError, Preempted, StorageError
 
 
 def _pack(config: RetrainConfig) -> dict:
@@ -35,3 +35,9 @@ def test_only_preemptions_are_retried() -> None:
 
 def test_backoff_doubles() -> None:
     assert backoff(5, 3) == [5, 10, 20]
+
+
+def test_storage_errors_are_retried_only_when_transient() -> None:
+    assert retry_transient(None, None, Failed(data=StorageError("endpoint did not answer", transient=True)))
+    assert not retry_transient(None, None, Failed(data=StorageError("bucket 'x' does not exist")))
+    assert not retry_transient(None, None, Failed(data=DataError("bad column")))

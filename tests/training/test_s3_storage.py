@@ -92,6 +92,7 @@ def test_missing_bucket_fails_fast_naming_it(s3_server):
         store.check_bucket()
     text = _one_line(info.value)
     assert "no-such-bucket-here" in text and "does not exist" in text and s3_server in text
+    assert info.value.transient is False  # no task retry: it will not get better
 
 
 def test_wrong_endpoint_fails_in_bounded_time_naming_it(tmp_path):
@@ -106,6 +107,7 @@ def test_wrong_endpoint_fails_in_bounded_time_naming_it(tmp_path):
         store.check_bucket()
     text = _one_line(info.value)
     assert f"127.0.0.1:{port}" in text and "some-bucket" in text
+    assert info.value.transient is True
 
 
 def test_network_that_stays_down_fails_in_bounded_time(s3_bucket, fault_proxy, tmp_path):
