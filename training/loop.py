@@ -409,9 +409,13 @@ def train(
     heartbeat = _Heartbeat(run_dir / ("heartbeat.bin" if rank == 0 else f"heartbeat-rank{rank}.bin"))
     uploader = None
     if root is not None:
-        # A fresh machine: the ledger and the newest complete checkpoint come from S3.
-        root.fetch(f"{job.run_rel}/attempts.jsonl")
-        restore_newer_checkpoint(root, f"{job.run_rel}/checkpoints", ckpt_dir)
+        # A fresh machine: the ledger and the newest complete checkpoint come from S3, fetched
+        # by one process per node (they share its disk) while the node's other ranks wait.
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            root.fetch(f"{job.run_rel}/attempts.jsonl")
+            restore_newer_checkpoint(root, f"{job.run_rel}/checkpoints", ckpt_dir)
+        if world_size > 1:
+            dist.barrier()
         if rank == 0:
             uploader = CheckpointUploader(root, job.run_rel, job.run_key, tc.keep_last)
     attempts = read_attempts(run_dir)

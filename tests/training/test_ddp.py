@@ -137,3 +137,24 @@ def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, t
     assert result["world_size"] == 2 and result["steps"] == 60
     w1, w2 = _weights(reference), _weights(result)
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
+
+
+def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: str, demo_source: Path,
+                                                    tmp_path: Path) -> None:
+    """Rank 0 uploads the checkpoints; after a rank dies, a new machine (empty local dir)
+    downloads the newest one once per node and both ranks resume from it."""
+    from tests.conftest import s3_overrides
+
+    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2")))
+    overrides = small_overrides(tmp_path / "unused", demo_source) + s3_overrides(
+        s3_bucket, s3_server, tmp_path / "machine-a") + ["train.checkpoint_every=10", "train.nproc_per_node=2"]
+    job = make_job(load_config(overrides=overrides))
+    kill_worker_when(job.run_dir, 25, signal.SIGKILL, rank=1)
+    with pytest.raises(Preempted):
+        run_training_process(job)
+    job_b = make_job(load_config(overrides=overrides + [f"storage.local_dir={tmp_path / 'machine-b'}"]))
+    events: list[dict] = []
+    result = run_training_process(job_b, on_event=events.append)
+    resumed = [e["step"] for e in events if e["event"] == "resumed"]
+    assert resumed and 10 <= resumed[0] < 30
+    assert result["model"]["sha256"] == reference["model"]["sha256"]
