@@ -145,13 +145,13 @@ class StorageRoot:
         local = self.local / rel
         if self.remote is None or (local.exists() and not fresh):
             return local if local.exists() else None
-        data = self.remote.get_bytes(rel)
-        if data is None:
+        head = self.remote.head(rel)
+        if head is None:
             if fresh:
                 local.unlink(missing_ok=True)  # gone remotely: a stale local copy must not win
             return local if local.exists() and not fresh else None
-        write_atomic(local, data)
-        return local
+        # Streamed to a temp file and renamed: a model package can be gigabytes.
+        return self.remote.download_file(rel, local, size=int(head["ContentLength"]))
 
     def fetch_file(self, rel: str, size: int | None = None, sha256: str | None = None) -> Path:
         """A large object streamed to its local path (resumable, sha256-checked)."""
