@@ -156,22 +156,23 @@ class CheckpointUploader:
         tags = self.root.tags(CHECKPOINT, self.run_key)
         for name in manifest["files"]:
             remote.upload_file(f"{rel}/{name}", path / name, tags)
-        # Verified before it is declared complete: every file there, at its size.
-        listed = remote.list(rel + "/")
+        # Verified before it is declared complete: every file there, at its size. The same
+        # listing of the run's checkpoints then serves retention (one LIST per checkpoint).
+        checkpoints = self.root.remote_checkpoints(self.ckpt_rel)
         for name, meta in manifest["files"].items():
-            if listed.get(f"{rel}/{name}") != meta["bytes"]:
+            if checkpoints.get(step, {}).get(name) != meta["bytes"]:
                 raise StorageError(f"{remote.uri(rel)}/{name} is not on S3 at {meta['bytes']} bytes after its upload")
         remote.upload_file(f"{rel}/{_MANIFEST}", path / _MANIFEST, tags)  # last: now it is complete
+        checkpoints[step][_MANIFEST] = (path / _MANIFEST).stat().st_size
         ledger = self.root.local / self.run_rel / "attempts.jsonl"
         if ledger.exists():
             remote.upload_file(f"{self.run_rel}/attempts.jsonl", ledger, self.root.tags(RUN, self.run_key))
         self.uploaded.append(step)
-        self._retain(step, protect)
+        self._retain(step, protect, checkpoints)
 
-    def _retain(self, newest: int, protect: set[int]) -> None:
+    def _retain(self, newest: int, protect: set[int], checkpoints: dict[int, dict[str, int]]) -> None:
         remote = self.root.remote
         assert remote is not None
-        checkpoints = self.root.remote_checkpoints(self.ckpt_rel)
         complete = sorted((s for s, files in checkpoints.items() if _MANIFEST in files), reverse=True)
         keep = set(complete[: self.keep_last]) | (protect & set(complete)) | {newest}
         doomed = [(step, name) for step, files in checkpoints.items() if step not in keep for name in files]

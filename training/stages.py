@@ -97,30 +97,34 @@ def pack_begin(config: RetrainConfig) -> dict[str, Any]:
 
 def _plan_of(plan: dict[str, Any]) -> PackPlan:
     fields = {k: plan[k] for k in ("source", "fingerprint", "sources", "work_dir", "final_dir")}
-    return PackPlan(**fields, parts=[PackPart(**{**p, "row_groups": tuple(p["row_groups"])}) for p in plan["parts"]])
+    return PackPlan(**fields, parts=[_part_of(p) for p in plan["parts"]])
+
+
+def _part_of(part: dict[str, Any]) -> PackPart:
+    return PackPart(**{**part, "row_groups": tuple(part["row_groups"])})  # JSON made the tuple a list
 
 
 def pack_part_stage(data: dict[str, Any], plan: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     """Pack one part (see `training.data.packing.PackPart`); small result, pieces on disk."""
-    return pack_part(_plan_of(plan), PackPart(**{**part, "row_groups": tuple(part["row_groups"])}),
-                     DataConfig.model_validate(data))
+    return pack_part(_plan_of(plan), _part_of(part), DataConfig.model_validate(data))
 
 
-def pack_finish(config: RetrainConfig, begun: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Assemble the shards from the parts (or pass on the reused dataset) and publish them."""
+def pack_finish(config: RetrainConfig, begun: dict[str, Any], parts: list[dict[str, Any]],
+                writers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Assemble the shards from the parts (or finish the `writers` the parts fed directly, or
+    pass on the reused dataset) and publish them."""
     if begun["done"] is not None:
         return {**begun["done"], "seconds": time.time() - begun["done"]["started_at"]}
     plan = _plan_of(begun["plan"])
     root = StorageRoot.from_config(config)
     try:
-        manifest = assemble_shards(plan, parts, config.data)
+        manifest = assemble_shards(plan, parts, config.data, writers)
     except BaseException:
         shutil.rmtree(plan.work_dir, ignore_errors=True)
         raise
     dataset_dir = Path(plan.final_dir)
     uploaded = root.publish_dataset(dataset_dir, manifest)
-    packed = _packed(begun["plan"], root, dataset_dir, manifest, reused=False, uploaded=uploaded)
-    return {**packed, "parts": len(parts), "seconds": time.time() - begun["plan"]["started_at"]}
+    return {**_packed(begun["plan"], root, dataset_dir, manifest, reused=False, uploaded=uploaded), "parts": len(parts)}
 
 
 def _packed(base: dict[str, Any], root: StorageRoot, dataset_dir: Path, manifest: Any, reused: bool,
@@ -149,18 +153,13 @@ def pack_stage(config: RetrainConfig) -> dict[str, Any]:
     # In one process the parts go in order straight into the shard writers (no pieces on
     # disk); the bytes are the same as when the flow fans the parts out.
     plan = _plan_of(begun["plan"])
-    root = StorageRoot.from_config(config)
     try:
         writers = split_writers(plan, config.data)
         parts = [pack_part(plan, part, config.data, writers) for part in plan.parts]
-        manifest = assemble_shards(plan, parts, config.data, writers)
     except BaseException:
         shutil.rmtree(plan.work_dir, ignore_errors=True)
         raise
-    dataset_dir = Path(plan.final_dir)
-    uploaded = root.publish_dataset(dataset_dir, manifest)
-    packed = _packed(begun["plan"], root, dataset_dir, manifest, reused=False, uploaded=uploaded)
-    return {**packed, "parts": len(parts), "seconds": time.time() - begun["plan"]["started_at"]}
+    return pack_finish(config, begun, parts, writers)
 
 
 def preprocess_stage(

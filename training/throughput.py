@@ -8,7 +8,6 @@ untouched, and a run with and without them computes the same thing.
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import os
 import time
@@ -21,8 +20,6 @@ import torch.nn.functional as F
 from training.errors import ConfigError
 
 __all__ = ["choose_num_workers", "BatchSizeSearch", "find_micro_batch", "step_memory_bytes"]
-
-log = logging.getLogger(__name__)
 
 STALL_TARGET = 0.02  # below this share of step time spent waiting for data, workers only add IPC
 MAX_WORKERS = 8

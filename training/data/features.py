@@ -95,7 +95,7 @@ def fit_feature_stats(
     count = np.zeros(n_num, dtype=np.int64)
     counts: list[dict[int, int]] = [{} for _ in range(n_cat)]
     for shard in manifest.shards_of("train"):
-        reader = ShardReader(local_shard(dataset_dir, shard.name, shard.bytes, shard.sha256))
+        reader = ShardReader(local_shard(dataset_dir, shard.name, shard.bytes, shard.sha256)[0])
         try:
             for key_ in reader.keys:
                 block = reader.block(key_)

@@ -88,7 +88,9 @@ class ShardBatches:
             self._cache.move_to_end(i)
             return arrays
         info = self.shards[i]
-        path = local_shard(self.dataset_dir, info.name, info.bytes, info.sha256)
+        path, downloaded = local_shard(self.dataset_dir, info.name, info.bytes, info.sha256)
+        if downloaded:
+            self._verified.add(i)  # hashed as it came down: no second pass over the file
         if i not in self._verified:
             _verify_shard(path, info)  # once per process: never train on a corrupt shard
             self._verified.add(i)

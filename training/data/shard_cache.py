@@ -41,13 +41,14 @@ def _marker(dataset_dir: Path) -> dict[str, Any] | None:
         raise StorageError(f"{dataset_dir / REMOTE_MARKER} is unreadable ({err}); delete it and rerun") from None
 
 
-def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> Path:
-    """The local path of shard `name`, downloading it first if this dataset lives on S3."""
+def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> tuple[Path, bool]:
+    """(local path of shard `name`, whether it was just downloaded), downloading it first if
+    this dataset lives on S3. A download is checked against `sha256` as it streams."""
     path = dataset_dir / name
     try:
         if path.stat().st_size == size:
             os.utime(path)  # recently used: evicted last
-            return path
+            return path, False
     except FileNotFoundError:
         pass
     marker = _marker(dataset_dir)
@@ -61,7 +62,7 @@ def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> Path:
         store = _stores[key] = S3Store(S3Settings(**marker["settings"]))
     store.download_file(f"{marker['rel']}/{name}", path, size=size, sha256=sha256)
     evict(Path(marker["cache_root"]), int(marker["cache_bytes"]), keep=path)
-    return path
+    return path, True
 
 
 def evict(cache_root: Path, limit: int, keep: Path | None = None) -> list[Path]:
