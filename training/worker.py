@@ -119,5 +119,23 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _exit_distributed(code: int) -> None:
+    """End a torchrun rank without interpreter finalization.
+
+    Measured: about 1 run in 10 of two gloo ranks on CPU aborted ("terminate called without an
+    active exception", SIGABRT) after `main` had returned and the process group was destroyed:
+    a C++ thread still owned by the communication library met its static destructors. torchrun
+    then reports the rank as failed, and a finished run would be retried as a preemption. All
+    results are on disk and stdout is flushed by now, so nothing is lost by skipping teardown.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        _exit_distributed(code)
+    sys.exit(code)
