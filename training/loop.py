@@ -530,7 +530,8 @@ def train(
         workers_probe = choose_num_workers(
             model, lambda i: train_batches.batch(0, i % train_batches.batches_per_epoch), device, dtype)
         num_workers = state.num_workers = workers_probe["num_workers"]
-        train_batches.release()  # workers get a copy of this object: without the probe's shards
+        if num_workers:
+            train_batches.release()  # workers get a copy of this object: without the probe's shards
     loader = make_train_loader(
         train_batches, StreamPosition(state.epoch, state.batch), int(num_workers), pin_memory=device.type == "cuda",
         rank=rank, world=world_size,
@@ -542,7 +543,8 @@ def train(
         with torch.no_grad(), torch.random.fork_rng():  # compile now: the warm-up stays out of the step timings
             x_num, x_cat, _ = train_batches.batch(0, 0)
             compiled(x_num[:2].to(device), x_cat[:2].to(device))
-        train_batches.release()
+        if num_workers:
+            train_batches.release()
         compile_seconds = time.perf_counter() - t_compile
     else:
         compiled = model

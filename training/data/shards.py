@@ -27,6 +27,8 @@ from training.errors import DataError
 __all__ = ["ShardTarWriter", "ShardReader", "encode_npy", "FIELDS", "member_bytes"]
 
 FIELDS = ("num", "cat", "label")
+# Parsed .npy headers, by their bytes.
+_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype, int]] = {}
 _BLOCK = 512
 
 
@@ -109,13 +111,26 @@ class ShardReader:
         m = self._members.get(name)
         if m is None:
             raise DataError(f"shard {self.path}: member {name} is missing")
-        header = io.BytesIO(self._mm[m.offset : m.offset + min(m.size, 256)])
-        version = np.lib.format.read_magic(header)
-        if version == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(header)
-        else:
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(header)
-        data_offset = m.offset + header.tell()
+        raw = self._mm[m.offset : m.offset + min(m.size, 256)]
+        if raw[:6] != b"\x93NUMPY" or len(raw) < 12:
+            raise DataError(f"shard {self.path}: member {name} is not a .npy array")
+        end = 10 + int.from_bytes(raw[8:10], "little") if raw[6] == 1 else 12 + int.from_bytes(raw[8:12], "little")
+        raw = raw[:end]  # the header alone: the key under which its parse is kept
+        parsed = _HEADERS.get(raw)
+        if parsed is None:
+            # numpy parses the header with ast.literal_eval, 30 us a member; members of one
+            # dataset share a few distinct headers, so each is parsed once per process.
+            header = io.BytesIO(raw)
+            version = np.lib.format.read_magic(header)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(header)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(header)
+            parsed = _HEADERS[raw] = (shape, fortran, dtype, header.tell())
+            if len(_HEADERS) > 1024:
+                _HEADERS.clear()
+        shape, fortran, dtype, header_size = parsed
+        data_offset = m.offset + header_size
         count = int(np.prod(shape)) if shape else 1
         arr = np.frombuffer(self._mm, dtype=dtype, count=count, offset=data_offset)
         return arr.reshape(shape, order="F" if fortran else "C")
