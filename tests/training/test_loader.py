@@ -75,6 +75,23 @@ def test_corrupt_shard_is_refused(packed) -> None:
         batches.batch(0, 0)
 
 
+def test_a_corrupt_shard_met_on_the_prefetch_thread_stops_the_stream(packed) -> None:
+    """Shards after the first are read, checked and shuffled on background threads: a bad one
+    still fails in the training thread, naming the shard, before any of its rows are served."""
+    d, manifest, stats = packed
+    batches = ShardBatches(d, manifest, "train", 64, stats.transformer(), seed=0)
+    order, starts = batches._order(0)
+    victim = manifest.shards_of("train")[int(order[1])]
+    data = bytearray((d / victim.name).read_bytes())
+    data[-20000] ^= 0xFF
+    (d / victim.name).write_bytes(bytes(data))
+    served = 0
+    with pytest.raises(DataError, match=f"shard .*{victim.name}: sha256 does not match"):
+        for _epoch, _index, _x_num, _x_cat, y in make_train_loader(batches, StreamPosition(), 0, False):
+            served += len(y)
+    assert served <= int(starts[1])  # nothing past the first shard
+
+
 def test_batch_larger_than_split_is_a_clear_error(packed) -> None:
     d, manifest, stats = packed
     with pytest.raises(DataError, match="lower train.batch_size"):

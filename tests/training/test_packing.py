@@ -215,3 +215,38 @@ def test_a_bad_row_in_one_part_names_file_column_and_row(tmp_path: Path, demo_so
     with pytest.raises(DataError, match=r"part-2\.parquet: column 'price' has an infinite value at row 1500"):
         pack_stage(config)
     assert not list((tmp_path / "root" / "datasets").glob("*"))  # nothing half-written left behind
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to fail a write")
+def test_a_failed_shard_write_is_named_and_leaves_no_dataset(small_config: RetrainConfig, demo_source: Path,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shard bytes go to disk on a background thread: its write error still stops the pack,
+    names the shard, and leaves neither a dataset nor a work folder behind."""
+    from training.data.packing import pack_part, plan_pack, split_writers, start_pack
+    from training.errors import StorageError
+
+    root = tmp_path / "datasets"
+    root.mkdir()
+    plan, _ = plan_pack(demo_source, small_config.data, root)
+    assert plan is not None
+    start_pack(plan)
+    (Path(plan.work_dir) / "train-000000.tar").symlink_to("/dev/full")  # every write: ENOSPC
+    writers = split_writers(plan, small_config.data)
+    with pytest.raises(StorageError, match=r"cannot write shard .*train-000000\.tar: No space left on device"):
+        for part in plan.parts:
+            pack_part(plan, part, small_config.data, writers)
+        for w in writers.values():
+            w.finish()
+    for w in writers.values():
+        w.abort()
+
+    # The public entry point cleans up after the same failure.
+    import training.data.shards as shards
+
+    def no_space(self: shards.ShardTarWriter, path: Path, max_pending: int = 64) -> None:
+        raise StorageError(f"cannot write shard {path}: No space left on device")
+
+    monkeypatch.setattr(shards.ShardTarWriter, "__init__", no_space)
+    with pytest.raises(StorageError, match="No space left"):
+        pack_shards(demo_source, small_config.data, tmp_path / "other")
+    assert list((tmp_path / "other").iterdir()) == []

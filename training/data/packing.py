@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import uuid
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -31,7 +32,6 @@ from training.config import DataConfig, fingerprint
 from training.data.shard_cache import is_remote_dataset
 from training.data.shards import ShardTarWriter, encode_npy, member_bytes
 from training.errors import DataError
-from training.storage import HashingWriter
 
 __all__ = [
     "PACK_FORMAT_VERSION",
@@ -242,9 +242,8 @@ class _SplitWriter:
         self.buffered = 0
         self.shards: list[ShardInfo] = []
         self.member_index = 0
-        self._file = None
         self._writer: ShardTarWriter | None = None
-        self._hash = None
+        self._closing: list[tuple[str, int, Future[tuple[int, str]]]] = []
         self._rows_in_shard = 0
         self.rows = 0
         self.positives = 0
@@ -283,29 +282,35 @@ class _SplitWriter:
         self.positives += int(block["label"].sum())
 
     def _open_shard(self) -> None:
-        name = f"{self.split}-{len(self.shards):06d}.tar"
-        self._file = open(self.out_dir / name, "wb")
-        self._hashing = HashingWriter(self._file)
-        self._writer = ShardTarWriter(self._hashing)  # type: ignore[arg-type]
+        name = f"{self.split}-{len(self.shards) + len(self._closing):06d}.tar"
+        self._writer = ShardTarWriter(self.out_dir / name)
         self._rows_in_shard = 0
         self._name = name
 
     def _close_shard(self) -> None:
-        assert self._writer is not None and self._file is not None
-        self._writer.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        size = self._file.tell()
-        self._file.close()
-        self.shards.append(ShardInfo(self._name, self.split, self._rows_in_shard, size, self._hashing.hexdigest()))
+        assert self._writer is not None
+        # Written and fsynced in the background; `finish` collects the sizes and hashes.
+        self._closing.append((self._name, self._rows_in_shard, self._writer.close()))
         self._writer = None
-        self._file = None
 
     def finish(self) -> None:
         if self.buffered:
             self._emit(self.buffered)
         if self._writer is not None:
             self._close_shard()
+        for name, rows, done in self._closing:
+            size, sha256 = done.result()
+            self.shards.append(ShardInfo(name, self.split, rows, size, sha256))
+        self._closing = []
+
+    def abort(self) -> None:
+        """Stop writing (the pack failed): wait for the background writes, close the files."""
+        if self._writer is not None:
+            self._writer.abort()
+            self._writer = None
+        for _, _, done in self._closing:
+            done.exception()
+        self._closing = []
 
 
 def _iter_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
@@ -490,18 +495,12 @@ def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], conf
     final_dir = Path(plan.final_dir)
     fed = writers is not None
     writers = writers if writers is not None else split_writers(plan, config)
-    for part in [] if fed else plan.parts:
-        for name in SPLITS:
-            arrays = {k: np.load(_piece(work_dir, part.index, name, k), mmap_mode="r") for k in ("num", "cat", "label")}
-            for lo in range(0, len(arrays["label"]), _READ_BATCH_ROWS):
-                hi = lo + _READ_BATCH_ROWS
-                writers[name].add(np.array(arrays["num"][lo:hi]), np.array(arrays["cat"][lo:hi]),
-                                  np.array(arrays["label"][lo:hi]))
-            for k in ("num", "cat", "label"):
-                _piece(work_dir, part.index, name, k).unlink()  # keep the disk bounded as we go
-    shutil.rmtree(work_dir / "pieces", ignore_errors=True)
-    for w in writers.values():
-        w.finish()
+    try:
+        _write_pieces(plan, writers, [] if fed else plan.parts)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
     _check_splits(Path(plan.source), config, writers)
     manifest = DatasetManifest(
         fingerprint=plan.fingerprint,
@@ -527,6 +526,22 @@ def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], conf
     return manifest
 
 
+def _write_pieces(plan: PackPlan, writers: dict[str, _SplitWriter], parts: list[PackPart]) -> None:
+    work_dir = Path(plan.work_dir)
+    for part in parts:
+        for name in SPLITS:
+            arrays = {k: np.load(_piece(work_dir, part.index, name, k), mmap_mode="r") for k in ("num", "cat", "label")}
+            for lo in range(0, len(arrays["label"]), _READ_BATCH_ROWS):
+                hi = lo + _READ_BATCH_ROWS
+                writers[name].add(np.array(arrays["num"][lo:hi]), np.array(arrays["cat"][lo:hi]),
+                                  np.array(arrays["label"][lo:hi]))
+            for k in ("num", "cat", "label"):
+                _piece(work_dir, part.index, name, k).unlink()  # keep the disk bounded as we go
+    shutil.rmtree(work_dir / "pieces", ignore_errors=True)
+    for w in writers.values():
+        w.finish()
+
+
 def start_pack(plan: PackPlan) -> None:
     """A fresh work folder (what a dead packer left there is not trusted)."""
     work_dir = Path(plan.work_dir)
@@ -549,7 +564,12 @@ def pack_shards(source: Path, config: DataConfig, datasets_root: Path) -> tuple[
     try:
         # In one process the parts go in order straight into the shard writers: no pieces.
         writers = split_writers(plan, config)
-        results = [pack_part(plan, part, config, writers) for part in plan.parts]
+        try:
+            results = [pack_part(plan, part, config, writers) for part in plan.parts]
+        except BaseException:
+            for w in writers.values():
+                w.abort()  # before the work folder goes: its files are still being written
+            raise
         manifest = assemble_shards(plan, results, config, writers)
     except BaseException:
         shutil.rmtree(plan.work_dir, ignore_errors=True)

@@ -13,16 +13,19 @@ Why not `webdataset.ShardWriter`/`WebDataset` here (webdataset 1.0.2, measured o
 
 from __future__ import annotations
 
+import hashlib
 import io
 import mmap
+import os
 import tarfile
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 
-from training.errors import DataError
+from training.errors import DataError, StorageError
 
 __all__ = ["ShardTarWriter", "ShardReader", "encode_npy", "FIELDS", "member_bytes"]
 
@@ -44,11 +47,45 @@ def member_bytes(payload_size: int) -> int:
 
 
 class ShardTarWriter:
-    """Writes one ustar shard with fixed metadata (mtime 0, uid 0, mode 0644): same input, same bytes."""
+    """Writes one ustar shard with fixed metadata (mtime 0, uid 0, mode 0644): same input, same
+    bytes, as `tarfile` would write them (its `TarInfo` encodes the headers).
 
-    def __init__(self, fileobj: BinaryIO) -> None:
-        self._tar = tarfile.open(fileobj=fileobj, mode="w", format=tarfile.USTAR_FORMAT)
-        self.bytes_written = 0
+    Hashing, writing and the final fsync run on a background thread (hashlib and file writes
+    release the GIL), so they overlap the packer's Parquet decoding on another core: 80 ms of
+    a 270 ms pack of 30 MB in a profile. At most `max_pending` members wait for it, which
+    bounds the memory held."""
+
+    def __init__(self, path: Path, max_pending: int = 64) -> None:
+        self.path = path
+        try:
+            self._file = open(path, "wb")
+        except OSError as err:
+            raise StorageError(f"cannot write shard {path}: {err.strerror or err}") from None
+        self._hash = hashlib.sha256()
+        self._room = threading.BoundedSemaphore(max_pending)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
+        self._error: OSError | None = None
+        self.bytes_written = 0  # archive bytes so far, headers counted
+
+    def _write(self, data: bytes) -> None:
+        try:
+            if self._error is None:
+                self._hash.update(data)
+                self._file.write(data)
+        except OSError as err:
+            self._error = err
+        finally:
+            self._room.release()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise StorageError(f"cannot write shard {self.path}: {self._error.strerror or self._error}")
+
+    def _submit(self, data: bytes) -> None:
+        self._check()
+        self._room.acquire()
+        self._executor.submit(self._write, data)
+        self.bytes_written += len(data)
 
     def add(self, name: str, payload: bytes) -> None:
         info = tarfile.TarInfo(name)
@@ -57,11 +94,34 @@ class ShardTarWriter:
         info.mode = 0o644
         info.uid = info.gid = 0
         info.uname = info.gname = ""
-        self._tar.addfile(info, io.BytesIO(payload))
-        self.bytes_written += member_bytes(len(payload))
+        header = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+        self._submit(b"".join((header, payload, b"\0" * (-len(payload) % _BLOCK))))
 
-    def close(self) -> None:
-        self._tar.close()
+    def close(self) -> Future[tuple[int, str]]:
+        """End the archive as `tarfile` does (two zero blocks, padded to a whole record); the
+        future gives (size, sha256) once the file is written, fsynced and closed."""
+        end = 2 * _BLOCK
+        end += -(self.bytes_written + end) % tarfile.RECORDSIZE
+        self._submit(b"\0" * end)
+
+        def finish() -> tuple[int, str]:
+            try:
+                self._check()
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                return self._file.tell(), self._hash.hexdigest()
+            except OSError as err:
+                raise StorageError(f"cannot write shard {self.path}: {err.strerror or err}") from None
+            finally:
+                self._file.close()
+
+        done = self._executor.submit(finish)
+        self._executor.shutdown(wait=False)
+        return done
+
+    def abort(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._file.close()
 
 
 @dataclass(frozen=True)
