@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def _project_loop(work: Path, name: str, overrides: list[str]) -> dict[str, Any]
             "checkpoints": result["checkpoints_saved"]}
 
 
-def _prefect_overhead(work: Path, source: Path) -> dict[str, Any]:
+def _prefect_overhead(work: Path, source: Path, rounds: int) -> dict[str, Any]:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     from flows.retrain import retrain
@@ -64,33 +65,48 @@ def _prefect_overhead(work: Path, source: Path) -> dict[str, Any]:
         return load_config(overrides=[f"storage.root={work / 'flow'}", f"data.source={source}", f"train.seed={seed}"])
 
     retrain(config(1))  # starts the ephemeral server: the one-off cost is not orchestration overhead
-    t0 = time.perf_counter()
-    report = json.loads(Path(retrain(config(2))).read_text())
-    wall = time.perf_counter() - t0
-    bodies = sum(report["durations"].values())
-    return {"flow_wall_seconds": round(wall, 2), "task_bodies_seconds": round(bodies, 2),
-            "prefect_overhead_fraction": round(wall / bodies - 1, 3),
-            "demo_data_stall_fraction": round(report["utilization"]["data_stall_fraction"], 4)}
+    walls, bodies, stalls = [], [], []
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        report = json.loads(Path(retrain(config(2 + r))).read_text())
+        walls.append(time.perf_counter() - t0)
+        bodies.append(sum(report["durations"].values()))
+        stalls.append(report["utilization"]["data_stall_fraction"])
+    fractions = [w / b - 1 for w, b in zip(walls, bodies)]
+    return {"flow_wall_seconds": [round(w, 2) for w in walls], "task_bodies_seconds": [round(b, 2) for b in bodies],
+            "prefect_overhead_fraction_per_round": [round(f, 3) for f in fractions],
+            "prefect_overhead_fraction": round(statistics.median(fractions), 3),
+            "demo_data_stall_fraction_per_round": [round(x, 4) for x in stalls],
+            "demo_data_stall_fraction": round(statistics.median(stalls), 4)}
 
 
-def run(work: Path) -> dict[str, Any]:
+def run(work: Path, rounds: int = 3) -> dict[str, Any]:
     source = demo_parquet(work, 200_000)
     base = [f"data.source={source}", f"train.max_steps={STEPS}", "train.patience=0"]
     job = train_job(work, "probe", base)
-    bare = min(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path) for _ in range(2))
     quiet_overrides = base + [f"train.eval_every={STEPS}", f"train.checkpoint_every={STEPS}"]
-    quiet = min((_project_loop(work, f"quiet{i}", quiet_overrides) for i in range(2)), key=lambda r: r["seconds"])
     # Checkpoints at the default interval (every 200 steps), validation still only at the end.
     ckpt_overrides = base + [f"train.eval_every={STEPS}"]
-    default = min((_project_loop(work, f"ckpt{i}", ckpt_overrides) for i in range(2)), key=lambda r: r["seconds"])
+    # Rounds interleave the three loops, so drift on a shared box hits all of them; each
+    # figure is the median over rounds of a ratio taken within one round.
+    bare, quiet, ckpt = [], [], []
+    for r in range(rounds):
+        bare.append(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path))
+        quiet.append(_project_loop(work, f"quiet{r}", quiet_overrides))
+        ckpt.append(_project_loop(work, f"ckpt{r}", ckpt_overrides))
+    loop = [q["seconds"] / b - 1 for q, b in zip(quiet, bare)]
+    checkpointing = [c["seconds"] / q["seconds"] - 1 for c, q in zip(ckpt, quiet)]
     out = {
         "steps": STEPS,
-        "bare_loop_seconds": round(bare, 3),
-        "project_loop_seconds_no_eval_no_checkpoints": round(quiet["seconds"], 3),
-        "loop_overhead_fraction": round(quiet["seconds"] / bare - 1, 3),
-        "project_loop_seconds_checkpoint_every_200": round(default["seconds"], 3),
-        "checkpoints_saved": default["checkpoints"],
-        "checkpointing_overhead_fraction": round(default["seconds"] / quiet["seconds"] - 1, 3),
+        "rounds": rounds,
+        "bare_loop_seconds": [round(b, 3) for b in bare],
+        "project_loop_seconds_no_eval_no_checkpoints": [round(q["seconds"], 3) for q in quiet],
+        "loop_overhead_fraction_per_round": [round(x, 3) for x in loop],
+        "loop_overhead_fraction": round(statistics.median(loop), 3),
+        "project_loop_seconds_checkpoint_every_200": [round(c["seconds"], 3) for c in ckpt],
+        "checkpoints_saved": ckpt[0]["checkpoints"],
+        "checkpointing_overhead_fraction_per_round": [round(x, 3) for x in checkpointing],
+        "checkpointing_overhead_fraction": round(statistics.median(checkpointing), 3),
     }
-    out.update(_prefect_overhead(work, source))
+    out.update(_prefect_overhead(work, source, rounds))
     return out

@@ -5,6 +5,9 @@ Position in the stream is `(epoch, batch)`. Batch `b` of an epoch covers rows
 each shard by (seed, epoch, shard). Resuming is arithmetic on the manifest's row counts: it seeks
 straight to the saved position, reads nothing it skips, and costs the same at any step.
 
+Each shard is read, checked against its sha256, transformed and put in that epoch's row order
+once, on background threads a shard or two ahead of the loop; a batch is then a slice of it.
+
 With `num_workers=k`, worker `w` produces global batches `w, w+k, w+2k, ...`; the DataLoader
 interleaves workers round-robin, so the batches arrive in exactly the single-process order and
 the run is bit-identical whatever `num_workers` is.
