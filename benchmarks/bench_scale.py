@@ -36,7 +36,8 @@ else:
     from training.data.loader import ShardBatches, StreamPosition, make_train_loader
     _, stats = fit_feature_stats(d, manifest, config.preprocess, work / "pre")
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    batches = ShardBatches(d, manifest, "train", 512, stats.transformer(), seed=0)
+    budget = int(config.train.loader_cache_mb * 1e6) if what == "load" else 0
+    batches = ShardBatches(d, manifest, "train", 512, stats.transformer(), seed=0, cache_bytes=budget)
     t0 = time.perf_counter()
     seen = 0
     for _, _, x, c, y in make_train_loader(batches, StreamPosition(), 0, False):
@@ -63,10 +64,15 @@ def run(work: Path) -> dict[str, Any]:
         _child(size_dir, rows, "generate")
         pack = _child(size_dir, rows, "pack")  # fresh packing: no dataset yet
         load = _child(size_dir, rows, "load")  # reuses the packed dataset, reads one epoch
+        # The same with train.loader_cache_mb: 0, as for a split larger than that budget.
+        load0 = _child(size_dir, rows, "load-nothing-kept")
         result[f"rows_{rows}"] = {
             "pack_rows_per_s": round(pack["rows_per_s"]), "pack_peak_rss_mb": round(pack["peak_rss_mb"]),
             "pack_rss_growth_mb": round(pack["rss_growth_mb"]),
             "load_rows_per_s": round(load["rows_per_s"]), "load_peak_rss_mb": round(load["peak_rss_mb"]),
             "load_rss_growth_mb": round(load["rss_growth_mb"]),
+            "load_nothing_kept_rows_per_s": round(load0["rows_per_s"]),
+            "load_nothing_kept_peak_rss_mb": round(load0["peak_rss_mb"]),
+            "load_nothing_kept_rss_growth_mb": round(load0["rss_growth_mb"]),
         }
     return result

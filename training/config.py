@@ -149,6 +149,10 @@ class TrainConfig(_Section):
     num_workers: int | Literal["auto"] = Field(
         "auto", description='DataLoader worker processes, or "auto": chosen at start from the measured data stall.'
     )
+    loader_cache_mb: float = Field(
+        512.0, ge=0, description="RAM for transformed train shards kept from one epoch to the next, per process "
+        "(shared out among DataLoader workers and a node's ranks); shards beyond it are read and transformed again."
+    )
     auto_batch_size: bool = Field(
         False, description="At start, find the largest micro-batch that fits accelerator memory; grad_accum keeps "
         "the effective batch (batch_size x grad_accum) and so the learning rate as configured."

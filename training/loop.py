@@ -61,7 +61,7 @@ _OPERATIONAL = {
     "nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "ddp_bucket_mb", "ddp_timeout_s",
     # How the effective batch is split into micro-batches, and whether the model is compiled,
     # change speed and memory, not the rows of each step.
-    "auto_batch_size", "memory_fraction", "simulated_memory_mb", "compile",
+    "auto_batch_size", "memory_fraction", "simulated_memory_mb", "compile", "loader_cache_mb",
 }
 
 
@@ -521,7 +521,10 @@ def train(
                 model, tc, len(stats.numeric), len(stats.categorical), device, dtype, rank, world_size)
     grad_accum = int(state.grad_accum or tc.grad_accum)
     # The global micro-batch is split across the processes: each takes its share.
-    train_batches = ShardBatches(dataset_dir, manifest, "train", state.micro_batch // world_size, transform, seed=tc.seed)
+    # The node's ranks each hold their own shards: they share the node's loader memory.
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    train_batches = ShardBatches(dataset_dir, manifest, "train", state.micro_batch // world_size, transform, seed=tc.seed,
+                                 cache_bytes=int(tc.loader_cache_mb * 1e6) // local_world)
     workers_probe = None
     num_workers = tc.num_workers
     if num_workers == "auto" and state.num_workers is not None:
