@@ -92,7 +92,7 @@ def _prefect_overhead(work: Path, source: Path, rounds: int) -> dict[str, Any]:
             "demo_data_stall_fraction": round(statistics.median(stalls), 4)}
 
 
-def run(work: Path, rounds: int = 3) -> dict[str, Any]:
+def run(work: Path, rounds: int = 5) -> dict[str, Any]:
     source = demo_parquet(work, 200_000)
     base = [f"data.source={source}", f"train.max_steps={STEPS}", "train.patience=0"]
     job = train_job(work, "probe", base)
