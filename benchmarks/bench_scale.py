@@ -19,6 +19,13 @@ from pathlib import Path
 from training.config import load_config
 from training.data.demo import ensure_demo_dataset
 work, rows, what = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+def hwm():
+    # This process's peak RSS in KiB. Not getrusage's ru_maxrss: that survives exec, so a child
+    # of a large parent would report the parent's peak.
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 config = load_config()
 source = work / "demo" / f"ctr-{rows}-1.parquet"
 if what == "generate":
@@ -26,7 +33,7 @@ if what == "generate":
     print(json.dumps({}))
     sys.exit()
 from training.data.packing import pack_shards
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+base = hwm()
 t0 = time.perf_counter()
 d, manifest, _ = pack_shards(source, config.data, work / "datasets")
 if what == "pack":
@@ -35,7 +42,7 @@ else:
     from training.data.features import fit_feature_stats
     from training.data.loader import ShardBatches, StreamPosition, make_train_loader
     _, stats = fit_feature_stats(d, manifest, config.preprocess, work / "pre")
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = hwm()
     budget = int(config.train.loader_cache_mb * 1e6) if what == "load" else 0
     batches = ShardBatches(d, manifest, "train", 512, stats.transformer(), seed=0, cache_bytes=budget)
     t0 = time.perf_counter()
@@ -45,7 +52,7 @@ else:
         if seen >= manifest.rows["train"]:
             break
     seconds = time.perf_counter() - t0
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = hwm()
 print(json.dumps({"rows_per_s": rows / seconds if what == "pack" else seen / seconds,
                   "peak_rss_mb": peak / 1024, "rss_growth_mb": (peak - base) / 1024}))
 """

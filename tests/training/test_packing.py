@@ -243,7 +243,7 @@ def test_a_failed_shard_write_is_named_and_leaves_no_dataset(small_config: Retra
     # The public entry point cleans up after the same failure.
     import training.data.shards as shards
 
-    def no_space(self: shards.ShardTarWriter, path: Path, max_pending: int = 64) -> None:
+    def no_space(self: shards.ShardTarWriter, path: Path, *args: object) -> None:
         raise StorageError(f"cannot write shard {path}: No space left on device")
 
     monkeypatch.setattr(shards.ShardTarWriter, "__init__", no_space)

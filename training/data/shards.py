@@ -55,7 +55,7 @@ class ShardTarWriter:
     a 270 ms pack of 30 MB in a profile. At most `max_pending` members wait for it, which
     bounds the memory held."""
 
-    def __init__(self, path: Path, max_pending: int = 64) -> None:
+    def __init__(self, path: Path, executor: ThreadPoolExecutor | None = None, max_pending: int = 16) -> None:
         self.path = path
         try:
             self._file = open(path, "wb")
@@ -63,7 +63,10 @@ class ShardTarWriter:
             raise StorageError(f"cannot write shard {path}: {err.strerror or err}") from None
         self._hash = hashlib.sha256()
         self._room = threading.BoundedSemaphore(max_pending)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
+        # One thread, so the writes stay in order; shared by a split's consecutive shards (a
+        # thread per shard grew the packer's RSS with the shard count: allocator arenas).
+        self._own_executor = executor is None
+        self._executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="shard-writer")
         self._error: OSError | None = None
         self.bytes_written = 0  # archive bytes so far, headers counted
 
@@ -116,11 +119,16 @@ class ShardTarWriter:
                 self._file.close()
 
         done = self._executor.submit(finish)
-        self._executor.shutdown(wait=False)
+        if self._own_executor:
+            self._executor.shutdown(wait=False)
         return done
 
     def abort(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._own_executor:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        else:
+            self._error = self._error or OSError("aborted")  # queued writes skip
+            self._executor.submit(lambda: None).result()
         self._file.close()
 
 
