@@ -59,16 +59,14 @@ class CheckpointManifest:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"  # zero-padded: sorting by name is sorting by step
+
+
+def step_of(name: str) -> int | None:
+    """The step of a checkpoint folder name (`step_dir_name`'s inverse), or None for other names."""
+    prefix, _, digits = name.partition("-")
+    return int(digits) if prefix == "step" and digits.isdigit() else None
 
 
 def save_checkpoint(ckpt_root: Path, manifest: CheckpointManifest, state: dict[str, Any]) -> Path:
@@ -192,7 +190,7 @@ def apply_retention(ckpt_root: Path, keep_last: int, protect: set[int]) -> list[
     deleted = []
     kept = 0
     for path in list_checkpoints(ckpt_root):
-        step = int(path.name.split("-")[1])
+        step = step_of(path.name)
         complete = _looks_complete(path)
         if complete and kept < keep_last:
             kept += 1

@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from training.checkpoint import CheckpointManifest, list_checkpoints, step_dir_name, verify_checkpoint
+from training.checkpoint import CheckpointManifest, list_checkpoints, step_dir_name, step_of, verify_checkpoint
 from training.errors import CheckpointError, RetrainError, StorageError
 from training.storage_root import CHECKPOINT, RUN, StorageRoot
 
@@ -32,17 +32,13 @@ log = logging.getLogger(__name__)
 _MANIFEST = "manifest.json"
 
 
-def _step_of(path: Path) -> int:
-    return int(path.name.split("-")[1])
-
-
 def restore_newer_checkpoint(root: StorageRoot, ckpt_rel: str, ckpt_dir: Path) -> int | None:
     """Download the newest complete checkpoint on S3 that is newer than every local one (a fresh
     machine has none); returns its step, or None when the local ones are as new."""
     local_steps = []
     for path in list_checkpoints(ckpt_dir):
         if (path / _MANIFEST).exists():
-            local_steps.append(_step_of(path))
+            local_steps.append(step_of(path.name))
     newest_local = max(local_steps, default=-1)
     remote = root.remote_checkpoints(ckpt_rel)
     for step in sorted((s for s, files in remote.items() if _MANIFEST in files), reverse=True):
@@ -150,7 +146,7 @@ class CheckpointUploader:
     def _upload(self, path: Path, protect: set[int]) -> None:
         remote = self.root.remote
         assert remote is not None
-        step = _step_of(path)
+        step = step_of(path.name)
         rel = f"{self.ckpt_rel}/{path.name}"
         manifest = json.loads((path / _MANIFEST).read_text())
         tags = self.root.tags(CHECKPOINT, self.run_key)

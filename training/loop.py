@@ -31,6 +31,7 @@ from training.checkpoint import (
     CheckpointManifest,
     latest_verified_state,
     load_checkpoint_state,
+    step_dir_name,
 )
 from training.config import RetrainConfig, fingerprint
 from training.data.features import FeatureStats
@@ -375,9 +376,8 @@ def train(
     config_fp = train_fingerprint(config)
 
     root = StorageRoot.from_config(config) if config.storage.is_s3 and job.run_rel else None
-    if root is not None and root.fetch(f"{job.run_rel}/result.json") is not None:
-        root.fetch(f"{job.run_rel}/model/model.json")
-        root.fetch(f"{job.run_rel}/model/model.pt")
+    if root is not None:
+        root.fetch_finished_run(job.run_rel)
     finished = read_json(result_path)
     if finished is not None:
         finished["already_complete"] = True
@@ -701,7 +701,7 @@ def train(
     fp32_slowdown = 1.0 if precision == "fp32" else measure_fp32_slowdown(model, train_batches, device, precision)
 
     best_step = stopper.best_step
-    best_dir = ckpt_dir / f"step-{best_step:08d}"
+    best_dir = ckpt_dir / step_dir_name(best_step)
     best_state = load_checkpoint_state(best_dir)["model"]
     package = export_model_package(run_dir / "model", best_state, config, stats, job.run_key, best_step, stopper.best)
     result = {

@@ -300,9 +300,7 @@ def train_stage(
     root = StorageRoot.from_config(config)
     job, warm, warm_reason = build_train_job(config, packed, prep)
     init_sha = job.init_sha256
-    if root.fetch(f"{job.run_rel}/result.json") is not None:
-        root.fetch(f"{job.run_rel}/model/model.json")
-        root.fetch(f"{job.run_rel}/model/model.pt")
+    root.fetch_finished_run(job.run_rel)
     finished = read_json(Path(job.run_dir) / "result.json")
     if finished is not None:
         # A finished run needs no child process (and no 3 s of torch start-up).

@@ -13,7 +13,12 @@ from typing import Any
 
 from training.errors import StorageError
 
-__all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json", "HashingWriter"]
+__all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json", "HashingWriter", "sha256_file"]
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class HashingWriter:

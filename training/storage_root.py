@@ -24,6 +24,7 @@ from typing import Any
 
 from training.config import LifecycleConfig, StorageConfig
 from training.data.shard_cache import REMOTE_MARKER
+from training.checkpoint import step_of
 from training.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
 from training.storage import write_atomic, write_json_atomic
 
@@ -147,16 +148,19 @@ class StorageRoot:
             return local if local.exists() else None
         head = self.remote.head(rel)
         if head is None:
-            if fresh:
-                local.unlink(missing_ok=True)  # gone remotely: a stale local copy must not win
-            return local if local.exists() and not fresh else None
+            local.unlink(missing_ok=True)  # gone remotely: a stale local copy must not win (fresh)
+            return None
         # Streamed to a temp file and renamed: a model package can be gigabytes.
         return self.remote.download_file(rel, local, size=int(head["ContentLength"]))
 
-    def fetch_file(self, rel: str, size: int | None = None, sha256: str | None = None) -> Path:
-        """A large object streamed to its local path (resumable, sha256-checked)."""
-        assert self.remote is not None
-        return self.remote.download_file(rel, self.local / rel, size=size, sha256=sha256)
+    def fetch_finished_run(self, run_rel: str) -> bool:
+        """Bring down a run that finished on any machine: its result.json (published last) and
+        its model package. False when the run has not finished anywhere."""
+        if self.fetch(f"{run_rel}/result.json") is None:
+            return False
+        for name in ("model.json", "model.pt"):
+            self.fetch(f"{run_rel}/model/{name}")
+        return True
 
     # -- datasets -----------------------------------------------------------------------------------
 
@@ -222,8 +226,9 @@ class StorageRoot:
         out: dict[int, dict[str, int]] = {}
         for key, size in self.remote.list(ckpt_rel + "/").items():
             parts = key[len(ckpt_rel) + 1 :].split("/")
-            if len(parts) == 2 and parts[0].startswith("step-") and parts[0][5:].isdigit():
-                out.setdefault(int(parts[0][5:]), {})[parts[1]] = size
+            step = step_of(parts[0]) if len(parts) == 2 else None
+            if step is not None:
+                out.setdefault(step, {})[parts[1]] = size
         return out
 
     def environment_summary(self) -> dict[str, Any]:

@@ -15,7 +15,6 @@ the run is bit-identical whatever `num_workers` is.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from training.data.packing import DatasetManifest, ShardInfo
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader
 from training.errors import DataError
+from training.storage import sha256_file
 
 Arrays = dict[str, np.ndarray]
 _CHUNK_MEMBERS = 16  # members transformed per call: 64k rows at the default 4096 per member
@@ -45,11 +45,7 @@ class StreamPosition:
 
 
 def _verify_shard(path: Path, info: ShardInfo) -> None:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    if h.hexdigest() != info.sha256:
+    if sha256_file(path) != info.sha256:
         raise DataError(f"shard {path}: sha256 does not match the dataset manifest; the shard is corrupt, repack it")
 
 

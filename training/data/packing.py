@@ -32,6 +32,7 @@ from training.config import DataConfig, fingerprint
 from training.data.shard_cache import is_remote_dataset
 from training.data.shards import ShardTarWriter, encode_npy, member_bytes
 from training.errors import DataError
+from training.storage import sha256_file
 
 __all__ = [
     "PACK_FORMAT_VERSION",
@@ -100,14 +101,6 @@ def source_files(source: Path) -> list[Path]:
     if not source.exists():
         raise DataError(f"source {source} does not exist; set data.source to a Parquet file or directory")
     return [source]
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_manifest(dataset_dir: Path) -> DatasetManifest | None:
@@ -332,7 +325,7 @@ def _iter_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
 
 
 def dataset_fingerprint(files: list[Path], config: DataConfig) -> tuple[str, list[dict[str, object]]]:
-    sources = [{"name": p.name, "bytes": p.stat().st_size, "sha256": _sha256_file(p)} for p in files]
+    sources = [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files]
     fp = fingerprint(
         "dataset", PACK_FORMAT_VERSION, [(s["bytes"], s["sha256"]) for s in sources],
         config.model_dump(mode="json", exclude={"source", "pack_parts"}),  # parallelism changes no byte
