@@ -2,36 +2,37 @@
 
 from __future__ import annotations
 
-from prefect import flow, unmapped
+from prefect import flow
 
 from tasks.evaluate import evaluate_model
-from tasks.pack import begin_packing, finish_packing, pack_part
+from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block, backoff, preprocess_cache_policy, result_storage_for
 from tasks.preprocess import PREPROCESS_VERSION, fit_features
 from tasks.report import write_report
+from tasks.runtime import effective_config, flow_run_id, flow_run_name, one_writer_per_root
 from tasks.train import train_model
 from training.config import RetrainConfig
 
 __all__ = ["retrain"]
 
 
-@flow(name="retrain", log_prints=True)
+@flow(name="retrain", flow_run_name=flow_run_name, log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
     """Retrain the model on the configured data; returns the path of the run's report.json."""
+    config = effective_config(config)
     apply_credentials_block(config.storage)
-    begun = begin_packing(config)
-    parts = pack_part.map(unmapped(config.data.model_dump(mode="json")), unmapped(begun["plan"]), begun["parts"])
-    packed = finish_packing(config, begun, parts)
-    prep_state = fit_features.with_options(
-        cache_policy=preprocess_cache_policy(config.storage), result_storage=result_storage_for(config.storage)
-    )(packed["dataset_dir"], packed["fingerprint"], config.preprocess.model_dump(mode="json"), PREPROCESS_VERSION,
-      config.storage.root, config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
-    prep = prep_state.result()
-    train_state = train_model.with_options(
-        retries=config.train.max_retries,
-        retry_delay_seconds=backoff(config.train.retry_delay_seconds, config.train.max_retries),
-    )(config, packed, prep, return_state=True)
-    trained = train_state.result()
-    evaluation = evaluate_model(config, packed, trained)
-    states = {"pack": "Completed", "preprocess": prep_state.name, "train": train_state.name, "evaluate": "Completed"}
-    return write_report(config, packed, prep, trained, evaluation, states)
+    with one_writer_per_root(config.storage):
+        packed = pack_dataset(config)
+        prep_state = fit_features.with_options(
+            cache_policy=preprocess_cache_policy(config.storage), result_storage=result_storage_for(config.storage)
+        )(packed["dataset_dir"], packed["fingerprint"], config.preprocess.model_dump(mode="json"), PREPROCESS_VERSION,
+          config.storage.root, config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
+        prep = prep_state.result()
+        train_state = train_model.with_options(
+            retries=config.train.max_retries,
+            retry_delay_seconds=backoff(config.train.retry_delay_seconds, config.train.max_retries),
+        )(config, packed, prep, return_state=True)
+        trained = train_state.result()
+        evaluation = evaluate_model(config, packed, trained)
+        states = {"pack": "Completed", "preprocess": prep_state.name, "train": train_state.name, "evaluate": "Completed"}
+        return write_report(config, packed, prep, trained, evaluation, states, flow_run_id())

@@ -10,20 +10,92 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from training.config import load_config
+from training.config import RetrainConfig, load_config
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 
 __all__ = ["main"]
 
 
-def _prefect_defaults() -> None:
+_LOCAL_SERVER = "http://127.0.0.1:4200/api"
+_DB_SETTINGS = ("PREFECT_API_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
+
+
+def _say(message: str) -> None:
+    print(f"retrain: {message}", file=sys.stderr, flush=True)
+
+
+def _server_is_up(api_url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=0.5) as response:  # noqa: S310 - loopback only
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _prefect_defaults(config: RetrainConfig) -> None:
+    """Where this run's Prefect state goes. Users' explicit settings win.
+
+    - A configured server (PREFECT_API_URL, in the environment or the active profile) is used.
+    - Else a server already running on the default local port is used: no start-up wait.
+    - Else Prefect starts a temporary server for this run, with its database under the storage
+      root's local folder (`<root>/prefect/server.db`), not in ~/.prefect shared with everything
+      else: the run's history stays with its data.
+    """
     # Offline machines: telemetry errors, and the first ephemeral-server start measured 13-25 s
-    # (Prefect's default timeout is 20 s). Users' explicit settings win.
+    # (Prefect's default timeout is 20 s).
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    if any(os.environ.get(name) for name in _DB_SETTINGS):
+        return
+    from prefect.settings import get_current_settings
+
+    configured = get_current_settings().api.url
+    if configured:
+        _say(f"using the Prefect server at {configured}")
+        return
+    if _server_is_up(_LOCAL_SERVER):
+        os.environ["PREFECT_API_URL"] = _LOCAL_SERVER
+        _say(f"using the Prefect server already running at {_LOCAL_SERVER}")
+        return
+    from training.storage_root import local_dir_for
+
+    state = local_dir_for(config.storage) / "prefect"
+    state.mkdir(parents=True, exist_ok=True)
+    os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{state / 'server.db'}"
+    _say(f"no Prefect server configured: starting a temporary one for this run (10-20 s here), its database "
+         f"in {state / 'server.db'}. To skip this wait: `prefect server start` in another terminal")
+
+
+def _quiet_expected_tracebacks() -> None:
+    """Bad input (config, data, storage) is one line on the terminal: Prefect's console handlers
+    print such errors without their traceback. The run logs (UI, API) keep the traceback."""
+    import copy
+    import logging
+
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    def without_traceback(emit: Any) -> Any:
+        def emit_record(record: logging.LogRecord) -> None:
+            exc = record.exc_info[1] if record.exc_info else None
+            if isinstance(exc, RetrainError):
+                record = copy.copy(record)  # the same record goes on to the API handler intact
+                record.exc_info, record.exc_text = None, None
+            emit(record)
+        return emit_record
+
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                        if isinstance(lg, logging.Logger)]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, PrefectConsoleHandler) and not getattr(handler, "_retrain_quiet", False):
+                handler.emit = without_traceback(handler.emit)  # type: ignore[method-assign]
+                handler._retrain_quiet = True  # type: ignore[attr-defined]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -113,12 +185,17 @@ def _summary(report: dict[str, Any], path: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     config = load_config(args.config, args.overrides)
     if not config.storage.is_s3:
         config.storage.root = str(Path(config.storage.root).expanduser().resolve())
-    _prefect_defaults()
+    _say("loading Prefect and the pipeline")
+    _prefect_defaults(config)
     from flows.retrain import retrain
 
+    _quiet_expected_tracebacks()
+    _say(f"ready after {time.perf_counter() - started:.1f} s; running the flow "
+         "(pack -> preprocess -> train -> evaluate -> report)")
     try:
         report_path = retrain(config)
     finally:

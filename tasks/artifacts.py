@@ -13,8 +13,12 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.context import TaskRunContext
+from prefect.events import emit_event
 
-__all__ = ["publish_promotion", "publish_report", "TrainingProgress"]
+__all__ = ["publish_promotion", "publish_report", "TrainingProgress", "PROMOTED_EVENT"]
+
+# Hang an Automation on this (README, "Notify on promotion"): resource id retrain.model.<sha256>.
+PROMOTED_EVENT = "retrain.model.promoted"
 
 
 def _in_run() -> bool:
@@ -35,6 +39,15 @@ def publish_promotion(evaluation: dict[str, Any]) -> None:
         rows.append({"model": "champion", "sha256": promo["champion_sha256"][:16],
                      **{k: round(champion[k], 5) if k in champion else None for k in ("auc", "logloss", "accuracy")}})
     create_table_artifact(rows, key="champion-challenger", description="Test-split metrics of challenger and champion")
+    if promo["promoted"]:
+        emit_event(
+            event=PROMOTED_EVENT,
+            resource={"prefect.resource.id": f"retrain.model.{promo['challenger_sha256']}",
+                      "prefect.resource.name": promo["challenger_sha256"][:16]},
+            payload={"sha256": promo["challenger_sha256"], "auc": challenger["auc"],
+                     "logloss": challenger["logloss"], "accuracy": challenger["accuracy"],
+                     "previous_champion_sha256": promo.get("champion_sha256"), "reason": promo["reason"]},
+        )
     verdict = "PROMOTED" if promo["promoted"] else "champion kept"
     note = f"\n\n_{promo['champion_note']}_" if promo.get("champion_note") else ""
     create_markdown_artifact(

@@ -6,15 +6,17 @@ Dask/Ray runner to spread packing over a cluster. Each part holds only its own r
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import task, unmapped
 
 from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
 from training.stages import pack_begin, pack_finish, pack_part_stage
 
-__all__ = ["begin_packing", "pack_part", "finish_packing"]
+__all__ = ["begin_packing", "pack_part", "finish_packing", "pack_dataset"]
 
 
 @task(name="pack-plan", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
@@ -26,7 +28,7 @@ def begin_packing(config: RetrainConfig) -> dict[str, Any]:
     return begun
 
 
-@task(name="pack-part", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="pack-part", task_run_name="pack-part-{part[index]}", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
 def pack_part(data: dict[str, Any], plan: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
     """Validate and transform one part's row groups into per-split pieces (idempotent)."""
     return pack_part_stage(data, plan, part)
@@ -39,3 +41,23 @@ def finish_packing(config: RetrainConfig, begun: dict[str, Any], parts: list[dic
     verb = "reused" if packed["reused"] else "packed"
     task_logger().info("%s dataset %s: %s rows in %d shards", verb, packed["fingerprint"], packed["rows"], packed["shards"])
     return packed
+
+
+def pack_dataset(config: RetrainConfig) -> dict[str, Any]:
+    """Plan, pack the parts (mapped over the flow's task runner), assemble: the pack stage.
+
+    A part that fails (bad data found while packing) fails the whole stage with its own error,
+    and the half-written dataset folder is removed: nothing of this attempt is left behind.
+    """
+    begun = begin_packing(config)
+    futures = pack_part.map(unmapped(config.data.model_dump(mode="json")), unmapped(begun["plan"]), begun["parts"])
+    try:
+        # Resolve every part here: a failed upstream would otherwise leave `finish_packing`
+        # NotReady and the flow holding None.
+        parts = [future.result() for future in futures]
+    except BaseException:
+        futures.wait()  # the other parts must stop writing before their folder goes
+        if begun["plan"] is not None:
+            shutil.rmtree(Path(begun["plan"]["work_dir"]), ignore_errors=True)
+        raise
+    return finish_packing(config, begun, parts)

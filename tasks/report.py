@@ -15,9 +15,9 @@ __all__ = ["write_report"]
 @task(name="report")
 def write_report(
     config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any],
-    evaluation: dict[str, Any], stage_states: dict[str, str],
+    evaluation: dict[str, Any], stage_states: dict[str, str], flow_run_id: str | None = None,
 ) -> str:
     """Write runs/<run_key>/report.json, report.md and curves.png; publish them as artifacts."""
-    paths = report_stage(config, packed, prep, trained, evaluation, stage_states)
+    paths = report_stage(config, packed, prep, trained, evaluation, stage_states, flow_run_id)
     publish_report(Path(paths["report"]), Path(paths["curves"]) if paths["curves"] else None)
     return paths["report"]

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from prefect import task
@@ -17,14 +19,23 @@ def train_model(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, A
     """Train in a child process; a preemption raises Preempted, which is retried and resumes."""
     logger = task_logger()
     progress = TrainingProgress(config.train.max_steps)
+    first: list[tuple[float, int]] = []  # (time, step) of the first validation this attempt: the ETA's origin
 
     def log_event(event: dict[str, Any]) -> None:
         if event["event"] == "validation":
             progress.update(event["step"])
-            logger.info("step %d/%d  train_loss %.4f  val_auc %.4f", event["step"], event["max_steps"],
-                        event["train_loss"], event["val_auc"])
+            now, step = time.monotonic(), event["step"]
+            if not first:
+                first.append((now, step))
+            t0, s0 = first[0]
+            eta = f"  ETA {(now - t0) / (step - s0) * (event['max_steps'] - step):.0f} s" if step > s0 else ""
+            logger.info("step %d/%d  train_loss %.4f  val_auc %.4f%s", step, event["max_steps"],
+                        event["train_loss"], event["val_auc"], eta)
         elif event["event"] == "resumed":
             logger.info("resumed from step %d (%s)", event["step"], event["checkpoint"])
+        elif event["event"] == "log":
+            level = logging.getLevelName(str(event.get("level", "WARNING")))
+            logger.log(level if isinstance(level, int) else logging.WARNING, "%s", event.get("message", ""))
 
     trained = train_stage(config, packed, prep, log_event)
     progress.update(config.train.max_steps)  # finished, whether completed or stopped early

@@ -32,6 +32,7 @@ __all__ = [
     "RetrainConfig",
     "load_config",
     "apply_overrides",
+    "merge_over",
     "fingerprint",
     "DEMO_NUMERIC",
     "DEMO_CATEGORICAL",
@@ -479,6 +480,28 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 raise ConfigError(f"--set {key}: '{part}' is a value, not a section")
             node = child
         node[parts[-1]] = value
+    return out
+
+
+def merge_over(base: dict[str, Any], config: RetrainConfig) -> RetrainConfig:
+    """`config` with every key it was not explicitly given taken from `base` (deep, per key).
+
+    Prefect merges a run's parameters over its deployment's shallowly, so a run given
+    `config={"train": {"max_steps": 500}}` would otherwise lose the deployment's storage root and
+    everything else. pydantic records which fields were given (`exclude_unset`), so defaults
+    never override the deployment's values.
+    """
+    given = config.model_dump(mode="json", exclude_unset=True)
+    return validate_config(_deep_merge(base, given), "(deployment parameters merged with the run's)")
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
     return out
 
 

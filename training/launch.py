@@ -13,6 +13,7 @@ Prefect task's retry (one code path for every kind of preemption) resumes the jo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import queue
 import re
@@ -30,7 +31,7 @@ from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.loop import TrainJob, count_attempt
 
-__all__ = ["run_training_process", "worker_command", "child_env"]
+__all__ = ["run_training_process", "worker_command", "child_env", "log_child_event"]
 
 _TERM_GRACE_SECONDS = 60.0
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun may prefix rank output lines
@@ -101,6 +102,15 @@ def _read_lines(stream: Any, lines: queue.Queue[str | None]) -> None:
     lines.put(None)
 
 
+def log_child_event(event: dict[str, Any]) -> None:
+    """The default handler of the child's events: its warnings and errors (`log` events) go to
+    this process's logging; progress events are dropped."""
+    if event.get("event") == "log":
+        level = logging.getLevelName(str(event.get("level", "WARNING")))
+        logging.getLogger("training.child").log(level if isinstance(level, int) else logging.WARNING,
+                                                "%s", event.get("message", ""))
+
+
 def _dispatch(line: str, on_event: Callable[[dict[str, Any]], None]) -> None:
     try:
         event = json.loads(_RANK_PREFIX.sub("", line, count=1))
@@ -121,7 +131,7 @@ def _kill_group(proc: subprocess.Popen[str]) -> None:
 
 def run_training_process(
     job: TrainJob,
-    on_event: Callable[[dict[str, Any]], None] = lambda event: None,
+    on_event: Callable[[dict[str, Any]], None] = log_child_event,
     on_start: Callable[[subprocess.Popen[str]], None] = lambda proc: None,
 ) -> dict[str, Any]:
     """Train `job` in a child process; return its result, or raise Preempted / a RetrainError."""

@@ -50,7 +50,7 @@ from training.evaluate import (
     promote,
     read_champion,
 )
-from training.launch import run_training_process
+from training.launch import log_child_event, run_training_process
 from training.loop import TrainJob, train_fingerprint
 from training.report_render import render_curves, render_markdown
 from training.storage import read_json, write_json_atomic
@@ -294,7 +294,7 @@ def train_stage(
     config: RetrainConfig,
     packed: dict[str, Any],
     prep: dict[str, Any],
-    on_event: Callable[[dict[str, Any]], None] = lambda e: None,
+    on_event: Callable[[dict[str, Any]], None] = log_child_event,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
@@ -457,9 +457,10 @@ def cost_report(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, A
 
 def report_stage(
     config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any],
-    evaluation: dict[str, Any], stage_states: dict[str, str],
+    evaluation: dict[str, Any], stage_states: dict[str, str], flow_run_id: str | None = None,
 ) -> dict[str, str]:
-    """Write report.json, curves.png and report.md into the run folder; return their paths."""
+    """Write report.json, curves.png and report.md into the run folder; return their paths.
+    `flow_run_id` is the Prefect flow run that wrote it (None outside Prefect)."""
     run_dir = Path(trained["run_dir"])
     result = read_json(run_dir / "result.json") or {}
     history = result.get("history", [])
@@ -512,6 +513,7 @@ def report_stage(
         "warm_start": trained.get("warm_start"),
         "steps_to_target": trained.get("steps_to_target"),
         "bayes_auc": packed.get("bayes_auc"),
+        "prefect_flow_run_id": flow_run_id,
     }
     path = run_dir / "report.json"
     curves = render_curves(history, run_dir / "curves.png")

@@ -28,7 +28,7 @@ from training.checkpoint import step_of
 from training.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
 from training.storage import write_atomic, write_json_atomic
 
-__all__ = ["StorageRoot", "lifecycle_rules", "REMOTE_MARKER", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
+__all__ = ["StorageRoot", "local_dir_for", "lifecycle_rules", "REMOTE_MARKER", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,15 @@ def lifecycle_rules(prefix: str, config: LifecycleConfig) -> list[dict[str, Any]
     ]
 
 
+def local_dir_for(storage: StorageConfig) -> Path:
+    """The local folder of a root: the root itself, or the working copy of an s3:// root."""
+    if not storage.is_s3:
+        return Path(storage.root).expanduser().resolve()
+    bucket, prefix = parse_s3_uri(storage.root)
+    default = Path("~/.cache/retrain/s3") / bucket / (prefix or "_")
+    return Path(storage.local_dir or default).expanduser().resolve()
+
+
 class StorageRoot:
     """The root of one pipeline: a local folder, plus an S3 prefix when `storage.root` is s3://."""
 
@@ -93,10 +102,7 @@ class StorageRoot:
         if storage.is_s3:
             settings = settings_for(storage)
             self.remote = S3Store(settings)
-            default = Path("~/.cache/retrain/s3") / settings.bucket / (settings.prefix or "_")
-            self.local = Path(storage.local_dir or default).expanduser().resolve()
-        else:
-            self.local = Path(storage.root).expanduser().resolve()
+        self.local = local_dir_for(storage)
 
     @classmethod
     def from_config(cls, config: Any) -> StorageRoot:

@@ -1,7 +1,8 @@
 """Entry point of the training child process: `python -m training.worker JOB.json ERROR.json`.
 
 Exit codes: 0 done, EXIT_PREEMPTED after an emergency checkpoint, EXIT_USER_ERROR with the
-error written to ERROR.json. Progress events go to stdout as JSON lines; logs go to stderr.
+error written to ERROR.json. Progress events go to stdout as JSON lines, warnings and errors as `log` events among them;
+other logs go to stderr.
 
 Under torchrun (WORLD_SIZE > 1) each rank runs this module: it joins the process group (gloo
 on CPU, nccl on CUDA) with `train.ddp_timeout_s` as the collective timeout, and writes its
@@ -42,6 +43,28 @@ def _emit(event: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+class _EventLogHandler(logging.Handler):
+    """Warnings and errors also go to the parent as `log` events, so they reach the Prefect
+    flow run's logs (the UI), not only the worker's terminal."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            _emit({"event": "log", "level": record.levelname, "logger": record.name, "message": record.getMessage()})
+        except Exception:  # noqa: BLE001 - logging must never break training
+            self.handleError(record)
+
+
+def _configure_logging() -> None:
+    # INFO and below go to stderr (the worker's terminal); WARNING and above go to the parent,
+    # which logs them into the flow run: shown once, wherever the run is watched.
+    terminal = logging.StreamHandler(sys.stderr)
+    terminal.setFormatter(logging.Formatter("[train] %(levelname)s %(message)s"))
+    terminal.addFilter(lambda record: record.levelno < logging.WARNING)
+    to_parent = _EventLogHandler(logging.WARNING)
+    logging.basicConfig(level=logging.INFO, handlers=[terminal, to_parent], force=True)
+    logging.captureWarnings(True)  # Python warnings (e.g. from torch) are log records too
+
+
 def _lost_peer(err: BaseException) -> bool:
     """A collective that failed because another rank died or hung, not because of a bug."""
     import torch.distributed as dist
@@ -76,7 +99,7 @@ def _init_distributed(job: TrainJob) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> int:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="[train] %(levelname)s %(message)s")
+    _configure_logging()
     job_path, error_path = Path(argv[0]), Path(argv[1])
     parent = int(argv[2]) if len(argv) > 2 else None
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ

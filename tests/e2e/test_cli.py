@@ -68,6 +68,39 @@ def test_data_error_is_one_line_naming_the_column(tmp_path: Path, demo_source: P
     assert last.startswith("retrain: error: ") and "'nope'" in last and demo_source.name in last
 
 
+def _bad_copy(demo_source: Path, dest: Path, column: str, values: object) -> Path:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(demo_source)
+    bad = table.set_column(table.schema.get_field_index(column), column, values(table.num_rows) if callable(values)
+                           else values)
+    dest.mkdir(parents=True, exist_ok=True)
+    pq.write_table(bad, dest / "bad.parquet", row_group_size=2000)  # several parts: mapped packing
+    return dest / "bad.parquet"
+
+
+@pytest.mark.parametrize("case", ["string-label", "null-typed-column"])
+def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
+        tmp_path: Path, demo_source: Path, case: str) -> None:
+    import pyarrow as pa
+
+    if case == "string-label":
+        source = _bad_copy(demo_source, tmp_path / "src", "clicked",
+                           lambda n: pa.array(["yes" if i % 2 else "no" for i in range(n)]))
+        named = "clicked"
+    else:
+        source = _bad_copy(demo_source, tmp_path / "src", "price", lambda n: pa.nulls(n))
+        named = "price"
+    args = _sets(small_overrides(tmp_path / "root", source) + ["data.pack_parts=4"])
+    out = _retrain(args, tmp_path)
+    assert out.returncode == 2, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("retrain: error: ") and named in last, last
+    assert "Traceback" not in out.stderr and "TypeError" not in out.stderr, out.stderr[-3000:]
+    assert not list((tmp_path / "root" / "datasets").glob("*.partial-*"))  # nothing half-written left
+    assert not [p for p in (tmp_path / "root" / "datasets").iterdir() if p.is_dir()]
+
+
 def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
     overrides = small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=400", "train.checkpoint_every=10"]
     args = _sets(overrides)

@@ -246,3 +246,46 @@ def test_flow_fans_packing_out_over_parts_byte_identical_to_serial(demo_source: 
     flow_dir = Path(report["stages"]["pack"]["dir"])
     for shard in Path(serial["dataset_dir"]).iterdir():
         assert (flow_dir / shard.name).read_bytes() == shard.read_bytes(), shard.name
+
+
+def _wait(predicate, timeout: float = 30.0):  # logs and events reach the server in batches
+    import time
+
+    deadline = time.time() + timeout
+    while True:
+        value = predicate()
+        if value or time.time() > deadline:
+            return value
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_training_warnings_the_run_id_and_the_promotion_event_reach_prefect(small_config: RetrainConfig) -> None:
+    import signal
+
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.events.filters import EventFilter, EventNameFilter
+
+    small_config.train.max_steps = 200
+    small_config.train.checkpoint_every = 10
+    kill_worker_when(_run_dir(small_config), step=45, sig=signal.SIGTERM)  # the child logs a warning
+    state = retrain(small_config, return_state=True)
+    report = _report(state.result())
+    run_id = state.state_details.flow_run_id
+    assert report["prefect_flow_run_id"] == str(run_id) and report["promotion"]["promoted"]
+
+    def warnings() -> list[str]:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        return [log.message for log in logs if log.level >= 30 and log.task_run_id is not None]
+
+    assert any(m.startswith("preempted:") for m in _wait(warnings)), warnings()
+
+    def promoted() -> list:
+        with get_client(sync_client=True) as client:
+            page = client.read_events(EventFilter(event=EventNameFilter(name=["retrain.model.promoted"])))
+        return [e for e in page.events if e.payload.get("sha256") == report["model"]["sha256"]]
+
+    (event,) = _wait(promoted)
+    assert event.resource.id == f"retrain.model.{report['model']['sha256']}"
+    assert event.payload["auc"] == pytest.approx(report["metrics"]["auc"])

@@ -1,0 +1,132 @@
+"""What a flow run learns from Prefect's runtime: the deployment it belongs to, its id, its name."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+from prefect import runtime
+
+from tasks.policies import task_logger
+from training.config import RetrainConfig, StorageConfig, merge_over
+from training.root_lock import hold_root
+from training.storage_root import local_dir_for
+
+__all__ = ["effective_config", "flow_run_id", "flow_run_name", "one_writer_per_root", "writer_limit_name"]
+
+
+def _deployment_parameters() -> dict[str, Any] | None:
+    deployment_id = runtime.deployment.id
+    if not deployment_id:
+        return None
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return dict(client.read_deployment(deployment_id).parameters or {})
+
+
+def effective_config(config: RetrainConfig) -> RetrainConfig:
+    """The run's config deep-merged over its deployment's: keys the run did not give keep the
+    deployment's values (Prefect itself replaces the whole `config` parameter)."""
+    deployed = _deployment_parameters()
+    if not deployed or not isinstance(deployed.get("config"), dict):
+        return config  # a direct call (CLI, tests): the config is already whole
+    merged = merge_over(deployed["config"], config)
+    if merged != config:
+        task_logger().info("run parameters merged over deployment %s's config", runtime.deployment.name)
+    return merged
+
+
+def flow_run_id() -> str | None:
+    return runtime.flow_run.id
+
+
+def flow_run_name() -> str:
+    """`<data source>-<date>`, e.g. `clicks-2026-11-28`: what was trained, and when."""
+    params = runtime.flow_run.parameters or {}
+    config = params.get("config")
+    source = None
+    if isinstance(config, RetrainConfig):
+        source = config.data.source
+    elif isinstance(config, dict):
+        source = (config.get("data") or {}).get("source")
+    stem = Path(str(source).rstrip("/")).stem if source else "demo"
+    return f"{stem}-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d-%H%M}"
+
+
+def writer_limit_name(storage: StorageConfig) -> str:
+    """One global concurrency limit per storage root, whichever deployment or CLI uses it."""
+    root = storage.root if storage.is_s3 else str(Path(storage.root).expanduser().resolve())
+    return "retrain-root-" + hashlib.sha256(root.encode()).hexdigest()[:16]
+
+
+def _ensure_limit(name: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            existing = client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:
+                pass  # another run created it a moment ago
+            return
+        if existing.limit != 1:
+            task_logger().warning("global concurrency limit %s allows %d runs at once; set it to 1 so that "
+                                  "runs on one storage root cannot overlap", name, existing.limit)
+
+
+# A holder renews its lease every 45 s. One that dies (SIGKILL, a lost machine) frees the slot
+# when the lease runs out, noticed by the server's repossessor within 15 s more. strict: fail
+# closed if the limit cannot be read. A renewal that fails once (an API blip) must not kill hours
+# of training, so it only logs.
+_LEASE_SECONDS = 60.0
+_FREE_WITHIN_SECONDS = 3.0  # a free slot is granted in one request
+
+
+def _server_is_shared() -> bool:
+    """False for the temporary server Prefect starts for a lone CLI run: it runs no lease
+    reaper, so a slot held by a killed run would never come free there."""
+    from prefect.client.base import ServerType
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.server_type is not ServerType.EPHEMERAL
+
+
+@contextmanager
+def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
+    """Hold the root while packing, training, evaluating and promoting: a second run on the same
+    root waits until the first is done.
+
+    - Across machines and deployments on a shared Prefect server: the global concurrency limit
+      named after the root (a dead holder frees it when its lease lapses).
+    - On this machine, for a local root, whatever server: an fcntl lock in the root, which a
+      dead holder frees at once (training.root_lock).
+    """
+    from prefect.concurrency.sync import concurrency
+
+    log = task_logger()
+    with ExitStack() as held:
+        if _server_is_shared():
+            name = writer_limit_name(storage)
+            _ensure_limit(name)
+            slot = {"occupy": 1, "strict": True, "lease_duration": _LEASE_SECONDS,
+                    "raise_on_lease_renewal_failure": False}
+            try:
+                held.enter_context(concurrency(name, timeout_seconds=_FREE_WITHIN_SECONDS, **slot))
+            except TimeoutError:
+                log.warning("storage root %s is in use by another run (concurrency limit %s); waiting for it. A "
+                            "run that died frees it within %.0f s", storage.root, name, _LEASE_SECONDS + 15)
+                held.enter_context(concurrency(name, **slot))
+                log.info("storage root %s is free: going on", storage.root)
+        if not storage.is_s3:
+            held.enter_context(hold_root(local_dir_for(storage), on_wait=log.warning))
+        yield
