@@ -1,18 +1,22 @@
-"""A real `prefect server start` on 127.0.0.1 with its own SQLite home, stopped by PID."""
+"""A real `prefect server start` on 127.0.0.1 with its own SQLite home, stopped by PID; the
+deployments deployed as CI does it (from a clone that is then deleted); workers run elsewhere."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import httpx
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,6 +30,7 @@ def _free_port() -> int:
 class PrefectServer:
     def __init__(self, home: Path, port: int) -> None:
         self.port = port
+        self.log_path = home / "server.log"
         self.api_url = f"http://127.0.0.1:{port}/api"
         self.ui_url = f"http://127.0.0.1:{port}"
         self.env = {
@@ -79,14 +84,131 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
 
 
 POOL = "retrain-process"
+BRANCH = "main"
+
+
+def snapshot_repository(dest: Path) -> Path:
+    """A bare git repository holding this working tree as it is now (tracked files and untracked,
+    not ignored ones): what CI would push. Deployments clone it through their pull step."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    src = dest / "snapshot"
+    for rel in filter(None, listed):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    git = {**os.environ, "GIT_AUTHOR_NAME": "ci", "GIT_AUTHOR_EMAIL": "ci@localhost", "GIT_COMMITTER_NAME": "ci",
+           "GIT_COMMITTER_EMAIL": "ci@localhost"}
+    for args in (["init", "-q", "-b", BRANCH], ["add", "-A"], ["commit", "-q", "-m", "snapshot"]):
+        subprocess.run(["git", *args], cwd=src, env=git, check=True)
+    bare = dest / "retrain.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(src), str(bare)], check=True)
+    shutil.rmtree(src)
+    return bare
+
+
+class Deployer:
+    """`prefect deploy` as a hosted CI runner does it: from a fresh clone, deleted afterwards."""
+
+    def __init__(self, server: PrefectServer, repository: Path, scratch: Path) -> None:
+        self.server = server
+        self.repository = repository
+        self.scratch = scratch
+        self.env = {"RETRAIN_GIT_REPOSITORY": repository.as_uri(), "RETRAIN_GIT_BRANCH": BRANCH}
+
+    def deploy(self, spec: dict | None = None, name: str | None = None) -> None:
+        """Deploy deployments/prefect.yaml (all of it), or `spec` (a prefect.yaml as a dict)."""
+        checkout = Path(tempfile.mkdtemp(prefix="ci-checkout-", dir=self.scratch))
+        subprocess.run(["git", "clone", "-q", "--branch", BRANCH, self.repository.as_uri(), str(checkout)], check=True)
+        prefect_file = "deployments/prefect.yaml"
+        if spec is not None:
+            prefect_file = f"deployments/{name}.yaml"
+            (checkout / prefect_file).write_text(yaml.safe_dump(spec, sort_keys=False))
+        env = {**self.server.env, **self.env}
+        out = subprocess.run([sys.executable, "-m", "prefect", "deploy", "--all", "--no-prompt", "--prefect-file",
+                              prefect_file], env=env, cwd=checkout, capture_output=True, text=True, timeout=240)
+        shutil.rmtree(checkout)  # as a hosted runner does: runs must not need it
+        assert out.returncode == 0, f"prefect deploy failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+
+    def variant(self, name: str, config: dict, pool: str, schedules: list | None = None) -> None:
+        """One deployment like the repo's `retrain` (same pull step, env, entrypoint), under
+        another name, pool and parameters."""
+        spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+        base = next(d for d in spec["deployments"] if d["name"] == "retrain")
+        dep = {**base, "name": name, "parameters": {"config": config}, "schedules": schedules or [],
+               "work_pool": {**base["work_pool"], "name": pool}}
+        spec.pop("definitions", None)  # anchors are already resolved by safe_load
+        spec["deployments"] = [dep]
+        self.deploy(spec, name)
 
 
 @pytest.fixture(scope="session")
-def deployed(prefect_server: PrefectServer) -> PrefectServer:
+def deployer(prefect_server: PrefectServer, tmp_path_factory: pytest.TempPathFactory) -> Deployer:
+    scratch = tmp_path_factory.mktemp("ci")
+    return Deployer(prefect_server, snapshot_repository(scratch), scratch)
+
+
+@pytest.fixture(scope="session")
+def deployed(prefect_server: PrefectServer, deployer: Deployer) -> PrefectServer:
     """The server with the work pool created and deployments/prefect.yaml deployed, as from CI."""
     prefect_server.cli("work-pool", "create", POOL, "--type", "process")
-    prefect_server.cli("deploy", "--all", "--no-prompt", "--prefect-file", "deployments/prefect.yaml", timeout=180)
+    deployer.deploy()
     return prefect_server
+
+
+class Worker:
+    """`prefect worker start` in a directory of its own, stopped by PID."""
+
+    def __init__(self, server: PrefectServer, pool: str, cwd: Path, log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "w")
+        env = {**server.env, "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
+                                     env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(prefect_server: PrefectServer, tmp_path: Path) -> Iterator[Callable[[str], Worker]]:
+    workers: list[Worker] = []
+
+    def start(pool: str) -> Worker:
+        cwd = tmp_path / f"worker-{len(workers)}"  # not the repo: the code must come from the pull step
+        cwd.mkdir()
+        worker = Worker(prefect_server, pool, cwd, tmp_path / f"worker-{len(workers)}.log")
+        workers.append(worker)
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 1.0) -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def flow_runs_of(server: PrefectServer, deployment_id: str) -> list[dict]:
+    with server.api() as api:
+        response = api.post("/flow_runs/filter", json={"flow_runs": {"deployment_id": {"any_": [deployment_id]}}})
+        response.raise_for_status()
+        return response.json()
 
 
 def deployment(server: PrefectServer, name: str) -> dict:

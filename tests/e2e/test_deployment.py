@@ -36,6 +36,17 @@ def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> N
     assert incremental["global_concurrency_limit"]["limit"] == 1
 
 
+def test_deployments_clone_the_code_and_reschedule_on_sigterm(deployed: PrefectServer) -> None:
+    for name in ("retrain", "retrain-incremental"):
+        dep = deployment(deployed, name)
+        (step,) = dep["pull_steps"]
+        clone = step["prefect.deployments.steps.git_clone"]
+        assert clone["repository"].startswith("file://") and clone["branch"] == "main"  # resolved at deploy time
+        assert dep["job_variables"]["env"]["PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR"] == "reschedule"
+        assert dep["job_variables"]["command"] == "prefect flow-run execute"  # the supervisor that reschedules
+        assert "{{" not in json.dumps(dep["pull_steps"])
+
+
 def test_gpu_spot_example_reschedules_on_sigterm() -> None:
     spec = yaml.safe_load((ROOT / "deployments" / "gpu-spot.yaml").read_text())
     (dep,) = spec["deployments"]
@@ -66,7 +77,9 @@ def _trigger(server: PrefectServer, params: dict) -> str:
 def test_triggered_run_completes_on_a_worker(deployed: PrefectServer, tmp_path: Path, demo_source: Path) -> None:
     config = load_config(overrides=small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=30"])
     flow_run_id = _trigger(deployed, {"config": config.model_dump(mode="json")})
-    deployed.cli("worker", "start", "--pool", POOL, "--run-once", timeout=420)
+    elsewhere = tmp_path / "worker"  # not the repo: the flow's code comes from the pull step
+    elsewhere.mkdir()
+    deployed.cli("worker", "start", "--pool", POOL, "--run-once", timeout=420, cwd=elsewhere)
     run = flow_run(deployed, flow_run_id)
     assert run["state"]["type"] == "COMPLETED", run["state"]
     (report,) = (tmp_path / "root" / "runs").glob("*/report.json")

@@ -1,0 +1,174 @@
+"""Deployed runs on a real Prefect server and real process workers, each in a folder of its own
+(the flow's code comes from the deployments' git_clone pull step): schedules that really create
+runs, partial parameter overrides, one writer per storage root, and a SIGTERM'd run that comes
+back by itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.conftest import small_overrides
+from tests.e2e.conftest import Deployer, PrefectServer, Worker, deployment, flow_run, flow_runs_of, wait_for
+from training.config import load_config
+
+pytestmark = pytest.mark.slow
+
+SCHEDULER_ERRORS = ("Can't evaluate bulk DML", "InvalidRequestError")
+
+
+def _pool(server: PrefectServer) -> str:
+    name = f"pool-{uuid.uuid4().hex[:8]}"  # its own pool: no other test's worker takes these runs
+    server.cli("work-pool", "create", name, "--type", "process")
+    return name
+
+
+def _small(root: Path, source: Path, *extra: str) -> dict:
+    return load_config(overrides=small_overrides(root, source) + list(extra)).model_dump(mode="json")
+
+
+def _run(server: PrefectServer, name: str, params: dict) -> str:
+    with server.api() as api:
+        dep = deployment(server, name)
+        response = api.post(f"/deployments/{dep['id']}/create_flow_run", json={"parameters": params})
+        response.raise_for_status()
+        return response.json()["id"]
+
+
+def _state(server: PrefectServer, run_id: str) -> str:
+    return flow_run(server, run_id)["state"]["type"]
+
+
+def _wait_final(server: PrefectServer, run_id: str, timeout: float, worker: Worker) -> dict:
+    def final() -> dict | None:
+        run = flow_run(server, run_id)
+        return run if run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+    try:
+        run = wait_for(final, timeout, f"flow run {run_id} to finish")
+    except AssertionError:
+        raise AssertionError(f"{flow_run(server, run_id)['state']}\n{worker.log_path.read_text()[-4000:]}") from None
+    assert run["state"]["type"] == "COMPLETED", f"{run['state']}\n{worker.log_path.read_text()[-4000:]}"
+    return run
+
+
+def test_the_server_creates_scheduled_runs_and_a_worker_completes_one(
+        deployed: PrefectServer, deployer: Deployer, start_worker: Callable[[str], Worker], tmp_path: Path,
+        demo_source: Path) -> None:
+    pool = _pool(deployed)
+    # The repo's deployment with an every-minute cron in the same explicit timezone.
+    deployer.variant("retrain-every-minute", _small(tmp_path / "root", demo_source, "train.max_steps=20"), pool,
+                     schedules=[{"cron": "* * * * *", "timezone": "Europe/Berlin", "active": True}])
+    dep = deployment(deployed, "retrain-every-minute")
+    # Nobody creates runs here but the server's scheduler.
+    runs = wait_for(lambda: flow_runs_of(deployed, dep["id"]), 150, "the scheduler to create flow runs", 2)
+    assert all(r["state"]["type"] == "SCHEDULED" and r["auto_scheduled"] for r in runs)
+    times = sorted(datetime.fromisoformat(r["expected_start_time"]) for r in runs)
+    assert all(t.second == 0 for t in times)  # on the minute, as the cron says
+    worker = start_worker(pool)
+    first = min(runs, key=lambda r: r["expected_start_time"])
+    _wait_final(deployed, first["id"], 240, worker)
+    with deployed.api() as api:  # stop it scheduling more
+        api.patch(f"/deployments/{dep['id']}", json={"paused": True}).raise_for_status()
+    log = deployed.log_path.read_text()
+    assert not [e for e in SCHEDULER_ERRORS if e in log], log[-3000:]
+
+
+def test_a_partial_config_override_keeps_the_deployments_other_keys(
+        deployed: PrefectServer, deployer: Deployer, start_worker: Callable[[str], Worker], tmp_path: Path,
+        demo_source: Path) -> None:
+    pool = _pool(deployed)
+    deployer.variant("retrain-partial", _small(tmp_path / "root", demo_source), pool)
+    # The README's example: only train.max_steps. Prefect alone would replace the whole config,
+    # and the run would fall back to ./.retrain and the demo data.
+    out = deployed.cli("deployment", "run", "retrain/retrain-partial", "--param",
+                       'config={"train": {"max_steps": 30}}')
+    run_id = next(line.split()[-1] for line in out.stdout.splitlines() if "UUID" in line)
+    worker = start_worker(pool)
+    _wait_final(deployed, run_id, 300, worker)
+    (report_path,) = (tmp_path / "root" / "runs").glob("*/report.json")  # the deployment's root
+    report = json.loads(report_path.read_text())
+    assert report["steps"] == 30  # the override
+    assert report["stages"]["pack"]["rows"]["train"] < 8000  # the deployment's small dataset, not the demo
+    assert report["prefect_flow_run_id"] == run_id
+    assert not list((tmp_path / "worker-0").rglob(".retrain"))
+
+
+def _train_interval(server: PrefectServer, run_id: str) -> tuple[datetime, datetime]:
+    with server.api() as api:
+        response = api.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}})
+        response.raise_for_status()
+    (train,) = [t for t in response.json() if t["task_key"].startswith("train") or t["name"].startswith("train-")]
+    return datetime.fromisoformat(train["start_time"]), datetime.fromisoformat(train["end_time"])
+
+
+def test_two_deployments_on_one_root_never_train_at_once(
+        deployed: PrefectServer, deployer: Deployer, start_worker: Callable[[str], Worker], tmp_path: Path,
+        demo_source: Path) -> None:
+    pool = _pool(deployed)
+    root = tmp_path / "shared-root"
+    deployer.variant("retrain-a", _small(root, demo_source, "train.max_steps=80"), pool)
+    deployer.variant("retrain-b", _small(root, demo_source, "train.max_steps=80", "train.seed=1"), pool)
+    first, second = _run(deployed, "retrain-a", {}), _run(deployed, "retrain-b", {})
+    worker = start_worker(pool)  # one process worker runs both flow runs at the same time
+    for run_id in (first, second):
+        _wait_final(deployed, run_id, 420, worker)
+    a, b = sorted([_train_interval(deployed, first), _train_interval(deployed, second)])
+    assert a[1] <= b[0], f"training overlapped: {a} and {b}"
+    assert len(list((root / "runs").glob("*/report.json"))) == 2
+
+
+def _flow_run_process(run_id: str) -> int | None:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        # The process the worker started: the `prefect flow-run execute` supervisor.
+        if f"PREFECT__FLOW_RUN_ID={run_id}".encode() in environ and b"flow-run\0execute" in cmdline:
+            return int(entry)
+    return None
+
+
+def _checkpoints(root: Path) -> list[Path]:
+    return sorted(root.glob("runs/*/checkpoints/step-*[0-9]"))
+
+
+def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
+        deployed: PrefectServer, deployer: Deployer, start_worker: Callable[[str], Worker], tmp_path: Path,
+        demo_source: Path) -> None:
+    pool = _pool(deployed)
+    root = tmp_path / "root"
+    deployer.variant("retrain-spot", _small(root, demo_source, "train.max_steps=400", "train.eval_every=40",
+                                            "train.checkpoint_every=40", "train.patience=0"), pool)
+    run_id = _run(deployed, "retrain-spot", {})
+    worker = start_worker(pool)
+    wait_for(lambda: len(_checkpoints(root)) >= 2, 300, "two checkpoints", 0.2)
+    pid = wait_for(lambda: _flow_run_process(run_id), 10, "the flow-run process")
+    os.kill(pid, signal.SIGTERM)  # a spot reclaim / node drain
+    # Rescheduled (not Crashed), picked up again by the worker, and completed.
+    try:
+        wait_for(lambda: flow_run(deployed, run_id)["run_count"] >= 2 or _state(deployed, run_id) == "SCHEDULED",
+                 120, "the run to be rescheduled")
+    except AssertionError:
+        raise AssertionError(f"{flow_run(deployed, run_id)['state']}\n{worker.log_path.read_text()[-6000:]}") from None
+    _wait_final(deployed, run_id, 420, worker)
+    (report_path,) = root.glob("runs/*/report.json")
+    report = json.loads(report_path.read_text())
+    assert report["steps"] == 400
+    assert report["preemptions"] >= 1
+    assert report["resumed_from_steps"] and report["resumed_from_steps"][0] >= 80  # not from step 0
+    with deployed.api() as api:
+        response = api.get("/flow_run_states/", params={"flow_run_id": run_id})
+        names = [s["type"] for s in response.json()]
+    assert "SCHEDULED" in names[1:] and "CRASHED" not in names, names
