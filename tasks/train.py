@@ -28,7 +28,8 @@ def train_model(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, A
             if not first:
                 first.append((now, step))
             t0, s0 = first[0]
-            eta = f"  ETA {(now - t0) / (step - s0) * (event['max_steps'] - step):.0f} s" if step > s0 else ""
+            left = (now - t0) / (step - s0) * (event["max_steps"] - step) if step > s0 else None
+            eta = "" if left is None else f"  ETA {left:.1f} s" if left < 10 else f"  ETA {left:.0f} s"
             logger.info("step %d/%d  train_loss %.4f  val_auc %.4f%s", step, event["max_steps"],
                         event["train_loss"], event["val_auc"], eta)
         elif event["event"] == "resumed":
@@ -37,6 +38,8 @@ def train_model(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, A
             level = logging.getLevelName(str(event.get("level", "WARNING")))
             logger.log(level if isinstance(level, int) else logging.WARNING, "%s", event.get("message", ""))
 
+    logger.info("starting the training process: up to %d steps, a progress line every %d steps",
+                config.train.max_steps, config.train.eval_every)
     trained = train_stage(config, packed, prep, log_event)
     progress.update(config.train.max_steps)  # finished, whether completed or stopped early
     if trained.get("already_complete"):

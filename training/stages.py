@@ -514,6 +514,7 @@ def report_stage(
         "steps_to_target": trained.get("steps_to_target"),
         "bayes_auc": packed.get("bayes_auc"),
         "prefect_flow_run_id": flow_run_id,
+        "pipeline_started_at": packed["started_at"],  # epoch seconds when the first stage began
     }
     path = run_dir / "report.json"
     curves = render_curves(history, run_dir / "curves.png")

@@ -283,7 +283,7 @@ def test_training_warnings_the_run_id_and_the_promotion_event_reach_prefect(smal
 
     def promoted() -> list:
         with get_client(sync_client=True) as client:
-            page = client.read_events(EventFilter(event=EventNameFilter(name=["retrain.model.promoted"])))
+            page = client.read_events(EventFilter(event=EventNameFilter(name=["retrain.model.promoted"])), limit=50)
         return [e for e in page.events if e.payload.get("sha256") == report["model"]["sha256"]]
 
     (event,) = _wait(promoted)
