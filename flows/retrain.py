@@ -6,8 +6,8 @@ from prefect import flow
 
 from tasks.evaluate import evaluate_model
 from tasks.pack import pack_dataset
-from tasks.policies import apply_credentials_block, backoff, preprocess_cache_policy, result_storage_for
-from tasks.preprocess import PREPROCESS_VERSION, fit_features
+from tasks.policies import apply_credentials_block, backoff
+from tasks.preprocess import fit_features
 from tasks.report import write_report
 from tasks.runtime import effective_config, flow_run_id, flow_run_name, one_writer_per_root
 from tasks.train import train_model
@@ -23,10 +23,8 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
     apply_credentials_block(config.storage)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
-        prep_state = fit_features.with_options(
-            cache_policy=preprocess_cache_policy(config.storage), result_storage=result_storage_for(config.storage)
-        )(packed["dataset_dir"], packed["fingerprint"], config.preprocess.model_dump(mode="json"), PREPROCESS_VERSION,
-          config.storage.root, config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
+        prep_state = fit_features(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
+                                  config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
         prep = prep_state.result()
         train_state = train_model.with_options(
             retries=config.train.max_retries,

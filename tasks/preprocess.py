@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import task
+from prefect.states import Completed, State
 
 from training.data.features import PREPROCESS_VERSION
 from training.stages import preprocess_stage
@@ -10,17 +11,22 @@ from training.stages import preprocess_stage
 __all__ = ["fit_features", "PREPROCESS_VERSION"]
 
 
-@task(name="preprocess", persist_result=True)
+# No Prefect result persistence and no Prefect cache: Prefect stores results with cloudpickle, so
+# anyone able to write the storage root could run code in the next run by replacing one. The
+# statistics are content-addressed instead (preprocess/<key>/feature_stats.json, key = dataset
+# fingerprint + preprocess config + code version) and checked against their sha256 before reuse;
+# a reuse is reported as the state `Cached`, as a Prefect cache hit would be.
+@task(name="preprocess", persist_result=False)
 def fit_features(
     dataset_dir: str,
-    dataset_fingerprint: str,
     preprocess: dict[str, Any],
-    code_version: str,
     storage_root: str,
     storage: dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """Fit feature statistics on the train split. Cached across flow runs, and machines, on
-    (dataset fingerprint, preprocessing config, code version, storage root): the local
-    `dataset_dir` and the connection settings in `storage` are not part of the key."""
-    return preprocess_stage(dataset_dir, preprocess, storage_root, storage, tags)
+) -> State[dict[str, Any]]:
+    """Fit feature statistics on the train split, or reuse verified ones fitted before (on any
+    machine sharing the root)."""
+    prep = preprocess_stage(dataset_dir, preprocess, storage_root, storage, tags)
+    if prep["reused"]:
+        return Completed(name="Cached", message=f"verified statistics {prep['key']} reused", data=prep)
+    return Completed(data=prep)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 from training.config import DataConfig, PreprocessConfig, RetrainConfig, StorageConfig, fingerprint
 from training.cost import compute_cost, naive_counterfactual, storage_cost
 from training.data.demo import ensure_demo_dataset
-from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key
+from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key, verified_feature_stats
 from training.data.packing import (
     PackPart,
     PackPlan,
@@ -176,13 +176,18 @@ def preprocess_stage(
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
     root = StorageRoot(StorageConfig.model_validate(storage or {"root": storage_root}), tags)
     rel = f"preprocess/{preprocess_key(manifest.fingerprint, config)}/feature_stats.json"
-    fitted_here = root.fetch(rel) is None  # fitted before, on any machine: reuse it
+    check_rel = f"{rel}.sha256"
+    # Fitted before, on any machine, and still matching its checksum: reuse it.
+    root.fetch(rel)
+    root.fetch(check_rel)
+    reused = verified_feature_stats(root.local / rel) is not None
     stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root.local / "preprocess")
-    if fitted_here:
-        root.publish(rel, CACHE)
+    if not reused:
+        root.publish_all([rel, check_rel], CACHE)  # the checksum last: it marks them complete
     return {
         "stats_path": str(stats_path),
         "stats_rel": rel,
+        "reused": reused,
         "key": stats.key,
         "code_version": PREPROCESS_VERSION,
         "cardinalities": stats.cardinalities,

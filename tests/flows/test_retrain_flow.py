@@ -128,7 +128,7 @@ def test_a_home_relative_root_is_expanded(small_config: RetrainConfig, tmp_path:
     small_config.storage.root = "~/retrain-root"  # as deployments/prefect.yaml says
     report = retrain(small_config)
     assert Path(report).is_relative_to(tmp_path / "home" / "retrain-root")
-    assert (tmp_path / "home" / "retrain-root" / "prefect").exists()
+    assert (tmp_path / "home" / "retrain-root" / "preprocess").exists()
     assert not (tmp_path / "~").exists()
 
 
@@ -168,8 +168,8 @@ def test_whole_flow_on_s3_then_a_fresh_machine_reuses_everything(
     checkpoints = [k for k in keys if k.startswith(f"{run}/checkpoints/")]
     shards = [k for k in keys if k.startswith(f"team/retrain/datasets/{fp}/") and k.endswith(".tar")]
     stats = [k for k in keys if k.startswith("team/retrain/preprocess/")]
-    results = [k for k in keys if k.startswith("team/retrain/prefect/")]
-    assert checkpoints and shards and stats and results
+    assert checkpoints and shards and stats
+    assert not [k for k in keys if k.startswith("team/retrain/prefect/")]  # no pickled Prefect results on S3
     expected.update({checkpoints[0]: "checkpoint", shards[0]: "shard-cache", stats[0]: "cache"})
     for key, cls in expected.items():
         tags = {t["Key"]: t["Value"] for t in raw.get_object_tagging(Bucket=s3_bucket, Key=key)["TagSet"]}
@@ -289,3 +289,32 @@ def test_training_warnings_the_run_id_and_the_promotion_event_reach_prefect(smal
     (event,) = _wait(promoted)
     assert event.resource.id == f"retrain.model.{report['model']['sha256']}"
     assert event.payload["auc"] == pytest.approx(report["metrics"]["auc"])
+
+
+class _Marker:
+    """Unpickling this writes a file: proof that code from the storage root ran."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):  # noqa: ANN204
+        return (Path(self.path).touch, ())
+
+
+def test_nothing_read_back_from_the_root_is_unpickled(small_config: RetrainConfig, tmp_path: Path) -> None:
+    import pickle
+
+    root = Path(small_config.storage.root)
+    first = _report(retrain(small_config))
+    assert first["stages"]["preprocess"]["state"] == "Completed"
+    assert not (root / "prefect" / "results").exists()  # Prefect persists no (cloudpickled) results here
+    marker = tmp_path / "code-ran"
+    payload = pickle.dumps(_Marker(str(marker)))
+    # Whatever an attacker with write access could replace: every file Prefect might read back.
+    planted = [p for p in (root / "prefect").rglob("*") if p.is_file()] if (root / "prefect").exists() else []
+    for path in planted + [root / "prefect" / "results" / "result", root / "prefect" / "cache-keys" / "key"]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(payload)
+    second = _report(retrain(small_config))
+    assert not marker.exists()
+    assert second["stages"]["preprocess"]["state"] == "Cached"  # reused, verified by its sha256

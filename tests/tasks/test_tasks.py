@@ -6,7 +6,7 @@ from prefect.states import Failed
 
 from tasks.pack import begin_packing, finish_packing, pack_part
 from tasks.policies import backoff, retry_only_preemptions, retry_transient
-from tasks.preprocess import PREPROCESS_VERSION, fit_features
+from tasks.preprocess import fit_features
 from training.config import RetrainConfig
 from training.errors import ConfigError, DataError, Preempted, StorageError
 
@@ -20,9 +20,10 @@ def _pack(config: RetrainConfig) -> dict:
 def test_pack_and_preprocess_tasks(small_config: RetrainConfig) -> None:
     packed = _pack(small_config)
     assert packed["reused"] is False and packed["shards"] > 3
-    prep = fit_features.fn(packed["dataset_dir"], packed["fingerprint"], small_config.preprocess.model_dump(),
-                           PREPROCESS_VERSION, small_config.storage.root)
-    assert prep["stats_path"].endswith("feature_stats.json")
+    first = fit_features.fn(packed["dataset_dir"], small_config.preprocess.model_dump(), small_config.storage.root)
+    assert first.name == "Completed" and first.result()["stats_path"].endswith("feature_stats.json")
+    second = fit_features.fn(packed["dataset_dir"], small_config.preprocess.model_dump(), small_config.storage.root)
+    assert second.name == "Cached" and second.result()["key"] == first.result()["key"]
     again = _pack(small_config)
     assert again["reused"] is True and again["dataset_dir"] == packed["dataset_dir"]
 

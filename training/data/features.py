@@ -7,8 +7,9 @@ values (seen at least `min_count` times) get indices 1..V, everything else share
 
 from __future__ import annotations
 
+import hashlib
 import json
-import os
+import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,8 +21,12 @@ from training.config import PreprocessConfig, fingerprint
 from training.data.packing import DatasetManifest
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader
+from training.storage import write_atomic
 
-__all__ = ["PREPROCESS_VERSION", "FeatureStats", "fit_feature_stats", "preprocess_key"]
+__all__ = ["PREPROCESS_VERSION", "FeatureStats", "fit_feature_stats", "preprocess_key", "verified_feature_stats",
+           "checksum_path"]
+
+log = logging.getLogger(__name__)
 
 # Bump when the fitting or transform code changes meaning: it is part of the cache key.
 PREPROCESS_VERSION = "1"
@@ -89,14 +94,38 @@ def preprocess_key(dataset_fingerprint: str, config: PreprocessConfig) -> str:
     return fingerprint("preprocess", PREPROCESS_VERSION, dataset_fingerprint, config)
 
 
+def checksum_path(stats_path: Path) -> Path:
+    """`feature_stats.json.sha256`: written after the statistics, so its presence marks them complete."""
+    return stats_path.with_name(stats_path.name + ".sha256")
+
+
+def verified_feature_stats(stats_path: Path) -> FeatureStats | None:
+    """The statistics at `stats_path` if they match their checksum; None (with a warning when
+    something is there but wrong) otherwise. They are derived data: the caller fits them again."""
+    if not stats_path.exists():
+        return None
+    try:
+        data = stats_path.read_bytes()
+        expected = checksum_path(stats_path).read_text().strip()
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise ValueError("sha256 mismatch")
+        return FeatureStats.from_json(data.decode())
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        reason = "no checksum" if isinstance(err, FileNotFoundError) else str(err) or type(err).__name__
+        log.warning("feature statistics %s failed verification (%s): fitting them again", stats_path, reason)
+        return None
+
+
 def fit_feature_stats(
     dataset_dir: Path, manifest: DatasetManifest, config: PreprocessConfig, out_root: Path
 ) -> tuple[Path, FeatureStats]:
-    """Fit on the train split and write `<out_root>/<key>/feature_stats.json` (atomic)."""
+    """Fit on the train split and write `<out_root>/<key>/feature_stats.json` and its sha256
+    (each atomic, the checksum last); verified statistics already there are reused."""
     key = preprocess_key(manifest.fingerprint, config)
     out_path = out_root / key / "feature_stats.json"
-    if out_path.exists():
-        return out_path, FeatureStats.from_json(out_path.read_text())
+    existing = verified_feature_stats(out_path)
+    if existing is not None:
+        return out_path, existing
 
     n_num, n_cat = len(manifest.numeric), len(manifest.categorical)
     total = np.zeros(n_num, dtype=np.float64)
@@ -139,7 +168,7 @@ def fit_feature_stats(
         key=key,
     )
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    tmp.write_text(stats.to_json())
-    os.replace(tmp, out_path)
+    data = stats.to_json().encode()
+    write_atomic(out_path, data)
+    write_atomic(checksum_path(out_path), hashlib.sha256(data).hexdigest().encode())
     return out_path, stats

@@ -1,0 +1,45 @@
+"""Feature statistics are derived data with a checksum: damaged ones are fitted again, never used."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from training.config import RetrainConfig
+from training.data.features import checksum_path, verified_feature_stats
+from training.stages import pack_stage, preprocess_stage
+
+
+def _prep(config: RetrainConfig) -> dict:
+    packed = pack_stage(config)
+    return preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "valid-but-wrong", "checksum-missing"])
+def test_damaged_statistics_are_refitted_with_a_warning(small_config: RetrainConfig, damage: str,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    first = _prep(small_config)
+    path = Path(first["stats_path"])
+    good = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif damage == "valid-but-wrong":
+        stats = json.loads(good)
+        stats["mean"] = [m + 100.0 for m in stats["mean"]]
+        path.write_text(json.dumps(stats))
+    else:
+        checksum_path(path).unlink()
+    with caplog.at_level(logging.WARNING):
+        again = _prep(small_config)
+    assert again["reused"] is False
+    assert path.read_bytes() == good  # fitted again: the same bytes as the first fit
+    assert verified_feature_stats(path) is not None
+    assert any("failed verification" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
+
+
+def test_intact_statistics_are_reused(small_config: RetrainConfig) -> None:
+    assert _prep(small_config)["reused"] is False
+    assert _prep(small_config)["reused"] is True
