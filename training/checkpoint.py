@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from training.errors import CheckpointError
-from training.storage import HashingWriter, fsync_dir
+from training.storage import HashingWriter, fsync_dir, is_plain_name
 
 __all__ = [
     "CheckpointManifest",
@@ -34,6 +34,7 @@ __all__ = [
     "latest_verified_checkpoint",
     "latest_verified_state",
     "verify_checkpoint",
+    "parse_manifest",
     "load_checkpoint_state",
     "apply_retention",
     "list_checkpoints",
@@ -107,13 +108,26 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     return sorted((p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith("step-")), reverse=True)
 
 
+def parse_manifest(raw: bytes | str, where: str) -> CheckpointManifest:
+    """A checkpoint manifest read from disk or S3; every file it names must be a plain name,
+    so that a tampered manifest cannot make a reader write or read outside the checkpoint."""
+    try:
+        manifest = CheckpointManifest(**json.loads(raw))
+    except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"checkpoint {where}: unreadable manifest ({err})") from None
+    bad = [name for name in manifest.files if not is_plain_name(name)]
+    if bad:
+        raise CheckpointError(f"checkpoint {where}: manifest names files outside the checkpoint ({bad[0]!r}); "
+                              f"refusing it")
+    return manifest
+
+
 def _read_manifest(path: Path) -> CheckpointManifest:
     try:
-        return CheckpointManifest(**json.loads((path / _MANIFEST).read_text()))
+        raw = (path / _MANIFEST).read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path}: no manifest (torn write)") from None
-    except (json.JSONDecodeError, TypeError) as err:
-        raise CheckpointError(f"checkpoint {path}: unreadable manifest ({err})") from None
+    return parse_manifest(raw, str(path))
 
 
 def _read_verified(path: Path, name: str, meta: dict[str, Any]) -> bytes:

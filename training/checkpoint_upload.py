@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from training.checkpoint import CheckpointManifest, list_checkpoints, step_dir_name, step_of, verify_checkpoint
+from training.checkpoint import list_checkpoints, parse_manifest, step_dir_name, step_of, verify_checkpoint
 from training.errors import CheckpointError, RetrainError, StorageError
 from training.storage_root import CHECKPOINT, RUN, StorageRoot
 
@@ -52,7 +52,7 @@ def restore_newer_checkpoint(root: StorageRoot, ckpt_rel: str, ckpt_dir: Path) -
             manifest_bytes = root.remote.get_bytes(f"{ckpt_rel}/{name}/{_MANIFEST}") if root.remote else None
             if manifest_bytes is None:
                 continue  # deleted meanwhile
-            manifest = CheckpointManifest(**json.loads(manifest_bytes))
+            manifest = parse_manifest(manifest_bytes, root.display(f"{ckpt_rel}/{name}"))
             for file, meta in manifest.files.items():
                 assert root.remote is not None
                 root.remote.download_file(f"{ckpt_rel}/{name}/{file}", tmp / file, size=meta["bytes"],

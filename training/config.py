@@ -402,9 +402,14 @@ class StorageConfig(_Section):
     @classmethod
     def _root(cls, v: str) -> str:
         if v.startswith("s3://"):
-            bucket = v[5:].split("/", 1)[0]
+            bucket, _, prefix = v[5:].partition("/")
             if not bucket:
                 raise ValueError(f"storage.root {v!r} names no bucket; write s3://bucket/prefix")
+            # The prefix also names the local working copy (~/.cache/retrain/s3/<bucket>/<prefix>):
+            # '..' would put it outside the cache.
+            if any(part in (".", "..") for part in [bucket, *prefix.split("/")]) or "\\" in v:
+                raise ValueError(f"storage.root {v!r}: '.' and '..' are not allowed in an s3:// root; "
+                                 f"write the prefix without them")
         elif "://" in v:
             raise ValueError(f"storage.root {v!r}: only local folders and s3:// roots are supported")
         return v

@@ -516,6 +516,13 @@ def train(
     dtype = autocast_dtype(precision)
     if state.micro_batch is None:
         state.micro_batch, state.grad_accum = tc.batch_size, tc.grad_accum
+        train_rows = sum(s.rows for s in manifest.shards_of("train"))
+        if train_rows < state.micro_batch:
+            # Small data trains with the defaults, as in peers: one batch is the whole split. Kept
+            # in the checkpoint like every layout decision, so a resume batches identically.
+            state.micro_batch = max(world_size, train_rows // world_size * world_size)
+            log.warning("the train split has %d rows, fewer than train.batch_size %d: training with batches of "
+                        "%d rows (the whole split)", train_rows, tc.batch_size, state.micro_batch)
         if tc.auto_batch_size:
             state.micro_batch, state.grad_accum, state.auto_batch = _auto_batch(
                 model, tc, len(stats.numeric), len(stats.categorical), device, dtype, rank, world_size)

@@ -13,7 +13,15 @@ from typing import Any
 
 from training.errors import StorageError
 
-__all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json", "HashingWriter", "sha256_file"]
+__all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json", "HashingWriter", "sha256_file",
+           "is_plain_name"]
+
+
+def is_plain_name(name: object) -> bool:
+    """Whether a file name read from storage (a manifest) is one plain path component: joining
+    it to a folder must never leave that folder (`../x`, `/etc/x`, `a/b`, NUL)."""
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\0" not in name)
 
 
 def sha256_file(path: Path) -> str:

@@ -68,3 +68,9 @@ def test_columns_listed_twice_are_rejected() -> None:
 def test_config_round_trips_through_json() -> None:
     config = load_config(overrides=["train.max_steps=7"])
     assert RetrainConfig.model_validate_json(config.model_dump_json()) == config
+
+
+@pytest.mark.parametrize("root", ["s3://bucket/../../..", "s3://bucket/team/../x", "s3://../x", "s3://b/./x"])
+def test_an_s3_root_may_not_climb_out_of_its_working_copy(root: str) -> None:
+    with pytest.raises(ConfigError, match=r"'\.' and '\.\.' are not allowed"):
+        load_config(overrides=[f"storage.root={root}"])

@@ -43,3 +43,20 @@ def test_damaged_statistics_are_refitted_with_a_warning(small_config: RetrainCon
 def test_intact_statistics_are_reused(small_config: RetrainConfig) -> None:
     assert _prep(small_config)["reused"] is False
     assert _prep(small_config)["reused"] is True
+
+
+def test_a_numeric_column_with_no_value_in_train_is_an_error_naming_it(demo_source: Path, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import small_overrides
+    from training.config import load_config
+    from training.errors import DataError
+
+    table = pq.read_table(demo_source)
+    i = table.schema.get_field_index("discount")
+    source = tmp_path / "all-null.parquet"
+    pq.write_table(table.set_column(i, "discount", pa.nulls(table.num_rows, pa.float64())), source)
+    config = load_config(overrides=small_overrides(tmp_path / "root", source))
+    with pytest.raises(DataError, match="numeric column 'discount' has no non-null value in the train split"):
+        _prep(config)

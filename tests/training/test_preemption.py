@@ -195,3 +195,29 @@ def test_sigkill_with_dataloader_workers_neither_hangs_nor_leaves_orphans(long_c
     while _group_members(started["pgid"]) and time.time() < deadline:
         time.sleep(0.1)
     assert _group_members(started["pgid"]) == []
+
+
+def test_small_data_trains_with_the_default_batch_and_resumes_bit_identical(tmp_path: Path) -> None:
+    """569 rows (the size of a real dataset that failed before): the train split is smaller than
+    the default batch of 512, so a batch is the whole split, with a warning; a kill and resume
+    ends exactly where an uninterrupted run does."""
+    from tests.conftest import small_overrides
+    from training.config import load_config
+    from training.data.demo import ensure_demo_dataset
+
+    source, _ = ensure_demo_dataset(tmp_path / "src", rows=569, seed=3)
+    overrides = [o for o in small_overrides(tmp_path / "root", source) if not o.startswith("train.batch_size")]
+    config = load_config(overrides=overrides + ["train.max_steps=40", "train.eval_every=10",
+                                                "train.checkpoint_every=10"])
+    assert config.train.batch_size == 512  # the default
+    events: list[dict] = []
+    reference = run_training_process(make_job(config, "reference"), on_event=events.append)
+    (warning,) = [e for e in events if e["event"] == "log" and "fewer than train.batch_size 512" in e["message"]]
+    assert warning["level"] == "WARNING"
+    job = make_job(config, "killed")
+    on_start, _ = _signal_at_step(job, 15, signal.SIGKILL)
+    with pytest.raises(Preempted):
+        run_training_process(job, on_start=on_start)
+    final = run_training_process(job)
+    assert final["resumed_from_steps"] and final["model"]["sha256"] == reference["model"]["sha256"]
+    assert final["history"] == reference["history"]

@@ -282,3 +282,28 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     assert remote and all("manifest.json" in files for files in remote.values())  # the torn one is gone
     assert root.remote.head(f"{job.run_rel}/result.json") is not None
 
+
+
+def test_a_checkpoint_manifest_on_s3_naming_a_path_outside_is_refused(s3_bucket, s3_server, tmp_path, caplog):
+    """A tampered manifest must not make a fresh machine write outside its working copy."""
+    import json
+    import logging
+
+    from training.checkpoint_upload import restore_newer_checkpoint
+
+    config = load_config(overrides=s3_overrides(s3_bucket, s3_server, tmp_path / "machine" / "copy"))
+    root = StorageRoot.from_config(config)
+    ckpt_rel = "runs/r/checkpoints"
+    evil, body = "../../../../../escaped.txt", b"written from a tampered manifest"
+    manifest = {"step": 10, "run_key": "r", "config_fingerprint": "x",
+                "files": {evil: {"sha256": hashlib.sha256(body).hexdigest(), "bytes": len(body)}}}
+    raw = boto3.client("s3", endpoint_url=s3_server)
+    step = f"team/retrain/{ckpt_rel}/step-00000010"
+    raw.put_object(Bucket=s3_bucket, Key=f"{step}/{evil}", Body=body)
+    raw.put_object(Bucket=s3_bucket, Key=f"{step}/manifest.json", Body=json.dumps(manifest).encode())
+    ckpt_dir = root.local / ckpt_rel
+    ckpt_dir.mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        assert restore_newer_checkpoint(root, ckpt_rel, ckpt_dir) is None
+    assert not list(tmp_path.rglob("escaped.txt"))
+    assert "outside the checkpoint" in caplog.text

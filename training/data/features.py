@@ -21,6 +21,7 @@ from training.config import PreprocessConfig, fingerprint
 from training.data.packing import DatasetManifest
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader
+from training.errors import DataError
 from training.storage import write_atomic
 
 __all__ = ["PREPROCESS_VERSION", "FeatureStats", "fit_feature_stats", "preprocess_key", "verified_feature_stats",
@@ -150,6 +151,11 @@ def fit_feature_stats(
             del block  # drop the views into the mmap before closing it
         finally:
             reader.close()
+    empty = [name for name, n in zip(manifest.numeric, count.tolist()) if n == 0]
+    if empty:
+        # Imputing the mean of nothing would feed the model a constant 0 without a word.
+        raise DataError(f"numeric column {empty[0]!r} has no non-null value in the train split of dataset "
+                        f"{manifest.fingerprint}; fix the source or drop it from data.numeric")
     mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
     var = np.divide(total_sq, count, out=np.zeros_like(total), where=count > 0) - mean**2
     std = np.sqrt(np.maximum(var, 0))
