@@ -7,13 +7,16 @@ The last line on stdout of `retrain run` is the path of the run's report.json, s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from retrain_cli.temp_server import TemporaryServer, server_is_up
 from training.config import RetrainConfig, load_config
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 
@@ -21,55 +24,49 @@ __all__ = ["main"]
 
 
 _LOCAL_SERVER = "http://127.0.0.1:4200/api"
-_DB_SETTINGS = ("PREFECT_API_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
+_DB_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 
 
 def _say(message: str) -> None:
     print(f"retrain: {message}", file=sys.stderr, flush=True)
 
 
-def _server_is_up(api_url: str) -> bool:
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{api_url}/health", timeout=0.5) as response:  # noqa: S310 - loopback only
-            return bool(response.status == 200)
-    except OSError:
-        return False
-
-
-def _prefect_defaults(config: RetrainConfig) -> None:
-    """Where this run's Prefect state goes. Users' explicit settings win.
+def _choose_server(config: RetrainConfig) -> tuple[str | None, TemporaryServer | None]:
+    """Which Prefect server this run talks to: (the API URL to use, None) or, when none is
+    configured or running, (its URL, the temporary server started for it). (None, None) means
+    the configured one. Users' explicit settings win.
 
     - A configured server (PREFECT_API_URL, in the environment or the active profile) is used.
     - Else a server already running on the default local port is used: no start-up wait.
-    - Else Prefect starts a temporary server for this run, with its database under the storage
-      root's local folder (`<root>/prefect/server.db`), not in ~/.prefect shared with everything
-      else: the run's history stays with its data.
+    - Else a temporary server for this run, with its database under the storage root's local
+      folder (`<root>/prefect/server.db`), not in ~/.prefect shared with everything else: the
+      run's history stays with its data.
     """
-    # Offline machines: telemetry errors, and the first ephemeral-server start measured 13-25 s
-    # (Prefect's default timeout is 20 s).
+    # Offline machines: telemetry errors otherwise.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
-    if any(os.environ.get(name) for name in _DB_SETTINGS):
-        return
     from prefect.settings import get_current_settings
 
     configured = get_current_settings().api.url
     if configured:
         _say(f"using the Prefect server at {configured}")
-        return
-    if _server_is_up(_LOCAL_SERVER):
-        os.environ["PREFECT_API_URL"] = _LOCAL_SERVER
+        return None, None
+    if server_is_up(_LOCAL_SERVER):
         _say(f"using the Prefect server already running at {_LOCAL_SERVER}")
-        return
+        return _LOCAL_SERVER, None
+    from tasks.runtime import TEMPORARY_SERVER_ENV
     from training.storage_root import local_dir_for
 
     state = local_dir_for(config.storage) / "prefect"
-    state.mkdir(parents=True, exist_ok=True)
-    os.environ["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = f"sqlite+aiosqlite:///{state / 'server.db'}"
-    _say(f"no Prefect server configured: starting a temporary one for this run (10-20 s here), its database "
-         f"in {state / 'server.db'}. To skip this wait: `prefect server start` in another terminal")
+    database = next((os.environ[name] for name in _DB_SETTINGS if os.environ.get(name)),
+                    f"sqlite+aiosqlite:///{state / 'server.db'}")
+    _say(f"no Prefect server configured or running: starting a temporary one for this run, database "
+         f"{database.split('///')[-1]} (to skip this wait, run `prefect server start` in another terminal)")
+    t0 = time.perf_counter()
+    server = TemporaryServer(database, state / "server.log")
+    server.start()
+    os.environ[TEMPORARY_SERVER_ENV] = server.api_url
+    _say(f"temporary Prefect server up after {time.perf_counter() - t0:.1f} s at {server.api_url}")
+    return server.api_url, server
 
 
 def _quiet_expected_tracebacks() -> None:
@@ -193,43 +190,74 @@ def _run(args: argparse.Namespace) -> int:
     if not config.storage.is_s3:
         config.storage.root = str(Path(config.storage.root).expanduser().resolve())
     _say("loading Prefect and the pipeline")
-    _prefect_defaults(config)
-    from flows.retrain import retrain
-
-    _quiet_expected_tracebacks()
-    _say(f"imports and config took {time.perf_counter() - started:.1f} s; running the flow "
-         "(pack -> preprocess -> train -> evaluate -> report)")
+    api_url, server = None, None
     try:
-        report_path = retrain(config)
+        api_url, server = _choose_server(config)
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        from flows.retrain import retrain
+
+        _quiet_expected_tracebacks()
+        _say(f"ready after {time.perf_counter() - started:.1f} s; running the flow "
+             "(pack -> preprocess -> train -> evaluate -> report)")
+        # Prefect reads its settings once, at import: an API URL chosen here must be applied.
+        with temporary_settings(updates={PREFECT_API_URL: api_url}) if api_url else contextlib.nullcontext():
+            report_path = retrain(config)
+    except (KeyboardInterrupt, _Terminated) as err:
+        return _interrupted(config, err)
+    except BaseException as err:
+        if type(err).__name__ == "TerminationSignal":  # Prefect's SIGTERM handler inside the flow run
+            return _interrupted(config, err)
+        raise
     finally:
-        _stop_ephemeral_server()
+        _drain_logs()
+        if server is not None:
+            server.stop()
     report = json.loads(Path(report_path).read_text())
     sys.stderr.flush()
     print(_summary(report, report_path, started_at), flush=True)
     return 0
 
 
-def _stop_ephemeral_server() -> None:
-    # Prefect stops its temporary server in an atexit hook, which logs after our last line.
-    # Stop it now so the error line or the report path really is the last thing printed.
-    server_module = sys.modules.get("prefect.server.api.server")
-    if server_module is None:
+class _Terminated(Exception):
+    """SIGTERM outside the flow run (Prefect handles it inside): unwind and clean up."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(signal.Signals(signum).name)
+
+
+def _interrupted(config: RetrainConfig, err: BaseException) -> int:
+    from training.storage_root import local_dir_for
+
+    ctrl_c = isinstance(err, KeyboardInterrupt)
+    newest = max(local_dir_for(config.storage).glob("runs/*/checkpoints/step-*[0-9]"),
+                 key=lambda p: p.stat().st_mtime, default=None)
+    if newest is not None and (newest / "manifest.json").exists():
+        where = f"at step {int(newest.name.split('-')[1])}; checkpoint saved"
+    else:
+        where = "before any checkpoint; nothing to lose"
+    print(f"retrain: interrupted ({'Ctrl-C' if ctrl_c else 'SIGTERM'}) {where}; run the same command again to resume",
+          file=sys.stderr, flush=True)
+    return 130 if ctrl_c else EXIT_PREEMPTED
+
+
+def _drain_logs() -> None:
+    # Send the run's logs while the server is still up, so the error line or the report path
+    # really is the last thing printed.
+    if "prefect.logging.handlers" not in sys.modules:
         return
     try:
         from prefect.logging.handlers import APILogWorker
 
-        APILogWorker.drain_all(timeout=5)  # send the run's logs while the server is still up
-    except Exception:  # noqa: BLE001
+        APILogWorker.drain_all(timeout=5)
+    except Exception:  # noqa: BLE001 - best effort
         pass
-    for server in list(getattr(server_module.SubprocessASGIServer, "_instances", {}).values()):
-        try:
-            server.stop()
-        except Exception:  # noqa: BLE001 - best effort; atexit tries again
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _raise_terminated)  # unwind (stop the training child, the server)
     try:
         return {"plan": _plan, "join": _join, "run": _run}[args.command](args)
     except Preempted as err:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -16,7 +17,12 @@ from training.config import RetrainConfig, StorageConfig, merge_over
 from training.root_lock import hold_root
 from training.storage_root import local_dir_for
 
-__all__ = ["effective_config", "flow_run_id", "flow_run_name", "one_writer_per_root", "writer_limit_name"]
+__all__ = ["effective_config", "flow_run_id", "flow_run_name", "one_writer_per_root", "writer_limit_name",
+           "TEMPORARY_SERVER_ENV"]
+
+# Set by `retrain run` to the API URL of the temporary server it started for itself: a server
+# private to one CLI run runs no lease reaper, so no Prefect concurrency slot is taken there.
+TEMPORARY_SERVER_ENV = "RETRAIN_TEMPORARY_PREFECT_SERVER"
 
 
 def _deployment_parameters() -> dict[str, Any] | None:
@@ -92,13 +98,17 @@ _FREE_WITHIN_SECONDS = 3.0  # a free slot is granted in one request
 
 
 def _server_is_shared() -> bool:
-    """False for the temporary server Prefect starts for a lone CLI run: it runs no lease
-    reaper, so a slot held by a killed run would never come free there."""
+    """False for a temporary server of a lone CLI run (Prefect's in-process one, or the one
+    `retrain run` starts): it runs no lease reaper, so a slot held by a killed run would never
+    come free there."""
     from prefect.client.base import ServerType
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as client:
-        return client.server_type is not ServerType.EPHEMERAL
+        if client.server_type is ServerType.EPHEMERAL:
+            return False
+        private = os.environ.get(TEMPORARY_SERVER_ENV)
+        return not private or str(client.api_url).rstrip("/") != private.rstrip("/")
 
 
 @contextmanager

@@ -142,3 +142,48 @@ def test_plan_prints_the_cheapest_instance_meeting_the_deadline(tmp_path: Path, 
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["cheapest"]["instance_type"] == "slow-cheap"
     assert "ms/step" in out.stdout
+
+
+def _servers_of(root: Path) -> list[int]:
+    """Prefect server processes whose database lives under `root` (the CLI's temporary server)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"uvicorn" in cmdline and str(root).encode() in environ:
+                pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: Path, demo_source: Path,
+                                                                    how: str) -> None:
+    root = tmp_path / "root"
+    args = _sets(small_overrides(root, demo_source) + ["train.max_steps=1000", "train.checkpoint_every=20",
+                                                       "train.patience=0"])
+    proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while not list(root.glob("runs/*/checkpoints/step-*[0-9]")) and time.time() < deadline:
+        time.sleep(0.05)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends: the whole foreground group
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == (130 if how == "ctrl-c" else 75), err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("retrain: interrupted (") and "checkpoint saved; run the same command again" in last, last
+    assert "Traceback" not in err, err[-3000:]
+    assert not _servers_of(root)  # the temporary server went with it
+    if how == "sigterm":
+        return
+    again = _retrain(_sets(small_overrides(root, demo_source) + ["train.max_steps=1000", "train.checkpoint_every=20",
+                                                                  "train.patience=0"]), tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
+    assert report["status"] == "completed" and report["resumed_from_steps"]

@@ -1,0 +1,88 @@
+"""The temporary Prefect server of a `retrain run` that has no server to use.
+
+It is Prefect's own temporary server (the same app, command and settings as its
+`SubprocessASGIServer`), started in a session of its own: Prefect starts it in the CLI's
+process group, so a Ctrl-C in the terminal killed the server at once, before the flow could
+record that it was interrupted, and the CLI then hung for minutes on "All connection attempts
+failed". Here the CLI stops it itself, after the flow has finished or recorded its interruption.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from training.errors import RetrainError
+
+__all__ = ["TemporaryServer", "server_is_up"]
+
+
+def server_is_up(api_url: str, timeout: float = 0.5) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as response:  # noqa: S310 - loopback only
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TemporaryServer:
+    """Prefect's temporary API server on 127.0.0.1, with its database at `database_url`."""
+
+    def __init__(self, database_url: str, log_path: Path) -> None:
+        self.database_url = database_url
+        self.log_path = log_path
+        self.port = _free_port()
+        self.api_url = f"http://127.0.0.1:{self.port}/api"
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120.0) -> None:
+        import prefect
+
+        env = {
+            **os.environ,
+            "PREFECT_UI_ENABLED": "0",
+            "PREFECT__SERVER_EPHEMERAL": "1",  # as Prefect's own temporary server: no background services
+            "PREFECT__SERVER_FINAL": "1",
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL": self.database_url,
+        }
+        env.pop("PREFECT_API_URL", None)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--log-level", "error", "--lifespan", "on"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal Ctrl-C reaches the CLI, not the server
+            )
+        deadline = time.monotonic() + timeout
+        while not server_is_up(self.api_url):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                self.stop()
+                raise RetrainError(f"the temporary Prefect server did not start (log {self.log_path}): {tail.strip()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
