@@ -60,11 +60,15 @@ class TemporaryServer:
         }
         env.pop("PREFECT_API_URL", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        from training.launch import with_parent_death_signal
+
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
-                 "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--log-level", "error", "--lifespan", "on"],
+                # Dies with the CLI even when the CLI is SIGKILLed: never an orphan server.
+                with_parent_death_signal([
+                    sys.executable, "-m", "uvicorn", "--app-dir", str(prefect.__module_path__.parent), "--factory",
+                    "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
+                    "--log-level", "error", "--lifespan", "on"]),
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a terminal Ctrl-C reaches the CLI, not the server
             )

@@ -31,7 +31,7 @@ from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.loop import TrainJob, count_attempt
 
-__all__ = ["run_training_process", "worker_command", "child_env", "log_child_event"]
+__all__ = ["run_training_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
 
 _TERM_GRACE_SECONDS = 60.0
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun may prefix rank output lines
@@ -72,7 +72,13 @@ def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: i
         rendezvous = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
     # torchrun has no parent-death signal: if the task process dies, SIGTERM it so that it
     # stops its ranks (which then write their emergency checkpoint), instead of an orphan job.
-    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *common, *rendezvous, *worker]
+    return with_parent_death_signal([*common, *rendezvous, *worker])
+
+
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when the process that started it dies (Linux
+    PR_SET_PDEATHSIG, set in a tiny exec wrapper; elsewhere the wrapper only execs)."""
+    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *argv]
 
 
 _EXEC_WITH_PDEATHSIG = (

@@ -115,8 +115,13 @@ def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
         if len(ckpts) >= 2:
             break
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole machine goes away: flow, server and trainer
+    os.killpg(proc.pid, signal.SIGKILL)  # the CLI's whole process group goes away
     proc.wait()
+    for _ in range(300):  # its temporary server (a session of its own) follows its parent
+        if not _servers_of(tmp_path / "root"):
+            break
+        time.sleep(0.1)
+    assert not _servers_of(tmp_path / "root")
     for _ in range(100):
         if not _worker_pids(str(runs)):
             break
