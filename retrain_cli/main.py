@@ -23,7 +23,6 @@ from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainE
 __all__ = ["main"]
 
 
-_LOCAL_SERVER = "http://127.0.0.1:4200/api"
 _DB_SETTINGS = ("PREFECT_SERVER_DATABASE_CONNECTION_URL", "PREFECT_API_DATABASE_CONNECTION_URL")
 
 
@@ -37,7 +36,8 @@ def _choose_server(config: RetrainConfig) -> tuple[str | None, TemporaryServer |
     the configured one. Users' explicit settings win.
 
     - A configured server (PREFECT_API_URL, in the environment or the active profile) is used.
-    - Else a server already running on the default local port is used: no start-up wait.
+    - Else a server already running on this machine at the port `prefect server start` uses
+      (PREFECT_SERVER_API_PORT, 4200 by default) is used: no start-up wait.
     - Else a temporary server for this run, with its database under the storage root's local
       folder (`<root>/prefect/server.db`), not in ~/.prefect shared with everything else: the
       run's history stays with its data.
@@ -46,13 +46,14 @@ def _choose_server(config: RetrainConfig) -> tuple[str | None, TemporaryServer |
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
-    configured = get_current_settings().api.url
-    if configured:
-        _say(f"using the Prefect server at {configured}")
+    settings = get_current_settings()
+    if settings.api.url:
+        _say(f"using the Prefect server at {settings.api.url}")
         return None, None
-    if server_is_up(_LOCAL_SERVER):
-        _say(f"using the Prefect server already running at {_LOCAL_SERVER}")
-        return _LOCAL_SERVER, None
+    local = f"http://127.0.0.1:{settings.server.api.port}/api"
+    if server_is_up(local):
+        _say(f"using the Prefect server already running at {local}")
+        return local, None
     from tasks.runtime import TEMPORARY_SERVER_ENV
     from training.storage_root import local_dir_for
 

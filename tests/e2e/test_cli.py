@@ -192,3 +192,20 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
     assert again.returncode == 0, again.stderr[-3000:]
     report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
     assert report["status"] == "completed" and report["resumed_from_steps"]
+
+
+def test_a_running_local_server_is_used_instead_of_a_temporary_one(tmp_path: Path, demo_source: Path,
+                                                                    prefect_server) -> None:
+    """`prefect server start` in another terminal (here on the port its settings name): the CLI
+    finds it, starts no server of its own, and the run is in that server's history."""
+    env = {k: v for k, v in prefect_server.env.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_SERVER_API_PORT"] = str(prefect_server.port)
+    root = tmp_path / "root"
+    out = _retrain(_sets(small_overrides(root, demo_source) + ["train.max_steps=20"]), tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"using the Prefect server already running at {prefect_server.api_url}" in out.stderr
+    assert not (root / "prefect" / "server.db").exists()
+    report = json.loads(Path(out.stdout.strip().splitlines()[-1]).read_text())
+    with prefect_server.api() as api:
+        run = api.get(f"/flow_runs/{report['prefect_flow_run_id']}").json()
+    assert run["state"]["type"] == "COMPLETED"
