@@ -168,7 +168,7 @@ def _servers_of(root: Path) -> list[int]:
 def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: Path, demo_source: Path,
                                                                     how: str) -> None:
     root = tmp_path / "root"
-    args = _sets(small_overrides(root, demo_source) + ["train.max_steps=1000", "train.checkpoint_every=20",
+    args = _sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",
                                                        "train.patience=0"])
     proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -187,7 +187,7 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
     assert not _servers_of(root)  # the temporary server went with it
     if how == "sigterm":
         return
-    again = _retrain(_sets(small_overrides(root, demo_source) + ["train.max_steps=1000", "train.checkpoint_every=20",
+    again = _retrain(_sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",
                                                                   "train.patience=0"]), tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
