@@ -1,4 +1,5 @@
-"""What a flow run learns from Prefect's runtime: the deployment it belongs to, its id, its name."""
+"""What a flow run takes from Prefect's runtime: its deployment's parameters, its id and name, and
+the storage root's single writer slot."""
 
 from __future__ import annotations
 

@@ -60,9 +60,9 @@ def test_config_error_is_one_line_and_starts_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / ".retrain").exists()
 
 
-def test_data_error_is_one_line_naming_the_column(tmp_path: Path, demo_source: Path) -> None:
+def test_data_error_is_one_line_naming_the_column(tmp_path: Path, demo_source: Path, prefect_server) -> None:
     args = _sets(small_overrides(tmp_path / "root", demo_source)) + ["--set", "data.numeric=[price, nope]"]
-    out = _retrain(args, tmp_path)
+    out = _retrain(args, tmp_path, env=prefect_server.env)  # a running server: no start-up to wait for
     assert out.returncode == 2
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("retrain: error: ") and "'nope'" in last and demo_source.name in last
@@ -81,7 +81,7 @@ def _bad_copy(demo_source: Path, dest: Path, column: str, values: object) -> Pat
 
 @pytest.mark.parametrize("case", ["string-label", "null-typed-column"])
 def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
-        tmp_path: Path, demo_source: Path, case: str) -> None:
+        tmp_path: Path, demo_source: Path, case: str, prefect_server) -> None:
     import pyarrow as pa
 
     if case == "string-label":
@@ -92,7 +92,7 @@ def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
         source = _bad_copy(demo_source, tmp_path / "src", "price", lambda n: pa.nulls(n))
         named = "price"
     args = _sets(small_overrides(tmp_path / "root", source) + ["data.pack_parts=4"])
-    out = _retrain(args, tmp_path)
+    out = _retrain(args, tmp_path, env=prefect_server.env)  # a running server: no start-up to wait for
     assert out.returncode == 2, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("retrain: error: ") and named in last, last
