@@ -191,6 +191,8 @@ def _run(args: argparse.Namespace) -> int:
     if not config.storage.is_s3:
         config.storage.root = str(Path(config.storage.root).expanduser().resolve())
     _say("loading Prefect and the pipeline")
+    from prefect.exceptions import TerminationSignal
+
     api_url, server = None, None
     try:
         api_url, server = _choose_server(config)
@@ -204,12 +206,8 @@ def _run(args: argparse.Namespace) -> int:
         # Prefect reads its settings once, at import: an API URL chosen here must be applied.
         with temporary_settings(updates={PREFECT_API_URL: api_url}) if api_url else contextlib.nullcontext():
             report_path = retrain(config)
-    except (KeyboardInterrupt, _Terminated) as err:
+    except (KeyboardInterrupt, _Terminated, TerminationSignal) as err:  # the last: Prefect's, inside the flow run
         return _interrupted(config, err)
-    except BaseException as err:
-        if type(err).__name__ == "TerminationSignal":  # Prefect's SIGTERM handler inside the flow run
-            return _interrupted(config, err)
-        raise
     finally:
         _drain_logs()
         if server is not None:
@@ -229,13 +227,14 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def _interrupted(config: RetrainConfig, err: BaseException) -> int:
+    from training.checkpoint import step_of
     from training.storage_root import local_dir_for
 
     ctrl_c = isinstance(err, KeyboardInterrupt)
     newest = max(local_dir_for(config.storage).glob("runs/*/checkpoints/step-*[0-9]"),
                  key=lambda p: p.stat().st_mtime, default=None)
     if newest is not None and (newest / "manifest.json").exists():
-        where = f"at step {int(newest.name.split('-')[1])}; checkpoint saved"
+        where = f"at step {step_of(newest.name)}; checkpoint saved"
     else:
         where = "before any checkpoint; nothing to lose"
     print(f"retrain: interrupted ({'Ctrl-C' if ctrl_c else 'SIGTERM'}) {where}; run the same command again to resume",

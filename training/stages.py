@@ -180,8 +180,12 @@ def preprocess_stage(
     # Fitted before, on any machine, and still matching its checksum: reuse it.
     root.fetch(rel)
     root.fetch(check_rel)
-    reused = verified_feature_stats(root.local / rel) is not None
-    stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root.local / "preprocess")
+    existing = verified_feature_stats(root.local / rel)
+    reused = existing is not None
+    if existing is not None:
+        stats_path, stats = root.local / rel, existing  # verified once, not again inside the fit
+    else:
+        stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root.local / "preprocess")
     if not reused:
         root.publish_all([rel, check_rel], CACHE)  # the checksum last: it marks them complete
     return {
@@ -262,8 +266,8 @@ def build_train_job(
     fetched = root.fetch(prep["stats_rel"]) if "stats_rel" in prep else None
     stats_path = fetched or Path(prep["stats_path"])
     if not stats_path.exists():
-        # The Prefect cache can outlive the file it points at (someone cleaned the root, or
-        # this is another machine): refitting is deterministic, so do it rather than fail.
+        # The statistics can be gone since the preprocess stage ran (someone cleaned the root
+        # between a task's retries): refitting is deterministic, so do it rather than fail.
         prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
                                 config.storage.model_dump(mode="json"), config.cost.tags)
         stats_path = Path(prep["stats_path"])
