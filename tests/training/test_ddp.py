@@ -145,9 +145,13 @@ def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: st
     downloads the newest one once per node and both ranks resume from it."""
     from tests.conftest import s3_overrides
 
-    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2")))
+    # 300 steps: the killer must find rank 1 (a scan of /proc) while it still trains; at 60 steps
+    # the run finished first once in five clean-clone CI runs here.
+    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2",
+                                                      "train.max_steps=300")))
     overrides = small_overrides(tmp_path / "unused", demo_source) + s3_overrides(
-        s3_bucket, s3_server, tmp_path / "machine-a") + ["train.checkpoint_every=10", "train.nproc_per_node=2"]
+        s3_bucket, s3_server, tmp_path / "machine-a") + ["train.checkpoint_every=10", "train.nproc_per_node=2",
+                                                         "train.max_steps=300"]
     job = make_job(load_config(overrides=overrides))
     kill_worker_when(job.run_dir, 25, signal.SIGKILL, rank=1)
     with pytest.raises(Preempted):
