@@ -104,10 +104,9 @@ def test_budget_survives_a_real_sigkill(budget_config: RetrainConfig) -> None:
     # Both process start-ups and the killed attempt's lost work are on the bill ...
     assert final["seconds"]["lost"] >= 0 and final["seconds"]["startup"] > 0
     assert len(final["resumed_from_steps"]) == 1 and final["resumed_from_steps"][0] >= 100  # background writes: maybe one or two behind
-    per_step = (final["seconds"]["train"] + final["seconds"]["checkpoint"]) / final["steps"]
-    interval = 10 * per_step + final["seconds"]["eval"] / len(final["history"])
-    # ... and the total still stops within one validation interval of the limit.
-    assert final["billed_seconds"] <= 12.0 + interval
+    # ... and the carried-over spend is what stopped it. The overshoot bound itself is asserted
+    # with the fake clock above: on a shared machine one real step can take any time.
+    assert "budget.max_wall_seconds=12" in final["stop_reason"]
     import json
     from pathlib import Path
 
