@@ -7,6 +7,7 @@ between the two writes leaves the old champion in place and an unreferenced pack
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -24,12 +25,29 @@ from training.metrics import accuracy, log_loss, roc_auc
 from training.model import build_model, weights_sha256
 from training.storage import read_json, write_json_atomic
 
-__all__ = ["evaluate_package", "predict_split", "package_stats", "load_package", "read_champion", "decide_promotion", "promote", "EVAL_BATCH"]
+__all__ = ["evaluate_package", "predict_split", "package_stats", "load_package", "read_champion", "decide_promotion", "promote",
+           "meta_sha256", "UntrustedFactory", "EVAL_BATCH"]
 
 EVAL_BATCH = 8192
 
 
-def _package_meta(package_dir: Path) -> dict[str, Any]:
+class UntrustedFactory(CheckpointError):
+    """A package names a model factory that is not the running config's: never imported."""
+
+
+def meta_sha256(package_dir: Path) -> str:
+    """The sha256 of a package's model.json, which holds the weights' sha256: one hash that
+    covers every file of the package. Champion pointers and train results record it."""
+    try:
+        return hashlib.sha256((package_dir / "model.json").read_bytes()).hexdigest()
+    except FileNotFoundError:
+        raise CheckpointError(f"model package {package_dir} has no model.json") from None
+
+
+def _package_meta(package_dir: Path, expected_sha256: str | None = None) -> dict[str, Any]:
+    if expected_sha256 is not None and meta_sha256(package_dir) != expected_sha256:
+        raise CheckpointError(f"model package {package_dir}: model.json does not match the sha256 recorded for it "
+                              "(corrupted or replaced)")
     meta = read_json(package_dir / "model.json")
     if meta is None:
         raise CheckpointError(f"model package {package_dir} has no model.json")
@@ -41,17 +59,31 @@ def package_stats(package_dir: Path) -> FeatureStats:
     return FeatureStats(**_package_meta(package_dir)["feature_stats"])
 
 
-def load_package(package_dir: Path) -> tuple[torch.nn.Module, FeatureStats, dict[str, Any]]:
-    meta = _package_meta(package_dir)
+def load_package(
+    package_dir: Path, trusted_factory: str | None, expected_meta_sha256: str | None = None
+) -> tuple[torch.nn.Module, FeatureStats, dict[str, Any]]:
+    """A verified package's model in eval mode.
+
+    `trusted_factory` is the running config's `model.factory`: a package read back from storage
+    may only name that one (or none, the built-in MLP), because importing a name found in the
+    root would let anyone who can write the root run code here."""
+    meta = _package_meta(package_dir, expected_meta_sha256)
+    config = ModelConfig(**meta["model_config"])
+    if config.factory is not None and config.factory != trusted_factory:
+        raise UntrustedFactory(f"model package {package_dir} names model.factory '{config.factory}', which is not "
+                               "this run's model.factory; a factory named by storage is never imported")
     stats = FeatureStats(**meta["feature_stats"])
-    model = build_model(ModelConfig(**meta["model_config"]), len(stats.numeric), stats.cardinalities)
+    model = build_model(config, len(stats.numeric), stats.cardinalities)
     try:
         state = torch.load(package_dir / "model.pt", map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001
         raise CheckpointError(f"model package {package_dir}: cannot load model.pt ({err})") from None
     if weights_sha256(state) != meta["sha256"]:
         raise CheckpointError(f"model package {package_dir}: weights do not match their sha256 (corrupted)")
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as err:
+        raise CheckpointError(f"model package {package_dir}: weights do not fit its model config ({err})") from None
     model.eval()
     return model, stats, meta
 
@@ -77,9 +109,12 @@ def predict_split(
     return np.concatenate(probs), np.concatenate(labels)
 
 
-def evaluate_package(package_dir: Path, dataset_dir: Path, manifest: DatasetManifest, split: str = "test") -> dict[str, float]:
+def evaluate_package(
+    package_dir: Path, dataset_dir: Path, manifest: DatasetManifest, trusted_factory: str | None,
+    split: str = "test", expected_meta_sha256: str | None = None,
+) -> dict[str, float]:
     """Exact AUC, log loss and accuracy of a model package on a split, with its own feature stats."""
-    model, stats, _ = load_package(package_dir)
+    model, stats, _ = load_package(package_dir, trusted_factory, expected_meta_sha256)
     batches = ShardBatches(dataset_dir, manifest, split, EVAL_BATCH, stats.transformer(), shuffle=False, drop_last=False)
     p, y = predict_split(model, batches, torch.device("cpu"))
     return {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "accuracy": accuracy(y, p), "rows": int(y.size)}
@@ -91,13 +126,20 @@ def read_champion(models_root: Path) -> dict[str, Any] | None:
 
 def decide_promotion(
     challenger_sha: str, challenger: dict[str, float], champion_sha: str | None, champion: dict[str, float] | None,
-    config: EvalConfig,
+    config: EvalConfig, champion_problem: str | None = None,
 ) -> tuple[bool, str]:
+    """Promote when the target is met and the champion is beaten by min_delta. An unusable
+    champion (`champion_problem`) is not compared with: the challenger answers to the target
+    alone, so a damaged champion never blocks retraining for ever."""
     auc = challenger["auc"]
     if config.target_auc is not None and auc < config.target_auc:
         return False, f"test AUC {auc:.4f} is below eval.target_auc {config.target_auc:.4f}"
-    if champion_sha == challenger_sha:
+    if champion_sha == challenger_sha and champion_problem is None:
         return False, "this model is already the champion"
+    if champion is None and champion_problem is not None:
+        target = "meets eval.target_auc" if config.target_auc is not None else "(no eval.target_auc set)"
+        return True, (f"the champion {(champion_sha or '')[:12]} is unusable ({champion_problem}); "
+                      f"judged alone: test AUC {auc:.4f} {target}")
     if champion is None:
         return True, f"no champion yet; test AUC {auc:.4f}"
     needed = champion["auc"] + config.min_delta
@@ -109,12 +151,15 @@ def decide_promotion(
 def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str, Any], uri: str | None = None) -> Path:
     """Copy the package to models/<sha256>/ (first), then swap the champion pointer (last)."""
     target = models_root / sha256
+    if (target / "model.json").exists() and meta_sha256(target) != meta_sha256(package_dir):
+        shutil.rmtree(target)  # a damaged copy of this very package: replace it with the verified one
     if not (target / "model.json").exists():
         tmp = models_root / f".{sha256}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(package_dir, tmp)
         os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    write_json_atomic(models_root / "champion", {**record, "sha256": sha256, "uri": uri or str(target / "model.pt")})
+    write_json_atomic(models_root / "champion", {**record, "sha256": sha256, "meta_sha256": meta_sha256(target),
+                                                 "uri": uri or str(target / "model.pt")})
     return target
 
 

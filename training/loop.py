@@ -40,7 +40,7 @@ from training.data.packing import load_manifest
 from training.early_stopping import EarlyStopping
 from training.checkpoint_upload import CheckpointUploader, restore_newer_checkpoint
 from training.errors import CheckpointError, DataError, Preempted, RetrainError
-from training.evaluate import predict_split
+from training.evaluate import meta_sha256, predict_split
 from training.metrics import log_loss, roc_auc
 from training.model import build_model, weights_sha256
 from training.precision import autocast_dtype, resolve_device, resolve_precision
@@ -802,4 +802,4 @@ def export_model_package(
         "tags": dict(config.cost.tags),
     }
     write_json_atomic(out_dir / "model.json", meta)
-    return {"uri": str(out_dir / "model.pt"), "sha256": sha}
+    return {"uri": str(out_dir / "model.pt"), "sha256": sha, "meta_sha256": meta_sha256(out_dir)}

@@ -29,6 +29,7 @@ from training.cost import compute_cost, naive_counterfactual, storage_cost
 from training.data.demo import ensure_demo_dataset
 from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key, verified_feature_stats
 from training.data.packing import (
+    DatasetManifest,
     PackPart,
     PackPlan,
     assemble_shards,
@@ -41,15 +42,8 @@ from training.data.packing import (
     start_pack,
 )
 from training.errors import ConfigError, DataError, StorageError
-from training.evaluate import (
-    champion_package,
-    compatible,
-    decide_promotion,
-    evaluate_package,
-    package_stats,
-    promote,
-    read_champion,
-)
+from training.champion import Champion, check_champion
+from training.evaluate import compatible, decide_promotion, evaluate_package, package_stats, promote
 from training.launch import log_child_event, run_training_process
 from training.loop import TrainJob, train_fingerprint
 from training.report_render import render_curves, render_markdown
@@ -206,33 +200,17 @@ def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: st
     return fingerprint(*parts)
 
 
-def fetch_champion(root: StorageRoot) -> tuple[dict[str, Any], Path] | None:
-    """The champion pointer and the local folder of its package (downloaded from S3 if need be)."""
-    # Fresh: another run, on another machine, may have promoted since this copy was made.
-    if root.fetch("models/champion", fresh=True) is None:
-        return None
-    pointer = read_champion(root.local / "models")
-    if pointer is None:
-        return None
-    for name in ("model.json", "model.pt"):
-        rel = f"models/{pointer['sha256']}/{name}"
-        if root.fetch(rel) is None:
-            raise StorageError(f"champion {pointer['sha256'][:12]}: {root.display(rel)} is missing; "
-                               "restore it or delete models/champion")
-    return pointer, champion_package(root.local / "models", pointer)
-
-
 def warm_start_plan(config: RetrainConfig, root: StorageRoot) -> tuple[dict[str, Any] | None, str]:
     """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
     if config.train.init_from != "champion":
         return None, "train.init_from is none"
-    champion = fetch_champion(root)
+    champion = check_champion(root, config.model.factory)
     if champion is None:
         return None, "no champion yet: fresh start"
-    pointer, package = champion
+    if not champion.usable:
+        return None, f"the champion is unusable ({champion.problem}): fresh start"
+    pointer, package = champion.pointer, champion.package
     meta = read_json(package / "model.json")
-    if meta is None:
-        return None, f"champion package {package} has no model.json: fresh start"
     if meta["model_config"] != config.model.model_dump(mode="json"):
         return None, "the champion's model config differs from model.*: fresh start"
     stats = meta["feature_stats"]
@@ -246,14 +224,14 @@ def warm_start_plan(config: RetrainConfig, root: StorageRoot) -> tuple[dict[str,
 
 def _champion_val_auc(config: RetrainConfig, root: StorageRoot, packed: dict[str, Any]) -> float | None:
     """The champion's AUC on this run's validation split, for the champion gate."""
-    champion = fetch_champion(root)
-    if champion is None:
+    champion = check_champion(root, config.model.factory)
+    if champion is None or not champion.usable:
         return None
-    _, package = champion
     manifest = load_manifest(Path(packed["dataset_dir"]))
-    if manifest is None or not compatible(package_stats(package), manifest):
+    if manifest is None or not compatible(package_stats(champion.package), manifest):
         return None
-    return evaluate_package(package, Path(packed["dataset_dir"]), manifest, split="validation")["auc"]
+    return evaluate_package(champion.package, Path(packed["dataset_dir"]), manifest, config.model.factory,
+                            split="validation")["auc"]
 
 
 def build_train_job(
@@ -307,6 +285,8 @@ def train_stage(
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
+    # Verified before training: a damaged champion is reported in seconds, not after a full run.
+    champion = check_champion(root, config.model.factory)
     job, warm, warm_reason = build_train_job(config, packed, prep)
     init_sha = job.init_sha256
     root.fetch_finished_run(job.run_rel)
@@ -326,6 +306,7 @@ def train_stage(
         "reason": warm_reason,
         "champion_sha256": init_sha,
     }
+    summary["champion_check"] = None if champion is None else {"sha256": champion.sha256, "problem": champion.problem}
     target = config.eval.target_auc
     summary["steps_to_target"] = (
         None if target is None else next((h["step"] for h in result.get("history", []) if h["val_auc"] >= target), None)
@@ -367,22 +348,13 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
     if manifest is None:
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
     challenger_sha = trained["model"]["sha256"]
-    metrics = evaluate_package(run_dir / "model", dataset_dir, manifest)
+    metrics = evaluate_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
+                               expected_meta_sha256=trained["model"].get("meta_sha256"))
     models_root = root.local / "models"
-    champion = fetch_champion(root)
-    pointer = champion[0] if champion else None
-    champion_metrics = None
-    champion_note = None
-    if champion is not None:
-        pointer, package = champion
-        if compatible(package_stats(package), manifest):
-            champion_metrics = evaluate_package(package, dataset_dir, manifest)
-            champion_note = "re-evaluated on this run's test split"
-        else:
-            champion_metrics = pointer.get("metrics")
-            champion_note = "feature columns differ from this dataset: compared on its recorded test metrics"
+    champion = check_champion(root, config.model.factory)
+    champion_metrics, champion_note, problem = _champion_metrics(champion, dataset_dir, manifest, config)
     promoted, reason = decide_promotion(
-        challenger_sha, metrics, pointer["sha256"] if pointer else None, champion_metrics, config.eval
+        challenger_sha, metrics, champion.sha256 if champion else None, champion_metrics, config.eval, problem
     )
     if promoted:
         promote(
@@ -405,15 +377,34 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
             "promoted": promoted,
             "reason": reason,
             "challenger_sha256": challenger_sha,
-            "champion_sha256": pointer["sha256"] if pointer else None,
+            "champion_sha256": champion.sha256 if champion else None,
             "champion_metrics": champion_metrics,
             "champion_note": champion_note,
+            "champion_problem": champion.problem if champion else None,
         },
         "seconds": time.perf_counter() - t0,
     }
     write_json_atomic(run_dir / "evaluation.json", evaluation)
     root.publish(f"runs/{trained['run_key']}/evaluation.json", RUN, trained["run_key"])
     return evaluation
+
+
+def _champion_metrics(
+    champion: Champion | None, dataset_dir: Path, manifest: DatasetManifest, config: RetrainConfig
+) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """(the champion's test metrics to compare with, how they were obtained, why it is unusable)."""
+    if champion is None:
+        return None, None, None
+    if champion.usable and compatible(package_stats(champion.package), manifest):
+        return (evaluate_package(champion.package, dataset_dir, manifest, config.model.factory,
+                                 expected_meta_sha256=champion.pointer.get("meta_sha256")),
+                "re-evaluated on this run's test split", None)
+    recorded = champion.pointer.get("metrics")
+    if champion.usable or champion.recorded_metrics_only:
+        why = ("feature columns differ from this dataset" if champion.usable
+               else "its model factory is not this run's, so it is not loaded")
+        return recorded, f"{why}: compared on its recorded test metrics", None
+    return None, f"unusable: {champion.problem}", champion.problem
 
 
 def _dir_bytes(path: Path) -> int:

@@ -75,3 +75,78 @@ def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(
     pointer = json.loads(before)
     assert (models / pointer["sha256"] / "model.pt").exists()
     assert not [p for p in os.listdir(models) if ".tmp-" in p]
+
+
+def _flip_a_byte(path: Path, offset: int = -64) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", ["weights", "model.json", "missing"])
+def test_a_damaged_champion_is_found_before_training_and_never_blocks_retraining(
+    small_config: RetrainConfig, damage: str
+) -> None:
+    from training.champion import check_champion
+    from training.storage_root import StorageRoot
+
+    packed, good = _trained(small_config, "good")
+    assert evaluate_stage(small_config, packed, good)["promotion"]["promoted"]
+    package = Path(small_config.storage.root) / "models" / good["model"]["sha256"]
+    if damage == "weights":
+        _flip_a_byte(package / "model.pt")
+    elif damage == "model.json":
+        # Valid JSON, still naming the right weights: only the package hash can tell.
+        meta = json.loads((package / "model.json").read_text())
+        meta["val_auc"] = 0.999
+        (package / "model.json").write_text(json.dumps(meta))
+    else:
+        (package / "model.pt").unlink()
+    champion = check_champion(StorageRoot.from_config(small_config), None)
+    assert champion is not None and not champion.usable
+    assert str(package) in champion.problem or "missing" in champion.problem
+
+    small_config.train.max_steps = 20  # a shorter run: judged alone, against the target
+    small_config.train.eval_every = 10
+    small_config.eval.target_auc = 0.5
+    packed, weak = _trained(small_config, "weak")
+    evaluation = evaluate_stage(small_config, packed, weak)
+    promotion = evaluation["promotion"]
+    assert promotion["promoted"], promotion["reason"]
+    assert "unusable" in promotion["reason"] and "judged alone" in promotion["reason"]
+    assert promotion["champion_problem"] == champion.problem
+    healed = check_champion(StorageRoot.from_config(small_config), None)
+    assert healed is not None and healed.usable and healed.sha256 == weak["model"]["sha256"]
+
+
+def test_a_factory_named_by_storage_is_never_imported(small_config: RetrainConfig, tmp_path: Path) -> None:
+    """Anyone who can write the root could name any importable callable in model.json."""
+    from training.champion import check_champion
+    from training.storage_root import StorageRoot
+
+    packed, good = _trained(small_config, "good")
+    evaluate_stage(small_config, packed, good)
+    models = Path(small_config.storage.root) / "models"
+    pointer = json.loads((models / "champion").read_text())
+    package = models / pointer["sha256"]
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil_factory.py"
+    evil.write_text(f"import pathlib\ndef build(*a, **k):\n    pathlib.Path({str(marker)!r}).write_text('x')\n")
+    meta = json.loads((package / "model.json").read_text())
+    meta["model_config"]["factory"] = "evil_factory:build"
+    (package / "model.json").write_text(json.dumps(meta))
+    # An attacker rewrites the pointer's hash too: the hash is integrity, the factory rule is security.
+    pointer["meta_sha256"] = __import__("hashlib").sha256((package / "model.json").read_bytes()).hexdigest()
+    (models / "champion").write_text(json.dumps(pointer))
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        champion = check_champion(StorageRoot.from_config(small_config), None)
+        assert champion is not None and not champion.usable and champion.recorded_metrics_only
+        assert "never imported" in champion.problem
+        evaluation = evaluate_stage(small_config, packed, good)
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert not marker.exists()
+    assert "recorded test metrics" in evaluation["promotion"]["champion_note"]

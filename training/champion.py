@@ -1,0 +1,78 @@
+"""The champion as read back from the storage root: fetched, verified, and either usable or
+unusable with a reason.
+
+A damaged or untrusted champion must never block retraining for ever (every later run would
+fail the same way): it is reported, and the challenger is judged against `eval.target_auc`
+alone. Verification happens before training starts, so a run learns of it in seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from training.errors import CheckpointError, StorageError
+from training.evaluate import UntrustedFactory, champion_package, load_package, read_champion
+from training.storage_root import StorageRoot
+
+__all__ = ["Champion", "check_champion"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Champion:
+    pointer: dict[str, Any]
+    package: Path
+    problem: str | None = None  # None: every file verified and the model loads
+    recorded_metrics_only: bool = False  # unusable here, but its recorded test metrics still stand
+
+    @property
+    def sha256(self) -> str:
+        return str(self.pointer.get("sha256", ""))
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None
+
+
+def check_champion(root: StorageRoot, trusted_factory: str | None) -> Champion | None:
+    """The current champion (None when there is none), verified file by file: the pointer's
+    model.json hash, the weights' hash, and a factory this run's config names."""
+    # Fresh: another run, on another machine, may have promoted since this copy was made. An
+    # unreachable store raises here: only what was read and found wrong makes a champion unusable.
+    if root.fetch("models/champion", fresh=True) is None:
+        return None
+    try:
+        pointer = read_champion(root.local / "models")
+    except StorageError as err:  # not JSON
+        return _unusable({}, root.local / "models", f"its pointer is unreadable: {err}")
+    if pointer is None:
+        return None
+    if not isinstance(pointer, dict) or not isinstance(pointer.get("sha256"), str) or not _hex64(pointer["sha256"]):
+        return _unusable({}, root.local / "models", "its pointer models/champion names no valid sha256")
+    package = champion_package(root.local / "models", pointer)
+    for name in ("model.json", "model.pt"):
+        rel = f"models/{pointer['sha256']}/{name}"
+        if root.fetch(rel) is None:
+            return _unusable(pointer, package, f"{root.display(rel)} is missing")
+    try:
+        load_package(package, trusted_factory, pointer.get("meta_sha256"))
+    except UntrustedFactory as err:
+        return _unusable(pointer, package, str(err), recorded=isinstance(pointer.get("metrics"), dict))
+    except (CheckpointError, StorageError, TypeError, KeyError, ValueError) as err:  # damaged content
+        return _unusable(pointer, package, str(err))
+    return Champion(pointer, package)
+
+
+def _hex64(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+def _unusable(pointer: dict[str, Any], package: Path, problem: str, recorded: bool = False) -> Champion:
+    log.warning("the champion %s is unusable: %s; this run's model will be judged %s",
+                str(pointer.get("sha256", "?"))[:12], problem,
+                "on the champion's recorded test metrics" if recorded else "against eval.target_auc alone")
+    return Champion(pointer, package, problem, recorded)
