@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -111,3 +113,18 @@ def s3_overrides(bucket: str, endpoint: str, local_dir: Path, prefix: str = "tea
         "storage.multipart_mb=5",
         "cost.tags={team: ranking, project: ctr}",
     ]
+
+
+@contextlib.contextmanager
+def small_filesystem(path: Path, size_kb: int) -> Iterator[Path]:
+    """A real filesystem of `size_kb` at `path` (tmpfs; needs CAP_SYS_ADMIN, as root in CI has):
+    a real full disk, with ENOSPC and SIGBUS exactly as a user meets them."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mounted.stderr.strip()}); the disk-full test needs one")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

@@ -209,3 +209,26 @@ def test_a_running_local_server_is_used_instead_of_a_temporary_one(tmp_path: Pat
     with prefect_server.api() as api:
         run = api.get(f"/flow_runs/{report['prefect_flow_run_id']}").json()
     assert run["state"]["type"] == "COMPLETED"
+
+
+def test_a_full_disk_while_packing_parts_is_one_line_and_leaves_nothing(
+        tmp_path: Path, demo_source: Path, prefect_server) -> None:
+    """Pieces are memory-mapped: on a full disk an unallocated page used to be a SIGBUS
+    ("Bus error", exit 135, no message, the disk left full)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import small_filesystem
+
+    table = pq.read_table(demo_source)
+    source = tmp_path / "src" / "big.parquet"
+    source.parent.mkdir()
+    pq.write_table(pa.concat_tables([table] * 8), source, row_group_size=8000)  # 64,000 rows, 8 parts
+    with small_filesystem(tmp_path / "disk", 768) as disk:
+        args = _sets(small_overrides(disk / "root", source) + ["data.pack_parts=4"])
+        out = _retrain(args, tmp_path, env=prefect_server.env)
+        assert out.returncode == 2, out.stderr[-3000:]
+        last = out.stderr.strip().splitlines()[-1]
+        assert last.startswith("retrain: error: cannot write pack piece ") and "No space left" in last, last
+        assert "Traceback" not in out.stderr, out.stderr[-3000:]
+        assert not [p for p in (disk / "root" / "datasets").iterdir() if p.is_dir()]  # the partial folder is gone

@@ -13,6 +13,7 @@ after the manifest is written, so a reader never sees half a dataset.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 from training.config import DataConfig, fingerprint
 from training.data.shard_cache import is_remote_dataset
 from training.data.shards import ShardTarWriter, encode_npy, member_bytes
-from training.errors import DataError
+from training.errors import DataError, StorageError
 from training.storage import sha256_file
 
 __all__ = [
@@ -416,6 +417,27 @@ def _piece(work_dir: Path, part: int, split: str, key: str) -> Path:
     return work_dir / "pieces" / f"{part:06d}.{split}.{key}.npy"
 
 
+def _piece_memmap(path: Path, dtype: type, shape: tuple[int, ...]) -> np.memmap:
+    """A memory-mapped .npy piece with every block allocated up front.
+
+    A sparse memory-mapped file that meets a full disk faults on a page write: SIGBUS kills
+    the process with no message and no clean-up. Allocated here, a full disk is an ENOSPC
+    raised at this line instead, which becomes one StorageError naming the file."""
+    try:
+        arr = np.lib.format.open_memmap(path, "w+", dtype, shape)
+        with open(path, "r+b") as f:
+            size = os.fstat(f.fileno()).st_size
+            try:
+                os.posix_fallocate(f.fileno(), 0, size)
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a filesystem without it
+                    raise
+    except OSError as err:
+        raise StorageError(f"cannot write pack piece {path}: {err.strerror or err}; free space (or set "
+                           "storage.root elsewhere) and run the same command again") from None
+    return arr
+
+
 def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
               writers: dict[str, _SplitWriter] | None = None) -> dict[str, dict[str, int]]:
     """Validate and transform one part's rows into per-split pieces (.npy) in the work folder,
@@ -438,9 +460,9 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
     n_num, n_cat = len(config.numeric), len(config.categorical)
     outs = {} if writers is not None else {
         name: {
-            "num": np.lib.format.open_memmap(_piece(work_dir, part.index, name, "num"), "w+", np.float32, (counts[name], n_num)),
-            "cat": np.lib.format.open_memmap(_piece(work_dir, part.index, name, "cat"), "w+", np.int64, (counts[name], n_cat)),
-            "label": np.lib.format.open_memmap(_piece(work_dir, part.index, name, "label"), "w+", np.float32, (counts[name],)),
+            "num": _piece_memmap(_piece(work_dir, part.index, name, "num"), np.float32, (counts[name], n_num)),
+            "cat": _piece_memmap(_piece(work_dir, part.index, name, "cat"), np.int64, (counts[name], n_cat)),
+            "label": _piece_memmap(_piece(work_dir, part.index, name, "label"), np.float32, (counts[name],)),
         }
         for name in SPLITS
     }
