@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from training.errors import CheckpointError
+from training.errors import CheckpointError, StorageError
 from training.storage import HashingWriter, fsync_dir, is_plain_name
 
 __all__ = [
@@ -71,12 +71,37 @@ def step_of(name: str) -> int | None:
 
 
 def save_checkpoint(ckpt_root: Path, manifest: CheckpointManifest, state: dict[str, Any]) -> Path:
-    """Write `state` durably and publish it; returns the checkpoint folder."""
-    ckpt_root.mkdir(parents=True, exist_ok=True)
+    """Write `state` durably and publish it; returns the checkpoint folder.
+
+    A failed write (full disk, read-only storage) removes its temp folder and raises one
+    StorageError naming the checkpoint; published checkpoints are never touched."""
     final = ckpt_root / step_dir_name(manifest.step)
     tmp = ckpt_root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _write_state(tmp, manifest, state)
+    except (OSError, RuntimeError) as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        cause = _os_error_in(err)
+        if cause is None:
+            raise  # not the storage: a bug, with its traceback
+        raise StorageError(f"checkpoint write failed at {final}: {cause.strerror or cause}; free space (or make "
+                           "it writable) and run the same command again to resume") from None
+    if final.exists():
+        # Same step saved again (e.g. an emergency save right after a periodic one): swap it.
+        trash = ckpt_root / f".{final.name}.old-{os.getpid()}"
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    fsync_dir(ckpt_root)
+    return final
+
+
+def _write_state(tmp: Path, manifest: CheckpointManifest, state: dict[str, Any]) -> None:
     state_path = tmp / _STATE
     with open(state_path, "wb") as f:
         hashing = HashingWriter(f)
@@ -89,16 +114,17 @@ def save_checkpoint(ckpt_root: Path, manifest: CheckpointManifest, state: dict[s
         f.flush()
         os.fsync(f.fileno())
     fsync_dir(tmp)
-    if final.exists():
-        # Same step saved again (e.g. an emergency save right after a periodic one): swap it.
-        trash = ckpt_root / f".{final.name}.old-{os.getpid()}"
-        os.rename(final, trash)
-        os.rename(tmp, final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    fsync_dir(ckpt_root)
-    return final
+
+
+def _os_error_in(err: BaseException) -> OSError | None:
+    """The OSError behind `err`: torch.save reports a failed write as a RuntimeError whose
+    context is the file's OSError (ENOSPC, EROFS, EIO)."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
@@ -248,6 +274,12 @@ class AsyncCheckpointer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.background_seconds = 0.0
+        self.retry_pause_s = 1.0
+
+    @property
+    def failed(self) -> bool:
+        """A background save failed (checked every step: training must not go on past it)."""
+        return self._error is not None
 
     def wait(self) -> None:
         if self._thread is not None:
@@ -264,7 +296,13 @@ class AsyncCheckpointer:
         def write() -> None:
             t0 = time.perf_counter()
             try:
-                published = save_checkpoint(self.ckpt_root, manifest, copy)
+                try:
+                    published = save_checkpoint(self.ckpt_root, manifest, copy)
+                except StorageError as err:
+                    # Once more after a pause: space freed by another process, a passing I/O error.
+                    log.warning("%s; trying once more", err)
+                    time.sleep(self.retry_pause_s)
+                    published = save_checkpoint(self.ckpt_root, manifest, copy)
                 apply_retention(self.ckpt_root, self.keep_last, protect)
                 if self.on_published is not None:
                     self.on_published(published, protect)

@@ -158,6 +158,14 @@ def run_training_process(
     proc = subprocess.Popen(worker_command(job, job_path, error_path), stdout=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
     distributed = proc.args[1] == "-c"
+    reported: list[dict[str, Any]] = []  # "error" events: the error file may be on a full disk
+
+    def on_line(event: dict[str, Any]) -> None:
+        if event.get("event") == "error":
+            reported.append(event)
+        else:
+            on_event(event)
+
     on_start(proc)
     try:
         assert proc.stdout is not None
@@ -178,7 +186,7 @@ def run_training_process(
                 continue
             if line is None:
                 break
-            _dispatch(line, on_event)
+            _dispatch(line, on_line)
         rc = proc.wait()
     except BaseException:
         # The task itself is being stopped (SIGTERM, Ctrl-C, cancellation): let the child write
@@ -202,16 +210,15 @@ def run_training_process(
     if rc < 0:
         name = signal.Signals(-rc).name
         raise Preempted(f"training process for run {job.run_key} was killed by {name}")
-    if rc == EXIT_USER_ERROR and error_path.exists():
-        raw = json.loads(error_path.read_text())
+    if rc == EXIT_USER_ERROR and (reported or error_path.exists()):
+        raw = reported[-1] if reported else json.loads(error_path.read_text())
         error_path.unlink(missing_ok=True)
         cls = getattr(errors, raw["type"], RetrainError)
         raise cls(raw["message"])
     if distributed:
         # torchrun exits 1 whatever its ranks did: their error files say what happened. A user
         # error on any rank wins; otherwise a rank was killed or lost its peers: a preemption.
-        reported = _rank_errors(error_path)
-        for raw in reported:
+        for raw in reported + _rank_errors(error_path):
             if raw["type"] == "Bug":
                 raise RuntimeError(f"training job {job.run_key} failed on a rank: {raw['message']}; see its log above")
             cls = getattr(errors, raw["type"], RetrainError)

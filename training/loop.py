@@ -613,6 +613,8 @@ def train(
                 dist.barrier()  # nobody exits (and makes torchrun kill the rest) before rank 0 wrote
             raise Preempted(f"stopped at step {state.step}: {stop.reason or 'another rank was stopped'}",
                             step=state.step)
+        if checkpointer.failed:
+            checkpointer.wait()  # raises the save's error: steps past a failed save would be lost work
         optimizer.zero_grad(set_to_none=True)
         loss_sum: torch.Tensor | None = None
         for micro in range(grad_accum):

@@ -123,7 +123,13 @@ def main(argv: list[str]) -> int:
         logging.getLogger("training").warning("preempted: %s", err)
         return EXIT_PREEMPTED
     except RetrainError as err:
-        error_path.write_text(json.dumps({"type": type(err).__name__, "message": str(err)}))
+        raw = {"type": type(err).__name__, "message": str(err)}
+        # Also on the event pipe: the error may be that the disk holding error_path is full.
+        _emit({"event": "error", **raw})
+        try:
+            error_path.write_text(json.dumps(raw))
+        except OSError:
+            pass
         return EXIT_USER_ERROR
     except Exception as err:
         if world > 1 and _lost_peer(err):
