@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import tarfile
+import json
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,7 @@ def test_rerun_writes_nothing(small_config: RetrainConfig, demo_source: Path, tm
     d2, _, reused2 = _pack(small_config, demo_source, tmp_path)
     assert reused2 and d2 == d
     assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == before
-    assert [p.name for p in (tmp_path / "datasets").iterdir()] == [d.name]
+    assert [p.name for p in (tmp_path / "datasets").iterdir() if not p.name.startswith(".")] == [d.name]
 
 
 def test_split_is_deterministic_and_near_the_fractions(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
@@ -151,7 +152,7 @@ def test_bad_input_is_named_and_nothing_is_lost(
         assert source.name in str(info.value)
     d, hashes = packed_before
     assert _tree_hashes(d) == hashes
-    assert sorted(p.name for p in (tmp_path / "datasets").iterdir()) == [d.name]  # no partial leftovers
+    assert sorted(p.name for p in (tmp_path / "datasets").iterdir() if not p.name.startswith(".")) == [d.name]  # no partial leftovers
 
 
 def test_a_damaged_dataset_is_never_used_silently(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
@@ -250,3 +251,30 @@ def test_a_failed_shard_write_is_named_and_leaves_no_dataset(small_config: Retra
     with pytest.raises(StorageError, match="No space left"):
         pack_shards(demo_source, small_config.data, tmp_path / "other")
     assert list((tmp_path / "other").iterdir()) == []
+
+
+@pytest.mark.parametrize("damage", ["flipped-byte", "missing-shard", "garbage-manifest"])
+def test_a_damaged_reused_dataset_is_packed_again_with_a_warning(
+    small_config: RetrainConfig, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    from training.stages import pack_stage
+
+    first = pack_stage(small_config)
+    dataset = Path(first["dataset_dir"])
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    shard = dataset / manifest["shards"][0]["name"]
+    assert pack_stage(small_config)["reused"]  # sound: reused, and verified once
+    if damage == "flipped-byte":
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))  # same size: only the hash can tell
+    elif damage == "missing-shard":
+        shard.unlink()
+    else:
+        (dataset / "manifest.json").write_text('{"shards": 3}')
+    with caplog.at_level("WARNING"):
+        again = pack_stage(small_config)
+    assert not again["reused"] and again["fingerprint"] == first["fingerprint"]
+    assert "packing it again from the Parquet source" in caplog.text
+    assert json.loads((dataset / "manifest.json").read_text()) == manifest  # the same bytes as before
+    assert not [p for p in dataset.parent.iterdir() if ".damaged-" in p.name or ".partial-" in p.name]

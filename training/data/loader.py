@@ -46,7 +46,7 @@ class StreamPosition:
 
 def _verify_shard(path: Path, info: ShardInfo) -> None:
     if sha256_file(path) != info.sha256:
-        raise DataError(f"shard {path}: sha256 does not match the dataset manifest; the shard is corrupt, repack it")
+        raise DataError(f"shard {path}: sha256 does not match the dataset manifest (corrupt); run the same command again: the pack stage finds it and packs the dataset again")
 
 
 class ShardBatches:

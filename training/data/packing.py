@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
@@ -32,8 +33,10 @@ import pyarrow.parquet as pq
 from training.config import DataConfig, fingerprint
 from training.data.shard_cache import is_remote_dataset
 from training.data.shards import ShardTarWriter, encode_npy, member_bytes
-from training.errors import DataError, StorageError
-from training.storage import sha256_file
+from training.errors import DataError, RetrainError, StorageError
+from training.storage import read_json, sha256_file, write_json_atomic
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "PACK_FORMAT_VERSION",
@@ -360,6 +363,61 @@ class PackPlan:
     parts: list[PackPart]
 
 
+def _verified_record(dataset_dir: Path) -> Path:
+    """Shard name -> [size, mtime_ns] when its sha256 last matched; beside the dataset, whose
+    own bytes stay reproducible."""
+    return dataset_dir.with_name(f".{dataset_dir.name}.verified.json")
+
+
+def _reusable(final_dir: Path) -> DatasetManifest | None:
+    """A packed dataset's manifest when every shard still matches it. A damaged dataset is
+    derived data and its Parquet source is at hand: it is removed (with a warning) and packed
+    again, rather than failing every run until someone deletes it."""
+    try:
+        manifest = load_manifest(final_dir)
+        if manifest is None or is_remote_dataset(final_dir):
+            return manifest  # remote shards are verified as the shard cache downloads them
+        damage = _first_damaged_shard(final_dir, manifest)
+    except (DataError, ValueError, KeyError, TypeError) as err:  # a manifest that is not one
+        damage = str(err)
+    if damage is None:
+        return manifest
+    log.warning("%s; packing it again from the Parquet source", damage)
+    trash = final_dir.with_name(f"{final_dir.name}.damaged-{uuid.uuid4().hex[:12]}")
+    os.rename(final_dir, trash)  # out of the way at once; readers never see a half-deleted dataset
+    shutil.rmtree(trash, ignore_errors=True)
+    _verified_record(final_dir).unlink(missing_ok=True)
+    return None
+
+
+def _first_damaged_shard(dataset_dir: Path, manifest: DatasetManifest) -> str | None:
+    """Hash the shards whose size or mtime changed since they last verified (all of them the
+    first time): a reuse costs a stat per shard, and any write to a shard is seen."""
+    record_path = _verified_record(dataset_dir)
+    try:
+        verified = read_json(record_path) or {}
+    except RetrainError:
+        verified = {}
+    current = _stamps(dataset_dir, manifest)
+    for shard in manifest.shards:
+        if verified.get(shard.name) != current[shard.name] and sha256_file(dataset_dir / shard.name) != shard.sha256:
+            return f"dataset {dataset_dir}: shard {shard.name} does not match its sha256 in the manifest (corrupt)"
+    if current != verified:
+        try:
+            write_json_atomic(record_path, current)
+        except OSError:
+            pass  # a read-only dataset: verified again next time
+    return None
+
+
+def _stamps(dataset_dir: Path, manifest: DatasetManifest) -> dict[str, list[int]]:
+    stamps = {}
+    for shard in manifest.shards:
+        st = (dataset_dir / shard.name).stat()
+        stamps[shard.name] = [st.st_size, st.st_mtime_ns]
+    return stamps
+
+
 def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: int = 8) -> tuple[PackPlan | None, DatasetManifest | None]:
     """(plan, None) for a dataset still to pack, or (None, manifest) when it is already complete.
 
@@ -369,7 +427,7 @@ def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: 
     files = source_files(source)
     fp, sources = dataset_fingerprint(files, config)
     final_dir = datasets_root / fp
-    existing = load_manifest(final_dir)
+    existing = _reusable(final_dir)
     if existing is not None:
         return None, existing
     validator = _Validator(config)
@@ -549,6 +607,8 @@ def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], conf
     os.replace(tmp, work_dir / "manifest.json")
     try:
         os.rename(work_dir, final_dir)
+        # The shards' hashes were taken as they were written: they verify now, by construction.
+        write_json_atomic(_verified_record(final_dir), _stamps(final_dir, manifest))
     except OSError:
         # Another packer of the same input won the race; its dataset is identical.
         shutil.rmtree(work_dir, ignore_errors=True)
