@@ -16,7 +16,8 @@ from prefect import runtime
 from tasks.policies import task_logger
 from training.config import RetrainConfig, StorageConfig, merge_over
 from training.root_lock import hold_root
-from training.storage_root import local_dir_for
+from training.s3_lease import hold_s3_root
+from training.storage_root import StorageRoot, local_dir_for
 
 __all__ = ["effective_config", "flow_run_id", "flow_run_name", "one_writer_per_root", "writer_limit_name",
            "TEMPORARY_SERVER_ENV"]
@@ -121,6 +122,8 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
       named after the root (a dead holder frees it when its lease lapses).
     - On this machine, for a local root, whatever server: an fcntl lock in the root, which a
       dead holder frees at once (training.root_lock).
+    - For an S3 root, whatever server and machine: a lease object written with S3's conditional
+      writes, renewed while held; a dead holder's lease expires (training.s3_lease).
     """
     from prefect.concurrency.sync import concurrency
 
@@ -138,6 +141,10 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
                             "run that died frees it within %.0f s", storage.root, name, _LEASE_SECONDS + 15)
                 held.enter_context(concurrency(name, **slot))
                 log.info("storage root %s is free: going on", storage.root)
-        if not storage.is_s3:
+        if storage.is_s3:
+            remote = StorageRoot(storage).remote
+            assert remote is not None
+            held.enter_context(hold_s3_root(remote, on_wait=log.warning))
+        else:
             held.enter_context(hold_root(local_dir_for(storage), on_wait=log.warning))
         yield

@@ -160,18 +160,25 @@ class S3Store:
     def _tagging(tags: dict[str, str]) -> str:
         return urllib.parse.urlencode(sorted(tags.items()))
 
-    def put_bytes(self, rel: str, data: bytes, tags: dict[str, str], if_absent: bool = False) -> bool:
-        """Write one small object; with `if_absent`, only when no object has that key (False then)."""
+    def put_bytes(self, rel: str, data: bytes, tags: dict[str, str], if_absent: bool = False,
+                  if_match: str | None = None) -> bool:
+        """Write one small object; with `if_absent`, only when no object has that key, with
+        `if_match`, only when the object still has that ETag (compare-and-swap). False when S3
+        refused the condition."""
         from botocore.exceptions import ClientError
 
         kwargs: dict[str, Any] = {"Key": self.key(rel), "Body": data, "Tagging": self._tagging(tags),
                                   "ChecksumAlgorithm": "SHA256"}
         if if_absent:
             kwargs["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
+        conditional = if_absent or if_match is not None
         try:
             self.client.put_object(Bucket=self.bucket, **kwargs)
         except ClientError as err:
-            if if_absent and err.response.get("Error", {}).get("Code") in ("PreconditionFailed", "412"):
+            code = err.response.get("Error", {}).get("Code")
+            if conditional and code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "NoSuchKey"):
                 return False
             raise self._error(err, "write", rel) from None
         except Exception as err:  # noqa: BLE001 - botocore errors, mapped to one line
@@ -221,6 +228,20 @@ class S3Store:
                     continue
                 raise self._error(err, "read", rel) from None
         raise AssertionError("unreachable")
+
+    def get_versioned(self, rel: str) -> tuple[bytes, str] | None:
+        """A small object's bytes and ETag from one response (for a later compare-and-swap)."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.key(rel))
+            return response["Body"].read(), str(response["ETag"])
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise self._error(err, "read", rel) from None
+        except BotoCoreError as err:
+            raise self._error(err, "read", rel) from None
 
     def head(self, rel: str) -> dict[str, Any] | None:
         from botocore.exceptions import ClientError

@@ -17,6 +17,7 @@ work on a local copy of the parts they need (`training.storage_root`).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import time
@@ -50,6 +51,8 @@ from training.report_render import render_curves, render_markdown
 from training.storage import read_json, write_json_atomic
 from training.storage_root import CACHE, MODEL, RUN, StorageRoot
 from training.utilization import utilization_summary
+
+log = logging.getLogger(__name__)
 
 __all__ = ["build_train_job", "join_training", "pack_stage", "pack_begin", "pack_part_stage", "pack_finish", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
 
@@ -350,24 +353,20 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
     challenger_sha = trained["model"]["sha256"]
     metrics = evaluate_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
                                expected_meta_sha256=trained["model"].get("meta_sha256"))
-    models_root = root.local / "models"
-    champion = check_champion(root, config.model.factory)
-    champion_metrics, champion_note, problem = _champion_metrics(champion, dataset_dir, manifest, config)
-    promoted, reason = decide_promotion(
-        challenger_sha, metrics, champion.sha256 if champion else None, champion_metrics, config.eval, problem
-    )
-    if promoted:
-        promote(
-            models_root,
-            run_dir / "model",
-            challenger_sha,
-            {"run_key": trained["run_key"], "metrics": metrics, "dataset": packed["fingerprint"]},
-            uri=root.display(f"models/{challenger_sha}/model.pt"),
+    for attempt in range(_PROMOTION_ATTEMPTS):
+        champion = check_champion(root, config.model.factory)
+        champion_metrics, champion_note, problem = _champion_metrics(champion, dataset_dir, manifest, config)
+        promoted, reason = decide_promotion(
+            challenger_sha, metrics, champion.sha256 if champion else None, champion_metrics, config.eval, problem
         )
-        # The package first, the pointer last: a reader that finds the pointer finds the model.
-        root.publish_all([f"models/{challenger_sha}/model.pt", f"models/{challenger_sha}/model.json"], MODEL,
-                         trained["run_key"])
-        root.publish("models/champion", MODEL, trained["run_key"])
+        if not promoted or _promote(root, run_dir, challenger_sha, trained, packed, metrics, champion):
+            break
+        # Compare-and-swap lost: another machine promoted after our comparison. Compare again
+        # with the new champion rather than overwrite it.
+        log.warning("the champion changed while this run was evaluated; comparing with the new one")
+    else:
+        raise StorageError(f"the champion at {root.display('models/champion')} changed {_PROMOTION_ATTEMPTS} times "
+                           "while this run was evaluated; run the same command again")
     evaluation = {
         "tags": dict(config.cost.tags),
         "metrics": metrics,
@@ -387,6 +386,25 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
     write_json_atomic(run_dir / "evaluation.json", evaluation)
     root.publish(f"runs/{trained['run_key']}/evaluation.json", RUN, trained["run_key"])
     return evaluation
+
+
+_PROMOTION_ATTEMPTS = 3
+
+
+def _promote(root: StorageRoot, run_dir: Path, challenger_sha: str, trained: dict[str, Any], packed: dict[str, Any],
+             metrics: dict[str, Any], champion: Champion | None) -> bool:
+    """The package first, the pointer last (a reader that finds the pointer finds the model);
+    on S3 the pointer is swapped only if it is still the version compared against."""
+    promote(
+        root.local / "models",
+        run_dir / "model",
+        challenger_sha,
+        {"run_key": trained["run_key"], "metrics": metrics, "dataset": packed["fingerprint"]},
+        uri=root.display(f"models/{challenger_sha}/model.pt"),
+    )
+    root.publish_all([f"models/{challenger_sha}/model.pt", f"models/{challenger_sha}/model.json"], MODEL,
+                     trained["run_key"])
+    return root.publish_if_unchanged("models/champion", MODEL, trained["run_key"], champion.etag if champion else None)
 
 
 def _champion_metrics(

@@ -159,6 +159,28 @@ class StorageRoot:
         # Streamed to a temp file and renamed: a model package can be gigabytes.
         return self.remote.download_file(rel, local, size=int(head["ContentLength"]))
 
+    def fetch_versioned(self, rel: str) -> tuple[Path | None, str | None]:
+        """A small mutable object (the champion pointer), fresh, with its S3 ETag: the version a
+        later `publish_if_unchanged` swaps from. Locally the ETag is None (the root's lock
+        serializes writers)."""
+        local = self.local / rel
+        if self.remote is None:
+            return (local if local.exists() else None), None
+        got = self.remote.get_versioned(rel)
+        if got is None:
+            local.unlink(missing_ok=True)
+            return None, None
+        write_atomic(local, got[0])
+        return local, got[1]
+
+    def publish_if_unchanged(self, rel: str, cls: str, run: str | None, etag: str | None) -> bool:
+        """Upload `rel` only if the remote object is still the version `etag` names (absent when
+        None): compare-and-swap. False when another writer changed it first."""
+        if self.remote is None:
+            return True
+        data = (self.local / rel).read_bytes()
+        return self.remote.put_bytes(rel, data, self.tags(cls, run), if_absent=etag is None, if_match=etag)
+
     def fetch_finished_run(self, run_rel: str) -> bool:
         """Bring down a run that finished on any machine: its result.json (published last) and
         its model package. False when the run has not finished anywhere."""

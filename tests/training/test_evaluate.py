@@ -150,3 +150,49 @@ def test_a_factory_named_by_storage_is_never_imported(small_config: RetrainConfi
         sys.path.remove(str(tmp_path))
     assert not marker.exists()
     assert "recorded test metrics" in evaluation["promotion"]["champion_note"]
+
+
+def test_promotion_on_s3_is_a_compare_and_swap(
+    small_config: RetrainConfig, s3_server: str, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two machines evaluate at once: the one whose comparison is stale must not overwrite the
+    champion promoted a moment earlier (seen: 0.8366 overwrote 0.8410)."""
+    import training.stages as stages
+    from tests.conftest import s3_overrides
+    from training.config import load_config
+    from training.storage_root import StorageRoot
+
+    packed, better = _trained(small_config, "better")
+    small_config.train.max_steps = 3  # barely trained: worse
+    small_config.train.eval_every = 3
+    _, worse = _trained(small_config, "worse")
+
+    def on_machine(name: str) -> RetrainConfig:
+        return load_config(overrides=s3_overrides(s3_bucket, s3_server, tmp_path / name))
+
+    def run_on(machine: str, trained: dict) -> dict:
+        """The trained run as that machine's working copy holds it."""
+        import shutil
+
+        local = StorageRoot.from_config(on_machine(machine)).local / "runs" / trained["run_key"]
+        shutil.copytree(trained["run_dir"], local)
+        return {**trained, "run_dir": str(local)}
+
+    real = stages._champion_metrics
+    raced: list[dict] = []
+
+    def meanwhile_another_machine_promotes(*args: object, **kwargs: object):
+        if not raced:  # between machine A's comparison and its pointer swap
+            monkeypatch.setattr(stages, "_champion_metrics", real)
+            raced.append(evaluate_stage(on_machine("b"), packed, run_on("b", better)))
+            monkeypatch.setattr(stages, "_champion_metrics", meanwhile_another_machine_promotes)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stages, "_champion_metrics", meanwhile_another_machine_promotes)
+    slow = evaluate_stage(on_machine("a"), packed, run_on("a", worse))
+    assert raced[0]["promotion"]["promoted"]
+    assert not slow["promotion"]["promoted"], slow["promotion"]["reason"]
+    assert slow["promotion"]["champion_sha256"] == better["model"]["sha256"]  # compared again, with the new one
+    root = StorageRoot.from_config(on_machine("c"))
+    pointer_path, _ = root.fetch_versioned("models/champion")
+    assert pointer_path is not None and json.loads(pointer_path.read_text())["sha256"] == better["model"]["sha256"]
