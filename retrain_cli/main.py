@@ -170,7 +170,8 @@ def _summary(report: dict[str, Any], path: str, cli_started_at: float) -> str:
     util = report["utilization"]
     lines.append(
         f"  cost        ${cost['total_usd']:.4f} on {cost['instance_type']} ({cost['market']}), "
-        f"{cost['gpu_hours']:.3f} GPU-h; naive run ${cost['naive']['usd']:.4f}, saved ${cost['savings_usd']:.4f}"
+        f"{cost['gpu_hours']:.3f} GPU-h; naive on-demand run ${cost['naive']['total_usd']:.4f}, "
+        f"saved ${cost['savings_usd']:.4f}"
     )
     lines.append(f"  bottleneck  {util['verdict']} (data stall {util['data_stall_fraction']:.1%})")
     if report.get("stop_reason"):

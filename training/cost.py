@@ -15,6 +15,7 @@ __all__ = [
     "compute_cost",
     "storage_cost",
     "naive_counterfactual",
+    "restarting_counterfactual",
     "plan_instances",
     "PlanRow",
 ]
@@ -80,6 +81,32 @@ def naive_counterfactual(
         "steps": naive_steps,
         "fp32_slowdown": fp32_slowdown,
         "usd": on_demand_per_hour * seconds / SECONDS_PER_HOUR,
+        "gpu_hours": gpus * seconds / SECONDS_PER_HOUR,
+    }
+
+
+def restarting_counterfactual(
+    *,
+    naive: dict[str, Any],
+    steps_reached_at_preemptions: list[int],
+    train_seconds_per_step: float,
+    restart_seconds: float,
+    rate_per_hour: float,
+    gpus: int,
+) -> dict[str, Any]:
+    """The naive job on this run's market, under this run's preemptions: with no checkpoints,
+    each preemption throws away every step done so far and pays a restart."""
+    redone = sum(min(step, naive["steps"]) for step in steps_reached_at_preemptions)
+    extra = redone * train_seconds_per_step * naive["fp32_slowdown"] + restart_seconds * len(steps_reached_at_preemptions)
+    seconds = naive["seconds"] + extra
+    return {
+        "seconds": seconds,
+        "steps": naive["steps"],
+        "steps_redone": redone,
+        "preemptions": len(steps_reached_at_preemptions),
+        "fp32_slowdown": naive["fp32_slowdown"],
+        "rate_per_hour": rate_per_hour,
+        "usd": rate_per_hour * seconds / SECONDS_PER_HOUR,
         "gpu_hours": gpus * seconds / SECONDS_PER_HOUR,
     }
 

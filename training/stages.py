@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.config import DataConfig, PreprocessConfig, RetrainConfig, StorageConfig, fingerprint
-from training.cost import compute_cost, naive_counterfactual, storage_cost
+from training.cost import compute_cost, naive_counterfactual, restarting_counterfactual, storage_cost
 from training.data.demo import ensure_demo_dataset
 from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key, verified_feature_stats
 from training.data.packing import (
@@ -351,6 +351,9 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
     if manifest is None:
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
     challenger_sha = trained["model"]["sha256"]
+    done = _finished_promotion(root, run_dir, trained["run_key"], challenger_sha, config)
+    if done is not None:
+        return done
     metrics = evaluate_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
                                expected_meta_sha256=trained["model"].get("meta_sha256"))
     for attempt in range(_PROMOTION_ATTEMPTS):
@@ -389,6 +392,26 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
 
 
 _PROMOTION_ATTEMPTS = 3
+
+
+def _finished_promotion(root: StorageRoot, run_dir: Path, run_key: str, challenger_sha: str,
+                        config: RetrainConfig) -> dict[str, Any] | None:
+    """This run's evaluation when it already promoted its model and that model is still the
+    champion: a rerun after an interrupt (say, during the report) reports that promotion,
+    instead of finding its own model in place and saying "already the champion". A run whose
+    report was written is finished: rerunning it reports that its model is already champion."""
+    if (run_dir / "report.json").exists() or root.fetch(f"runs/{run_key}/report.json") is not None:
+        return None
+    try:
+        recorded = read_json(run_dir / "evaluation.json")
+    except StorageError:
+        return None  # damaged: evaluate again
+    if not isinstance(recorded, dict) or not recorded.get("promotion", {}).get("promoted"):
+        return None
+    if recorded["promotion"].get("challenger_sha256") != challenger_sha:
+        return None
+    champion = check_champion(root, config.model.factory)
+    return recorded if champion is not None and champion.usable and champion.sha256 == challenger_sha else None
 
 
 def _promote(root: StorageRoot, run_dir: Path, challenger_sha: str, trained: dict[str, Any], packed: dict[str, Any],
@@ -455,8 +478,20 @@ def cost_report(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, A
         on_demand_per_hour=on_demand,
         gpus=gpus,
     )
+    # A preemption hit this run at about the step it resumed from plus the steps it lost then.
+    resumed = trained.get("resumed_from_steps") or []
+    lost_each = trained.get("steps_lost", 0) / max(1, len(resumed))
+    restarting = restarting_counterfactual(
+        naive=naive, steps_reached_at_preemptions=[int(s + lost_each) for s in resumed],
+        train_seconds_per_step=per_step, restart_seconds=one_start, rate_per_hour=rate, gpus=gpus,
+    )
+    # Like with like: the naive jobs keep the same dataset and model, but write no checkpoints.
+    naive_storage = storage["total_usd"] - storage["checkpoints"]["usd"]
+    for figure in (naive, restarting):
+        figure["storage_usd"] = naive_storage
+        figure["total_usd"] = figure["usd"] + naive_storage
     total = compute["usd"] + storage["total_usd"]
-    naive_total = naive["usd"] + storage["total_usd"]
+    naive_total = naive["total_usd"]
     return {
         "instance_type": config.cost.instance_type,
         "market": config.cost.market,
@@ -469,6 +504,8 @@ def cost_report(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, A
         "naive": naive,
         "savings_usd": naive_total - total,
         "savings_fraction": (naive_total - total) / naive_total if naive_total else 0.0,
+        "naive_restarting": restarting,
+        "savings_vs_restarting_usd": restarting["total_usd"] - total,
         "tags": dict(config.cost.tags),
     }
 
@@ -511,7 +548,7 @@ def report_stage(
         },
         "cost": cost_report(config, packed, prep, trained, evaluation),
         "utilization": utilization_summary(trained["seconds"], trained.get("samples_seen", 0),
-                                           trained.get("accelerator") or {}),
+                                           trained.get("accelerator") or {}, trained.get("device", "cuda")),
         "tags": dict(config.cost.tags),
         "profile": trained.get("profile"),
         "stages": {

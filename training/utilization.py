@@ -10,7 +10,8 @@ DATA_BOUND_STALL = 0.10
 MEMORY_BOUND_PEAK = 0.90
 
 
-def utilization_summary(seconds: dict[str, float], samples: int, accelerator: dict[str, Any]) -> dict[str, Any]:
+def utilization_summary(seconds: dict[str, float], samples: int, accelerator: dict[str, Any],
+                        device: str = "cuda") -> dict[str, Any]:
     """Split of step time (data wait, compute, checkpoint stall, evaluation), samples/s, the
     data-stall fraction and a bottleneck verdict with advice."""
     step_total = seconds["train"] + seconds["checkpoint"] + seconds["eval"]
@@ -24,10 +25,17 @@ def utilization_summary(seconds: dict[str, float], samples: int, accelerator: di
     fractions = {k: (v / step_total if step_total else 0.0) for k, v in split.items()}
     stall = seconds["data_wait"] / seconds["train"] if seconds["train"] else 0.0
     peak = accelerator.get("memory_peak_fraction")
+    # Worded for the device used: on a CPU there is no accelerator to keep busy or to feed.
+    unit = "the CPU" if device == "cpu" else "the accelerator"
     if stall > DATA_BOUND_STALL:
-        verdict, advice = "data-bound", "the accelerator waits for data: raise train.num_workers, pin memory, pack the data into fewer, larger members"
+        verdict, advice = "data-bound", (f"{unit} waits for data: raise train.num_workers"
+                                         f"{', pin memory' if device != 'cpu' else ''}, pack the data into fewer, "
+                                         "larger members")
     elif isinstance(peak, float) and peak > MEMORY_BOUND_PEAK:
         verdict, advice = "memory-bound", "accelerator memory is nearly full: enable model.gradient_checkpointing or lower train.batch_size and raise train.grad_accum"
+    elif device == "cpu":
+        verdict, advice = "compute-bound", ("the CPU cores are busy with the model's arithmetic; a GPU, or more "
+                                            "cores, is what would raise throughput")
     else:
         verdict, advice = "compute-bound", "the good state: the accelerator is busy; a larger train.batch_size may raise throughput"
     return {

@@ -68,6 +68,12 @@ def test_flow_runs_then_reuses_everything(small_config: RetrainConfig) -> None:
     assert second["model"] == first["model"]
     assert not second["promotion"]["promoted"] and "already the champion" in second["promotion"]["reason"]
 
+    # Interrupted between the promotion and the report (SIGINT in the report step): the rerun
+    # writes the report, and it tells of the promotion this run made.
+    (Path(_run_dir(small_config)) / "report.json").unlink()
+    third = _report(retrain(small_config))
+    assert third["promotion"] == first["promotion"]
+
 
 def _run_dir(config: RetrainConfig) -> str:
     packed = pack_stage(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from training.config import load_config
-from training.cost import compute_cost, naive_counterfactual, plan_instances, storage_cost
+from training.cost import compute_cost, naive_counterfactual, plan_instances, restarting_counterfactual, storage_cost
 from training.errors import ConfigError
 
 
@@ -44,6 +44,21 @@ def test_naive_counterfactual() -> None:
     assert out["seconds"] == 10_600
     assert out["usd"] == pytest.approx(32.77 * 10_600 / 3600)
     assert out["gpu_hours"] == pytest.approx(8 * 10_600 / 3600)
+
+
+def test_the_restarting_counterfactual_redoes_everything_before_each_preemption() -> None:
+    # Preempted at steps 3,000 and 8,000 of 10,000: without checkpoints those 11,000 steps are
+    # done again (at 0.5 s x 2.0 fp32), plus a 60 s restart each, at this run's $10/h.
+    naive = naive_counterfactual(other_stage_seconds=600, train_seconds_per_step=0.5, naive_steps=10_000,
+                                 fp32_slowdown=2.0, on_demand_per_hour=32.77, gpus=8)
+    out = restarting_counterfactual(naive=naive, steps_reached_at_preemptions=[3_000, 8_000],
+                                    train_seconds_per_step=0.5, restart_seconds=60.0, rate_per_hour=10.0, gpus=8)
+    assert out["steps_redone"] == 11_000
+    assert out["seconds"] == 10_600 + 11_000 + 120
+    assert out["usd"] == pytest.approx(10.0 * 21_720 / 3600)
+    none = restarting_counterfactual(naive=naive, steps_reached_at_preemptions=[], train_seconds_per_step=0.5,
+                                     restart_seconds=60.0, rate_per_hour=10.0, gpus=8)
+    assert none["seconds"] == naive["seconds"]  # never preempted: the same job at this run's rate
 
 
 def test_plan_worked_example_cheaper_slower_instance_wins_when_the_deadline_allows() -> None:

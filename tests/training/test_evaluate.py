@@ -196,3 +196,16 @@ def test_promotion_on_s3_is_a_compare_and_swap(
     root = StorageRoot.from_config(on_machine("c"))
     pointer_path, _ = root.fetch_versioned("models/champion")
     assert pointer_path is not None and json.loads(pointer_path.read_text())["sha256"] == better["model"]["sha256"]
+
+
+def test_a_rerun_after_an_interrupted_report_reports_the_promotion_it_made(small_config: RetrainConfig) -> None:
+    """SIGINT between the promotion and report.json: the rerun must not say "already the champion"."""
+    from training.stages import report_stage
+
+    packed, good = _trained(small_config, "good")
+    first = evaluate_stage(small_config, packed, good)
+    assert first["promotion"]["promoted"]
+    again = evaluate_stage(small_config, packed, good)  # the rerun's evaluate task
+    assert again["promotion"] == first["promotion"]
+    (Path(good["run_dir"]) / "report.json").write_text("{}")  # a finished run: its rerun is no new promotion
+    assert "already the champion" in evaluate_stage(small_config, packed, good)["promotion"]["reason"]

@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from training.utilization import utilization_summary
+
+_BUSY = {"train": 10.0, "data_wait": 0.1, "compute": 9.0, "checkpoint": 0.2, "eval": 0.5}
+
+
+def test_the_verdict_is_worded_for_the_device_used() -> None:
+    cpu = utilization_summary(_BUSY, 1000, {}, "cpu")
+    assert cpu["verdict"] == "compute-bound"
+    assert "accelerator" not in cpu["advice"] and "CPU" in cpu["advice"]
+    gpu = utilization_summary(_BUSY, 1000, {"memory_peak_fraction": 0.5}, "cuda")
+    assert gpu["verdict"] == "compute-bound" and "accelerator is busy" in gpu["advice"]
+    starved = utilization_summary({**_BUSY, "data_wait": 6.0}, 1000, {}, "cpu")
+    assert starved["verdict"] == "data-bound" and starved["advice"].startswith("the CPU waits for data")
+    assert "pin memory" not in starved["advice"]
