@@ -240,9 +240,24 @@ def apply_retention(ckpt_root: Path, keep_last: int, protect: set[int]) -> list[
         shutil.rmtree(path, ignore_errors=True)
         deleted.append(path)
     for tmp in ckpt_root.glob(".step-*"):
-        if not tmp.name.endswith(f"-{os.getpid()}"):
+        if not _writer_alive(tmp.name):
             shutil.rmtree(tmp, ignore_errors=True)
     return deleted
+
+
+def _writer_alive(tmp_name: str) -> bool:
+    """Whether the process named by a temp folder (`.step-N.tmp-<pid>`, `.old-<pid>`) is alive:
+    another process's save in flight is never deleted, only a dead writer's leftovers."""
+    pid = tmp_name.rsplit("-", 1)[-1]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def snapshot(obj: Any) -> Any:

@@ -39,7 +39,7 @@ from training.data.loader import ShardBatches, StreamPosition, make_train_loader
 from training.data.packing import load_manifest
 from training.early_stopping import EarlyStopping
 from training.checkpoint_upload import CheckpointUploader, restore_newer_checkpoint
-from training.errors import CheckpointError, DataError, Preempted, RetrainError
+from training.errors import CheckpointError, DataError, Preempted, RetrainError, StorageError
 from training.evaluate import meta_sha256, predict_split
 from training.metrics import log_loss, roc_auc
 from training.model import build_model, weights_sha256
@@ -182,8 +182,20 @@ class _Heartbeat:
     _FMT = "<qd"
 
     def __init__(self, path: Path) -> None:
+        import fcntl
+
         self.path = path
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # Held while training (the kernel frees it when the process dies): the heartbeat
+            # read at start-up is then always a dead attempt's, never a live process's. A POSIX
+            # record lock, not flock: it conflicts only with other processes, so a second
+            # train() in this process (after an error left the first's descriptor open) is fine.
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # EACCES or EAGAIN: another process holds it
+            os.close(self._fd)
+            raise StorageError(f"run folder {path.parent} is being trained by another live process right now; "
+                               "two processes must not train one run: wait for it to finish") from None
 
     def read(self) -> tuple[int, float] | None:
         data = os.pread(self._fd, struct.calcsize(self._FMT), 0)

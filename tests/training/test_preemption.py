@@ -221,3 +221,46 @@ def test_small_data_trains_with_the_default_batch_and_resumes_bit_identical(tmp_
     final = run_training_process(job)
     assert final["resumed_from_steps"] and final["model"]["sha256"] == reference["model"]["sha256"]
     assert final["history"] == reference["history"]
+
+
+@pytest.mark.slow
+def test_a_second_process_on_a_run_in_training_is_refused_and_the_first_is_unharmed(long_config: RetrainConfig) -> None:
+    """Seen: two processes trained one run folder at once, and the second's report showed a
+    preemption that never happened (it read the live process's heartbeat)."""
+    from training.errors import StorageError
+
+    job = make_job(long_config)
+    results: dict[str, object] = {}
+
+    def first() -> None:
+        results["first"] = run_training_process(job)
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    deadline = time.time() + 120
+    while _heartbeat_step(job) < 5:
+        assert time.time() < deadline
+        time.sleep(0.01)
+    with pytest.raises(StorageError, match="being trained by another live process"):
+        run_training_process(job)
+    thread.join(timeout=300)
+    result = results["first"]
+    assert isinstance(result, dict) and result["status"] == "completed"
+    assert result["preemptions"] == 0 and result["steps_lost"] == 0
+
+
+def test_retention_removes_only_dead_writers_temp_folders(tmp_path: Path) -> None:
+    from training.checkpoint import apply_retention
+
+    alive = subprocess.Popen(["sleep", "60"])
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        ckpts = tmp_path / "checkpoints"
+        (ckpts / f".step-00000100.tmp-{alive.pid}").mkdir(parents=True)
+        (ckpts / f".step-00000100.tmp-{dead.pid}").mkdir()
+        apply_retention(ckpts, keep_last=1, protect=set())
+        assert sorted(p.name for p in ckpts.iterdir()) == [f".step-00000100.tmp-{alive.pid}"]
+    finally:
+        alive.kill()
+        alive.wait()
