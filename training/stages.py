@@ -356,7 +356,7 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
         return done
     metrics = evaluate_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
                                expected_meta_sha256=trained["model"].get("meta_sha256"))
-    for attempt in range(_PROMOTION_ATTEMPTS):
+    for _attempt in range(_PROMOTION_ATTEMPTS):
         champion = check_champion(root, config.model.factory)
         champion_metrics, champion_note, problem = _champion_metrics(champion, dataset_dir, manifest, config)
         promoted, reason = decide_promotion(

@@ -200,8 +200,6 @@ def test_promotion_on_s3_is_a_compare_and_swap(
 
 def test_a_rerun_after_an_interrupted_report_reports_the_promotion_it_made(small_config: RetrainConfig) -> None:
     """SIGINT between the promotion and report.json: the rerun must not say "already the champion"."""
-    from training.stages import report_stage
-
     packed, good = _trained(small_config, "good")
     first = evaluate_stage(small_config, packed, good)
     assert first["promotion"]["promoted"]
