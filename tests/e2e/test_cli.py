@@ -40,11 +40,12 @@ def test_demo_with_no_arguments(tmp_path: Path) -> None:
     assert "Bayes-optimal AUC" in out.stdout
 
 
-def test_second_run_shows_cached_preprocessing(tmp_path: Path, demo_source: Path) -> None:
+def test_second_run_shows_cached_preprocessing(tmp_path: Path, demo_source: Path, prefect_server) -> None:
     args = _sets(small_overrides(tmp_path / "root", demo_source))
-    first = _retrain(args, tmp_path)
+    # A running server: the temporary one's start-up is covered by the other CLI tests.
+    first = _retrain(args, tmp_path, env=prefect_server.env)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = _retrain(args, tmp_path)
+    second = _retrain(args, tmp_path, env=prefect_server.env)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "preprocess  Cached" in second.stdout
     assert "already complete" in second.stdout

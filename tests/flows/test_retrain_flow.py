@@ -61,18 +61,19 @@ def test_flow_runs_then_reuses_everything(small_config: RetrainConfig) -> None:
     for key in ("run_key", "model", "resumed_from_steps", "preemptions", "steps_lost", "durations", "cost"):
         assert key in first
 
+    # As if interrupted between the promotion and the report (SIGINT in the report step): the
+    # rerun reuses everything, writes the report, and it tells of the promotion this run made.
+    (Path(_run_dir(small_config)) / "report.json").unlink()
     second = _report(retrain(small_config))
     assert second["stages"]["pack"]["reused"] is True
     assert second["stages"]["preprocess"]["state"] == "Cached"
     assert second["stages"]["train"]["already_complete"] is True
     assert second["model"] == first["model"]
-    assert not second["promotion"]["promoted"] and "already the champion" in second["promotion"]["reason"]
+    assert second["promotion"] == first["promotion"]
 
-    # Interrupted between the promotion and the report (SIGINT in the report step): the rerun
-    # writes the report, and it tells of the promotion this run made.
-    (Path(_run_dir(small_config)) / "report.json").unlink()
+    # A finished run run again: no new promotion.
     third = _report(retrain(small_config))
-    assert third["promotion"] == first["promotion"]
+    assert not third["promotion"]["promoted"] and "already the champion" in third["promotion"]["reason"]
 
 
 def _run_dir(config: RetrainConfig) -> str:

@@ -53,7 +53,8 @@ def test_a_full_disk_stops_training_in_one_line_and_a_rerun_resumes(small_config
         ckpts = Path(job.run_dir) / "checkpoints"
         assert not list(ckpts.glob(".step-*")), "a torn temp folder was left behind"
         found = latest_verified_checkpoint(ckpts)
-        assert found is not None and found[1].step >= 40  # earlier checkpoints survive, verified
+        # Earlier checkpoints survive, verified (the one at 40 may have been in flight when the disk filled).
+        assert found is not None and found[1].step >= 20
         failed_step = int(message.split("/step-")[1][:8])
         assert failed_step > found[1].step
         # Training went on only while the failed save was retried in the background: it
