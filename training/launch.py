@@ -202,8 +202,13 @@ def run_training_process(
     finally:
         _kill_group(proc)
 
+    return _outcome(job, rc, error_path, reported, distributed)
+
+
+def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[dict[str, Any]], distributed: bool) -> dict[str, Any]:
+    """The finished child's result, or the error its exit code and error reports say."""
     if rc == 0:
-        result = json.loads((run_dir / "result.json").read_text())
+        result: dict[str, Any] = json.loads((Path(job.run_dir) / "result.json").read_text())
         return result
     if rc == EXIT_PREEMPTED:
         raise Preempted(f"training process for run {job.run_key} was preempted and checkpointed")

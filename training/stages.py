@@ -203,11 +203,10 @@ def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: st
     return fingerprint(*parts)
 
 
-def warm_start_plan(config: RetrainConfig, root: StorageRoot) -> tuple[dict[str, Any] | None, str]:
+def warm_start_plan(config: RetrainConfig, champion: Champion | None) -> tuple[dict[str, Any] | None, str]:
     """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
     if config.train.init_from != "champion":
         return None, "train.init_from is none"
-    champion = check_champion(root, config.model.factory)
     if champion is None:
         return None, "no champion yet: fresh start"
     if not champion.usable:
@@ -225,9 +224,8 @@ def warm_start_plan(config: RetrainConfig, root: StorageRoot) -> tuple[dict[str,
     )
 
 
-def _champion_val_auc(config: RetrainConfig, root: StorageRoot, packed: dict[str, Any]) -> float | None:
+def _champion_val_auc(config: RetrainConfig, champion: Champion | None, packed: dict[str, Any]) -> float | None:
     """The champion's AUC on this run's validation split, for the champion gate."""
-    champion = check_champion(root, config.model.factory)
     if champion is None or not champion.usable:
         return None
     manifest = load_manifest(Path(packed["dataset_dir"]))
@@ -238,9 +236,10 @@ def _champion_val_auc(config: RetrainConfig, root: StorageRoot, packed: dict[str
 
 
 def build_train_job(
-    config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any]
+    config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], champion: Champion | None
 ) -> tuple[TrainJob, dict[str, Any] | None, str]:
-    """The training job of this config and data, with the warm-start plan and its reason.
+    """The training job of this config and data, with the warm-start plan and its reason;
+    `champion` is `check_champion`'s answer, checked once by the caller.
 
     Deterministic in its inputs, so every node of a multi-node run builds the same job."""
     root = StorageRoot.from_config(config)
@@ -252,7 +251,7 @@ def build_train_job(
         prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
                                 config.storage.model_dump(mode="json"), config.cost.tags)
         stats_path = Path(prep["stats_path"])
-    warm, warm_reason = warm_start_plan(config, root)
+    warm, warm_reason = warm_start_plan(config, champion)
     init_sha = None
     if warm is not None:
         # Embedding rows and input scaling must mean what they meant for the champion, so the
@@ -275,7 +274,7 @@ def build_train_job(
         rate_per_hour=rate,
         gpus=gpus,
         pre_train_seconds=packed["seconds"] + prep["seconds"],
-        champion_val_auc=_champion_val_auc(config, root, packed) if config.budget.champion_gate else None,
+        champion_val_auc=_champion_val_auc(config, champion, packed) if config.budget.champion_gate else None,
     )
     return job, warm, warm_reason
 
@@ -290,7 +289,7 @@ def train_stage(
     root = StorageRoot.from_config(config)
     # Verified before training: a damaged champion is reported in seconds, not after a full run.
     champion = check_champion(root, config.model.factory)
-    job, warm, warm_reason = build_train_job(config, packed, prep)
+    job, warm, warm_reason = build_train_job(config, packed, prep, champion)
     init_sha = job.init_sha256
     root.fetch_finished_run(job.run_rel)
     finished = read_json(Path(job.run_dir) / "result.json")
@@ -332,7 +331,7 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
     packed = pack_stage(config)
     prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
                             config.storage.model_dump(mode="json"), config.cost.tags)
-    job, _, _ = build_train_job(config, packed, prep)
+    job, _, _ = build_train_job(config, packed, prep, check_champion(StorageRoot.from_config(config), config.model.factory))
     run_dir = Path(job.run_dir)
     node_dir = run_dir / f"node-{os.getpid()}"
     node_dir.mkdir(parents=True, exist_ok=True)
