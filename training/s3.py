@@ -117,7 +117,7 @@ class S3Store:
         else:
             status = None
         name = type(err).__name__
-        code = code or _code_of(err)
+        code = code or error_code(err)
         if code in ("NoSuchBucket",) or (code == "404" and not rel):
             return StorageError(f"bucket '{self.bucket}' does not exist at endpoint {self.settings.endpoint}; "
                                 "create it or fix storage.root")
@@ -205,9 +205,9 @@ class S3Store:
                 # Each request was already retried by botocore, with backoff; what reaches here
                 # is final, unless the server lost the whole multipart upload (a restart forgets
                 # upload ids: NoSuchUpload), which starts over, a bounded number of times.
-                if attempt == 2 or "NoSuchUpload" not in f"{_code_of(err)} {err}":
+                if attempt == 2 or "NoSuchUpload" not in f"{error_code(err)} {err}":
                     raise self._error(err, "upload", rel) from None
-                log.warning("upload of %s failed (%s); starting it again", self.uri(rel), _code_of(err))
+                log.warning("upload of %s failed (%s); starting it again", self.uri(rel), error_code(err))
                 time.sleep((1.0 + random.random()) * (attempt + 1))
 
     def get_bytes(self, rel: str) -> bytes | None:
@@ -331,7 +331,7 @@ class S3Store:
         return True
 
 
-def _code_of(err: BaseException) -> str:
+def error_code(err: BaseException) -> str:
     """The S3 error code of a ClientError, or of one wrapped in s3transfer's message."""
     response = getattr(err, "response", None)
     if isinstance(response, dict) and response.get("Error", {}).get("Code"):

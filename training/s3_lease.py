@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from training.errors import StorageError
-from training.s3 import S3Store
+from training.s3 import S3Store, error_code
+from training.storage import process_alive
 
 __all__ = ["hold_s3_root", "S3Lease", "LEASE_KEY"]
 
@@ -39,23 +40,8 @@ log = logging.getLogger(__name__)
 LEASE_KEY = ".writer.lease"
 
 
-def _code(err: Exception) -> str:
-    response = getattr(err, "response", None)
-    return str(response.get("Error", {}).get("Code", "")) if isinstance(response, dict) else ""
-
-
 def _precondition_failed(err: Exception) -> bool:
-    return _code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return error_code(err) in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409")
 
 
 class S3Lease:
@@ -96,7 +82,7 @@ class S3Lease:
             response = self.store.client.get_object(Bucket=self.store.bucket, Key=self.key)
             raw = response["Body"].read()
         except ClientError as err:
-            if _code(err) in ("NoSuchKey", "404"):
+            if error_code(err) in ("NoSuchKey", "404"):
                 return None
             raise self.store._error(err, "read the storage root's lease", LEASE_KEY) from None
         except BotoCoreError as err:
@@ -115,7 +101,7 @@ class S3Lease:
             return True
         # Left by a process of this machine that is gone: a crash's rerun takes it at once.
         pid = body.get("pid")
-        return body.get("host") == socket.gethostname() and isinstance(pid, int) and not _pid_alive(pid)
+        return body.get("host") == socket.gethostname() and isinstance(pid, int) and not process_alive(pid)
 
     def acquire(self, on_wait: Callable[[str], None]) -> None:
         told = False
@@ -166,7 +152,7 @@ class S3Lease:
         except (ClientError, BotoCoreError) as err:
             # It expires by itself; only a lease we no longer hold is refused here.
             log.warning("could not release the storage root's lease %s (%s)", self.store.uri(LEASE_KEY),
-                        _code(err) or type(err).__name__)
+                        error_code(err))
 
 
 @contextmanager

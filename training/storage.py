@@ -14,7 +14,7 @@ from typing import Any
 from training.errors import StorageError
 
 __all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json", "HashingWriter", "sha256_file",
-           "is_plain_name"]
+           "is_plain_name", "process_alive"]
 
 
 def is_plain_name(name: object) -> bool:
@@ -84,3 +84,14 @@ def read_json(path: Path) -> Any:
         return None
     except json.JSONDecodeError as err:
         raise StorageError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process of this machine with that pid exists (one we may not signal counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
