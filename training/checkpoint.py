@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from training.errors import CheckpointError, StorageError
-from training.storage import HashingWriter, fsync_dir, is_plain_name
+from training.storage import HashingWriter, fsync_dir, is_plain_name, process_alive
 
 __all__ = [
     "CheckpointManifest",
@@ -249,15 +249,7 @@ def _writer_alive(tmp_name: str) -> bool:
     """Whether the process named by a temp folder (`.step-N.tmp-<pid>`, `.old-<pid>`) is alive:
     another process's save in flight is never deleted, only a dead writer's leftovers."""
     pid = tmp_name.rsplit("-", 1)[-1]
-    if not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid.isdigit() and process_alive(int(pid))
 
 
 def snapshot(obj: Any) -> Any:
@@ -281,11 +273,13 @@ class AsyncCheckpointer:
     """
 
     def __init__(
-        self, ckpt_root: Path, keep_last: int, on_published: Callable[[Path, set[int]], None] | None = None
+        self, ckpt_root: Path, keep_last: int, on_published: Callable[[Path, set[int]], None] | None = None,
+        in_use: Callable[[], set[int]] = set,
     ) -> None:
         self.ckpt_root = ckpt_root
         self.keep_last = keep_last
         self.on_published = on_published  # e.g. hand the new checkpoint to the S3 uploader
+        self.in_use = in_use  # steps retention must keep for now (the one being uploaded)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.background_seconds = 0.0
@@ -318,7 +312,7 @@ class AsyncCheckpointer:
                     log.warning("%s; trying once more", err)
                     time.sleep(self.retry_pause_s)
                     published = save_checkpoint(self.ckpt_root, manifest, copy)
-                apply_retention(self.ckpt_root, self.keep_last, protect)
+                apply_retention(self.ckpt_root, self.keep_last, protect | self.in_use())
                 if self.on_published is not None:
                     self.on_published(published, protect)
             except BaseException as err:  # noqa: BLE001 - handed to the loop by wait()

@@ -84,6 +84,7 @@ class CheckpointUploader:
         self._cv = threading.Condition()
         self._pending: tuple[Path, set[int]] | None = None
         self._busy = False
+        self._uploading: int | None = None
         self._closed = False
         self._last_error: BaseException | None = None
         self.uploaded: list[int] = []
@@ -92,6 +93,15 @@ class CheckpointUploader:
         self.seconds = 0.0
         self._thread = threading.Thread(target=self._run, name="checkpoint-upload", daemon=True)
         self._thread.start()
+
+    def in_flight(self) -> set[int]:
+        """The steps being uploaded or queued: local retention must keep them until their upload
+        ends, or on a slow link it could delete every checkpoint before one reached S3."""
+        with self._cv:
+            steps = {self._uploading} if self._uploading is not None else set()
+            if self._pending is not None:
+                steps.add(step_of(self._pending[0].name))
+            return {s for s in steps if s is not None}
 
     def submit(self, path: Path, protect: set[int]) -> None:
         with self._cv:
@@ -127,6 +137,7 @@ class CheckpointUploader:
                 path, protect = self._pending
                 self._pending = None
                 self._busy = True
+                self._uploading = step_of(path.name)
             t0 = time.perf_counter()
             try:
                 self._upload(path, protect)
@@ -141,6 +152,7 @@ class CheckpointUploader:
                 self.seconds += time.perf_counter() - t0
                 self._last_error = error
                 self._busy = False
+                self._uploading = None
                 self._cv.notify_all()
 
     def _upload(self, path: Path, protect: set[int]) -> None:

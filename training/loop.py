@@ -481,7 +481,8 @@ def train(
     # An attempt killed before it got this far leaves only the launcher's count.
     state.preemptions = max(len(entries) - 1, attempts - 1)
 
-    checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last, on_published=uploader.submit if uploader else None)
+    checkpointer = AsyncCheckpointer(ckpt_dir, tc.keep_last, on_published=uploader.submit if uploader else None,
+                                     in_use=uploader.in_flight if uploader else set)
     if uploader is not None and found is not None:
         # Resumed from a local checkpoint S3 may lack (its upload was cut off): make it durable.
         remote_steps = root.remote_checkpoints(f"{job.run_rel}/checkpoints") if root else {}

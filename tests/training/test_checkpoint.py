@@ -74,3 +74,18 @@ def test_states_load_without_executing_code(tmp_path: Path) -> None:
 
     with pytest.raises(CheckpointError, match="cannot load"):
         load_checkpoint_state(path)
+
+
+def test_retention_keeps_a_checkpoint_still_being_uploaded(tmp_path: Path) -> None:
+    """On a slow link later checkpoints are saved while one uploads; deleting it under the
+    upload could leave S3 without any checkpoint for as long as the link stays slow."""
+    from training.checkpoint import AsyncCheckpointer
+
+    uploading = {10}
+    checkpointer = AsyncCheckpointer(tmp_path, keep_last=1, in_use=lambda: set(uploading))
+    for step in (10, 20, 30):
+        checkpointer.save(CheckpointManifest(step, "run", "cfg", {}), {"step": step}, protect=set(), blocking=True)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000030", "step-00000010"]
+    uploading.clear()  # its upload ended
+    checkpointer.save(CheckpointManifest(40, "run", "cfg", {}), {"step": 40}, protect=set(), blocking=True)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000040"]

@@ -307,3 +307,4 @@ def test_a_checkpoint_manifest_on_s3_naming_a_path_outside_is_refused(s3_bucket,
         assert restore_newer_checkpoint(root, ckpt_rel, ckpt_dir) is None
     assert not list(tmp_path.rglob("escaped.txt"))
     assert "outside the checkpoint" in caplog.text
+
