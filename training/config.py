@@ -396,6 +396,10 @@ class StorageConfig(_Section):
     connect_timeout_s: float = Field(5.0, gt=0, description="S3 connect timeout per attempt.")
     read_timeout_s: float = Field(30.0, gt=0, description="S3 read timeout per attempt.")
     max_attempts: int = Field(5, ge=1, le=20, description="Attempts per S3 request, with exponential backoff.")
+    heartbeat_seconds: float = Field(
+        30.0, gt=0, description="How often a run on an s3:// root records its step on S3, so a resume on a fresh "
+        "machine counts the work lost to within this interval. One small PUT each time."
+    )
     lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
 
     @field_validator("root")

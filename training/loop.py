@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import os
-import struct
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from training.early_stopping import EarlyStopping
 from training.checkpoint_upload import CheckpointUploader, restore_newer_checkpoint
 from training.errors import CheckpointError, DataError, Preempted, RetrainError, StorageError
 from training.evaluate import meta_sha256, predict_split
+from training.heartbeat import Heartbeat, RemoteHeartbeat
 from training.metrics import log_loss, roc_auc
 from training.model import build_model, weights_sha256
 from training.precision import autocast_dtype, resolve_device, resolve_precision
@@ -173,39 +173,6 @@ class CheckpointSchedule:
         return {"mode": self.mode, "steps": int(self.value) if self.mode == "steps" else None,
                 "seconds": self.interval_seconds(state), "save_cost_seconds": state.save_cost_seconds,
                 "mean_seconds_between_preemptions": self.mtbp if self.mode == "auto" else None}
-
-
-class _Heartbeat:
-    """The highest step reached and the train seconds at that point, overwritten in place each
-    step (one pwrite, no fsync): after a hard kill it tells the next attempt how much was lost."""
-
-    _FMT = "<qd"
-
-    def __init__(self, path: Path) -> None:
-        import fcntl
-
-        self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            # Held while training (the kernel frees it when the process dies): the heartbeat
-            # read at start-up is then always a dead attempt's, never a live process's. A POSIX
-            # record lock, not flock: it conflicts only with other processes, so a second
-            # train() in this process (after an error left the first's descriptor open) is fine.
-            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # EACCES or EAGAIN: another process holds it
-            os.close(self._fd)
-            raise StorageError(f"run folder {path.parent} is being trained by another live process right now; "
-                               "two processes must not train one run: wait for it to finish") from None
-
-    def read(self) -> tuple[int, float] | None:
-        data = os.pread(self._fd, struct.calcsize(self._FMT), 0)
-        return struct.unpack(self._FMT, data) if len(data) == struct.calcsize(self._FMT) else None
-
-    def write(self, step: int, seconds: float) -> None:
-        os.pwrite(self._fd, struct.pack(self._FMT, step, seconds), 0)
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 class Budget:
@@ -418,7 +385,10 @@ def train(
     stopper = EarlyStopping(tc.patience, tc.min_delta)
     state = RunState()
     run_dir.mkdir(parents=True, exist_ok=True)
-    heartbeat = _Heartbeat(run_dir / ("heartbeat.bin" if rank == 0 else f"heartbeat-rank{rank}.bin"))
+    remote_beat = None
+    if root is not None and rank == 0:
+        remote_beat = RemoteHeartbeat(root, job.run_rel, job.run_key, config.storage.heartbeat_seconds)
+    heartbeat = Heartbeat(run_dir / ("heartbeat.bin" if rank == 0 else f"heartbeat-rank{rank}.bin"), remote_beat)
     uploader = None
     if root is not None:
         # A fresh machine: the ledger and the newest complete checkpoint come from S3, fetched
@@ -455,8 +425,8 @@ def train(
         restore_rng(per_rank[rank] if per_rank is not None and len(per_rank) == world_size else saved["rng"])
         resumed_step = state.step
         beat = heartbeat.read()
-        if beat is not None and beat[0] > state.step:
-            steps_lost, seconds_lost = beat[0] - state.step, max(0.0, beat[1] - state.seconds["train"])
+        if beat is not None and beat.step > state.step:
+            steps_lost, seconds_lost = beat.step - state.step, max(0.0, beat.train_seconds - state.seconds["train"])
         log.info("resuming from %s (step %d)", path.name, state.step)
         emit({"event": "resumed", "step": state.step, "checkpoint": str(path)})
     else:
@@ -465,10 +435,10 @@ def train(
         if job.init_weights is not None:
             _warm_start(model, Path(job.init_weights), job.init_sha256)
         beat = heartbeat.read()
-        if beat is not None and beat[0] > 0:
+        if beat is not None and beat.step > 0:
             # An earlier attempt died before its first checkpoint: all of it was lost.
-            resumed_step, steps_lost, seconds_lost = 0, beat[0], beat[1]
-    heartbeat.write(state.step, state.seconds["train"])  # counted once, even if we die before step 1
+            resumed_step, steps_lost, seconds_lost = 0, beat.step, beat.train_seconds
+    heartbeat.start(state.step, state.seconds["train"])
     # The preemption accounting goes to a durable per-run ledger now, not only into the next
     # checkpoint: an attempt that dies before its first checkpoint must not take its record along.
     entry = {"resumed_from": resumed_step, "steps_lost": steps_lost, "seconds_lost": seconds_lost,

@@ -239,8 +239,12 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     s3_bucket, s3_server, fault_proxy, demo_source, tmp_path
 ):
     """SIGKILL while a checkpoint's manifest upload is in flight; a second machine resumes from
-    the last complete checkpoint on S3 and ends bit-identical to an uninterrupted run."""
+    the last complete checkpoint on S3, ends bit-identical to an uninterrupted run, and counts
+    the work the first machine lost past that checkpoint (from the heartbeat on S3)."""
+    import json
+    import struct
     import threading
+    import time
 
     from tests.training.helpers import make_job
     from training.errors import Preempted
@@ -250,9 +254,19 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     reference = run_training_process(make_job(load_config(overrides=base)))
 
     def config_for(machine: str):
-        return load_config(overrides=base + s3_overrides(s3_bucket, fault_proxy.url, tmp_path / machine))
+        return load_config(overrides=base + s3_overrides(s3_bucket, fault_proxy.url, tmp_path / machine)
+                           + ["storage.heartbeat_seconds=0.1"])
 
     job = make_job(config_for("machine-a"))
+    raw = boto3.client("s3", endpoint_url=s3_server)
+    published: list[int] = []
+
+    def remote_step() -> int:
+        try:
+            body = raw.get_object(Bucket=s3_bucket, Key=f"team/retrain/{job.run_rel}/heartbeat.json")["Body"].read()
+        except raw.exceptions.NoSuchKey:
+            return -1
+        return json.loads(body)["step"]
     # Let the step-10 checkpoint through; hold the manifest of any later one on the wire.
     fault_proxy.hold = lambda method, path: (method == "PUT" and "/checkpoints/step-" in path
                                              and path.endswith("manifest.json") and "step-00000010/" not in path)
@@ -260,12 +274,19 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     def kill_when_held(proc):
         def watch():
             if fault_proxy.held.wait(120):
+                # Past the last complete checkpoint (10) on S3's heartbeat too: that is the
+                # work a fresh machine must count as lost.
+                deadline = time.time() + 60
+                while remote_step() <= 10 and time.time() < deadline:
+                    time.sleep(0.05)
+                published.append(remote_step())
                 proc.kill()
         threading.Thread(target=watch, daemon=True).start()
 
     with pytest.raises(Preempted):
         run_training_process(job, on_start=kill_when_held)
     fault_proxy.release()
+    reached = struct.unpack("<qd", (Path(job.run_dir) / "heartbeat.bin").read_bytes())[0]  # machine A's truth
 
     root = StorageRoot.from_config(config_for("machine-a"))
     remote = root.remote_checkpoints(f"{job.run_rel}/checkpoints")
@@ -278,6 +299,9 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     result = run_training_process(job_b, on_event=events.append)
     assert [e["step"] for e in events if e["event"] == "resumed"] == [10]
     assert result["model"]["sha256"] == reference["model"]["sha256"]
+    # Lost: what A did past step 10, to within one heartbeat interval (its last publish).
+    assert published[0] > 10
+    assert published[0] - 10 <= result["steps_lost"] <= reached - 10
     remote = root.remote_checkpoints(f"{job.run_rel}/checkpoints")
     assert remote and all("manifest.json" in files for files in remote.values())  # the torn one is gone
     assert root.remote.head(f"{job.run_rel}/result.json") is not None
