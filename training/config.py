@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from training.errors import ConfigError
+from training.prices import DEFAULT_PRICES, DEFAULT_STORAGE_PRICES
 
 __all__ = [
     "CostConfig",
@@ -259,18 +260,6 @@ class InstancePrice(_Section):
     )
 
 
-# Public list prices, quoted 2026-11 (check your provider and region; override any entry in YAML):
-# - p4d.24xlarge (8x A100 40 GB): AWS on-demand $32.77/h (us-east-1 list price); spot about
-#   $9.83/h (a quote that varies by zone and hour).
-# - one A100: about $3.21/h per GPU on-demand (cloud list prices for 1x A100 40 GB instances).
-# - local-cpu: your own machine, no marginal compute bill.
-DEFAULT_PRICES: dict[str, dict[str, Any]] = {
-    "local-cpu": {"gpus": 0, "on_demand_per_hour": 0.0, "spot_per_hour": 0.0},
-    "a100-1x": {"gpus": 1, "on_demand_per_hour": 3.21},
-    "p4d.24xlarge": {"gpus": 8, "on_demand_per_hour": 32.77, "spot_per_hour": 9.83},
-}
-# AWS S3 list prices per GB-month, us-east-1, quoted 2026-11: Standard, Standard-IA, Glacier IR.
-DEFAULT_STORAGE_PRICES = {"STANDARD": 0.023, "STANDARD_IA": 0.0125, "GLACIER_IR": 0.004}
 
 
 class CostConfig(_Section):

@@ -83,10 +83,32 @@ def test_plan_inflates_spot_by_expected_preemptions() -> None:
     assert row.expected_preemptions == pytest.approx(10 / 0.96 / 5)
 
 
-def test_price_table_entries_merge_and_are_validated() -> None:
+def test_price_table_entries_merge_and_are_validated(tmp_path) -> None:
+    import yaml
+
     config = load_config(overrides=["cost.instance_type=p4d.24xlarge", "cost.market=spot"])
-    assert config.cost.rate() == (9.83, 8)
+    assert config.cost.rate() == (6.7915, 8)
     with pytest.raises(ConfigError, match="no entry in cost.prices"):
         load_config(overrides=["cost.instance_type=nope"])
+    mine = {"cost": {"instance_type": "my-a100", "market": "spot",
+                     "prices": {"my-a100": {"gpus": 1, "on_demand_per_hour": 3.0}}}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(mine))
     with pytest.raises(ConfigError, match="spot_per_hour is empty"):
-        load_config(overrides=["cost.instance_type=a100-1x", "cost.market=spot"])
+        load_config(path)
+    # A user entry is merged over the shipped table, which keeps its other entries.
+    mine["cost"]["market"] = "on_demand"
+    path.write_text(yaml.safe_dump(mine))
+    config = load_config(path)
+    assert config.cost.rate() == (3.0, 1) and "p5.48xlarge" in config.cost.prices
+
+
+def test_shipped_price_table_is_sourced_and_sane() -> None:
+    from training.prices import DEFAULT_PRICES, PRICE_SOURCE
+
+    assert "skypilot-catalog" in PRICE_SOURCE and "2026" in PRICE_SOURCE
+    for name, entry in DEFAULT_PRICES.items():
+        if name == "local-cpu":
+            continue
+        # Spot below on-demand, and a GPU count for every cloud instance.
+        assert entry["gpus"] >= 1 and 0 < entry["spot_per_hour"] < entry["on_demand_per_hour"], name

@@ -1,0 +1,39 @@
+"""The shipped price table: what `retrain plan` compares and what a run's bill is priced at.
+
+Source, for every cloud instance below: SkyPilot's catalog, which its maintainers regenerate
+from the AWS Price List API and EC2's spot price history
+(github.com/skypilot-org/skypilot-catalog, `catalogs/v7/aws/vms.csv` at commit
+001367d22a0033fac286a8c71aeac7109e431bcb, read 2026-11-23). Region us-east-1, Linux:
+
+- `on_demand_per_hour`: the list price of the whole instance;
+- `spot_per_hour`: the median over the region's availability zones of the spot price captured
+  in that commit (spot prices move by zone and hour: the zones spanned, e.g. p4d.24xlarge
+  $5.09-$9.61/h and p5.48xlarge $20.99-$30.33/h).
+
+Only AWS is shipped: the same catalog prices GCP GPUs apart from their host VM, and Azure's was
+not read here. Add any instance type, cloud or region of yours in `cost.prices` (YAML); your
+entries are merged over these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["DEFAULT_PRICES", "DEFAULT_STORAGE_PRICES", "PRICE_SOURCE"]
+
+PRICE_SOURCE = "skypilot-catalog catalogs/v7/aws/vms.csv @ 001367d (read 2026-11-23), us-east-1"
+
+DEFAULT_PRICES: dict[str, dict[str, Any]] = {
+    # Your own machine: no marginal compute bill.
+    "local-cpu": {"gpus": 0, "on_demand_per_hour": 0.0, "spot_per_hour": 0.0},
+    "g4dn.xlarge": {"gpus": 1, "on_demand_per_hour": 0.526, "spot_per_hour": 0.1869},  # 1x T4 16 GB
+    "g5.xlarge": {"gpus": 1, "on_demand_per_hour": 1.006, "spot_per_hour": 0.4028},  # 1x A10G 24 GB
+    "g5.12xlarge": {"gpus": 4, "on_demand_per_hour": 5.672, "spot_per_hour": 2.5445},  # 4x A10G
+    "p3.2xlarge": {"gpus": 1, "on_demand_per_hour": 3.06, "spot_per_hour": 0.6929},  # 1x V100 16 GB
+    "p3.8xlarge": {"gpus": 4, "on_demand_per_hour": 12.24, "spot_per_hour": 1.936},  # 4x V100
+    "p4d.24xlarge": {"gpus": 8, "on_demand_per_hour": 32.7726, "spot_per_hour": 6.7915},  # 8x A100 40 GB
+    "p5.48xlarge": {"gpus": 8, "on_demand_per_hour": 98.32, "spot_per_hour": 26.7861},  # 8x H100 80 GB
+}
+
+# AWS S3 list prices per GB-month, us-east-1: Standard, Standard-IA, Glacier Instant Retrieval.
+DEFAULT_STORAGE_PRICES = {"STANDARD": 0.023, "STANDARD_IA": 0.0125, "GLACIER_IR": 0.004}
