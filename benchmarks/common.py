@@ -44,14 +44,14 @@ def demo_parquet(work: Path, rows: int) -> Path:
 def train_job(work: Path, name: str, overrides: list[str]):
     """A packed, preprocessed training job under `work`, as the flow would build it."""
     from training.config import load_config
-    from training.loop import TrainJob
+    from training.job import TrainJob
     from training.stages import pack_stage, preprocess_stage, run_key_for
 
     config = load_config(overrides=[f"storage.root={work}", *overrides])
     packed = pack_stage(config)
     prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(), str(work))
     return TrainJob(run_key_for(config, packed["fingerprint"]), str(work / "runs" / name), packed["dataset_dir"],
-                    prep["stats_path"], config.model_dump(mode="json"))
+                    prep["stats_path"], config)
 
 
 def signal_at_step(run_dir: str, step: int, sig: int):

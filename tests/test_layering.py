@@ -54,3 +54,15 @@ def test_training_runs_without_prefect_importable() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("module", ["training.job", "training.attempts", "training.launch"])
+def test_the_job_description_and_the_launcher_do_not_import_torch(module: str) -> None:
+    """The launcher and whoever reads a job must not pay for the training loop's imports."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

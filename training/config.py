@@ -43,30 +43,59 @@ DEMO_NUMERIC = ["price", "discount", "rating", "reviews_log", "position", "dwell
 DEMO_CATEGORICAL = ["category", "device", "region", "brand"]
 
 
+# Every field of every section says whether it is part of what a run computes (COMPUTED: it
+# feeds the content address of the dataset, the preprocessing or the run) or only of how it is
+# executed, billed or stored (OPERATIONAL: a change never invalidates finished work). The
+# fingerprints are derived from these marks (`fingerprinted`), and a test fails on a field
+# without one, so a new field cannot silently join or leave a run key.
+COMPUTED: dict[str, Any] = {"fingerprint": True}
+OPERATIONAL: dict[str, Any] = {"fingerprint": False}
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def is_computed(section: type[BaseModel], name: str) -> bool:
+    """The field's mark; a field without one is a bug (see COMPUTED above)."""
+    extra = section.model_fields[name].json_schema_extra
+    if not isinstance(extra, dict) or not isinstance(extra.get("fingerprint"), bool):
+        raise TypeError(f"{section.__name__}.{name} is not marked COMPUTED or OPERATIONAL")
+    return bool(extra["fingerprint"])
+
+
+def fingerprinted(section: BaseModel) -> dict[str, Any]:
+    """The section's COMPUTED fields as JSON, nested sections reduced the same way."""
+    view: dict[str, Any] = {}
+    for name in type(section).model_fields:
+        if not is_computed(type(section), name):
+            continue
+        value = getattr(section, name)
+        view[name] = fingerprinted(value) if isinstance(value, BaseModel) else (
+            section.model_dump(mode="json", include={name})[name])
+    return view
 
 
 class DataConfig(_Section):
     source: str | None = Field(
         None,
         description="Parquet file or directory of Parquet files. Empty: the built-in synthetic "
-        "click-through demo dataset, generated once under <storage.root>/demo/.",
+        "click-through demo dataset, generated once under <storage.root>/demo/.", json_schema_extra=OPERATIONAL
     )
-    label: str = Field("clicked", description="Label column; values must be 0 or 1.")
-    numeric: list[str] = Field(default_factory=lambda: list(DEMO_NUMERIC), description="Numeric feature columns.")
+    label: str = Field("clicked", description="Label column; values must be 0 or 1.", json_schema_extra=COMPUTED)
+    numeric: list[str] = Field(default_factory=lambda: list(DEMO_NUMERIC), description="Numeric feature columns.", json_schema_extra=COMPUTED)
     categorical: list[str] = Field(
-        default_factory=lambda: list(DEMO_CATEGORICAL), description="Categorical feature columns (any type)."
+        default_factory=lambda: list(DEMO_CATEGORICAL), description="Categorical feature columns (any type).", json_schema_extra=COMPUTED
     )
-    validation_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the validation split.")
-    test_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the test split.")
-    split_seed: int = Field(0, description="Seed of the deterministic row-to-split assignment.")
-    rows_per_member: int = Field(4096, gt=0, description="Rows per tar member (micro-batch) in a shard.")
-    shard_size_mb: float = Field(16.0, gt=0, description="Target shard size in MB, tar headers counted.")
+    validation_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the validation split.", json_schema_extra=COMPUTED)
+    test_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the test split.", json_schema_extra=COMPUTED)
+    split_seed: int = Field(0, description="Seed of the deterministic row-to-split assignment.", json_schema_extra=COMPUTED)
+    rows_per_member: int = Field(4096, gt=0, description="Rows per tar member (micro-batch) in a shard.", json_schema_extra=COMPUTED)
+    shard_size_mb: float = Field(16.0, gt=0, description="Target shard size in MB, tar headers counted.", json_schema_extra=COMPUTED)
     pack_parts: int = Field(
         8, ge=1, le=4096,
         description="Packing fans out over at most this many parts (runs of Parquet row groups), one task each; "
-        "the shards are byte-identical for any value.",
+        "the shards are byte-identical for any value.", json_schema_extra=OPERATIONAL
     )
 
     @model_validator(mode="after")
@@ -81,20 +110,20 @@ class DataConfig(_Section):
 
 
 class PreprocessConfig(_Section):
-    max_vocab: int = Field(1000, gt=0, description="Most frequent categories kept per column; others share one bucket.")
-    min_count: int = Field(1, gt=0, description="Categories seen fewer times in the train split are treated as unknown.")
+    max_vocab: int = Field(1000, gt=0, description="Most frequent categories kept per column; others share one bucket.", json_schema_extra=COMPUTED)
+    min_count: int = Field(1, gt=0, description="Categories seen fewer times in the train split are treated as unknown.", json_schema_extra=COMPUTED)
 
 
 class ModelConfig(_Section):
     factory: str | None = Field(
         None,
         description='User model as "package.module:function" called with (n_numeric, cardinalities, config); '
-        "empty: the built-in MLP with categorical embeddings.",
+        "empty: the built-in MLP with categorical embeddings.", json_schema_extra=COMPUTED
     )
-    hidden: list[int] = Field(default_factory=lambda: [128, 64], description="Hidden layer widths of the MLP.")
-    embedding_dim: int = Field(16, gt=0, description="Embedding width per categorical column.")
-    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each hidden layer.")
-    gradient_checkpointing: bool = Field(False, description="Recompute hidden activations in backward to save memory.")
+    hidden: list[int] = Field(default_factory=lambda: [128, 64], description="Hidden layer widths of the MLP.", json_schema_extra=COMPUTED)
+    embedding_dim: int = Field(16, gt=0, description="Embedding width per categorical column.", json_schema_extra=COMPUTED)
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each hidden layer.", json_schema_extra=COMPUTED)
+    gradient_checkpointing: bool = Field(False, description="Recompute hidden activations in backward to save memory.", json_schema_extra=OPERATIONAL)
 
     @field_validator("hidden")
     @classmethod
@@ -112,76 +141,76 @@ class ModelConfig(_Section):
 
 
 class TrainConfig(_Section):
-    max_steps: int = Field(2000, gt=0, description="Optimizer steps at most.")
+    max_steps: int = Field(2000, gt=0, description="Optimizer steps at most.", json_schema_extra=COMPUTED)
     init_from: Literal["none", "champion"] = Field(
         "none",
         description="champion: warm-start from the current champion when its architecture and feature "
-        "columns match (it then keeps the champion's preprocessing); otherwise a fresh start.",
+        "columns match (it then keeps the champion's preprocessing); otherwise a fresh start.", json_schema_extra=COMPUTED
     )
     batch_size: int = Field(
-        512, gt=0, description="Rows per micro-batch, across all processes: each of N processes takes batch_size/N."
+        512, gt=0, description="Rows per micro-batch, across all processes: each of N processes takes batch_size/N.", json_schema_extra=COMPUTED
     )
-    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.")
-    lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW.")
+    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.", json_schema_extra=COMPUTED)
+    lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW.", json_schema_extra=COMPUTED)
     lr_reference_batch: int | None = Field(
         None, gt=0, description="Linear scaling rule: lr is the peak rate at this effective batch, and a run with "
-        "another effective batch (batch_size x grad_accum) uses lr x effective / lr_reference_batch, after warmup."
+        "another effective batch (batch_size x grad_accum) uses lr x effective / lr_reference_batch, after warmup.", json_schema_extra=COMPUTED
     )
-    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(50, ge=0, description="Linear warmup steps, then cosine decay to 10% of lr.")
-    grad_clip: float = Field(1.0, ge=0, description="Max gradient norm; 0 disables clipping.")
+    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.", json_schema_extra=COMPUTED)
+    warmup_steps: int = Field(50, ge=0, description="Linear warmup steps, then cosine decay to 10% of lr.", json_schema_extra=COMPUTED)
+    grad_clip: float = Field(1.0, ge=0, description="Max gradient norm; 0 disables clipping.", json_schema_extra=COMPUTED)
     precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="auto: bf16 on CUDA GPUs that support it, fp16 on older GPUs, fp32 on CPU."
+        "auto", description="auto: bf16 on CUDA GPUs that support it, fp16 on older GPUs, fp32 on CPU.", json_schema_extra=OPERATIONAL
     )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.")
-    eval_every: int = Field(200, gt=0, description="Validate every N optimizer steps.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.", json_schema_extra=OPERATIONAL)
+    eval_every: int = Field(200, gt=0, description="Validate every N optimizer steps.", json_schema_extra=COMPUTED)
     checkpoint_every: int | str = Field(
         200,
         description='Checkpoint interval: N optimizer steps (200), seconds of training ("90s"), or "auto" '
-        "for the Young/Daly optimum sqrt(2 x measured save cost x mean_seconds_between_preemptions).",
+        "for the Young/Daly optimum sqrt(2 x measured save cost x mean_seconds_between_preemptions).", json_schema_extra=OPERATIONAL
     )
     mean_seconds_between_preemptions: float = Field(
-        7200.0, gt=0, description='Expected seconds between preemptions; used by checkpoint_every="auto".'
+        7200.0, gt=0, description='Expected seconds between preemptions; used by checkpoint_every="auto".', json_schema_extra=OPERATIONAL
     )
-    keep_last: int = Field(2, gt=0, description="Checkpoints kept besides the best one.")
-    patience: int = Field(5, ge=0, description="Validations without improvement before early stop; 0 disables.")
-    min_delta: float = Field(1e-4, ge=0, description="Smallest validation AUC gain that counts as improvement.")
-    seed: int = Field(0, description="Seed of model init, data order and dropout.")
-    deterministic: bool = Field(True, description="Deterministic kernels, so a resumed run is bit-identical.")
+    keep_last: int = Field(2, gt=0, description="Checkpoints kept besides the best one.", json_schema_extra=OPERATIONAL)
+    patience: int = Field(5, ge=0, description="Validations without improvement before early stop; 0 disables.", json_schema_extra=COMPUTED)
+    min_delta: float = Field(1e-4, ge=0, description="Smallest validation AUC gain that counts as improvement.", json_schema_extra=COMPUTED)
+    seed: int = Field(0, description="Seed of model init, data order and dropout.", json_schema_extra=COMPUTED)
+    deterministic: bool = Field(True, description="Deterministic kernels, so a resumed run is bit-identical.", json_schema_extra=COMPUTED)
     num_workers: int | Literal["auto"] = Field(
-        "auto", description='DataLoader worker processes, or "auto": chosen at start from the measured data stall.'
+        "auto", description='DataLoader worker processes, or "auto": chosen at start from the measured data stall.', json_schema_extra=OPERATIONAL
     )
     loader_cache_mb: float = Field(
         512.0, ge=0, description="RAM for transformed train shards kept from one epoch to the next, per process "
-        "(shared out among DataLoader workers and a node's ranks); shards beyond it are read and transformed again."
+        "(shared out among DataLoader workers and a node's ranks); shards beyond it are read and transformed again.", json_schema_extra=OPERATIONAL
     )
     auto_batch_size: bool = Field(
         False, description="At start, find the largest micro-batch that fits accelerator memory; grad_accum keeps "
-        "the effective batch (batch_size x grad_accum) and so the learning rate as configured."
+        "the effective batch (batch_size x grad_accum) and so the learning rate as configured.", json_schema_extra=OPERATIONAL
     )
-    memory_fraction: float = Field(0.9, gt=0, le=1, description="Share of accelerator memory auto_batch_size may plan for.")
+    memory_fraction: float = Field(0.9, gt=0, le=1, description="Share of accelerator memory auto_batch_size may plan for.", json_schema_extra=OPERATIONAL)
     simulated_memory_mb: float | None = Field(
-        None, gt=0, description="Accelerator memory to plan for where there is none to measure (CPU runs, tests)."
+        None, gt=0, description="Accelerator memory to plan for where there is none to measure (CPU runs, tests).", json_schema_extra=OPERATIONAL
     )
-    compile: bool = Field(False, description="Run the model through torch.compile (one-time warm-up kept out of the timings).")
-    profile: bool = Field(False, description="Record a short torch.profiler trace into the run folder; top ops in the report.")
+    compile: bool = Field(False, description="Run the model through torch.compile (one-time warm-up kept out of the timings).", json_schema_extra=OPERATIONAL)
+    profile: bool = Field(False, description="Record a short torch.profiler trace into the run folder; top ops in the report.", json_schema_extra=OPERATIONAL)
     spot_notice_url: str | None = Field(
         None,
         description="Spot-interruption notice URL to poll (off when empty), e.g. "
-        "http://169.254.169.254/latest/meta-data/spot/instance-action on AWS.",
+        "http://169.254.169.254/latest/meta-data/spot/instance-action on AWS.", json_schema_extra=OPERATIONAL
     )
-    spot_poll_seconds: float = Field(5.0, gt=0, description="Seconds between spot-notice polls.")
-    max_retries: int = Field(3, ge=0, description="Times the train task is retried after a preemption.")
-    retry_delay_seconds: float = Field(10.0, ge=0, description="First retry delay; doubles each retry.")
-    nproc_per_node: int = Field(1, ge=1, description="Training processes per node; above 1 the loop runs under torchrun with DDP.")
-    nnodes: int = Field(1, ge=1, description="Nodes of a multi-node run (each runs this task with the same rdzv settings).")
+    spot_poll_seconds: float = Field(5.0, gt=0, description="Seconds between spot-notice polls.", json_schema_extra=OPERATIONAL)
+    max_retries: int = Field(3, ge=0, description="Times the train task is retried after a preemption.", json_schema_extra=OPERATIONAL)
+    retry_delay_seconds: float = Field(10.0, ge=0, description="First retry delay; doubles each retry.", json_schema_extra=OPERATIONAL)
+    nproc_per_node: int = Field(1, ge=1, description="Training processes per node; above 1 the loop runs under torchrun with DDP.", json_schema_extra=OPERATIONAL)
+    nnodes: int = Field(1, ge=1, description="Nodes of a multi-node run (each runs this task with the same rdzv settings).", json_schema_extra=OPERATIONAL)
     rdzv_endpoint: str | None = Field(
         None, description="host:port of the rendezvous for nnodes > 1 (e.g. a Kubernetes headless service); "
-        "single-node runs use 127.0.0.1."
+        "single-node runs use 127.0.0.1.", json_schema_extra=OPERATIONAL
     )
-    rdzv_id: str | None = Field(None, description="Rendezvous id; empty: the run key.")
-    ddp_bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).")
-    ddp_timeout_s: float = Field(300.0, gt=0, description="Collective timeout: a hung rank fails the job after this.")
+    rdzv_id: str | None = Field(None, description="Rendezvous id; empty: the run key.", json_schema_extra=OPERATIONAL)
+    ddp_bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).", json_schema_extra=OPERATIONAL)
+    ddp_timeout_s: float = Field(300.0, gt=0, description="Collective timeout: a hung rank fails the job after this.", json_schema_extra=OPERATIONAL)
 
     @field_validator("num_workers")
     @classmethod
@@ -247,41 +276,41 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    target_auc: float | None = Field(None, gt=0, le=1, description="Test AUC a model must reach to be promoted.")
-    min_delta: float = Field(0.0, ge=0, description="Test AUC the challenger must gain over the champion.")
+    target_auc: float | None = Field(None, gt=0, le=1, description="Test AUC a model must reach to be promoted.", json_schema_extra=OPERATIONAL)
+    min_delta: float = Field(0.0, ge=0, description="Test AUC the challenger must gain over the champion.", json_schema_extra=OPERATIONAL)
 
 
 class InstancePrice(_Section):
-    gpus: int = Field(0, ge=0, description="Accelerators on the instance.")
-    on_demand_per_hour: float = Field(ge=0, description="On-demand $/h for the whole instance.")
-    spot_per_hour: float | None = Field(None, ge=0, description="Spot $/h for the whole instance; empty: not offered.")
+    gpus: int = Field(0, ge=0, description="Accelerators on the instance.", json_schema_extra=OPERATIONAL)
+    on_demand_per_hour: float = Field(ge=0, description="On-demand $/h for the whole instance.", json_schema_extra=OPERATIONAL)
+    spot_per_hour: float | None = Field(None, ge=0, description="Spot $/h for the whole instance; empty: not offered.", json_schema_extra=OPERATIONAL)
     relative_speed: float = Field(
-        1.0, gt=0, description="Training throughput relative to the machine `retrain plan` calibrates on."
+        1.0, gt=0, description="Training throughput relative to the machine `retrain plan` calibrates on.", json_schema_extra=OPERATIONAL
     )
 
 
 
 
 class CostConfig(_Section):
-    instance_type: str = Field("local-cpu", description="The instance type this run runs on (a key of cost.prices).")
-    market: Literal["on_demand", "spot"] = Field("on_demand", description="Market this run is billed on.")
+    instance_type: str = Field("local-cpu", description="The instance type this run runs on (a key of cost.prices).", json_schema_extra=OPERATIONAL)
+    market: Literal["on_demand", "spot"] = Field("on_demand", description="Market this run is billed on.", json_schema_extra=OPERATIONAL)
     prices: dict[str, InstancePrice] = Field(
         default_factory=lambda: {k: InstancePrice(**v) for k, v in DEFAULT_PRICES.items()},
-        description="Instance type -> GPUs and $/h; entries given here are merged over the defaults.",
+        description="Instance type -> GPUs and $/h; entries given here are merged over the defaults.", json_schema_extra=OPERATIONAL
     )
     storage_per_gb_month: dict[str, float] = Field(
-        default_factory=lambda: dict(DEFAULT_STORAGE_PRICES), description="$/GB-month per storage class."
+        default_factory=lambda: dict(DEFAULT_STORAGE_PRICES), description="$/GB-month per storage class.", json_schema_extra=OPERATIONAL
     )
     storage_class: dict[str, str] = Field(
         default_factory=lambda: {"shards": "STANDARD", "checkpoints": "STANDARD", "models": "STANDARD"},
-        description="Storage class per object class (shards, checkpoints, models).",
+        description="Storage class per object class (shards, checkpoints, models).", json_schema_extra=OPERATIONAL
     )
     retention_days: dict[str, float] = Field(
         default_factory=lambda: {"shards": 30.0, "checkpoints": 7.0, "models": 365.0},
-        description="Days each object class is kept, for the storage estimate.",
+        description="Days each object class is kept, for the storage estimate.", json_schema_extra=OPERATIONAL
     )
     tags: dict[str, str] = Field(
-        default_factory=dict, description="Cost-allocation tags (e.g. team, project, owner) for the report and objects."
+        default_factory=dict, description="Cost-allocation tags (e.g. team, project, owner) for the report and objects.", json_schema_extra=OPERATIONAL
     )
 
     @field_validator("prices", mode="before")
@@ -333,11 +362,11 @@ class CostConfig(_Section):
 
 
 class BudgetConfig(_Section):
-    max_usd: float | None = Field(None, gt=0, description="Stop training before the run's bill would exceed this.")
-    max_gpu_hours: float | None = Field(None, gt=0, description="Stop training before GPU-hours would exceed this.")
-    max_wall_seconds: float | None = Field(None, gt=0, description="Stop training before the run's wall time would exceed this.")
+    max_usd: float | None = Field(None, gt=0, description="Stop training before the run's bill would exceed this.", json_schema_extra=OPERATIONAL)
+    max_gpu_hours: float | None = Field(None, gt=0, description="Stop training before GPU-hours would exceed this.", json_schema_extra=OPERATIONAL)
+    max_wall_seconds: float | None = Field(None, gt=0, description="Stop training before the run's wall time would exceed this.", json_schema_extra=OPERATIONAL)
     champion_gate: bool = Field(
-        False, description="Stop early when the validation AUC's trend cannot reach the champion's plus eval.min_delta."
+        False, description="Stop early when the validation AUC's trend cannot reach the champion's plus eval.min_delta.", json_schema_extra=OPERATIONAL
     )
 
 
@@ -346,12 +375,12 @@ TRANSITION_CLASSES = ("STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACI
 
 
 class LifecycleConfig(_Section):
-    manage: bool = Field(True, description="Ensure the bucket's lifecycle rules for this root (merged, idempotent).")
-    checkpoint_transition_days: int = Field(7, ge=1, description="Days until checkpoints move to a colder class.")
-    checkpoint_storage_class: str = Field("GLACIER_IR", description="The colder class checkpoints move to.")
-    checkpoint_expire_days: int = Field(30, ge=1, description="Days until checkpoints are deleted.")
-    shard_cache_expire_days: int = Field(30, ge=1, description="Days until packed shards (rebuildable) are deleted.")
-    abort_multipart_days: int = Field(1, ge=1, description="Days until an unfinished multipart upload is aborted.")
+    manage: bool = Field(True, description="Ensure the bucket's lifecycle rules for this root (merged, idempotent).", json_schema_extra=OPERATIONAL)
+    checkpoint_transition_days: int = Field(7, ge=1, description="Days until checkpoints move to a colder class.", json_schema_extra=OPERATIONAL)
+    checkpoint_storage_class: str = Field("GLACIER_IR", description="The colder class checkpoints move to.", json_schema_extra=OPERATIONAL)
+    checkpoint_expire_days: int = Field(30, ge=1, description="Days until checkpoints are deleted.", json_schema_extra=OPERATIONAL)
+    shard_cache_expire_days: int = Field(30, ge=1, description="Days until packed shards (rebuildable) are deleted.", json_schema_extra=OPERATIONAL)
+    abort_multipart_days: int = Field(1, ge=1, description="Days until an unfinished multipart upload is aborted.", json_schema_extra=OPERATIONAL)
 
     @model_validator(mode="after")
     def _order(self) -> LifecycleConfig:
@@ -369,27 +398,27 @@ class LifecycleConfig(_Section):
 
 
 class StorageConfig(_Section):
-    root: str = Field(".retrain", description="Root of datasets, caches, runs and models: a folder or s3://bucket/prefix.")
+    root: str = Field(".retrain", description="Root of datasets, caches, runs and models: a folder or s3://bucket/prefix.", json_schema_extra=OPERATIONAL)
     endpoint_url: str | None = Field(
-        None, description="S3-compatible endpoint (MinIO, R2, Ceph). Empty: AWS_ENDPOINT_URL, else AWS S3."
+        None, description="S3-compatible endpoint (MinIO, R2, Ceph). Empty: AWS_ENDPOINT_URL, else AWS S3.", json_schema_extra=OPERATIONAL
     )
-    region: str | None = Field(None, description="S3 region. Empty: the AWS configuration's default.")
+    region: str | None = Field(None, description="S3 region. Empty: the AWS configuration's default.", json_schema_extra=OPERATIONAL)
     credentials_block: str | None = Field(
-        None, description="Name of a Prefect AwsCredentials block. Empty: the standard AWS credential chain."
+        None, description="Name of a Prefect AwsCredentials block. Empty: the standard AWS credential chain.", json_schema_extra=OPERATIONAL
     )
     local_dir: str | None = Field(
-        None, description="Local working copy of an s3:// root. Empty: ~/.cache/retrain/s3/<bucket>/<prefix>."
+        None, description="Local working copy of an s3:// root. Empty: ~/.cache/retrain/s3/<bucket>/<prefix>.", json_schema_extra=OPERATIONAL
     )
-    shard_cache_gb: float = Field(20.0, gt=0, description="Size limit of the local cache of shards read from S3.")
-    multipart_mb: int = Field(64, ge=5, description="Objects above this many MB upload in parts of this size.")
-    connect_timeout_s: float = Field(5.0, gt=0, description="S3 connect timeout per attempt.")
-    read_timeout_s: float = Field(30.0, gt=0, description="S3 read timeout per attempt.")
-    max_attempts: int = Field(5, ge=1, le=20, description="Attempts per S3 request, with exponential backoff.")
+    shard_cache_gb: float = Field(20.0, gt=0, description="Size limit of the local cache of shards read from S3.", json_schema_extra=OPERATIONAL)
+    multipart_mb: int = Field(64, ge=5, description="Objects above this many MB upload in parts of this size.", json_schema_extra=OPERATIONAL)
+    connect_timeout_s: float = Field(5.0, gt=0, description="S3 connect timeout per attempt.", json_schema_extra=OPERATIONAL)
+    read_timeout_s: float = Field(30.0, gt=0, description="S3 read timeout per attempt.", json_schema_extra=OPERATIONAL)
+    max_attempts: int = Field(5, ge=1, le=20, description="Attempts per S3 request, with exponential backoff.", json_schema_extra=OPERATIONAL)
     heartbeat_seconds: float = Field(
         30.0, gt=0, description="How often a run on an s3:// root records its step on S3, so a resume on a fresh "
-        "machine counts the work lost to within this interval. One small PUT each time."
+        "machine counts the work lost to within this interval. One small PUT each time.", json_schema_extra=OPERATIONAL
     )
-    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig)
+    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, json_schema_extra=OPERATIONAL)
 
     @field_validator("root")
     @classmethod
@@ -415,14 +444,14 @@ class StorageConfig(_Section):
 class RetrainConfig(_Section):
     """Everything that defines a retraining run."""
 
-    data: DataConfig = Field(default_factory=DataConfig)
-    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    storage: StorageConfig = Field(default_factory=StorageConfig)
-    cost: CostConfig = Field(default_factory=CostConfig)
-    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    data: DataConfig = Field(default_factory=DataConfig, json_schema_extra=COMPUTED)
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig, json_schema_extra=COMPUTED)
+    model: ModelConfig = Field(default_factory=ModelConfig, json_schema_extra=COMPUTED)
+    train: TrainConfig = Field(default_factory=TrainConfig, json_schema_extra=COMPUTED)
+    eval: EvalConfig = Field(default_factory=EvalConfig, json_schema_extra=OPERATIONAL)
+    storage: StorageConfig = Field(default_factory=StorageConfig, json_schema_extra=OPERATIONAL)
+    cost: CostConfig = Field(default_factory=CostConfig, json_schema_extra=OPERATIONAL)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, json_schema_extra=OPERATIONAL)
 
 
 def fingerprint(*parts: Any) -> str:

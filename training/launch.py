@@ -29,7 +29,8 @@ from typing import Any, Callable
 import training
 from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
-from training.loop import TrainJob, count_attempt
+from training.attempts import count_attempt
+from training.job import TrainJob
 
 __all__ = ["run_training_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
 
@@ -54,8 +55,8 @@ def _free_loopback_port() -> int:
 
 def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: int = 0) -> list[str]:
     worker = ["-m", "training.worker", str(job_path), str(error_path), str(os.getpid())]
-    tc = job.config.get("train", {})
-    nproc, nnodes = int(tc.get("nproc_per_node", 1)), int(tc.get("nnodes", 1))
+    tc = job.config.train
+    nproc, nnodes = tc.nproc_per_node, tc.nnodes
     if nproc * nnodes == 1:
         return [sys.executable, *worker]
     common = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
@@ -63,7 +64,7 @@ def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: i
     if nnodes == 1:
         # One node: the rendezvous and gloo stay on loopback.
         rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_loopback_port()}",
-                      f"--rdzv-id={tc.get('rdzv_id') or job.run_key}"]
+                      f"--rdzv-id={tc.rdzv_id or job.run_key}"]
     else:
         # Static rendezvous with fixed node ranks: the flow's own node is node 0, so global
         # rank 0 (checkpoints, result.json, the model) runs where the flow reads them;
@@ -151,7 +152,7 @@ def run_training_process(
     for stale in error_path.parent.glob(error_path.name + ".rank*"):
         stale.unlink(missing_ok=True)
     env = child_env()
-    if int(job.config.get("train", {}).get("nnodes", 1)) == 1:
+    if job.config.train.nnodes == 1:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
     # Its own process group: when it ends, anything it leaves behind (a DataLoader worker
     # orphaned by a SIGKILL, torchrun's ranks) is killed with the group, not left running.

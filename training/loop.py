@@ -41,6 +41,8 @@ from training.checkpoint_upload import CheckpointUploader, restore_newer_checkpo
 from training.errors import CheckpointError, DataError, Preempted, RetrainError, StorageError
 from training.evaluate import meta_sha256, predict_split
 from training.heartbeat import Heartbeat, RemoteHeartbeat
+from training.attempts import append_attempt, read_attempts
+from training.job import TrainJob, train_fingerprint
 from training.metrics import log_loss, roc_auc
 from training.model import build_model, weights_sha256
 from training.precision import autocast_dtype, resolve_device, resolve_precision
@@ -49,56 +51,12 @@ from training.storage import read_json, write_json_atomic
 from training.storage_root import MODEL, RUN, StorageRoot
 from training.throughput import choose_num_workers, find_micro_batch
 
-__all__ = ["TrainJob", "StopFlag", "train", "train_fingerprint", "EVAL_BATCH_SIZE"]
+__all__ = ["StopFlag", "train", "EVAL_BATCH_SIZE"]
 
 log = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 8192
-# Train-config fields that change how a run is executed, not what it computes.
-_OPERATIONAL = {
-    "num_workers", "max_retries", "retry_delay_seconds", "checkpoint_every", "keep_last", "device",
-    "spot_notice_url", "spot_poll_seconds", "mean_seconds_between_preemptions", "profile",
-    # The global batch is train.batch_size whatever the process count, so a run may resume on
-    # another world size: how many processes compute it is not part of what is computed.
-    "nproc_per_node", "nnodes", "rdzv_endpoint", "rdzv_id", "ddp_bucket_mb", "ddp_timeout_s",
-    # How the effective batch is split into micro-batches, and whether the model is compiled,
-    # change speed and memory, not the rows of each step.
-    "auto_batch_size", "memory_fraction", "simulated_memory_mb", "compile", "loader_cache_mb",
-}
-
-
 _STATUSES = ("completed", "budget_stopped", "early_stopped")
 _STATUS_CODES = {name: i for i, name in enumerate(_STATUSES)}
-
-
-def train_fingerprint(config: RetrainConfig) -> str:
-    return fingerprint(
-        "train", config.model, config.train.model_dump(mode="json", exclude=_OPERATIONAL)
-    )
-
-
-@dataclass
-class TrainJob:
-    """Everything the training process needs; JSON so it can cross a process boundary."""
-
-    run_key: str
-    run_dir: str
-    dataset_dir: str
-    stats_path: str
-    config: dict[str, Any]
-    init_weights: str | None = None  # warm start: weights file of the champion
-    init_sha256: str | None = None  # ... and the sha256 its weights must have
-    rate_per_hour: float = 0.0  # $/h of the machine, for budgets
-    gpus: int = 0
-    pre_train_seconds: float = 0.0  # pack + preprocess time of this run, counted against budgets
-    champion_val_auc: float | None = None  # for the champion gate
-    run_rel: str = ""  # run_dir relative to storage.root: where its objects go on S3
-
-    def save(self, path: Path) -> None:
-        write_json_atomic(path, asdict(self))
-
-    @classmethod
-    def load(cls, path: Path) -> TrainJob:
-        return cls(**json.loads(path.read_text()))
 
 
 class StopFlag:
@@ -281,42 +239,6 @@ def _shutdown_workers(batches: Any) -> None:
         shutdown()
 
 
-def _append_ledger(path: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """Append one attempt's record durably; return every record so far."""
-    before = path.read_text() if path.exists() else ""
-    torn = bool(before) and not before.endswith("\n")
-    line = ("\n" if torn else "") + json.dumps(entry) + "\n"  # never continue a torn line
-    with open(path, "a") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-    entries = []
-    for line in (before + line).splitlines():
-        try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line torn by a kill mid-write
-    return entries
-
-
-def read_attempts(run_dir: Path) -> int:
-    """Training processes started for this run (counted by the launcher before each start)."""
-    try:
-        return int((run_dir / "processes-started").read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
-def count_attempt(run_dir: Path) -> int:
-    """Count one more training process, before it starts: an attempt killed during start-up
-    (imports, data and checkpoint load) is still a preemption the report must show."""
-    count = read_attempts(run_dir) + 1
-    tmp = run_dir / f".processes-started.tmp-{os.getpid()}"
-    tmp.write_text(str(count))
-    os.replace(tmp, run_dir / "processes-started")
-    return count
-
-
 def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     def f(step: int) -> float:
         if step < warmup:
@@ -347,12 +269,11 @@ def train(
         emit = lambda event: None  # noqa: E731 - progress is rank 0's to report
     started = time.time()
     spawn_time = float(os.environ.get("RETRAIN_SPAWN_TIME", started))
-    config = RetrainConfig.model_validate(job.config)
+    config = job.config
     tc = config.train
     run_dir = Path(job.run_dir)
     ckpt_dir = run_dir / "checkpoints"
     result_path = run_dir / "result.json"
-    config_fp = train_fingerprint(config)
 
     root = StorageRoot.from_config(config) if config.storage.is_s3 and job.run_rel else None
     if root is not None:
@@ -364,6 +285,7 @@ def train(
 
     device = resolve_device(tc.device)
     precision = resolve_precision(tc.precision, device)
+    config_fp = train_fingerprint(config, device.type, precision)
     seed_everything(tc.seed)
     configure_determinism(tc.deterministic, device)
 
@@ -443,7 +365,7 @@ def train(
     # checkpoint: an attempt that dies before its first checkpoint must not take its record along.
     entry = {"resumed_from": resumed_step, "steps_lost": steps_lost, "seconds_lost": seconds_lost,
              "startup_seconds": time.time() - spawn_time}
-    entries = _append_ledger(run_dir / "attempts.jsonl", entry) if rank == 0 else [entry]
+    entries = append_attempt(run_dir / "attempts.jsonl", entry) if rank == 0 else [entry]
     state.resumed_from_steps = [e["resumed_from"] for e in entries if e["resumed_from"] is not None]
     state.steps_lost = sum(e["steps_lost"] for e in entries)
     state.seconds["lost"] = sum(e["seconds_lost"] for e in entries)

@@ -10,7 +10,8 @@ from typing import Any
 from training.config import RetrainConfig
 from training.cost import plan_instances
 from training.errors import ConfigError
-from training.loop import TrainJob, train
+from training.job import TrainJob
+from training.loop import train
 from training.storage_root import StorageRoot
 from training.stages import pack_stage, preprocess_stage, run_key_for
 
@@ -41,7 +42,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     shutil.rmtree(scratch, ignore_errors=True)
     t1 = time.time()
     result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=packed["dataset_dir"],
-                            stats_path=prep["stats_path"], config=calib.model_dump(mode="json")))
+                            stats_path=prep["stats_path"], config=calib))
     shutil.rmtree(scratch, ignore_errors=True)
     seconds = result["seconds"]
     per_step = seconds["train"] / steps

@@ -6,7 +6,7 @@ import torch
 
 from training.errors import ConfigError
 
-__all__ = ["resolve_device", "resolve_precision", "autocast_dtype"]
+__all__ = ["resolve_device", "resolve_precision", "resolved_numerics", "autocast_dtype"]
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -30,6 +30,13 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     if device.type == "cuda":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "fp32"
+
+
+def resolved_numerics(device: str, precision: str) -> tuple[str, str]:
+    """(device type, precision) that `train.device` and `train.precision` mean on this machine:
+    part of what a run computes, so part of its run key."""
+    resolved = resolve_device(device)
+    return resolved.type, resolve_precision(precision, resolved)
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:

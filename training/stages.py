@@ -46,7 +46,8 @@ from training.errors import ConfigError, DataError, StorageError
 from training.champion import Champion, check_champion
 from training.evaluate import compatible, decide_promotion, evaluate_package, package_stats, promote
 from training.launch import log_child_event, run_training_process
-from training.loop import TrainJob, train_fingerprint
+from training.job import TrainJob, train_fingerprint
+from training.precision import resolved_numerics
 from training.report_render import render_curves, render_markdown
 from training.storage import read_json, write_json_atomic
 from training.storage_root import CACHE, MODEL, RUN, StorageRoot
@@ -197,7 +198,9 @@ def preprocess_stage(
 
 
 def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
-    parts = ["run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess), train_fingerprint(config)]
+    numerics = resolved_numerics(config.train.device, config.train.precision)
+    parts = ["run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess),
+             train_fingerprint(config, *numerics)]
     if init_sha256 is not None:
         parts.append(f"warm:{init_sha256}")  # a warm start computes something else: its own run
     return fingerprint(*parts)
@@ -268,7 +271,7 @@ def build_train_job(
         run_rel=f"runs/{run_key}",
         dataset_dir=packed["dataset_dir"],
         stats_path=str(stats_path),
-        config=config.model_dump(mode="json"),
+        config=config,
         init_weights=warm["weights"] if warm else None,
         init_sha256=init_sha,
         rate_per_hour=rate,

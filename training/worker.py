@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
-from training.loop import StopFlag, TrainJob, train
+from training.job import TrainJob
+from training.loop import StopFlag, train
 from training.spot import start_spot_notice_poller
 
 __all__ = ["main"]
@@ -87,13 +88,13 @@ def _init_distributed(job: TrainJob) -> tuple[int, int]:
     import torch
     import torch.distributed as dist
 
-    train_cfg = job.config.get("train", {})
-    cuda = torch.cuda.is_available() and train_cfg.get("device", "auto") != "cpu"
+    train_cfg = job.config.train
+    cuda = torch.cuda.is_available() and train_cfg.device != "cpu"
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
         backend="nccl" if cuda else "gloo",
-        timeout=datetime.timedelta(seconds=float(train_cfg.get("ddp_timeout_s", 300.0))),
+        timeout=datetime.timedelta(seconds=train_cfg.ddp_timeout_s),
     )
     return dist.get_rank(), world
 
@@ -113,9 +114,9 @@ def main(argv: list[str]) -> int:
     rank, world = 0, 1
     if under_torchrun:
         error_path = error_path.with_name(f"{error_path.name}.rank{os.environ.get('RANK', '0')}")
-    poll = job.config.get("train", {}).get("spot_notice_url")
+    poll = job.config.train.spot_notice_url
     if poll:
-        start_spot_notice_poller(poll, float(job.config["train"].get("spot_poll_seconds", 5.0)), stop)
+        start_spot_notice_poller(poll, job.config.train.spot_poll_seconds, stop)
     try:
         rank, world = _init_distributed(job)
         result = train(job, stop, _emit, rank=rank, world_size=world)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from training.config import RetrainConfig
-from training.loop import TrainJob
+from training.job import TrainJob
 from training.storage_root import StorageRoot
 from training.stages import pack_stage, preprocess_stage, run_key_for
 
@@ -21,5 +21,5 @@ def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
         run_rel=rel if root.is_remote else "",
         dataset_dir=packed["dataset_dir"],
         stats_path=prep["stats_path"],
-        config=config.model_dump(mode="json"),
+        config=config,
     )

@@ -41,7 +41,7 @@ def test_dollar_budget_uses_the_declared_rate(budget_config: RetrainConfig) -> N
     job = make_job(budget_config)
     job.rate_per_hour = 3600.0  # $1 per second of held machine
     budget_config.budget.max_usd = 15.0
-    job.config = budget_config.model_dump(mode="json")
+    job.config = budget_config
     result = train(job, now_fn=_fake_clock())
     assert result["status"] == "budget_stopped" and "budget.max_usd=15" in result["stop_reason"]
 
@@ -78,7 +78,7 @@ def test_champion_gate_stops_a_hopeless_run(budget_config: RetrainConfig) -> Non
     budget_config.train.max_steps = 200
     job = make_job(budget_config)
     job.champion_val_auc = 0.99  # unreachable for this model and data
-    job.config = budget_config.model_dump(mode="json")
+    job.config = budget_config
     result = train(job)
     assert result["status"] == "early_stopped"
     assert result["stop_reason"].startswith("champion gate")

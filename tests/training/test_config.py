@@ -74,3 +74,45 @@ def test_config_round_trips_through_json() -> None:
 def test_an_s3_root_may_not_climb_out_of_its_working_copy(root: str) -> None:
     with pytest.raises(ConfigError, match=r"'\.' and '\.\.' are not allowed"):
         load_config(overrides=[f"storage.root={root}"])
+
+
+def test_every_config_field_is_marked_computed_or_operational() -> None:
+    """A field added without a mark fails here (and in `fingerprinted` at run time), so it can
+    never silently join or leave a run key."""
+    import inspect
+
+    from pydantic import Field
+
+    import training.config as config_module
+    from training.config import _Section, fingerprinted, is_computed
+
+    sections = [c for _, c in inspect.getmembers(config_module, inspect.isclass)
+                if issubclass(c, _Section) and c is not _Section]
+    assert len(sections) >= 10
+    for section in sections:
+        for name in section.model_fields:
+            is_computed(section, name)  # raises TypeError on an unmarked field
+
+    class Unmarked(_Section):
+        marked: int = Field(1, json_schema_extra=config_module.COMPUTED)
+        forgotten: int = Field(2)
+
+    with pytest.raises(TypeError, match="Unmarked.forgotten is not marked"):
+        fingerprinted(Unmarked())
+
+
+def test_fingerprint_membership_follows_the_marks() -> None:
+    from training.job import train_fingerprint
+
+    base = RetrainConfig()
+    fp = train_fingerprint(base, "cpu", "fp32")
+    # Operational: memory and speed only.
+    assert train_fingerprint(base.model_copy(update={"model": base.model.model_copy(
+        update={"gradient_checkpointing": True})}), "cpu", "fp32") == fp
+    assert train_fingerprint(base.model_copy(update={"train": base.train.model_copy(
+        update={"num_workers": 2, "compile": True, "keep_last": 5})}), "cpu", "fp32") == fp
+    # Computed: the numerics actually used, whatever was requested.
+    assert train_fingerprint(base, "cuda", "bf16") != fp
+    assert train_fingerprint(base, "cpu", "bf16") != fp
+    assert train_fingerprint(base.model_copy(update={"train": base.train.model_copy(update={"lr": 1e-2})}),
+                             "cpu", "fp32") != fp

@@ -98,7 +98,7 @@ def test_resume_on_another_world_size_continues_the_same_batches(demo_source: Pa
     kill_worker_when(job.run_dir, 25, signal.SIGKILL, rank=1)
     with pytest.raises(Preempted):
         run_training_process(job)
-    job.config["train"]["nproc_per_node"] = 1  # the retry lands on a smaller machine
+    job.config.train.nproc_per_node = 1  # the retry lands on a smaller machine
     events: list[dict] = []
     result = run_training_process(job, on_event=events.append)
     assert [e for e in events if e["event"] == "resumed"]

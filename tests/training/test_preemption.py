@@ -19,7 +19,7 @@ from training.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import Preempted
 from training.launch import run_training_process
-from training.loop import TrainJob
+from training.job import TrainJob
 
 
 def _heartbeat_step(job: TrainJob, since: float = 0.0) -> int:

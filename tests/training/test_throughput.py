@@ -74,7 +74,7 @@ def test_auto_batch_size_keeps_the_effective_batch_under_a_simulated_limit(small
     model = build_model(small_config.model, len(stats.numeric), stats.cardinalities)
     # Room for 40 rows (after the 0.9 safety margin), not for the configured 128.
     need40, need41 = (step_memory_bytes(model, b, 6, 4, CPU, None) for b in (40, 41))
-    job.config["train"]["simulated_memory_mb"] = (need40 + need41) / 2 / 0.9 / (1 << 20)
+    job.config.train.simulated_memory_mb = (need40 + need41) / 2 / 0.9 / (1 << 20)
     result = train(job)
     layout = result["batch_layout"]
     assert layout["auto"]["max_fitting"] == 40

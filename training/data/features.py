@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from training.config import PreprocessConfig, fingerprint
+from training.config import PreprocessConfig, fingerprint, fingerprinted
 from training.data.packing import DatasetManifest
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader
@@ -92,7 +92,7 @@ class FeatureTransform:
 
 
 def preprocess_key(dataset_fingerprint: str, config: PreprocessConfig) -> str:
-    return fingerprint("preprocess", PREPROCESS_VERSION, dataset_fingerprint, config)
+    return fingerprint("preprocess", PREPROCESS_VERSION, dataset_fingerprint, fingerprinted(config))
 
 
 def checksum_path(stats_path: Path) -> Path:

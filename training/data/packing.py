@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from training.config import DataConfig, fingerprint
+from training.config import DataConfig, fingerprint, fingerprinted
 from training.data.shard_cache import is_remote_dataset
 from training.data.shards import ShardTarWriter, encode_npy, member_bytes
 from training.errors import DataError, RetrainError, StorageError
@@ -332,7 +332,7 @@ def dataset_fingerprint(files: list[Path], config: DataConfig) -> tuple[str, lis
     sources = [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files]
     fp = fingerprint(
         "dataset", PACK_FORMAT_VERSION, [(s["bytes"], s["sha256"]) for s in sources],
-        config.model_dump(mode="json", exclude={"source", "pack_parts"}),  # parallelism changes no byte
+        fingerprinted(config),  # the fields marked COMPUTED: not the path, not the parallelism
     )
     return fp, sources
 
