@@ -86,13 +86,13 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 3) -> dict[str, Any]:
     out["project_rows_per_s_workers_0_first_epoch"] = round(statistics.median(first))
     out["project_rows_per_s_workers_0"] = round(statistics.median(steady))
     out["memmap_rows_per_s"] = round(statistics.median(memmap))
-    out["ratio_vs_memmap"] = round(statistics.median(s / m for s, m in zip(steady, memmap)), 2)
-    out["ratio_vs_memmap_first_epoch"] = round(statistics.median(f / m for f, m in zip(first, memmap)), 2)
+    out["ratio_vs_memmap"] = round(statistics.median(s / m for s, m in zip(steady, memmap, strict=True)), 2)
+    out["ratio_vs_memmap_first_epoch"] = round(statistics.median(f / m for f, m in zip(first, memmap, strict=True)), 2)
     out["project_rows_per_s_workers_0_nothing_kept"] = round(statistics.median(uncached))
-    out["ratio_vs_memmap_nothing_kept"] = round(statistics.median(u / m for u, m in zip(uncached, memmap)), 2)
+    out["ratio_vs_memmap_nothing_kept"] = round(statistics.median(u / m for u, m in zip(uncached, memmap, strict=True)), 2)
     out["transformed_train_mb"] = round(sum(a.nbytes for a in all_rows.values()) / 1e6, 1)
     out["loader_cache_mb"] = budget / 1e6
-    out["ratio_vs_memmap_per_round"] = [round(s / m, 2) for s, m in zip(steady, memmap)]
+    out["ratio_vs_memmap_per_round"] = [round(s / m, 2) for s, m in zip(steady, memmap, strict=True)]
 
     # DataLoader worker processes (two, this box's cores): over a part of an epoch, they are slow here.
     batches = ShardBatches(d, manifest, "train", BATCH, stats.transformer(), seed=0)

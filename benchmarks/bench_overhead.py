@@ -84,7 +84,7 @@ def _prefect_overhead(work: Path, source: Path, rounds: int) -> dict[str, Any]:
         report = json.loads(Path(state.result()).read_text())
         bodies.append(_task_run_seconds(state.state_details.flow_run_id))
         stalls.append(report["utilization"]["data_stall_fraction"])
-    fractions = [w / b - 1 for w, b in zip(walls, bodies)]
+    fractions = [w / b - 1 for w, b in zip(walls, bodies, strict=True)]
     return {"flow_wall_seconds": [round(w, 2) for w in walls], "task_bodies_seconds": [round(b, 2) for b in bodies],
             "prefect_overhead_fraction_per_round": [round(f, 3) for f in fractions],
             "prefect_overhead_fraction": round(statistics.median(fractions), 3),
@@ -106,8 +106,8 @@ def run(work: Path, rounds: int = 5) -> dict[str, Any]:
         bare.append(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path))
         quiet.append(_project_loop(work, f"quiet{r}", quiet_overrides))
         ckpt.append(_project_loop(work, f"ckpt{r}", ckpt_overrides))
-    loop = [q["seconds"] / b - 1 for q, b in zip(quiet, bare)]
-    checkpointing = [c["seconds"] / q["seconds"] - 1 for c, q in zip(ckpt, quiet)]
+    loop = [q["seconds"] / b - 1 for q, b in zip(quiet, bare, strict=True)]
+    checkpointing = [c["seconds"] / q["seconds"] - 1 for c, q in zip(ckpt, quiet, strict=True)]
     out = {
         "steps": STEPS,
         "rounds": rounds,

@@ -66,7 +66,7 @@ def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
         t_projects.append(best_of(project, repeat=1))
         t_raws.append(best_of(raw_limit, repeat=1))
     t_project, t_raw = statistics.median(t_projects), statistics.median(t_raws)
-    ratios = [r / p for r, p in zip(t_raws, t_projects)]
+    ratios = [r / p for r, p in zip(t_raws, t_projects, strict=True)]
     t_parts = best_of(project_parts)
     t_wds = best_of(shardwriter, repeat=1)
     mb = payload / 1e6

@@ -27,9 +27,9 @@ def append_attempt(path: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
         f.flush()
         os.fsync(f.fileno())
     entries = []
-    for line in (before + line).splitlines():
+    for record in (before + line).splitlines():
         try:
-            entries.append(json.loads(line))
+            entries.append(json.loads(record))
         except json.JSONDecodeError:
             continue  # a line torn by a kill mid-write
     return entries

@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, cast
 
 import torch
 
@@ -105,7 +105,8 @@ def _write_state(tmp: Path, manifest: CheckpointManifest, state: dict[str, Any])
     state_path = tmp / _STATE
     with open(state_path, "wb") as f:
         hashing = HashingWriter(f)
-        torch.save(state, hashing)  # hashed as it is written: no second pass over the file
+        # Hashed as it is written: no second pass over the file. torch.save needs only write().
+        torch.save(state, cast(IO[bytes], hashing))
         f.flush()
         os.fsync(f.fileno())
     manifest.files = {_STATE: {"sha256": hashing.hexdigest(), "bytes": state_path.stat().st_size}}

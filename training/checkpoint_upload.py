@@ -37,8 +37,9 @@ def restore_newer_checkpoint(root: StorageRoot, ckpt_rel: str, ckpt_dir: Path) -
     machine has none); returns its step, or None when the local ones are as new."""
     local_steps = []
     for path in list_checkpoints(ckpt_dir):
-        if (path / _MANIFEST).exists():
-            local_steps.append(step_of(path.name))
+        step = step_of(path.name)
+        if step is not None and (path / _MANIFEST).exists():
+            local_steps.append(step)
     newest_local = max(local_steps, default=-1)
     remote = root.remote_checkpoints(ckpt_rel)
     for step in sorted((s for s, files in remote.items() if _MANIFEST in files), reverse=True):
@@ -98,9 +99,7 @@ class CheckpointUploader:
         """The steps being uploaded or queued: local retention must keep them until their upload
         ends, or on a slow link it could delete every checkpoint before one reached S3."""
         with self._cv:
-            steps = {self._uploading} if self._uploading is not None else set()
-            if self._pending is not None:
-                steps.add(step_of(self._pending[0].name))
+            steps = {self._uploading, step_of(self._pending[0].name) if self._pending is not None else None}
             return {s for s in steps if s is not None}
 
     def submit(self, path: Path, protect: set[int]) -> None:
@@ -159,6 +158,8 @@ class CheckpointUploader:
         remote = self.root.remote
         assert remote is not None
         step = step_of(path.name)
+        if step is None:
+            raise CheckpointError(f"{path} is not a checkpoint folder (step-NNNNNNNN)")
         rel = f"{self.ckpt_rel}/{path.name}"
         manifest = json.loads((path / _MANIFEST).read_text())
         tags = self.root.tags(CHECKPOINT, self.run_key)

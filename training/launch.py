@@ -69,7 +69,7 @@ def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: i
         # Static rendezvous with fixed node ranks: the flow's own node is node 0, so global
         # rank 0 (checkpoints, result.json, the model) runs where the flow reads them;
         # `retrain join --node-rank N` starts the others against the same endpoint.
-        host, _, port = str(tc["rdzv_endpoint"]).rpartition(":")
+        host, _, port = str(tc.rdzv_endpoint).rpartition(":")
         rendezvous = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
     # torchrun has no parent-death signal: if the task process dies, SIGTERM it so that it
     # stops its ranks (which then write their emergency checkpoint), instead of an orphan job.
@@ -156,9 +156,9 @@ def run_training_process(
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
     # Its own process group: when it ends, anything it leaves behind (a DataLoader worker
     # orphaned by a SIGKILL, torchrun's ranks) is killed with the group, not left running.
-    proc = subprocess.Popen(worker_command(job, job_path, error_path), stdout=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    distributed = proc.args[1] == "-c"
+    command = worker_command(job, job_path, error_path)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    distributed = command[1] == "-c"
     reported: list[dict[str, Any]] = []  # "error" events: the error file may be on a full disk
 
     def on_line(event: dict[str, Any]) -> None:

@@ -32,13 +32,13 @@ from training.checkpoint import (
     load_checkpoint_state,
     step_dir_name,
 )
-from training.config import RetrainConfig, fingerprint
+from training.config import RetrainConfig
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader
 from training.data.packing import load_manifest
 from training.early_stopping import EarlyStopping
 from training.checkpoint_upload import CheckpointUploader, restore_newer_checkpoint
-from training.errors import CheckpointError, DataError, Preempted, RetrainError, StorageError
+from training.errors import CheckpointError, DataError, Preempted, RetrainError
 from training.evaluate import meta_sha256, predict_split
 from training.heartbeat import Heartbeat, RemoteHeartbeat
 from training.attempts import append_attempt, read_attempts
@@ -363,7 +363,7 @@ def train(
     heartbeat.start(state.step, state.seconds["train"])
     # The preemption accounting goes to a durable per-run ledger now, not only into the next
     # checkpoint: an attempt that dies before its first checkpoint must not take its record along.
-    entry = {"resumed_from": resumed_step, "steps_lost": steps_lost, "seconds_lost": seconds_lost,
+    entry: dict[str, Any] = {"resumed_from": resumed_step, "steps_lost": steps_lost, "seconds_lost": seconds_lost,
              "startup_seconds": time.time() - spawn_time}
     entries = append_attempt(run_dir / "attempts.jsonl", entry) if rank == 0 else [entry]
     state.resumed_from_steps = [e["resumed_from"] for e in entries if e["resumed_from"] is not None]
@@ -394,7 +394,7 @@ def train(
         # Accounting first, so the saved state already counts this save.
         state.checkpoints_saved += 1
         state.last_save_train_seconds = state.seconds["train"]
-        payload = {
+        payload: dict[str, Any] = {
             "model": model.state_dict(),
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(),
@@ -463,7 +463,8 @@ def train(
         compile_seconds = time.perf_counter() - t_compile
     else:
         compiled = model
-    per_epoch = (loader.dataset if isinstance(loader, DataLoader) else loader).per_epoch  # global batches per epoch
+    source: Any = loader.dataset if isinstance(loader, DataLoader) else loader
+    per_epoch = source.per_epoch  # global batches per epoch
     ddp = None
     if world_size > 1:
         # After the resume: every rank loaded the same checkpoint, and DDP checks it by
@@ -492,7 +493,7 @@ def train(
         better = stopper.update(val["auc"], state.step)
         state.history.append(
             {"step": state.step, "train_loss": train_loss, "val_auc": val["auc"], "val_logloss": val["logloss"],
-             "lr": scheduler.get_last_lr()[0]}
+             "lr": float(scheduler.get_last_lr()[0])}
         )
         state.seconds["eval"] += now_fn() - t_eval
         emit({"event": "validation", **state.history[-1], "max_steps": tc.max_steps,
@@ -545,6 +546,7 @@ def train(
                 scaler.scale(loss).backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             state.seconds["compute"] += now_fn() - t_compute
+        assert loss_sum is not None  # grad_accum >= 1: at least one micro-batch ran
         state.epoch, state.batch = divmod(epoch * per_epoch + index + 1, per_epoch)
         if tc.grad_clip > 0:
             scaler.unscale_(optimizer)
@@ -615,6 +617,7 @@ def train(
     fp32_slowdown = 1.0 if precision == "fp32" else measure_fp32_slowdown(model, train_batches, device, precision)
 
     best_step = stopper.best_step
+    assert best_step is not None  # every run validates at least once: at its last step
     best_dir = ckpt_dir / step_dir_name(best_step)
     best_state = load_checkpoint_state(best_dir)["model"]
     package = export_model_package(run_dir / "model", best_state, config, stats, job.run_key, best_step, stopper.best)

@@ -37,7 +37,7 @@ def capture_rng() -> dict[str, Any]:
     state: dict[str, Any] = {
         "python": random.getstate(),
         # numpy's state holds an ndarray, which weights_only loading refuses: store a tensor.
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "numpy": [kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():

@@ -11,6 +11,7 @@ upload id the server lost (a restart) starts again.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import io
 import logging
@@ -293,7 +294,7 @@ class S3Store:
             raise self._error(err, "list", rel_prefix) from None
         return out
 
-    def delete(self, rels: list[str]) -> None:
+    def delete(self, rels: builtins.list[str]) -> None:  # `list` is a method here
         for i in range(0, len(rels), 1000):
             chunk = [{"Key": self.key(r)} for r in rels[i : i + 1000]]
             if chunk:
@@ -305,7 +306,7 @@ class S3Store:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def ensure_lifecycle(self, rules: list[dict[str, Any]]) -> bool:
+    def ensure_lifecycle(self, rules: builtins.list[dict[str, Any]]) -> bool:
         """Make the bucket carry `rules` (ids starting with "retrain:"), keeping every other rule.
 
         PutBucketLifecycleConfiguration replaces the whole set, so read, merge, write. Rules of
@@ -389,7 +390,7 @@ class ResumableObjectReader(io.RawIOBase):
                 data = self._body.read(min(len(b), self.size - self.pos))
                 if not data:
                     raise ConnectionError(f"body ended at byte {self.pos} of {self.size}")
-            except Exception as err:  # noqa: BLE001 - any broken stream resumes below
+            except Exception as err:
                 if isinstance(err, StorageError):
                     raise
                 self._close_body()

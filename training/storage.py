@@ -25,8 +25,12 @@ def is_plain_name(name: object) -> bool:
 
 
 def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        # hashlib.file_digest does this from Python 3.11; the project supports 3.10.
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class HashingWriter:

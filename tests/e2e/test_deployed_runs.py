@@ -183,7 +183,7 @@ def test_the_documented_promotion_automation_sends_its_notification(deployed: Pr
     received: list[str] = []
 
     class Hook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        def do_POST(self) -> None:
             received.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
             self.send_response(200)
             self.end_headers()

@@ -304,7 +304,7 @@ class _Marker:
     def __init__(self, path: str) -> None:
         self.path = path
 
-    def __reduce__(self):  # noqa: ANN204
+    def __reduce__(self):
         return (Path(self.path).touch, ())
 
 

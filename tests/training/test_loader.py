@@ -38,9 +38,9 @@ def test_seek_equals_sequential_reading(packed) -> None:
     sequential = _take(make_train_loader(batches, StreamPosition(), 0, False), per_epoch + 10)
     start = per_epoch - 5  # crosses the epoch boundary
     resumed = _take(make_train_loader(batches, StreamPosition(0, start), 0, False), 15)
-    for a, b in zip(sequential[start:], resumed):
+    for a, b in zip(sequential[start:], resumed, strict=True):
         assert a[:2] == b[:2]
-        for x, y in zip(a[2:], b[2:]):
+        for x, y in zip(a[2:], b[2:], strict=True):
             assert torch.equal(x, y)
 
 

@@ -93,7 +93,8 @@ def test_grad_accumulation_matches_one_big_batch(small_config: RetrainConfig) ->
     accumulated = train(make_job(small_config, "accum"))
     # Same rows per optimizer step, loss divided by the accumulation steps: same training up to
     # float summation order.
-    for a, b in zip(big["history"], accumulated["history"]):
+    assert big["history"] and len(big["history"]) == len(accumulated["history"])
+    for a, b in zip(big["history"], accumulated["history"], strict=True):
         assert abs(a["val_auc"] - b["val_auc"]) < 2e-3
 
 

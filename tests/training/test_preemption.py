@@ -99,7 +99,7 @@ def test_sigterm_loses_at_most_one_step(long_config: RetrainConfig) -> None:
 class _SpotNotice(http.server.BaseHTTPRequestHandler):
     calls = 0
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         type(self).calls += 1
         if type(self).calls < 3:
             self.send_response(404)

@@ -146,12 +146,12 @@ def fit_feature_stats(
                 for j in range(n_cat):
                     values, freq = np.unique(block["cat"][:, j], return_counts=True)
                     d = counts[j]
-                    for v, c in zip(values.tolist(), freq.tolist()):
+                    for v, c in zip(values.tolist(), freq.tolist(), strict=True):
                         d[v] = d.get(v, 0) + c
             del block  # drop the views into the mmap before closing it
         finally:
             reader.close()
-    empty = [name for name, n in zip(manifest.numeric, count.tolist()) if n == 0]
+    empty = [name for name, n in zip(manifest.numeric, count.tolist(), strict=True) if n == 0]
     if empty:
         # Imputing the mean of nothing would feed the model a constant 0 without a word.
         raise DataError(f"numeric column {empty[0]!r} has no non-null value in the train split of dataset "

@@ -229,7 +229,7 @@ class ShardBatches:
         if order is None:
             n = len(self.shards)
             order = np.random.default_rng([self.seed, epoch, 0]).permutation(n) if self.shuffle else np.arange(n)
-            self._remember(self._orders, epoch, order, 3)  # type: ignore[arg-type]
+            self._remember(self._orders, epoch, order, 3)
         return order
 
     def release(self) -> None:
