@@ -39,8 +39,8 @@ class RemoteHeartbeat:
     def __init__(self, root: StorageRoot, run_rel: str, run_key: str, interval_s: float) -> None:
         assert root.remote is not None
         self.root, self.rel, self.run_key, self.interval_s = root, f"{run_rel}/heartbeat.json", run_key, interval_s
-        self._latest: Beat | None = None
-        self._published: Beat | None = None
+        self._latest: tuple[int, float] | None = None  # (step, train seconds), set every step
+        self._published: tuple[int, float] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -61,13 +61,13 @@ class RemoteHeartbeat:
     def start(self, beat: Beat) -> None:
         """Publish `beat` now (the resumed step: work lost before it is already counted, so a
         later resume must not count it again), then every interval from a thread."""
-        self._latest = beat
+        self._latest = (beat.step, beat.train_seconds)
         self._publish()
         self._thread = threading.Thread(target=self._run, name="heartbeat-upload", daemon=True)
         self._thread.start()
 
-    def update(self, beat: Beat) -> None:
-        self._latest = beat  # one assignment per step; the thread reads it
+    def update(self, step: int, train_seconds: float) -> None:
+        self._latest = (step, train_seconds)  # one tuple per step, no object built; the thread reads it
 
     def close(self) -> None:
         self._stop.set()
@@ -86,7 +86,7 @@ class RemoteHeartbeat:
         if beat is None or beat == self._published:
             return
         assert self.root.remote is not None
-        body = json.dumps({"step": beat.step, "train_seconds": beat.train_seconds}).encode()
+        body = json.dumps({"step": beat[0], "train_seconds": beat[1]}).encode()
         self.root.remote.put_bytes(self.rel, body, self.root.tags(RUN, self.run_key))
         self._published = beat
 
@@ -133,7 +133,7 @@ class Heartbeat:
     def write(self, step: int, train_seconds: float) -> None:
         os.pwrite(self._fd, struct.pack(self._FMT, step, train_seconds), 0)
         if self.remote is not None:
-            self.remote.update(Beat(step, train_seconds))
+            self.remote.update(step, train_seconds)
 
     def close(self) -> None:
         if self.remote is not None:
