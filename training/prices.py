@@ -10,9 +10,21 @@ from the AWS Price List API and EC2's spot price history
   in that commit (spot prices move by zone and hour: the zones spanned, e.g. p4d.24xlarge
   $5.09-$9.61/h and p5.48xlarge $20.99-$30.33/h).
 
-Only AWS is shipped: the same catalog prices GCP GPUs apart from their host VM, and Azure's was
-not read here. Add any instance type, cloud or region of yours in `cost.prices` (YAML); your
-entries are merged over these.
+GCP, from `catalogs/v7/gcp/vms.csv` at commit 017e2502fb63c7a28757acd94002b2d6099d3e3d (read
+2026-11-23), region us-central1 (every zone there has
+the same price): the catalog prices an A2 machine's host VM on one row and its A100 GPUs on a
+separate accelerator row (empty InstanceType, AcceleratorName A100, AcceleratorCount n), so each
+entry below is host + GPUs, on-demand and spot alike:
+
+- a2-highgpu-1g: host $0.73948 / $0.29576 + 1x A100 $2.93391 / $1.1472;
+- a2-highgpu-8g: host $5.91582 / $2.36604 + 8x A100 $23.47126 / $9.1776.
+
+Azure, from `catalogs/v6/azure/vms.csv` at commit 098741e70562f65d7af1cceb81e33b284f742604 (read
+2026-11-23; the newest Azure catalog file reachable from here), region eastus, one row per instance (GPUs
+included): Standard_NC4as_T4_v3, Standard_NC24ads_A100_v4, Standard_ND96amsr_A100_v4.
+
+Add any instance type, cloud or region of yours in `cost.prices` (YAML); your entries are merged
+over these.
 """
 
 from __future__ import annotations
@@ -21,7 +33,9 @@ from typing import Any
 
 __all__ = ["DEFAULT_PRICES", "DEFAULT_STORAGE_PRICES", "PRICE_SOURCE"]
 
-PRICE_SOURCE = "skypilot-catalog catalogs/v7/aws/vms.csv @ 001367d (read 2026-11-23), us-east-1"
+PRICE_SOURCE = ("skypilot-catalog (read 2026-11-23): catalogs/v7/aws/vms.csv @ 001367d, us-east-1; "
+                "catalogs/v7/gcp/vms.csv @ 017e250, us-central1 (host + GPU rows); "
+                "catalogs/v6/azure/vms.csv @ 098741e, eastus")
 
 DEFAULT_PRICES: dict[str, dict[str, Any]] = {
     # Your own machine: no marginal compute bill.
@@ -33,6 +47,13 @@ DEFAULT_PRICES: dict[str, dict[str, Any]] = {
     "p3.8xlarge": {"gpus": 4, "on_demand_per_hour": 12.24, "spot_per_hour": 1.936},  # 4x V100
     "p4d.24xlarge": {"gpus": 8, "on_demand_per_hour": 32.7726, "spot_per_hour": 6.7915},  # 8x A100 40 GB
     "p5.48xlarge": {"gpus": 8, "on_demand_per_hour": 98.32, "spot_per_hour": 26.7861},  # 8x H100 80 GB
+    # GCP us-central1, host + GPUs (see above).
+    "a2-highgpu-1g": {"gpus": 1, "on_demand_per_hour": 3.67339, "spot_per_hour": 1.44296},  # 1x A100 40 GB
+    "a2-highgpu-8g": {"gpus": 8, "on_demand_per_hour": 29.38708, "spot_per_hour": 11.54364},  # 8x A100 40 GB
+    # Azure eastus.
+    "Standard_NC4as_T4_v3": {"gpus": 1, "on_demand_per_hour": 0.526, "spot_per_hour": 0.062699},  # 1x T4
+    "Standard_NC24ads_A100_v4": {"gpus": 1, "on_demand_per_hour": 3.673, "spot_per_hour": 0.444433},  # 1x A100 80 GB
+    "Standard_ND96amsr_A100_v4": {"gpus": 8, "on_demand_per_hour": 32.77, "spot_per_hour": 3.6047},  # 8x A100 80 GB
 }
 
 # AWS S3 list prices per GB-month, us-east-1: Standard, Standard-IA, Glacier Instant Retrieval.
