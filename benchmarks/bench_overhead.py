@@ -18,7 +18,8 @@ from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches
 from training.data.packing import load_manifest
-from training.loop import _lr_lambda, train
+from training.loop import train
+from training.train_state import lr_lambda as _lr_lambda
 from training.model import build_model
 
 STEPS = 1500
@@ -49,11 +50,11 @@ def _bare_loop(config: RetrainConfig, dataset_dir: str, stats_path: str) -> floa
 def _project_loop(work: Path, name: str, overrides: list[str]) -> dict[str, Any]:
     job = train_job(work, name, overrides)
     result = train(job)
-    s = result["seconds"]
+    s = result.seconds
     # Loop time with the data wait taken out (the bare loop's batches are pre-built), but with
     # validation and checkpoint stalls in, as a user pays them.
     return {"seconds": s["train"] - s["data_wait"] + s["checkpoint"] + s["eval"], "data_wait": s["data_wait"],
-            "checkpoints": result["checkpoints_saved"]}
+            "checkpoints": result.checkpoints_saved}
 
 
 def _task_run_seconds(flow_run_id: Any) -> float:

@@ -92,13 +92,13 @@ def run(work: Path) -> dict[str, Any]:
         source = demo_parquet(work, 500_000)
         packed = pack_stage(load_config(overrides=[*s3, f"storage.local_dir={work / 'machine-a'}",
                                                    f"data.source={source}"]))
-        local_rate = max(_read_all(Path(packed["dataset_dir"])) for _ in range(2))
+        local_rate = max(_read_all(Path(packed.dataset_dir)) for _ in range(2))
         fresh = pack_stage(load_config(overrides=[*s3, f"storage.local_dir={work / 'machine-b'}",
                                                   f"data.source={source}"]))
-        assert fresh["reused"]
-        cold_rate = _read_all(Path(fresh["dataset_dir"]))
-        warm_rate = _read_all(Path(fresh["dataset_dir"]))
-        shard_mb = sum(p.stat().st_size for p in Path(packed["dataset_dir"]).glob("train-*.tar")) / 1e6
+        assert fresh.reused
+        cold_rate = _read_all(Path(fresh.dataset_dir))
+        warm_rate = _read_all(Path(fresh.dataset_dir))
+        shard_mb = sum(p.stat().st_size for p in Path(packed.dataset_dir).glob("train-*.tar")) / 1e6
     finally:
         server.stop()
     return {

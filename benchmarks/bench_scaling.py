@@ -69,17 +69,17 @@ def run(work: Path) -> dict[str, Any]:
     for nproc in (1, 2):
         job = train_job(work / f"n{nproc}", f"n{nproc}", [*common, f"train.nproc_per_node={nproc}"])
         result = run_training_process(job)
-        seconds = result["seconds"]["train"]
+        seconds = result.seconds["train"]
         rates[nproc] = STEPS * GLOBAL_BATCH / seconds
         results[nproc] = result
-    params = torch.load(results[1]["model"]["uri"], weights_only=True)
+    params = torch.load(results[1].model.uri, weights_only=True)
     numel = sum(t.numel() for t in params.values())
     grad_bytes = numel * 4
     measured = _allreduce_seconds(numel)
     # The estimate: one all-reduce of the gradient per step, taken from the measured time of
     # that all-reduce alone; 2 x its time bounds what 2 processes can lose to communication.
     step_seconds_2 = GLOBAL_BATCH / rates[2]
-    w1, w2 = params, torch.load(results[2]["model"]["uri"], weights_only=True)
+    w1, w2 = params, torch.load(results[2].model.uri, weights_only=True)
     return {
         "global_batch": GLOBAL_BATCH,
         "steps": STEPS,
@@ -92,5 +92,5 @@ def run(work: Path) -> dict[str, Any]:
         "allreduce_share_of_2_process_step": round(measured / step_seconds_2, 3),
         "efficiency_estimate_if_only_allreduce_cost": round(1 / (1 + measured / (step_seconds_2 - measured)), 3),
         "max_weight_diff_1_vs_2_processes": float(max((w1[k] - w2[k]).abs().max().item() for k in w1)),
-        "val_auc_1_vs_2_processes": [results[1]["best_val_auc"], results[2]["best_val_auc"]],
+        "val_auc_1_vs_2_processes": [results[1].best_val_auc, results[2].best_val_auc],
     }

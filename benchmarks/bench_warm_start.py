@@ -16,13 +16,10 @@ from training.stages import evaluate_stage, pack_stage, preprocess_stage, train_
 def _run(overrides: list[str]) -> dict[str, Any]:
     config = load_config(overrides=overrides)
     packed = pack_stage(config)
-    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
     trained = train_stage(config, packed, prep)
     evaluation = evaluate_stage(config, packed, trained)
-    from training.storage import read_json
-
-    history = read_json(Path(trained["run_dir"]) / "result.json")["history"]
-    return {"trained": trained, "evaluation": evaluation, "history": history}
+    return {"trained": trained, "evaluation": evaluation, "history": trained.history}
 
 
 def _steps_to(history: list[dict[str, Any]], target: float) -> int | None:
@@ -39,7 +36,7 @@ def run(work: Path) -> dict[str, Any]:
     _run(common + [f"data.source={week1}"])  # last week's champion
     cold = _run(common + [f"data.source={full}"])
     warm = _run(common + [f"data.source={full}", "train.init_from=champion"])
-    assert warm["trained"]["warm_start"]["used"], warm["trained"]["warm_start"]
+    assert warm["trained"].warm_start.used, warm["trained"].warm_start
     best_cold = max(h["val_auc"] for h in cold["history"])
     target = round(best_cold - 0.002, 4)
     cold_steps, warm_steps = _steps_to(cold["history"], target), _steps_to(warm["history"], target)
@@ -48,7 +45,7 @@ def run(work: Path) -> dict[str, Any]:
         "cold_steps_to_target": cold_steps,
         "warm_steps_to_target": warm_steps,
         "warm_over_cold_steps": round(warm_steps / cold_steps, 3) if cold_steps and warm_steps else None,
-        "cold_test_auc": round(cold["evaluation"]["metrics"]["auc"], 4),
-        "warm_test_auc": round(warm["evaluation"]["metrics"]["auc"], 4),
+        "cold_test_auc": round(cold["evaluation"].metrics["auc"], 4),
+        "warm_test_auc": round(warm["evaluation"].metrics["auc"], 4),
         "eval_every": 50,
     }

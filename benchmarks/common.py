@@ -49,9 +49,9 @@ def train_job(work: Path, name: str, overrides: list[str]):
 
     config = load_config(overrides=[f"storage.root={work}", *overrides])
     packed = pack_stage(config)
-    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(), str(work))
-    return TrainJob(run_key_for(config, packed["fingerprint"]), str(work / "runs" / name), packed["dataset_dir"],
-                    prep["stats_path"], config)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), str(work))
+    return TrainJob(run_key_for(config, packed.fingerprint), str(work / "runs" / name), packed.dataset_dir,
+                    prep.stats_path, config)
 
 
 def signal_at_step(run_dir: str, step: int, sig: int):

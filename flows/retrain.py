@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from tasks.evaluate import evaluate_model
+from tasks.evaluate import evaluate_model, score_champion
 from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block, backoff
 from tasks.preprocess import fit_features
@@ -23,13 +23,14 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
     apply_credentials_block(config.storage)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
-        prep_state = fit_features(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
+        prep_state = fit_features(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
                                   config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
         prep = prep_state.result()
         train_state = train_model.with_options(
             retries=config.train.max_retries,
             retry_delay_seconds=backoff(config.train.retry_delay_seconds, config.train.max_retries),
-        )(config, packed, prep, return_state=True)
+        )(config, packed, prep, score_champion(config, packed) if config.budget.champion_gate else None,
+          return_state=True)
         trained = train_state.result()
         evaluation = evaluate_model(config, packed, trained)
         states = {"pack": "Completed", "preprocess": prep_state.name, "train": train_state.name, "evaluate": "Completed"}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from prefect.artifacts import (
     create_markdown_artifact,
@@ -14,6 +13,8 @@ from prefect.artifacts import (
 )
 from prefect.context import TaskRunContext
 from prefect.events import emit_event
+
+from training.results import Evaluation
 
 __all__ = ["publish_promotion", "publish_report", "TrainingProgress", "PROMOTED_EVENT"]
 
@@ -25,34 +26,31 @@ def _in_run() -> bool:
     return TaskRunContext.get() is not None  # .fn() calls in tests run outside any Prefect run
 
 
-def publish_promotion(evaluation: dict[str, Any]) -> None:
+def publish_promotion(evaluation: Evaluation) -> None:
     if not _in_run():
         return
-    promo = evaluation["promotion"]
-    challenger = evaluation["metrics"]
-    champion = promo.get("champion_metrics") or {}
-    rows = [
-        {"model": "challenger", "sha256": promo["challenger_sha256"][:16],
-         **{k: round(challenger[k], 5) for k in ("auc", "logloss", "accuracy")}},
-    ]
-    if promo.get("champion_sha256"):
-        rows.append({"model": "champion", "sha256": promo["champion_sha256"][:16],
-                     **{k: round(champion[k], 5) if k in champion else None for k in ("auc", "logloss", "accuracy")}})
+    promo, challenger = evaluation.promotion, evaluation.metrics
+    champion = promo.champion_metrics or {}
+    metrics = ("auc", "logloss", "accuracy")
+    rows = [{"model": "challenger", "sha256": promo.challenger_sha256[:16],
+             **{k: round(challenger[k], 5) for k in metrics}}]
+    if promo.champion_sha256:
+        rows.append({"model": "champion", "sha256": promo.champion_sha256[:16],
+                     **{k: round(champion[k], 5) if k in champion else None for k in metrics}})
     create_table_artifact(rows, key="champion-challenger", description="Test-split metrics of challenger and champion")
-    if promo["promoted"]:
+    if promo.promoted:
         emit_event(
             event=PROMOTED_EVENT,
-            resource={"prefect.resource.id": f"retrain.model.{promo['challenger_sha256']}",
-                      "prefect.resource.name": promo["challenger_sha256"][:16]},
-            payload={"sha256": promo["challenger_sha256"], "auc": challenger["auc"],
-                     "logloss": challenger["logloss"], "accuracy": challenger["accuracy"],
-                     "previous_champion_sha256": promo.get("champion_sha256"), "reason": promo["reason"]},
+            resource={"prefect.resource.id": f"retrain.model.{promo.challenger_sha256}",
+                      "prefect.resource.name": promo.challenger_sha256[:16]},
+            payload={"sha256": promo.challenger_sha256, **{k: challenger[k] for k in metrics},
+                     "previous_champion_sha256": promo.champion_sha256, "reason": promo.reason},
         )
-    verdict = "PROMOTED" if promo["promoted"] else "champion kept"
-    note = f"\n\n_{promo['champion_note']}_" if promo.get("champion_note") else ""
+    verdict = "PROMOTED" if promo.promoted else "champion kept"
+    note = f"\n\n_{promo.champion_note}_" if promo.champion_note else ""
     create_markdown_artifact(
-        f"### {verdict}\n\n{promo['reason']}{note}\n\n"
-        f"target AUC: {evaluation['target_auc']} (met: {evaluation['target_met']})",
+        f"### {verdict}\n\n{promo.reason}{note}\n\n"
+        f"target AUC: {evaluation.target_auc} (met: {evaluation.target_met})",
         key="promotion-decision",
         description="Champion/challenger decision",
     )

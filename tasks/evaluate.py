@@ -1,21 +1,30 @@
 from __future__ import annotations
 
-from typing import Any
 
 from prefect import task
 
 from tasks.artifacts import publish_promotion
 from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
-from training.stages import evaluate_stage
+from training.results import Evaluation, PackResult, TrainResult
+from training.stages import champion_validation_auc, evaluate_stage
 
-__all__ = ["evaluate_model"]
+__all__ = ["evaluate_model", "score_champion"]
 
 
 @task(name="evaluate", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
-def evaluate_model(config: RetrainConfig, packed: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
+def evaluate_model(config: RetrainConfig, packed: PackResult, trained: TrainResult) -> Evaluation:
     """Test-split metrics and the champion/challenger decision."""
     evaluation = evaluate_stage(config, packed, trained)
     publish_promotion(evaluation)
-    task_logger().info("test AUC %.4f; %s", evaluation["metrics"]["auc"], evaluation["promotion"]["reason"])
+    task_logger().info("test AUC %.4f; %s", evaluation.metrics["auc"], evaluation.promotion.reason)
     return evaluation
+
+
+@task(name="champion-baseline", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+def score_champion(config: RetrainConfig, packed: PackResult) -> float | None:
+    """The champion's validation AUC on this dataset: the bar the champion gate holds training to."""
+    auc = champion_validation_auc(config, packed)
+    task_logger().info("champion gate: %s", "no usable champion to beat" if auc is None
+                       else f"the champion's validation AUC is {auc:.4f}")
+    return auc

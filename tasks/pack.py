@@ -14,17 +14,18 @@ from prefect import task, unmapped
 
 from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
-from training.stages import pack_begin, pack_finish, pack_part_stage
+from training.results import PackResult
+from training.stages import PackBegun, pack_begin, pack_finish, pack_part_stage
 
 __all__ = ["begin_packing", "pack_part", "finish_packing", "pack_dataset"]
 
 
 @task(name="pack-plan", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
-def begin_packing(config: RetrainConfig) -> dict[str, Any]:
+def begin_packing(config: RetrainConfig) -> PackBegun:
     """Check storage; reuse an already packed dataset or plan the parts to pack."""
     begun = pack_begin(config)
-    if begun["done"] is None:
-        task_logger().info("packing %s in %d part(s)", begun["plan"]["fingerprint"], len(begun["parts"]))
+    if begun.plan is not None:
+        task_logger().info("packing %s in %d part(s)", begun.plan["fingerprint"], len(begun.parts))
     return begun
 
 
@@ -35,29 +36,29 @@ def pack_part(data: dict[str, Any], plan: dict[str, Any], part: dict[str, Any]) 
 
 
 @task(name="pack", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
-def finish_packing(config: RetrainConfig, begun: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+def finish_packing(config: RetrainConfig, begun: PackBegun, parts: list[dict[str, Any]]) -> PackResult:
     """Write the shards from the parts, then the manifest (last); publish them to the root."""
     packed = pack_finish(config, begun, parts)
-    verb = "reused" if packed["reused"] else "packed"
-    task_logger().info("%s dataset %s: %s rows in %d shards", verb, packed["fingerprint"], packed["rows"], packed["shards"])
+    verb = "reused" if packed.reused else "packed"
+    task_logger().info("%s dataset %s: %s rows in %d shards", verb, packed.fingerprint, packed.rows, packed.shards)
     return packed
 
 
-def pack_dataset(config: RetrainConfig) -> dict[str, Any]:
+def pack_dataset(config: RetrainConfig) -> PackResult:
     """Plan, pack the parts (mapped over the flow's task runner), assemble: the pack stage.
 
     A part that fails (bad data found while packing) fails the whole stage with its own error,
     and the half-written dataset folder is removed: nothing of this attempt is left behind.
     """
     begun = begin_packing(config)
-    futures = pack_part.map(unmapped(config.data.model_dump(mode="json")), unmapped(begun["plan"]), begun["parts"])
+    futures = pack_part.map(unmapped(config.data.model_dump(mode="json")), unmapped(begun.plan), begun.parts)
     try:
         # Resolve every part here: a failed upstream would otherwise leave `finish_packing`
         # NotReady and the flow holding None.
         parts = [future.result() for future in futures]
     except BaseException:
         futures.wait()  # the other parts must stop writing before their folder goes
-        if begun["plan"] is not None:
-            shutil.rmtree(Path(begun["plan"]["work_dir"]), ignore_errors=True)
+        if begun.plan is not None:
+            shutil.rmtree(Path(begun.plan["work_dir"]), ignore_errors=True)
         raise
     return finish_packing(config, begun, parts)

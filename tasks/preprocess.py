@@ -6,6 +6,7 @@ from prefect import task
 from prefect.states import Completed, State
 
 from training.data.features import PREPROCESS_VERSION
+from training.results import PrepResult
 from training.stages import preprocess_stage
 
 __all__ = ["fit_features", "PREPROCESS_VERSION"]
@@ -23,10 +24,10 @@ def fit_features(
     storage_root: str,
     storage: dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
-) -> State[dict[str, Any]]:
+) -> State[PrepResult]:
     """Fit feature statistics on the train split, or reuse verified ones fitted before (on any
     machine sharing the root)."""
     prep = preprocess_stage(dataset_dir, preprocess, storage_root, storage, tags)
-    if prep["reused"]:
-        return Completed(name="Cached", message=f"verified statistics {prep['key']} reused", data=prep)
+    if prep.reused:
+        return Completed(name="Cached", message=f"verified statistics {prep.key} reused", data=prep)
     return Completed(data=prep)

@@ -9,13 +9,15 @@ from prefect import task
 from tasks.artifacts import TrainingProgress
 from tasks.policies import retry_only_preemptions, task_logger
 from training.config import RetrainConfig
+from training.results import PackResult, PrepResult, TrainResult
 from training.stages import train_stage
 
 __all__ = ["train_model"]
 
 
 @task(name="train", retry_condition_fn=retry_only_preemptions)
-def train_model(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any]) -> dict[str, Any]:
+def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
+                champion_val_auc: float | None = None) -> TrainResult:
     """Train in a child process; a preemption raises Preempted, which is retried and resumes."""
     logger = task_logger()
     progress = TrainingProgress(config.train.max_steps)
@@ -40,8 +42,8 @@ def train_model(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, A
 
     logger.info("starting the training process: up to %d steps, a progress line every %d steps",
                 config.train.max_steps, config.train.eval_every)
-    trained = train_stage(config, packed, prep, log_event)
+    trained = train_stage(config, packed, prep, log_event, champion_val_auc)
     progress.update(config.train.max_steps)  # finished, whether completed or stopped early
-    if trained.get("already_complete"):
-        logger.info("run %s was already complete: nothing to train", trained["run_key"])
+    if trained.already_complete:
+        logger.info("run %s was already complete: nothing to train", trained.run_key)
     return trained

@@ -56,7 +56,8 @@ def test_training_runs_without_prefect_importable() -> None:
     assert out.stdout.strip() == "ok"
 
 
-@pytest.mark.parametrize("module", ["training.job", "training.attempts", "training.launch"])
+@pytest.mark.parametrize("module", ["training.job", "training.attempts", "training.launch", "training.results", "training.runs",
+                                    "training.storage_root"])
 def test_the_job_description_and_the_launcher_do_not_import_torch(module: str) -> None:
     """The launcher and whoever reads a job must not pay for the training loop's imports."""
     import subprocess

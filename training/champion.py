@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from training.errors import CheckpointError, StorageError
-from training.evaluate import UntrustedFactory, champion_package, load_package, read_champion
+from training.evaluate import champion_package, read_champion
+from training.package import UntrustedFactory, load_package
 from training.storage_root import StorageRoot
 
 __all__ = ["Champion", "check_champion"]

@@ -26,10 +26,22 @@ from training.checkpoint import list_checkpoints, parse_manifest, step_dir_name,
 from training.errors import CheckpointError, RetrainError, StorageError
 from training.storage_root import CHECKPOINT, RUN, StorageRoot
 
-__all__ = ["CheckpointUploader", "restore_newer_checkpoint"]
+__all__ = ["CheckpointUploader", "remote_checkpoints", "restore_newer_checkpoint"]
 
 log = logging.getLogger(__name__)
 _MANIFEST = "manifest.json"
+
+
+def remote_checkpoints(root: StorageRoot, ckpt_rel: str) -> dict[int, dict[str, int]]:
+    """{step: {file name: size}} of the checkpoints under `ckpt_rel` on S3."""
+    assert root.remote is not None
+    out: dict[int, dict[str, int]] = {}
+    for key, size in root.remote.list(ckpt_rel + "/").items():
+        parts = key[len(ckpt_rel) + 1 :].split("/")
+        step = step_of(parts[0]) if len(parts) == 2 else None
+        if step is not None:
+            out.setdefault(step, {})[parts[1]] = size
+    return out
 
 
 def restore_newer_checkpoint(root: StorageRoot, ckpt_rel: str, ckpt_dir: Path) -> int | None:
@@ -41,7 +53,7 @@ def restore_newer_checkpoint(root: StorageRoot, ckpt_rel: str, ckpt_dir: Path) -
         if step is not None and (path / _MANIFEST).exists():
             local_steps.append(step)
     newest_local = max(local_steps, default=-1)
-    remote = root.remote_checkpoints(ckpt_rel)
+    remote = remote_checkpoints(root, ckpt_rel)
     for step in sorted((s for s, files in remote.items() if _MANIFEST in files), reverse=True):
         if step <= newest_local:
             return None
@@ -167,7 +179,7 @@ class CheckpointUploader:
             remote.upload_file(f"{rel}/{name}", path / name, tags)
         # Verified before it is declared complete: every file there, at its size. The same
         # listing of the run's checkpoints then serves retention (one LIST per checkpoint).
-        checkpoints = self.root.remote_checkpoints(self.ckpt_rel)
+        checkpoints = remote_checkpoints(self.root, self.ckpt_rel)
         for name, meta in manifest["files"].items():
             if checkpoints.get(step, {}).get(name) != meta["bytes"]:
                 raise StorageError(f"{remote.uri(rel)}/{name} is not on S3 at {meta['bytes']} bytes after its upload")

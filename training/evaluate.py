@@ -7,7 +7,6 @@ between the two writes leaves the old champion in place and an unreferenced pack
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -16,76 +15,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.config import EvalConfig, ModelConfig
+from training.config import EvalConfig
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
 from training.data.packing import DatasetManifest
-from training.errors import CheckpointError
 from training.metrics import accuracy, log_loss, roc_auc
-from training.model import build_model, weights_sha256
+from training.package import load_package, meta_sha256
 from training.storage import read_json, write_json_atomic
 
-__all__ = ["evaluate_package", "predict_split", "package_stats", "load_package", "read_champion", "decide_promotion", "promote",
-           "meta_sha256", "UntrustedFactory", "EVAL_BATCH"]
+__all__ = ["evaluate_package", "predict_split", "read_champion", "decide_promotion", "promote", "compatible",
+           "EVAL_BATCH"]
 
 EVAL_BATCH = 8192
-
-
-class UntrustedFactory(CheckpointError):
-    """A package names a model factory that is not the running config's: never imported."""
-
-
-def meta_sha256(package_dir: Path) -> str:
-    """The sha256 of a package's model.json, which holds the weights' sha256: one hash that
-    covers every file of the package. Champion pointers and train results record it."""
-    try:
-        return hashlib.sha256((package_dir / "model.json").read_bytes()).hexdigest()
-    except FileNotFoundError:
-        raise CheckpointError(f"model package {package_dir} has no model.json") from None
-
-
-def _package_meta(package_dir: Path, expected_sha256: str | None = None) -> dict[str, Any]:
-    if expected_sha256 is not None and meta_sha256(package_dir) != expected_sha256:
-        raise CheckpointError(f"model package {package_dir}: model.json does not match the sha256 recorded for it "
-                              "(corrupted or replaced)")
-    meta = read_json(package_dir / "model.json")
-    if meta is None:
-        raise CheckpointError(f"model package {package_dir} has no model.json")
-    return meta
-
-
-def package_stats(package_dir: Path) -> FeatureStats:
-    """A package's feature statistics, without loading its weights."""
-    return FeatureStats(**_package_meta(package_dir)["feature_stats"])
-
-
-def load_package(
-    package_dir: Path, trusted_factory: str | None, expected_meta_sha256: str | None = None
-) -> tuple[torch.nn.Module, FeatureStats, dict[str, Any]]:
-    """A verified package's model in eval mode.
-
-    `trusted_factory` is the running config's `model.factory`: a package read back from storage
-    may only name that one (or none, the built-in MLP), because importing a name found in the
-    root would let anyone who can write the root run code here."""
-    meta = _package_meta(package_dir, expected_meta_sha256)
-    config = ModelConfig(**meta["model_config"])
-    if config.factory is not None and config.factory != trusted_factory:
-        raise UntrustedFactory(f"model package {package_dir} names model.factory '{config.factory}', which is not "
-                               "this run's model.factory; a factory named by storage is never imported")
-    stats = FeatureStats(**meta["feature_stats"])
-    model = build_model(config, len(stats.numeric), stats.cardinalities)
-    try:
-        state = torch.load(package_dir / "model.pt", map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001
-        raise CheckpointError(f"model package {package_dir}: cannot load model.pt ({err})") from None
-    if weights_sha256(state) != meta["sha256"]:
-        raise CheckpointError(f"model package {package_dir}: weights do not match their sha256 (corrupted)")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as err:
-        raise CheckpointError(f"model package {package_dir}: weights do not fit its model config ({err})") from None
-    model.eval()
-    return model, stats, meta
 
 
 def compatible(stats: FeatureStats, manifest: DatasetManifest) -> bool:

@@ -31,6 +31,7 @@ from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.attempts import count_attempt
 from training.job import TrainJob
+from training.results import TrainResult
 
 __all__ = ["run_training_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
 
@@ -140,7 +141,7 @@ def run_training_process(
     job: TrainJob,
     on_event: Callable[[dict[str, Any]], None] = log_child_event,
     on_start: Callable[[subprocess.Popen[str]], None] = lambda proc: None,
-) -> dict[str, Any]:
+) -> TrainResult:
     """Train `job` in a child process; return its result, or raise Preempted / a RetrainError."""
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -206,11 +207,10 @@ def run_training_process(
     return _outcome(job, rc, error_path, reported, distributed)
 
 
-def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[dict[str, Any]], distributed: bool) -> dict[str, Any]:
+def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[dict[str, Any]], distributed: bool) -> TrainResult:
     """The finished child's result, or the error its exit code and error reports say."""
     if rc == 0:
-        result: dict[str, Any] = json.loads((Path(job.run_dir) / "result.json").read_text())
-        return result
+        return TrainResult.model_validate_json((Path(job.run_dir) / "result.json").read_text())
     if rc == EXIT_PREEMPTED:
         raise Preempted(f"training process for run {job.run_key} was preempted and checkpointed")
     if rc < 0:

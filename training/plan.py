@@ -25,7 +25,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
         raise ConfigError(f"--instance-types: no price for {unknown} in cost.prices (known: {sorted(config.cost.prices)})")
     t0 = time.perf_counter()
     packed = pack_stage(config)
-    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
                             config.storage.model_dump(mode="json"), config.cost.tags)
     data_seconds = time.perf_counter() - t0
 
@@ -38,13 +38,14 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     calib.train.checkpoint_every = steps
     calib.train.patience = 0
     # Local even for an s3:// root: calibration output is thrown away.
-    scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, packed["fingerprint"])
+    scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, packed.fingerprint)
     shutil.rmtree(scratch, ignore_errors=True)
     t1 = time.time()
-    result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=packed["dataset_dir"],
-                            stats_path=prep["stats_path"], config=calib))
+    result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=packed.dataset_dir,
+                            stats_path=prep.stats_path, config=calib))
     shutil.rmtree(scratch, ignore_errors=True)
-    seconds = result["seconds"]
+    assert result is not None  # one process: rank 0
+    seconds = result.seconds
     per_step = seconds["train"] / steps
     per_eval = seconds["eval"]  # one validation pass
     per_save = seconds["checkpoint"]

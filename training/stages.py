@@ -21,13 +21,16 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import DataConfig, PreprocessConfig, RetrainConfig, StorageConfig, fingerprint
 from training.cost import compute_cost, naive_counterfactual, restarting_counterfactual, storage_cost
 from training.data.demo import ensure_demo_dataset
+from training.data.dataset_store import DatasetStore
 from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key, verified_feature_stats
 from training.data.packing import (
     DatasetManifest,
@@ -35,35 +38,49 @@ from training.data.packing import (
     PackPlan,
     assemble_shards,
     dataset_fingerprint,
-    load_manifest,
     pack_part,
     plan_pack,
+    require_manifest,
     source_files,
     split_writers,
     start_pack,
 )
 from training.errors import ConfigError, DataError, StorageError
 from training.champion import Champion, check_champion
-from training.evaluate import compatible, decide_promotion, evaluate_package, package_stats, promote
+from training.evaluate import compatible, decide_promotion, evaluate_package, promote
+from training.package import package_stats
 from training.launch import log_child_event, run_training_process
 from training.job import TrainJob, train_fingerprint
 from training.precision import resolved_numerics
 from training.report_render import render_curves, render_markdown
+from training.results import Evaluation, PackResult, PrepResult, Promotion, TrainResult, WarmStart
+from training.runs import finished_result, run_rel
 from training.storage import read_json, write_json_atomic
 from training.storage_root import CACHE, MODEL, RUN, StorageRoot
 from training.utilization import utilization_summary
 
 log = logging.getLogger(__name__)
 
-__all__ = ["build_train_job", "join_training", "pack_stage", "pack_begin", "pack_part_stage", "pack_finish", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
+__all__ = ["PackBegun", "build_train_job", "champion_validation_auc", "join_training", "pack_stage", "pack_begin", "pack_part_stage", "pack_finish", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
 
 
-def pack_begin(config: RetrainConfig) -> dict[str, Any]:
-    """Check storage, find an already packed dataset (here or on S3), or plan the packing.
+class PackBegun(BaseModel):
+    """The pack stage's first step: the reused dataset (`done`), or the plan and its parts,
+    which `pack_part_stage` runs, serially here or fanned out by the flow."""
 
-    Returns {"done": <pack result> | None, "plan": <PackPlan as JSON> | None, "parts": [...]}:
-    the parts are what `pack_part_stage` runs, serially here or fanned out by the flow.
-    """
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    storage: dict[str, Any]
+    bayes_auc: float | None
+    started_at: float
+    done: PackResult | None = None
+    plan: dict[str, Any] | None = None  # a PackPlan as JSON: a Prefect map input
+    parts: list[dict[str, Any]] = []
+
+
+def pack_begin(config: RetrainConfig) -> PackBegun:
+    """Check storage, find an already packed dataset (here or on S3), or plan the packing."""
     started = time.time()
     root = StorageRoot.from_config(config)
     storage = {**root.environment_summary(), **root.prepare()}  # fail here, not mid-training
@@ -72,25 +89,22 @@ def pack_begin(config: RetrainConfig) -> dict[str, Any]:
         source, bayes_auc = ensure_demo_dataset(root.local)
     else:
         source = Path(config.data.source).expanduser()
-    base = {"source": str(source), "storage": storage, "bayes_auc": bayes_auc, "started_at": started}
+    begun = PackBegun(source=str(source), storage=storage, bayes_auc=bayes_auc, started_at=started)
+    datasets = DatasetStore(root)
     if root.is_remote:
         fp, _ = dataset_fingerprint(source_files(source), config.data)
-        dataset_dir = root.fetch_dataset(fp)  # packed before, on any machine
+        dataset_dir = datasets.fetch(fp)  # packed before, on any machine
         if dataset_dir is not None:
-            manifest = load_manifest(dataset_dir)
-            assert manifest is not None
-            return {"done": _packed(base, root, dataset_dir, manifest, reused=True, uploaded=0), "plan": None, "parts": []}
-    datasets = root.local / "datasets"
-    datasets.mkdir(parents=True, exist_ok=True)
-    plan, existing = plan_pack(source, config.data, datasets, config.data.pack_parts)
+            packed = _packed(begun, root, dataset_dir, require_manifest(dataset_dir), reused=True, uploaded=0)
+            return begun.model_copy(update={"done": packed})
+    plan, existing = plan_pack(source, config.data, datasets.local_root(), config.data.pack_parts)
     if plan is None:
         assert existing is not None
-        dataset_dir = datasets / existing.fingerprint
-        uploaded = root.publish_dataset(dataset_dir, existing)  # packed here before, maybe never uploaded
-        return {"done": _packed(base, root, dataset_dir, existing, reused=True, uploaded=uploaded), "plan": None,
-                "parts": []}
+        dataset_dir = datasets.local_root() / existing.fingerprint
+        uploaded = datasets.publish(dataset_dir, existing)  # packed here before, maybe never uploaded
+        return begun.model_copy(update={"done": _packed(begun, root, dataset_dir, existing, True, uploaded)})
     start_pack(plan)
-    return {"done": None, "plan": {**base, **asdict(plan)}, "parts": [asdict(p) for p in plan.parts]}
+    return begun.model_copy(update={"plan": asdict(plan), "parts": [asdict(p) for p in plan.parts]})
 
 
 def _plan_of(plan: dict[str, Any]) -> PackPlan:
@@ -107,13 +121,14 @@ def pack_part_stage(data: dict[str, Any], plan: dict[str, Any], part: dict[str, 
     return pack_part(_plan_of(plan), _part_of(part), DataConfig.model_validate(data))
 
 
-def pack_finish(config: RetrainConfig, begun: dict[str, Any], parts: list[dict[str, Any]],
-                writers: dict[str, Any] | None = None) -> dict[str, Any]:
+def pack_finish(config: RetrainConfig, begun: PackBegun, parts: list[dict[str, Any]],
+                writers: dict[str, Any] | None = None) -> PackResult:
     """Assemble the shards from the parts (or finish the `writers` the parts fed directly, or
     pass on the reused dataset) and publish them."""
-    if begun["done"] is not None:
-        return {**begun["done"], "seconds": time.time() - begun["done"]["started_at"]}
-    plan = _plan_of(begun["plan"])
+    if begun.done is not None:
+        return begun.done.model_copy(update={"seconds": time.time() - begun.started_at})
+    assert begun.plan is not None
+    plan = _plan_of(begun.plan)
     root = StorageRoot.from_config(config)
     try:
         manifest = assemble_shards(plan, parts, config.data, writers)
@@ -121,36 +136,28 @@ def pack_finish(config: RetrainConfig, begun: dict[str, Any], parts: list[dict[s
         shutil.rmtree(plan.work_dir, ignore_errors=True)
         raise
     dataset_dir = Path(plan.final_dir)
-    uploaded = root.publish_dataset(dataset_dir, manifest)
-    return {**_packed(begun["plan"], root, dataset_dir, manifest, reused=False, uploaded=uploaded), "parts": len(parts)}
+    uploaded = DatasetStore(root).publish(dataset_dir, manifest)
+    return _packed(begun, root, dataset_dir, manifest, reused=False, uploaded=uploaded, parts=len(parts))
 
 
-def _packed(base: dict[str, Any], root: StorageRoot, dataset_dir: Path, manifest: Any, reused: bool,
-            uploaded: int) -> dict[str, Any]:
-    return {
-        "source": base["source"],
-        "dataset_dir": str(dataset_dir),
-        "dataset_uri": root.display(f"datasets/{manifest.fingerprint}"),
-        "fingerprint": manifest.fingerprint,
-        "rows": manifest.rows,
-        "shards": len(manifest.shards),
-        "reused": reused,
-        "uploaded_bytes": uploaded,
-        "storage": base["storage"],
-        "bayes_auc": base["bayes_auc"],
-        "started_at": base["started_at"],
-        "seconds": time.time() - base["started_at"],
-    }
+def _packed(begun: PackBegun, root: StorageRoot, dataset_dir: Path, manifest: DatasetManifest, reused: bool,
+            uploaded: int, parts: int | None = None) -> PackResult:
+    return PackResult(
+        source=begun.source, dataset_dir=str(dataset_dir), dataset_uri=root.display(f"datasets/{manifest.fingerprint}"),
+        fingerprint=manifest.fingerprint, rows=manifest.rows, shards=len(manifest.shards), reused=reused,
+        uploaded_bytes=uploaded, storage=begun.storage, bayes_auc=begun.bayes_auc, started_at=begun.started_at,
+        seconds=time.time() - begun.started_at, parts=parts,
+    )
 
 
-def pack_stage(config: RetrainConfig) -> dict[str, Any]:
+def pack_stage(config: RetrainConfig) -> PackResult:
     """The whole pack stage in this process: begin, every part in turn, finish."""
     begun = pack_begin(config)
-    if begun["done"] is not None:
+    if begun.plan is None:
         return pack_finish(config, begun, [])
     # In one process the parts go in order straight into the shard writers (no pieces on
     # disk); the bytes are the same as when the flow fans the parts out.
-    plan = _plan_of(begun["plan"])
+    plan = _plan_of(begun.plan)
     try:
         writers = split_writers(plan, config.data)
         parts = [pack_part(plan, part, config.data, writers) for part in plan.parts]
@@ -166,12 +173,10 @@ def preprocess_stage(
     storage_root: str,
     storage: dict[str, Any] | None = None,
     tags: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> PrepResult:
     t0 = time.perf_counter()
     config = PreprocessConfig.model_validate(preprocess)
-    manifest = load_manifest(Path(dataset_dir))
-    if manifest is None:
-        raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
+    manifest = require_manifest(Path(dataset_dir))
     root = StorageRoot(StorageConfig.model_validate(storage or {"root": storage_root}), tags)
     rel = f"preprocess/{preprocess_key(manifest.fingerprint, config)}/feature_stats.json"
     check_rel = f"{rel}.sha256"
@@ -186,15 +191,9 @@ def preprocess_stage(
         stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root.local / "preprocess")
     if not reused:
         root.publish_all([rel, check_rel], CACHE)  # the checksum last: it marks them complete
-    return {
-        "stats_path": str(stats_path),
-        "stats_rel": rel,
-        "reused": reused,
-        "key": stats.key,
-        "code_version": PREPROCESS_VERSION,
-        "cardinalities": stats.cardinalities,
-        "seconds": time.perf_counter() - t0,
-    }
+    return PrepResult(stats_path=str(stats_path), stats_rel=rel, reused=reused, key=stats.key,
+                      code_version=PREPROCESS_VERSION, cardinalities=stats.cardinalities,
+                      seconds=time.perf_counter() - t0)
 
 
 def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
@@ -206,7 +205,16 @@ def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: st
     return fingerprint(*parts)
 
 
-def warm_start_plan(config: RetrainConfig, champion: Champion | None) -> tuple[dict[str, Any] | None, str]:
+@dataclass(frozen=True)
+class WarmStartPlan:
+    """The champion's weights (and the sha256 they must have) and its feature statistics."""
+
+    weights: str
+    sha256: str
+    stats: dict[str, Any]
+
+
+def warm_start_plan(config: RetrainConfig, champion: Champion | None) -> tuple[WarmStartPlan | None, str]:
     """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
     if config.train.init_from != "champion":
         return None, "train.init_from is none"
@@ -222,101 +230,84 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None) -> tuple[d
     if stats["numeric"] != config.data.numeric or stats["categorical"] != config.data.categorical:
         return None, "the champion's feature columns differ from data.numeric/data.categorical: fresh start"
     return (
-        {"weights": str(package / "model.pt"), "sha256": pointer["sha256"], "stats": stats},
+        WarmStartPlan(weights=str(package / "model.pt"), sha256=pointer["sha256"], stats=stats),
         f"warm start from champion {pointer['sha256'][:12]} with its feature statistics",
     )
 
 
-def _champion_val_auc(config: RetrainConfig, champion: Champion | None, packed: dict[str, Any]) -> float | None:
-    """The champion's AUC on this run's validation split, for the champion gate."""
+def champion_validation_auc(config: RetrainConfig, packed: PackResult) -> float | None:
+    """The champion's AUC on this run's validation split, for the champion gate (None when there
+    is no usable, compatible champion). Evaluation's work, run before training by the flow."""
+    champion = check_champion(StorageRoot.from_config(config), config.model.factory)
     if champion is None or not champion.usable:
         return None
-    manifest = load_manifest(Path(packed["dataset_dir"]))
-    if manifest is None or not compatible(package_stats(champion.package), manifest):
+    dataset_dir = Path(packed.dataset_dir)
+    manifest = require_manifest(dataset_dir)
+    if not compatible(package_stats(champion.package), manifest):
         return None
-    return evaluate_package(champion.package, Path(packed["dataset_dir"]), manifest, config.model.factory,
-                            split="validation")["auc"]
+    return evaluate_package(champion.package, dataset_dir, manifest, config.model.factory, split="validation")["auc"]
 
 
-def build_train_job(
-    config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], champion: Champion | None
-) -> tuple[TrainJob, dict[str, Any] | None, str]:
-    """The training job of this config and data, with the warm-start plan and its reason;
-    `champion` is `check_champion`'s answer, checked once by the caller.
+def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult, champion: Champion | None,
+                    champion_val_auc: float | None = None) -> tuple[TrainJob, WarmStart]:
+    """The training job of this config and data, with the warm-start decision; `champion` is
+    `check_champion`'s answer, checked once by the caller.
 
     Deterministic in its inputs, so every node of a multi-node run builds the same job."""
     root = StorageRoot.from_config(config)
-    fetched = root.fetch(prep["stats_rel"]) if "stats_rel" in prep else None
-    stats_path = fetched or Path(prep["stats_path"])
+    stats_path = root.fetch(prep.stats_rel) or Path(prep.stats_path)
     if not stats_path.exists():
-        # The statistics can be gone since the preprocess stage ran (someone cleaned the root
-        # between a task's retries): refitting is deterministic, so do it rather than fail.
-        prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
-                                config.storage.model_dump(mode="json"), config.cost.tags)
-        stats_path = Path(prep["stats_path"])
+        # Gone since the preprocess stage ran (someone cleaned the root between retries). The
+        # preprocess stage is not cached by Prefect, so rerunning the flow refits them.
+        raise DataError(f"feature statistics {root.display(prep.stats_rel)} are gone since the preprocess stage "
+                        "ran; rerun the flow (preprocessing refits them)")
     warm, warm_reason = warm_start_plan(config, champion)
     init_sha = None
     if warm is not None:
         # Embedding rows and input scaling must mean what they meant for the champion, so the
         # warm-started model keeps the champion's preprocessing; unseen categories share index 0.
-        init_sha = warm["sha256"]
+        init_sha = warm.sha256
         stats_path = root.local / "preprocess" / f"champion-{init_sha[:16]}" / "feature_stats.json"
         if not stats_path.exists():
-            write_json_atomic(stats_path, warm["stats"])
-    run_key = run_key_for(config, packed["fingerprint"], init_sha)
+            write_json_atomic(stats_path, warm.stats)
+    run_key = run_key_for(config, packed.fingerprint, init_sha)
     rate, gpus = config.cost.rate()
     job = TrainJob(
-        run_key=run_key,
-        run_dir=str(root.local / "runs" / run_key),
-        run_rel=f"runs/{run_key}",
-        dataset_dir=packed["dataset_dir"],
-        stats_path=str(stats_path),
-        config=config,
-        init_weights=warm["weights"] if warm else None,
-        init_sha256=init_sha,
-        rate_per_hour=rate,
-        gpus=gpus,
-        pre_train_seconds=packed["seconds"] + prep["seconds"],
-        champion_val_auc=_champion_val_auc(config, champion, packed) if config.budget.champion_gate else None,
+        run_key=run_key, run_dir=str(root.local / run_rel(run_key)), run_rel=run_rel(run_key),
+        dataset_dir=packed.dataset_dir, stats_path=str(stats_path), config=config,
+        init_weights=warm.weights if warm else None, init_sha256=init_sha, rate_per_hour=rate, gpus=gpus,
+        pre_train_seconds=packed.seconds + prep.seconds,
+        champion_val_auc=champion_val_auc if config.budget.champion_gate else None,
     )
-    return job, warm, warm_reason
+    warm_start = WarmStart(requested=config.train.init_from == "champion", used=warm is not None,
+                           reason=warm_reason, champion_sha256=init_sha)
+    return job, warm_start
 
 
 def train_stage(
     config: RetrainConfig,
-    packed: dict[str, Any],
-    prep: dict[str, Any],
+    packed: PackResult,
+    prep: PrepResult,
     on_event: Callable[[dict[str, Any]], None] = log_child_event,
-) -> dict[str, Any]:
+    champion_val_auc: float | None = None,
+) -> TrainResult:
+    """Train the run in a child process (or find it finished); `champion_val_auc` is the
+    champion gate's bar, measured by `champion_validation_auc` before training."""
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
     # Verified before training: a damaged champion is reported in seconds, not after a full run.
     champion = check_champion(root, config.model.factory)
-    job, warm, warm_reason = build_train_job(config, packed, prep, champion)
-    init_sha = job.init_sha256
-    root.fetch_finished_run(job.run_rel)
-    finished = read_json(Path(job.run_dir) / "result.json")
-    if finished is not None:
-        # A finished run needs no child process (and no 3 s of torch start-up).
-        result = {**finished, "already_complete": True}
-    else:
-        result = run_training_process(job, on_event)
-    summary = {k: v for k, v in result.items() if k != "history"}
-    summary["run_dir"] = job.run_dir
-    summary["run_uri"] = root.display(job.run_rel)
-    summary["seconds_this_attempt"] = time.perf_counter() - t0
-    summary["warm_start"] = {
-        "requested": config.train.init_from == "champion",
-        "used": warm is not None,
-        "reason": warm_reason,
-        "champion_sha256": init_sha,
-    }
-    summary["champion_check"] = None if champion is None else {"sha256": champion.sha256, "problem": champion.problem}
-    target = config.eval.target_auc
-    summary["steps_to_target"] = (
-        None if target is None else next((h["step"] for h in result.get("history", []) if h["val_auc"] >= target), None)
-    )
-    return summary
+    job, warm_start = build_train_job(config, packed, prep, champion, champion_val_auc)
+    # A finished run needs no child process (and no 3 s of torch start-up).
+    result = finished_result(job) or run_training_process(job, on_event)
+    return result.model_copy(update={
+        "run_dir": job.run_dir,
+        "run_uri": root.display(job.run_rel),
+        "seconds_this_attempt": time.perf_counter() - t0,
+        "warm_start": warm_start,
+        "champion_check": None if champion is None else {"sha256": champion.sha256, "problem": champion.problem},
+        "steps_to_target": result.steps_to(config.eval.target_auc),
+    })
 
 
 def join_training(config: RetrainConfig, node_rank: int) -> int:
@@ -332,9 +323,9 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
     if not 1 <= node_rank < config.train.nnodes:
         raise ConfigError(f"--node-rank must be 1..{config.train.nnodes - 1} (node 0 is the flow's own node)")
     packed = pack_stage(config)
-    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
                             config.storage.model_dump(mode="json"), config.cost.tags)
-    job, _, _ = build_train_job(config, packed, prep, check_champion(StorageRoot.from_config(config), config.model.factory))
+    job, _ = build_train_job(config, packed, prep, check_champion(StorageRoot.from_config(config), config.model.factory))
     run_dir = Path(job.run_dir)
     node_dir = run_dir / f"node-{os.getpid()}"
     node_dir.mkdir(parents=True, exist_ok=True)
@@ -344,27 +335,26 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
     return subprocess.run(command, env=child_env()).returncode
 
 
-def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[str, Any]) -> dict[str, Any]:
+def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResult) -> Evaluation:
+    """The challenger's test metrics and the champion/challenger decision, promoted atomically."""
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
-    run_dir = Path(trained["run_dir"])
-    dataset_dir = Path(packed["dataset_dir"])
-    manifest = load_manifest(dataset_dir)
-    if manifest is None:
-        raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
-    challenger_sha = trained["model"]["sha256"]
-    done = _finished_promotion(root, run_dir, trained["run_key"], challenger_sha, config)
+    run_dir = Path(trained.run_dir)
+    dataset_dir = Path(packed.dataset_dir)
+    manifest = require_manifest(dataset_dir)
+    challenger_sha = trained.model.sha256
+    done = _finished_promotion(root, run_dir, trained.run_key, challenger_sha, config)
     if done is not None:
         return done
     metrics = evaluate_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
-                               expected_meta_sha256=trained["model"].get("meta_sha256"))
+                               expected_meta_sha256=trained.model.meta_sha256)
     for _attempt in range(_PROMOTION_ATTEMPTS):
         champion = check_champion(root, config.model.factory)
         champion_metrics, champion_note, problem = _champion_metrics(champion, dataset_dir, manifest, config)
         promoted, reason = decide_promotion(
             challenger_sha, metrics, champion.sha256 if champion else None, champion_metrics, config.eval, problem
         )
-        if not promoted or _promote(root, run_dir, challenger_sha, trained, packed, metrics, champion):
+        if not promoted or _promote(root, run_dir, trained, packed, metrics, champion):
             break
         # Compare-and-swap lost: another machine promoted after our comparison. Compare again
         # with the new champion rather than overwrite it.
@@ -372,24 +362,18 @@ def evaluate_stage(config: RetrainConfig, packed: dict[str, Any], trained: dict[
     else:
         raise StorageError(f"the champion at {root.display('models/champion')} changed {_PROMOTION_ATTEMPTS} times "
                            "while this run was evaluated; run the same command again")
-    evaluation = {
-        "tags": dict(config.cost.tags),
-        "metrics": metrics,
-        "target_auc": config.eval.target_auc,
-        "target_met": None if config.eval.target_auc is None else metrics["auc"] >= config.eval.target_auc,
-        "promotion": {
-            "promoted": promoted,
-            "reason": reason,
-            "challenger_sha256": challenger_sha,
-            "champion_sha256": champion.sha256 if champion else None,
-            "champion_metrics": champion_metrics,
-            "champion_note": champion_note,
-            "champion_problem": champion.problem if champion else None,
-        },
-        "seconds": time.perf_counter() - t0,
-    }
-    write_json_atomic(run_dir / "evaluation.json", evaluation)
-    root.publish(f"runs/{trained['run_key']}/evaluation.json", RUN, trained["run_key"])
+    target = config.eval.target_auc
+    evaluation = Evaluation(
+        tags=dict(config.cost.tags), metrics=metrics, target_auc=target,
+        target_met=None if target is None else metrics["auc"] >= target,
+        promotion=Promotion(promoted=promoted, reason=reason, challenger_sha256=challenger_sha,
+                            champion_sha256=champion.sha256 if champion else None,
+                            champion_metrics=champion_metrics, champion_note=champion_note,
+                            champion_problem=champion.problem if champion else None),
+        seconds=time.perf_counter() - t0,
+    )
+    write_json_atomic(run_dir / "evaluation.json", evaluation.to_json())
+    root.publish(f"{run_rel(trained.run_key)}/evaluation.json", RUN, trained.run_key)
     return evaluation
 
 
@@ -397,39 +381,33 @@ _PROMOTION_ATTEMPTS = 3
 
 
 def _finished_promotion(root: StorageRoot, run_dir: Path, run_key: str, challenger_sha: str,
-                        config: RetrainConfig) -> dict[str, Any] | None:
+                        config: RetrainConfig) -> Evaluation | None:
     """This run's evaluation when it already promoted its model and that model is still the
     champion: a rerun after an interrupt (say, during the report) reports that promotion,
     instead of finding its own model in place and saying "already the champion". A run whose
     report was written is finished: rerunning it reports that its model is already champion."""
-    if (run_dir / "report.json").exists() or root.fetch(f"runs/{run_key}/report.json") is not None:
+    if (run_dir / "report.json").exists() or root.fetch(f"{run_rel(run_key)}/report.json") is not None:
         return None
     try:
-        recorded = read_json(run_dir / "evaluation.json")
-    except StorageError:
-        return None  # damaged: evaluate again
-    if not isinstance(recorded, dict) or not recorded.get("promotion", {}).get("promoted"):
-        return None
-    if recorded["promotion"].get("challenger_sha256") != challenger_sha:
+        recorded = Evaluation.model_validate(read_json(run_dir / "evaluation.json"))
+    except (StorageError, ValidationError):
+        return None  # absent or damaged: evaluate again
+    if not recorded.promotion.promoted or recorded.promotion.challenger_sha256 != challenger_sha:
         return None
     champion = check_champion(root, config.model.factory)
     return recorded if champion is not None and champion.usable and champion.sha256 == challenger_sha else None
 
 
-def _promote(root: StorageRoot, run_dir: Path, challenger_sha: str, trained: dict[str, Any], packed: dict[str, Any],
+def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: PackResult,
              metrics: dict[str, Any], champion: Champion | None) -> bool:
     """The package first, the pointer last (a reader that finds the pointer finds the model);
     on S3 the pointer is swapped only if it is still the version compared against."""
-    promote(
-        root.local / "models",
-        run_dir / "model",
-        challenger_sha,
-        {"run_key": trained["run_key"], "metrics": metrics, "dataset": packed["fingerprint"]},
-        uri=root.display(f"models/{challenger_sha}/model.pt"),
-    )
-    root.publish_all([f"models/{challenger_sha}/model.pt", f"models/{challenger_sha}/model.json"], MODEL,
-                     trained["run_key"])
-    return root.publish_if_unchanged("models/champion", MODEL, trained["run_key"], champion.etag if champion else None)
+    sha = trained.model.sha256
+    promote(root.local / "models", run_dir / "model", sha,
+            {"run_key": trained.run_key, "metrics": metrics, "dataset": packed.fingerprint},
+            uri=root.display(f"models/{sha}/model.pt"))
+    root.publish_all([f"models/{sha}/model.pt", f"models/{sha}/model.json"], MODEL, trained.run_key)
+    return root.publish_if_unchanged("models/champion", MODEL, trained.run_key, champion.etag if champion else None)
 
 
 def _champion_metrics(
@@ -454,35 +432,35 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
-def cost_report(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any],
-                evaluation: dict[str, Any]) -> dict[str, Any]:
+def cost_report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
+                evaluation: Evaluation) -> dict[str, Any]:
     """The bill of this run from measured seconds and bytes, and the naive counterfactual."""
     rate, gpus = config.cost.rate()
-    seconds = trained["seconds"]
-    train_billed = trained["billed_seconds"] - seconds.get("pre_train", 0.0)
-    stages = {"pack": packed["seconds"], "preprocess": prep["seconds"], "train": train_billed,
-              "evaluate": evaluation["seconds"]}
+    seconds = trained.seconds
+    train_billed = trained.billed_seconds - seconds.get("pre_train", 0.0)
+    stages = {"pack": packed.seconds, "preprocess": prep.seconds, "train": train_billed,
+              "evaluate": evaluation.seconds}
     compute = compute_cost(stages, rate, gpus)
-    run_dir = Path(trained["run_dir"])
+    run_dir = Path(trained.run_dir)
     storage = storage_cost(
-        {"shards": _dir_bytes(Path(packed["dataset_dir"])), "checkpoints": _dir_bytes(run_dir / "checkpoints"),
+        {"shards": _dir_bytes(Path(packed.dataset_dir)), "checkpoints": _dir_bytes(run_dir / "checkpoints"),
          "models": _dir_bytes(run_dir / "model")},
         config.cost.storage_class, config.cost.storage_per_gb_month, config.cost.retention_days,
     )
-    per_step = (seconds["train"] + seconds["eval"] + seconds["checkpoint"]) / max(1, trained["steps"])
+    per_step = (seconds["train"] + seconds["eval"] + seconds["checkpoint"]) / max(1, trained.steps)
     on_demand = config.cost.prices[config.cost.instance_type].on_demand_per_hour
-    one_start = seconds.get("startup", 0.0) / (1 + trained["preemptions"])  # the naive run starts once too
+    one_start = seconds.get("startup", 0.0) / (1 + trained.preemptions)  # the naive run starts once too
     naive = naive_counterfactual(
-        other_stage_seconds=packed["seconds"] + prep["seconds"] + evaluation["seconds"] + one_start,
+        other_stage_seconds=packed.seconds + prep.seconds + evaluation.seconds + one_start,
         train_seconds_per_step=per_step,
-        naive_steps=trained.get("max_steps", trained["steps"]),
-        fp32_slowdown=trained.get("fp32_slowdown", 1.0),
+        naive_steps=trained.max_steps,
+        fp32_slowdown=trained.fp32_slowdown,
         on_demand_per_hour=on_demand,
         gpus=gpus,
     )
     # A preemption hit this run at about the step it resumed from plus the steps it lost then.
-    resumed = trained.get("resumed_from_steps") or []
-    lost_each = trained.get("steps_lost", 0) / max(1, len(resumed))
+    resumed = trained.resumed_from_steps
+    lost_each = trained.steps_lost / max(1, len(resumed))
     restarting = restarting_counterfactual(
         naive=naive, steps_reached_at_preemptions=[int(s + lost_each) for s in resumed],
         train_seconds_per_step=per_step, restart_seconds=one_start, rate_per_hour=rate, gpus=gpus,
@@ -513,75 +491,60 @@ def cost_report(config: RetrainConfig, packed: dict[str, Any], prep: dict[str, A
 
 
 def report_stage(
-    config: RetrainConfig, packed: dict[str, Any], prep: dict[str, Any], trained: dict[str, Any],
-    evaluation: dict[str, Any], stage_states: dict[str, str], flow_run_id: str | None = None,
+    config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
+    evaluation: Evaluation, stage_states: dict[str, str], flow_run_id: str | None = None,
 ) -> dict[str, str]:
     """Write report.json, curves.png and report.md into the run folder; return their paths.
     `flow_run_id` is the Prefect flow run that wrote it (None outside Prefect)."""
-    run_dir = Path(trained["run_dir"])
-    result = read_json(run_dir / "result.json") or {}
-    history = result.get("history", [])
-    durations = {
-        "pack": packed["seconds"],
-        "preprocess": prep["seconds"],
-        "train": trained["seconds_this_attempt"],
-        "evaluate": evaluation["seconds"],
-    }
-    report = {
-        "run_key": trained["run_key"],
-        "status": trained["status"],
-        "stop_reason": trained.get("stop_reason"),
-        "steps": trained["steps"],
-        "metrics": {k: evaluation["metrics"][k] for k in ("auc", "logloss", "accuracy")},
-        "model": trained["model"],
-        "resumed_from_steps": trained["resumed_from_steps"],
-        "preemptions": trained["preemptions"],
-        "steps_lost": trained["steps_lost"],
-        "durations": durations,
-        "preemption": {
-            "preemptions": trained["preemptions"],
-            "resumed_from_steps": trained["resumed_from_steps"],
-            "steps_lost": trained["steps_lost"],
-            "seconds_lost": trained["seconds"]["lost"],
-            "checkpoint_seconds": trained["seconds"]["checkpoint"],
-            "checkpoints_saved": trained.get("checkpoints_saved"),
-            "checkpoint_interval": trained.get("checkpoint_interval"),
-            "restart_to_first_step_seconds": trained.get("restart_to_first_step_seconds", []),
-        },
-        "cost": cost_report(config, packed, prep, trained, evaluation),
-        "utilization": utilization_summary(trained["seconds"], trained.get("samples_seen", 0),
-                                           trained.get("accelerator") or {}, trained.get("device", "cuda")),
-        "tags": dict(config.cost.tags),
-        "profile": trained.get("profile"),
-        "stages": {
-            "pack": {"state": stage_states.get("pack"), "reused": packed["reused"], "dataset": packed["fingerprint"],
-                     "rows": packed["rows"], "shards": packed["shards"], "dir": packed["dataset_dir"]},
-            "preprocess": {"state": stage_states.get("preprocess"), "key": prep["key"], "stats": prep["stats_path"]},
-            "train": {"state": stage_states.get("train"), "already_complete": bool(trained.get("already_complete")),
-                      "best_step": trained["best_step"], "best_val_auc": trained["best_val_auc"],
-                      "precision": trained["precision"], "device": trained["device"],
-                      "seconds": trained["seconds"], "first_step_latency_seconds": trained["first_step_latency_seconds"],
-                      "history": history},
-            "evaluate": {"state": stage_states.get("evaluate")},
-        },
-        "target_auc": evaluation["target_auc"],
-        "target_met": evaluation["target_met"],
-        "promotion": evaluation["promotion"],
-        "warm_start": trained.get("warm_start"),
-        "steps_to_target": trained.get("steps_to_target"),
-        "bayes_auc": packed.get("bayes_auc"),
-        "prefect_flow_run_id": flow_run_id,
-        "pipeline_started_at": packed["started_at"],  # epoch seconds when the first stage began
-    }
-    path = run_dir / "report.json"
-    curves = render_curves(history, run_dir / "curves.png")
-    markdown = render_markdown(report, curves, embed=False)
-    (run_dir / "report.md").write_text(markdown)
-    report["files"] = {"report_md": str(run_dir / "report.md"), "curves_png": str(curves) if curves else None}
+    run_dir = Path(trained.run_dir)
     root = StorageRoot.from_config(config)
-    report["storage"] = {**packed.get("storage", {}), "run_uri": root.display(f"runs/{trained['run_key']}")}
+    report = _report(config, packed, prep, trained, evaluation, stage_states, flow_run_id)
+    curves = render_curves(trained.history, run_dir / "curves.png")
+    (run_dir / "report.md").write_text(render_markdown(report, curves, embed=False))
+    report["files"] = {"report_md": str(run_dir / "report.md"), "curves_png": str(curves) if curves else None}
+    report["storage"] = {**packed.storage, "run_uri": root.display(run_rel(trained.run_key))}
+    path = run_dir / "report.json"
     write_json_atomic(path, report)
-    rel = f"runs/{trained['run_key']}"
+    rel = run_rel(trained.run_key)
     root.publish_all([f"{rel}/report.md"] + ([f"{rel}/curves.png"] if curves else []) + [f"{rel}/report.json"],
-                     RUN, trained["run_key"])
+                     RUN, trained.run_key)
     return {"report": str(path), "markdown": str(run_dir / "report.md"), "curves": str(curves) if curves else ""}
+
+
+def _report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
+            evaluation: Evaluation, stage_states: dict[str, str], flow_run_id: str | None) -> dict[str, Any]:
+    """report.json's content (its keys are a contract: extend them only)."""
+    durations = {"pack": packed.seconds, "preprocess": prep.seconds, "train": trained.seconds_this_attempt,
+                 "evaluate": evaluation.seconds}
+    preemption = {
+        "preemptions": trained.preemptions, "resumed_from_steps": trained.resumed_from_steps,
+        "steps_lost": trained.steps_lost, "seconds_lost": trained.seconds["lost"],
+        "checkpoint_seconds": trained.seconds["checkpoint"], "checkpoints_saved": trained.checkpoints_saved,
+        "checkpoint_interval": trained.checkpoint_interval,
+        "restart_to_first_step_seconds": trained.restart_to_first_step_seconds,
+    }
+    stages = {
+        "pack": {"state": stage_states.get("pack"), "reused": packed.reused, "dataset": packed.fingerprint,
+                 "rows": packed.rows, "shards": packed.shards, "dir": packed.dataset_dir},
+        "preprocess": {"state": stage_states.get("preprocess"), "key": prep.key, "stats": prep.stats_path},
+        "train": {"state": stage_states.get("train"), "already_complete": trained.already_complete,
+                  "best_step": trained.best_step, "best_val_auc": trained.best_val_auc,
+                  "precision": trained.precision, "device": trained.device, "seconds": trained.seconds,
+                  "first_step_latency_seconds": trained.first_step_latency_seconds, "history": trained.history},
+        "evaluate": {"state": stage_states.get("evaluate")},
+    }
+    return {
+        "run_key": trained.run_key, "status": trained.status, "stop_reason": trained.stop_reason,
+        "steps": trained.steps, "metrics": {k: evaluation.metrics[k] for k in ("auc", "logloss", "accuracy")},
+        "model": trained.model.to_json(), "resumed_from_steps": trained.resumed_from_steps,
+        "preemptions": trained.preemptions, "steps_lost": trained.steps_lost, "durations": durations,
+        "preemption": preemption, "cost": cost_report(config, packed, prep, trained, evaluation),
+        "utilization": utilization_summary(trained.seconds, trained.samples_seen, trained.accelerator, trained.device),
+        "tags": dict(config.cost.tags), "profile": trained.profile, "stages": stages,
+        "target_auc": evaluation.target_auc, "target_met": evaluation.target_met,
+        "promotion": evaluation.promotion.to_json(),
+        "warm_start": trained.warm_start.to_json() if trained.warm_start else None,
+        "steps_to_target": trained.steps_to_target, "bayes_auc": packed.bayes_auc,
+        "prefect_flow_run_id": flow_run_id,
+        "pipeline_started_at": packed.started_at,  # epoch seconds when the first stage began
+    }

@@ -8,8 +8,9 @@ working copy (`storage.local_dir`, by default ~/.cache/retrain/s3/<bucket>/<pref
   the user's cost-allocation tags; folders publish their marker file (manifest, pointer) last;
 - `fetch(rel)` brings one object down (`fresh=True` for mutable ones such as the champion
   pointer, which must never come from a stale local copy);
-- datasets publish their shards, then the manifest; a machine that finds the manifest reads
-  shards on demand through the size-limited local shard cache (`training.data.shard_cache`).
+It moves bytes and objects and knows nothing of what they are: dataset layout lives in
+`training.data.dataset_store`, checkpoint layout in `training.checkpoint_upload`, run layout in
+`training.runs`.
 
 Object classes (the `retrain-class` tag) and their lifecycle: `checkpoint` moves to a colder
 class after N days and expires after M; `shard-cache` (packed shards, rebuildable from the
@@ -23,12 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from training.config import LifecycleConfig, StorageConfig
-from training.data.shard_cache import REMOTE_MARKER
-from training.checkpoint import step_of
 from training.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
-from training.storage import write_atomic, write_json_atomic
+from training.storage import write_atomic
 
-__all__ = ["StorageRoot", "local_dir_for", "lifecycle_rules", "REMOTE_MARKER", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
+__all__ = ["StorageRoot", "local_dir_for", "lifecycle_rules", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
 
 log = logging.getLogger(__name__)
 
@@ -180,84 +179,6 @@ class StorageRoot:
             return True
         data = (self.local / rel).read_bytes()
         return self.remote.put_bytes(rel, data, self.tags(cls, run), if_absent=etag is None, if_match=etag)
-
-    def fetch_finished_run(self, run_rel: str) -> bool:
-        """Bring down a run that finished on any machine: its result.json (published last) and
-        its model package. False when the run has not finished anywhere."""
-        if self.fetch(f"{run_rel}/result.json") is None:
-            return False
-        for name in ("model.json", "model.pt"):
-            self.fetch(f"{run_rel}/model/{name}")
-        return True
-
-    # -- datasets -----------------------------------------------------------------------------------
-
-    def _mark_remote(self, dataset_dir: Path, rel: str) -> None:
-        assert self.remote is not None
-        marker = {
-            "settings": self.remote.settings.to_json(),
-            "rel": rel,
-            "cache_bytes": int(self.config.shard_cache_gb * (1 << 30)),
-            "cache_root": str(self.local / "datasets"),
-        }
-        write_json_atomic(dataset_dir / REMOTE_MARKER, marker)
-
-    def publish_dataset(self, dataset_dir: Path, manifest: Any) -> int:
-        """Upload the shards that are not there yet, then the manifest; returns bytes uploaded."""
-        if self.remote is None:
-            return 0
-        rel = f"datasets/{manifest.fingerprint}"
-        present = self.remote.list(rel + "/")
-        sent = 0
-        for shard in manifest.shards:
-            if present.get(f"{rel}/{shard.name}") != shard.bytes:
-                self.remote.upload_file(f"{rel}/{shard.name}", dataset_dir / shard.name, self.tags(SHARD_CACHE))
-                sent += shard.bytes
-        # Last: a reader that finds the manifest finds every shard it lists.
-        self.remote.upload_file(f"{rel}/manifest.json", dataset_dir / "manifest.json", self.tags(SHARD_CACHE))
-        self._mark_remote(dataset_dir, rel)
-        return sent
-
-    def fetch_dataset(self, fingerprint: str) -> Path | None:
-        """The local folder of a dataset published under this root (manifest only: shards come
-        on demand through the shard cache), or None when it is absent or incomplete there."""
-        from training.data.packing import DatasetManifest
-
-        if self.remote is None:
-            return None
-        rel = f"datasets/{fingerprint}"
-        data = self.remote.get_bytes(f"{rel}/manifest.json")
-        if data is None:
-            return None
-        try:
-            manifest = DatasetManifest.from_json(data.decode())
-        except (ValueError, TypeError, KeyError) as err:
-            log.warning("%s has an unreadable manifest (%s): packing again", self.remote.uri(rel), err)
-            return None
-        present = self.remote.list(rel + "/")
-        missing = [s.name for s in manifest.shards if present.get(f"{rel}/{s.name}") != s.bytes]
-        if missing:
-            # Expired by the lifecycle rule, or deleted: the dataset is rebuildable, so rebuild it.
-            log.warning("%s lacks %d of its shards (e.g. %s): packing again", self.remote.uri(rel), len(missing), missing[0])
-            return None
-        dataset_dir = self.local / rel
-        dataset_dir.mkdir(parents=True, exist_ok=True)
-        self._mark_remote(dataset_dir, rel)
-        write_atomic(dataset_dir / "manifest.json", data)  # last, as on S3
-        return dataset_dir
-
-    # -- checkpoints -------------------------------------------------------------------------------
-
-    def remote_checkpoints(self, ckpt_rel: str) -> dict[int, dict[str, int]]:
-        """{step: {file name: size}} of the checkpoints under `ckpt_rel` on S3."""
-        assert self.remote is not None
-        out: dict[int, dict[str, int]] = {}
-        for key, size in self.remote.list(ckpt_rel + "/").items():
-            parts = key[len(ckpt_rel) + 1 :].split("/")
-            step = step_of(parts[0]) if len(parts) == 2 else None
-            if step is not None:
-                out.setdefault(step, {})[parts[1]] = size
-        return out
 
     def environment_summary(self) -> dict[str, Any]:
         """What the report says about storage: where, never how (no credentials)."""

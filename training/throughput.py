@@ -8,6 +8,7 @@ untouched, and a run with and without them computes the same thing.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import time
@@ -17,10 +18,13 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from training.config import TrainConfig
 from training.errors import ConfigError
 
-__all__ = ["choose_num_workers", "BatchSizeSearch", "find_micro_batch", "step_memory_bytes"]
+__all__ = ["accelerator_stats", "auto_batch_layout", "choose_num_workers", "BatchSizeSearch", "find_micro_batch",
+           "step_memory_bytes"]
 
+log = logging.getLogger(__name__)
 STALL_TARGET = 0.02  # below this share of step time spent waiting for data, workers only add IPC
 MAX_WORKERS = 8
 
@@ -169,3 +173,44 @@ def find_micro_batch(model: torch.nn.Module, per_rank_effective: int, n_num: int
             hi = mid
     micro = max(d for d in range(1, lo + 1) if per_rank_effective % d == 0)
     return BatchSizeSearch(micro, per_rank_effective // micro, lo, budget_bytes, probes, time.perf_counter() - t0)
+
+
+def auto_batch_layout(model: torch.nn.Module, tc: TrainConfig, n_num: int, n_cat: int, device: torch.device,
+                      dtype: torch.dtype | None, world_size: int) -> tuple[int, int, dict[str, Any] | None]:
+    """(global micro-batch, grad_accum, search record) from the memory search on this device;
+    every rank uses rank 0's choice."""
+    if device.type == "cuda":
+        budget = int(torch.cuda.get_device_properties(device).total_memory * tc.memory_fraction)
+    elif tc.simulated_memory_mb is not None:
+        budget = int(tc.simulated_memory_mb * (1 << 20) * tc.memory_fraction)
+    else:
+        log.info("auto_batch_size: no accelerator memory to fit on %s; keeping train.batch_size", device.type)
+        return tc.batch_size, tc.grad_accum, {"skipped": f"no accelerator memory on {device.type}"}
+    per_rank = tc.batch_size // world_size * tc.grad_accum
+    search = find_micro_batch(model, per_rank, n_num, n_cat, device, dtype, budget)
+    layout = [search.micro_batch, search.grad_accum]
+    if world_size > 1:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list(layout, src=0)
+    record = {"micro_batch_per_process": layout[0], "grad_accum": layout[1], "max_fitting": search.max_fitting,
+              "budget_bytes": search.budget_bytes, "probes": search.probes, "seconds": search.seconds}
+    log.info("auto_batch_size: micro-batch %d x %d accumulation per process (largest fitting: %d rows)",
+             layout[0], layout[1], search.max_fitting)
+    return layout[0] * world_size, layout[1], record
+
+
+def accelerator_stats(device: torch.device) -> dict[str, Any]:
+    """Memory and utilisation on CUDA; "n/a" elsewhere, never invented."""
+    if device.type != "cuda":
+        return {"memory_peak_bytes": "n/a", "memory_total_bytes": "n/a", "memory_peak_fraction": "n/a",
+                "utilization_percent": "n/a"}
+    peak = torch.cuda.max_memory_allocated(device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    try:
+        util: Any = torch.cuda.utilization(device)  # NVML, when pynvml is installed
+    except Exception:  # noqa: BLE001 - NVML missing or unsupported
+        util = "n/a"
+    return {"memory_peak_bytes": peak, "memory_total_bytes": total, "memory_peak_fraction": peak / total,
+            "utilization_percent": util, "memory_stats": {k: v for k, v in torch.cuda.memory_stats(device).items()
+                                                          if k in ("num_alloc_retries", "num_ooms")}}

@@ -144,8 +144,8 @@ def main(argv: list[str]) -> int:
         import torch.distributed as dist
 
         dist.destroy_process_group()
-    if rank == 0:
-        _emit({"event": "done", "status": result["status"], "steps": result["steps"]})
+    if result is not None:  # rank 0
+        _emit({"event": "done", "status": result.status, "steps": result.steps})
     return 0
 
 

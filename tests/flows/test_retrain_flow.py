@@ -78,7 +78,7 @@ def test_flow_runs_then_reuses_everything(small_config: RetrainConfig) -> None:
 
 def _run_dir(config: RetrainConfig) -> str:
     packed = pack_stage(config)
-    return str(Path(config.storage.root).resolve() / "runs" / run_key_for(config, packed["fingerprint"]))
+    return str(Path(config.storage.root).resolve() / "runs" / run_key_for(config, packed.fingerprint))
 
 
 @pytest.mark.slow
@@ -249,9 +249,9 @@ def test_flow_fans_packing_out_over_parts_byte_identical_to_serial(demo_source: 
     assert {"pack-plan", "pack"} <= set(runs)
 
     serial = pack_stage(load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.pack_parts=1"]))
-    assert report["stages"]["pack"]["dataset"] == serial["fingerprint"]
+    assert report["stages"]["pack"]["dataset"] == serial.fingerprint
     flow_dir = Path(report["stages"]["pack"]["dir"])
-    for shard in Path(serial["dataset_dir"]).iterdir():
+    for shard in Path(serial.dataset_dir).iterdir():
         assert (flow_dir / shard.name).read_bytes() == shard.read_bytes(), shard.name
 
 

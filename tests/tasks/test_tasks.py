@@ -13,19 +13,19 @@ from training.errors import ConfigError, DataError, Preempted, StorageError
 
 def _pack(config: RetrainConfig) -> dict:
     begun = begin_packing.fn(config)
-    parts = [pack_part.fn(config.data.model_dump(mode="json"), begun["plan"], part) for part in begun["parts"]]
+    parts = [pack_part.fn(config.data.model_dump(mode="json"), begun.plan, part) for part in begun.parts]
     return finish_packing.fn(config, begun, parts)
 
 
 def test_pack_and_preprocess_tasks(small_config: RetrainConfig) -> None:
     packed = _pack(small_config)
-    assert packed["reused"] is False and packed["shards"] > 3
-    first = fit_features.fn(packed["dataset_dir"], small_config.preprocess.model_dump(), small_config.storage.root)
-    assert first.name == "Completed" and first.result()["stats_path"].endswith("feature_stats.json")
-    second = fit_features.fn(packed["dataset_dir"], small_config.preprocess.model_dump(), small_config.storage.root)
-    assert second.name == "Cached" and second.result()["key"] == first.result()["key"]
+    assert packed.reused is False and packed.shards > 3
+    first = fit_features.fn(packed.dataset_dir, small_config.preprocess.model_dump(), small_config.storage.root)
+    assert first.name == "Completed" and first.result().stats_path.endswith("feature_stats.json")
+    second = fit_features.fn(packed.dataset_dir, small_config.preprocess.model_dump(), small_config.storage.root)
+    assert second.name == "Cached" and second.result().key == first.result().key
     again = _pack(small_config)
-    assert again["reused"] is True and again["dataset_dir"] == packed["dataset_dir"]
+    assert again.reused is True and again.dataset_dir == packed.dataset_dir
 
 
 def test_only_preemptions_are_retried() -> None:

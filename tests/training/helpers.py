@@ -10,16 +10,16 @@ from training.stages import pack_stage, preprocess_stage, run_key_for
 
 def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
     packed = pack_stage(config)
-    prep = preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root,
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
                             config.storage.model_dump(mode="json"), config.cost.tags)
-    run_key = run_key_for(config, packed["fingerprint"])
+    run_key = run_key_for(config, packed.fingerprint)
     root = StorageRoot.from_config(config)
     rel = f"runs/{run_name or run_key}"
     return TrainJob(
         run_key=run_key,
         run_dir=str(root.local / rel),
         run_rel=rel if root.is_remote else "",
-        dataset_dir=packed["dataset_dir"],
-        stats_path=prep["stats_path"],
+        dataset_dir=packed.dataset_dir,
+        stats_path=prep.stats_path,
         config=config,
     )

@@ -29,12 +29,12 @@ def budget_config(small_config: RetrainConfig) -> RetrainConfig:
 def test_fake_clock_budget_stop_is_graceful_and_bounded(budget_config: RetrainConfig) -> None:
     budget_config.budget.max_wall_seconds = 20.0
     result = train(make_job(budget_config), now_fn=_fake_clock())
-    assert result["status"] == "budget_stopped"
-    assert "budget.max_wall_seconds=20" in result["stop_reason"]
-    per_step = (result["seconds"]["train"] + result["seconds"]["checkpoint"]) / result["steps"]
-    interval = 10 * per_step + result["seconds"]["eval"] / len(result["history"])
-    assert result["billed_seconds"] <= 20.0 + interval  # never over by more than one validation interval
-    assert result["model"]["sha256"]  # the best model was exported
+    assert result.status == "budget_stopped"
+    assert "budget.max_wall_seconds=20" in result.stop_reason
+    per_step = (result.seconds["train"] + result.seconds["checkpoint"]) / result.steps
+    interval = 10 * per_step + result.seconds["eval"] / len(result.history)
+    assert result.billed_seconds <= 20.0 + interval  # never over by more than one validation interval
+    assert result.model.sha256  # the best model was exported
 
 
 def test_dollar_budget_uses_the_declared_rate(budget_config: RetrainConfig) -> None:
@@ -43,14 +43,14 @@ def test_dollar_budget_uses_the_declared_rate(budget_config: RetrainConfig) -> N
     budget_config.budget.max_usd = 15.0
     job.config = budget_config
     result = train(job, now_fn=_fake_clock())
-    assert result["status"] == "budget_stopped" and "budget.max_usd=15" in result["stop_reason"]
+    assert result.status == "budget_stopped" and "budget.max_usd=15" in result.stop_reason
 
 
 def test_real_short_budget(budget_config: RetrainConfig) -> None:
     budget_config.budget.max_wall_seconds = 2.0
     result = train(make_job(budget_config))
-    assert result["status"] == "budget_stopped"
-    assert result["steps"] < 10_000
+    assert result.status == "budget_stopped"
+    assert result.steps < 10_000
 
 
 def test_budget_survives_a_kill_and_resume(budget_config: RetrainConfig) -> None:
@@ -68,9 +68,9 @@ def test_budget_survives_a_kill_and_resume(budget_config: RetrainConfig) -> None
     resumed = train(job, now_fn=_fake_clock())
     # The spend so far came back from the checkpoint: the resumed run stops where the
     # uninterrupted one did, not 20 fresh seconds later.
-    assert resumed["status"] == "budget_stopped"
-    assert resumed["steps"] <= reference["steps"]
-    assert resumed["resumed_from_steps"] == [40]
+    assert resumed.status == "budget_stopped"
+    assert resumed.steps <= reference.steps
+    assert resumed.resumed_from_steps == [40]
 
 
 def test_champion_gate_stops_a_hopeless_run(budget_config: RetrainConfig) -> None:
@@ -80,9 +80,9 @@ def test_champion_gate_stops_a_hopeless_run(budget_config: RetrainConfig) -> Non
     job.champion_val_auc = 0.99  # unreachable for this model and data
     job.config = budget_config
     result = train(job)
-    assert result["status"] == "early_stopped"
-    assert result["stop_reason"].startswith("champion gate")
-    assert 30 <= result["steps"] < 200  # an optimistic linear trend no longer reaches the champion
+    assert result.status == "early_stopped"
+    assert result.stop_reason.startswith("champion gate")
+    assert 30 <= result.steps < 200  # an optimistic linear trend no longer reaches the champion
 
 
 @pytest.mark.slow
@@ -99,14 +99,14 @@ def test_budget_survives_a_real_sigkill(budget_config: RetrainConfig) -> None:
     with pytest.raises(Preempted):
         run_training_process(job, on_start=on_start)
     final = run_training_process(job)
-    assert final["status"] == "budget_stopped"
-    assert final["preemptions"] == 1
+    assert final.status == "budget_stopped"
+    assert final.preemptions == 1
     # Both process start-ups and the killed attempt's lost work are on the bill ...
-    assert final["seconds"]["lost"] >= 0 and final["seconds"]["startup"] > 0
-    assert len(final["resumed_from_steps"]) == 1 and final["resumed_from_steps"][0] >= 100  # background writes: maybe one or two behind
+    assert final.seconds["lost"] >= 0 and final.seconds["startup"] > 0
+    assert len(final.resumed_from_steps) == 1 and final.resumed_from_steps[0] >= 100  # background writes: maybe one or two behind
     # ... and the carried-over spend is what stopped it. The overshoot bound itself is asserted
     # with the fake clock above: on a shared machine one real step can take any time.
-    assert "budget.max_wall_seconds=12" in final["stop_reason"]
+    assert "budget.max_wall_seconds=12" in final.stop_reason
     import json
     from pathlib import Path
 

@@ -28,7 +28,7 @@ def _config(root: Path, source: Path, *extra: str):
 
 
 def _weights(result: dict) -> dict[str, torch.Tensor]:
-    return torch.load(result["model"]["uri"], weights_only=True)
+    return torch.load(result.model.uri, weights_only=True)
 
 
 def test_two_ranks_match_one_process_and_see_equal_samples(demo_source: Path, tmp_path: Path) -> None:
@@ -43,13 +43,13 @@ def test_two_ranks_match_one_process_and_see_equal_samples(demo_source: Path, tm
     assert len(train_shards) % 2 == 1, len(train_shards)
     two = run_training_process(job, on_event=events.append)
 
-    assert two["world_size"] == 2 and two["steps"] == one["steps"] == 60
+    assert two.world_size == 2 and two.steps == one.steps == 60
     done = {e["rank"]: e for e in events if e["event"] == "rank_done"}
     assert set(done) == {0, 1}
     assert done[0]["rows"] == done[1]["rows"] == 60 * 64  # 64 rows per rank per step, every step
     rows_per_epoch = sum(s.rows for s in train_shards)
     assert 60 * 128 > rows_per_epoch  # crossed into the second epoch
-    for a, b in zip(one["history"], two["history"], strict=True):
+    for a, b in zip(one.history, two.history, strict=True):
         assert a["step"] == b["step"]
         assert abs(a["val_auc"] - b["val_auc"]) < AUC_TOLERANCE
         assert abs(a["train_loss"] - b["train_loss"]) < 1e-4
@@ -70,7 +70,7 @@ def test_killed_rank_fails_the_job_fast_and_the_retry_resumes_bit_identical(demo
     result = run_training_process(job, on_event=events.append)  # what the task retry does
     resumed = [e["step"] for e in events if e["event"] == "resumed"]
     assert resumed and 20 <= resumed[0] < 30
-    assert result["model"]["sha256"] == reference["model"]["sha256"]
+    assert result.model.sha256 == reference.model.sha256
 
 
 def test_sigterm_to_one_rank_gives_one_consistent_emergency_checkpoint(demo_source: Path, tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_sigterm_to_one_rank_gives_one_consistent_emergency_checkpoint(demo_sour
     events: list[dict] = []
     result = run_training_process(job, on_event=events.append)
     assert [e["step"] for e in events if e["event"] == "resumed"] == [manifest.step]
-    assert result["model"]["sha256"] == reference["model"]["sha256"]
+    assert result.model.sha256 == reference.model.sha256
 
 
 def test_resume_on_another_world_size_continues_the_same_batches(demo_source: Path, tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_resume_on_another_world_size_continues_the_same_batches(demo_source: Pa
     events: list[dict] = []
     result = run_training_process(job, on_event=events.append)
     assert [e for e in events if e["event"] == "resumed"]
-    assert result["world_size"] == 1 and result["steps"] == 60
+    assert result.world_size == 1 and result.steps == 60
     w1, w2 = _weights(reference), _weights(result)
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
 
@@ -134,7 +134,7 @@ def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, t
         if node1.poll() is None:
             node1.kill()
     assert node1.returncode == 0, out[-3000:]
-    assert result["world_size"] == 2 and result["steps"] == 60
+    assert result.world_size == 2 and result.steps == 60
     w1, w2 = _weights(reference), _weights(result)
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
 
@@ -161,4 +161,4 @@ def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: st
     result = run_training_process(job_b, on_event=events.append)
     resumed = [e["step"] for e in events if e["event"] == "resumed"]
     assert resumed and 10 <= resumed[0] < 30
-    assert result["model"]["sha256"] == reference["model"]["sha256"]
+    assert result.model.sha256 == reference.model.sha256

@@ -63,5 +63,5 @@ def test_a_full_disk_stops_training_in_one_line_and_a_rerun_resumes(small_config
 
         ballast[0].unlink()
         result = run_training_process(job)
-        assert result["status"] == "completed" and result["steps"] == 200
-        assert result["resumed_from_steps"] == [found[1].step]
+        assert result.status == "completed" and result.steps == 200
+        assert result.resumed_from_steps == [found[1].step]

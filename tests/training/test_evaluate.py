@@ -27,31 +27,32 @@ def _trained(config: RetrainConfig, name: str) -> tuple[dict, dict]:
     packed = pack_stage(config)
     job = make_job(config, name)
     result = train(job)
-    return packed, {**result, "run_dir": job.run_dir}
+    assert result is not None
+    return packed, result.model_copy(update={"run_dir": job.run_dir})
 
 
 def test_worse_challenger_keeps_the_champion_a_better_one_is_promoted(small_config: RetrainConfig) -> None:
     packed, good = _trained(small_config, "good")
     first = evaluate_stage(small_config, packed, good)
-    assert first["promotion"]["promoted"]
+    assert first.promotion.promoted
     champion = read_champion(Path(small_config.storage.root) / "models")
-    assert champion["sha256"] == good["model"]["sha256"]
+    assert champion["sha256"] == good.model.sha256
 
     small_config.train.max_steps = 3  # barely trained: worse
     small_config.train.eval_every = 3
     packed, bad = _trained(small_config, "bad")
     second = evaluate_stage(small_config, packed, bad)
-    assert not second["promotion"]["promoted"]
-    assert second["promotion"]["champion_metrics"]["auc"] > second["metrics"]["auc"]
+    assert not second.promotion.promoted
+    assert second.promotion.champion_metrics["auc"] > second.metrics["auc"]
     assert read_champion(Path(small_config.storage.root) / "models") == champion
 
     small_config.train.max_steps = 200  # trained longer: better
     small_config.train.eval_every = 20
     packed, better = _trained(small_config, "better")
     third = evaluate_stage(small_config, packed, better)
-    assert third["metrics"]["auc"] > third["promotion"]["champion_metrics"]["auc"]
-    assert third["promotion"]["promoted"], third["promotion"]["reason"]
-    assert read_champion(Path(small_config.storage.root) / "models")["sha256"] == better["model"]["sha256"]
+    assert third.metrics["auc"] > third.promotion.champion_metrics["auc"]
+    assert third.promotion.promoted, third.promotion.reason
+    assert read_champion(Path(small_config.storage.root) / "models")["sha256"] == better.model.sha256
 
 
 def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(
@@ -68,7 +69,7 @@ def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(
         raise KeyboardInterrupt("killed between package copy and pointer swap")
 
     monkeypatch.setattr(ev, "write_json_atomic", crash)
-    other = Path(good["run_dir"])
+    other = Path(good.run_dir)
     with pytest.raises(KeyboardInterrupt):
         promote(models, other / "model", "f" * 64, {"run_key": "x"})
     assert (models / "champion").read_bytes() == before
@@ -91,8 +92,8 @@ def test_a_damaged_champion_is_found_before_training_and_never_blocks_retraining
     from training.storage_root import StorageRoot
 
     packed, good = _trained(small_config, "good")
-    assert evaluate_stage(small_config, packed, good)["promotion"]["promoted"]
-    package = Path(small_config.storage.root) / "models" / good["model"]["sha256"]
+    assert evaluate_stage(small_config, packed, good).promotion.promoted
+    package = Path(small_config.storage.root) / "models" / good.model.sha256
     if damage == "weights":
         _flip_a_byte(package / "model.pt")
     elif damage == "model.json":
@@ -111,12 +112,12 @@ def test_a_damaged_champion_is_found_before_training_and_never_blocks_retraining
     small_config.eval.target_auc = 0.5
     packed, weak = _trained(small_config, "weak")
     evaluation = evaluate_stage(small_config, packed, weak)
-    promotion = evaluation["promotion"]
-    assert promotion["promoted"], promotion["reason"]
-    assert "unusable" in promotion["reason"] and "judged alone" in promotion["reason"]
-    assert promotion["champion_problem"] == champion.problem
+    promotion = evaluation.promotion
+    assert promotion.promoted, promotion.reason
+    assert "unusable" in promotion.reason and "judged alone" in promotion.reason
+    assert promotion.champion_problem == champion.problem
     healed = check_champion(StorageRoot.from_config(small_config), None)
-    assert healed is not None and healed.usable and healed.sha256 == weak["model"]["sha256"]
+    assert healed is not None and healed.usable and healed.sha256 == weak.model.sha256
 
 
 def test_a_factory_named_by_storage_is_never_imported(small_config: RetrainConfig, tmp_path: Path) -> None:
@@ -149,7 +150,7 @@ def test_a_factory_named_by_storage_is_never_imported(small_config: RetrainConfi
     finally:
         sys.path.remove(str(tmp_path))
     assert not marker.exists()
-    assert "recorded test metrics" in evaluation["promotion"]["champion_note"]
+    assert "recorded test metrics" in evaluation.promotion.champion_note
 
 
 def test_promotion_on_s3_is_a_compare_and_swap(
@@ -174,9 +175,9 @@ def test_promotion_on_s3_is_a_compare_and_swap(
         """The trained run as that machine's working copy holds it."""
         import shutil
 
-        local = StorageRoot.from_config(on_machine(machine)).local / "runs" / trained["run_key"]
-        shutil.copytree(trained["run_dir"], local)
-        return {**trained, "run_dir": str(local)}
+        local = StorageRoot.from_config(on_machine(machine)).local / "runs" / trained.run_key
+        shutil.copytree(trained.run_dir, local)
+        return trained.model_copy(update={"run_dir": str(local)})
 
     real = stages._champion_metrics
     raced: list[dict] = []
@@ -190,20 +191,20 @@ def test_promotion_on_s3_is_a_compare_and_swap(
 
     monkeypatch.setattr(stages, "_champion_metrics", meanwhile_another_machine_promotes)
     slow = evaluate_stage(on_machine("a"), packed, run_on("a", worse))
-    assert raced[0]["promotion"]["promoted"]
-    assert not slow["promotion"]["promoted"], slow["promotion"]["reason"]
-    assert slow["promotion"]["champion_sha256"] == better["model"]["sha256"]  # compared again, with the new one
+    assert raced[0].promotion.promoted
+    assert not slow.promotion.promoted, slow.promotion.reason
+    assert slow.promotion.champion_sha256 == better.model.sha256  # compared again, with the new one
     root = StorageRoot.from_config(on_machine("c"))
     pointer_path, _ = root.fetch_versioned("models/champion")
-    assert pointer_path is not None and json.loads(pointer_path.read_text())["sha256"] == better["model"]["sha256"]
+    assert pointer_path is not None and json.loads(pointer_path.read_text())["sha256"] == better.model.sha256
 
 
 def test_a_rerun_after_an_interrupted_report_reports_the_promotion_it_made(small_config: RetrainConfig) -> None:
     """SIGINT between the promotion and report.json: the rerun must not say "already the champion"."""
     packed, good = _trained(small_config, "good")
     first = evaluate_stage(small_config, packed, good)
-    assert first["promotion"]["promoted"]
+    assert first.promotion.promoted
     again = evaluate_stage(small_config, packed, good)  # the rerun's evaluate task
-    assert again["promotion"] == first["promotion"]
-    (Path(good["run_dir"]) / "report.json").write_text("{}")  # a finished run: its rerun is no new promotion
-    assert "already the champion" in evaluate_stage(small_config, packed, good)["promotion"]["reason"]
+    assert again.promotion == first.promotion
+    (Path(good.run_dir) / "report.json").write_text("{}")  # a finished run: its rerun is no new promotion
+    assert "already the champion" in evaluate_stage(small_config, packed, good).promotion.reason

@@ -15,14 +15,14 @@ from training.stages import pack_stage, preprocess_stage
 
 def _prep(config: RetrainConfig) -> dict:
     packed = pack_stage(config)
-    return preprocess_stage(packed["dataset_dir"], config.preprocess.model_dump(mode="json"), config.storage.root)
+    return preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "valid-but-wrong", "checksum-missing"])
 def test_damaged_statistics_are_refitted_with_a_warning(small_config: RetrainConfig, damage: str,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     first = _prep(small_config)
-    path = Path(first["stats_path"])
+    path = Path(first.stats_path)
     good = path.read_bytes()
     if damage == "truncated":
         path.write_bytes(good[: len(good) // 2])
@@ -34,15 +34,15 @@ def test_damaged_statistics_are_refitted_with_a_warning(small_config: RetrainCon
         checksum_path(path).unlink()
     with caplog.at_level(logging.WARNING):
         again = _prep(small_config)
-    assert again["reused"] is False
+    assert again.reused is False
     assert path.read_bytes() == good  # fitted again: the same bytes as the first fit
     assert verified_feature_stats(path) is not None
     assert any("failed verification" in r.getMessage() and str(path) in r.getMessage() for r in caplog.records)
 
 
 def test_intact_statistics_are_reused(small_config: RetrainConfig) -> None:
-    assert _prep(small_config)["reused"] is False
-    assert _prep(small_config)["reused"] is True
+    assert _prep(small_config).reused is False
+    assert _prep(small_config).reused is True
 
 
 def test_a_numeric_column_with_no_value_in_train_is_an_error_naming_it(demo_source: Path, tmp_path: Path) -> None:

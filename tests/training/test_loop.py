@@ -21,11 +21,11 @@ def _stop_after_checkpoint(at_step: int, stop: StopFlag):
 
 def test_train_completes_and_exports_a_model(small_config: RetrainConfig) -> None:
     result = train(make_job(small_config))
-    assert result["status"] == "completed" and result["steps"] == 60
-    assert len(result["model"]["sha256"]) == 64
-    assert Path(result["model"]["uri"]).exists()
-    assert [h["step"] for h in result["history"]] == [20, 40, 60]
-    assert result["best_val_auc"] > 0.6
+    assert result.status == "completed" and result.steps == 60
+    assert len(result.model.sha256) == 64
+    assert Path(result.model.uri).exists()
+    assert [h["step"] for h in result.history] == [20, 40, 60]
+    assert result.best_val_auc > 0.6
 
 
 def test_resume_after_stop_is_bit_identical(small_config: RetrainConfig, tmp_path: Path) -> None:
@@ -36,17 +36,17 @@ def test_resume_after_stop_is_bit_identical(small_config: RetrainConfig, tmp_pat
         with pytest.raises(Preempted):
             train(job, stop, _stop_after_checkpoint(at, stop))
     resumed = train(job)
-    assert resumed["model"]["sha256"] == reference["model"]["sha256"]
-    assert resumed["history"] == reference["history"]
-    assert resumed["resumed_from_steps"] == [20, 40]
-    assert resumed["preemptions"] == 2
+    assert resumed.model.sha256 == reference.model.sha256
+    assert resumed.history == reference.history
+    assert resumed.resumed_from_steps == [20, 40]
+    assert resumed.preemptions == 2
 
 
 def test_workers_change_nothing_but_speed(small_config: RetrainConfig) -> None:
     reference = train(make_job(small_config, "w0"))
     small_config.train.num_workers = 2
     with_workers = train(make_job(small_config, "w2"))
-    assert with_workers["model"]["sha256"] == reference["model"]["sha256"]
+    assert with_workers.model.sha256 == reference.model.sha256
 
 
 def test_early_stopping_patience_survives_a_resume(small_config: RetrainConfig) -> None:
@@ -56,8 +56,8 @@ def test_early_stopping_patience_survives_a_resume(small_config: RetrainConfig) 
     small_config.train.patience = 3
     small_config.train.min_delta = 0.5  # nothing improves by 0.5 AUC: stops after 3 bad evals
     reference = train(make_job(small_config, "ref"))
-    assert reference["status"] == "early_stopped"
-    assert reference["steps"] == 40  # best at 10, then 20, 30, 40 without improvement
+    assert reference.status == "early_stopped"
+    assert reference.steps == 40  # best at 10, then 20, 30, 40 without improvement
     job = make_job(small_config, "resumed")
     stop = StopFlag()
     with pytest.raises(Preempted):
@@ -65,7 +65,7 @@ def test_early_stopping_patience_survives_a_resume(small_config: RetrainConfig) 
     state = json.loads((Path(job.run_dir) / "checkpoints" / "step-00000030" / "manifest.json").read_text())
     assert state["step"] == 30
     resumed = train(job)
-    assert resumed["status"] == "early_stopped" and resumed["steps"] == 40  # counter continued, not restarted
+    assert resumed.status == "early_stopped" and resumed.steps == 40  # counter continued, not restarted
 
 
 def test_checkpoint_of_another_config_is_refused(small_config: RetrainConfig) -> None:
@@ -83,7 +83,7 @@ def test_finished_run_is_not_trained_again(small_config: RetrainConfig) -> None:
     job = make_job(small_config)
     first = train(job)
     again = train(job)
-    assert again["already_complete"] and again["model"] == first["model"]
+    assert again.already_complete and again.model == first.model
 
 
 def test_grad_accumulation_matches_one_big_batch(small_config: RetrainConfig) -> None:
@@ -93,8 +93,8 @@ def test_grad_accumulation_matches_one_big_batch(small_config: RetrainConfig) ->
     accumulated = train(make_job(small_config, "accum"))
     # Same rows per optimizer step, loss divided by the accumulation steps: same training up to
     # float summation order.
-    assert big["history"] and len(big["history"]) == len(accumulated["history"])
-    for a, b in zip(big["history"], accumulated["history"], strict=True):
+    assert big.history and len(big.history) == len(accumulated.history)
+    for a, b in zip(big.history, accumulated.history, strict=True):
         assert abs(a["val_auc"] - b["val_auc"]) < 2e-3
 
 
@@ -105,11 +105,11 @@ def test_time_based_checkpoint_intervals(small_config: RetrainConfig, interval: 
     small_config.train.checkpoint_every = interval
     small_config.train.mean_seconds_between_preemptions = 0.5  # tiny, so auto saves often here
     result = train(make_job(small_config))
-    described = result["checkpoint_interval"]
+    described = result.checkpoint_interval
     assert described["mode"] == ("auto" if interval == "auto" else "seconds")
     assert described["seconds"] is not None and described["seconds"] > 0
     # more saves than the validation-triggered ones (steps 100 and 200)
-    assert result["checkpoints_saved"] > 2
+    assert result.checkpoints_saved > 2
     if interval == "auto":
         expected = (2 * described["save_cost_seconds"] * 0.5) ** 0.5
         assert described["seconds"] == pytest.approx(expected)
@@ -130,7 +130,7 @@ def test_checkpoint_interval_is_validated() -> None:
 def test_profile_records_a_trace_and_top_ops(small_config: RetrainConfig) -> None:
     small_config.train.profile = True
     result = train(make_job(small_config))
-    profile = result["profile"]
+    profile = result.profile
     assert Path(profile["trace"]).stat().st_size > 0
     assert profile["steps"] == 10 and profile["after_steps"] == 10
     names = [op["name"] for op in profile["top_ops"]]

@@ -187,17 +187,17 @@ def test_parallel_packing_is_byte_identical_to_serial(tmp_path: Path, demo_sourc
 
     config = load_config(overrides=small_overrides(tmp_path / "parallel", source) + ["data.pack_parts=7"])
     begun = pack_begin(config)
-    parts = begun["parts"]
+    parts = begun.parts
     assert len(parts) == 7 or len(parts) > 3  # parts never span files, so about 7
     order = list(range(len(parts)))
     random.Random(3).shuffle(order)  # finish order must not matter
     data = config.data.model_dump(mode="json")
     with ThreadPoolExecutor(4) as pool:
-        done = dict(zip(order, pool.map(lambda i: pack_part_stage(data, begun["plan"], parts[i]), order), strict=True))
+        done = dict(zip(order, pool.map(lambda i: pack_part_stage(data, begun.plan, parts[i]), order), strict=True))
     parallel = pack_finish(config, begun, [done[i] for i in range(len(parts))])
 
-    assert parallel["fingerprint"] == serial["fingerprint"]
-    a, b = Path(serial["dataset_dir"]), Path(parallel["dataset_dir"])
+    assert parallel.fingerprint == serial.fingerprint
+    a, b = Path(serial.dataset_dir), Path(parallel.dataset_dir)
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())
     for name in names:
@@ -260,10 +260,10 @@ def test_a_damaged_reused_dataset_is_packed_again_with_a_warning(
     from training.stages import pack_stage
 
     first = pack_stage(small_config)
-    dataset = Path(first["dataset_dir"])
+    dataset = Path(first.dataset_dir)
     manifest = json.loads((dataset / "manifest.json").read_text())
     shard = dataset / manifest["shards"][0]["name"]
-    assert pack_stage(small_config)["reused"]  # sound: reused, and verified once
+    assert pack_stage(small_config).reused  # sound: reused, and verified once
     if damage == "flipped-byte":
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0x01
@@ -274,7 +274,7 @@ def test_a_damaged_reused_dataset_is_packed_again_with_a_warning(
         (dataset / "manifest.json").write_text('{"shards": 3}')
     with caplog.at_level("WARNING"):
         again = pack_stage(small_config)
-    assert not again["reused"] and again["fingerprint"] == first["fingerprint"]
+    assert not again.reused and again.fingerprint == first.fingerprint
     assert "packing it again from the Parquet source" in caplog.text
     assert json.loads((dataset / "manifest.json").read_text()) == manifest  # the same bytes as before
     assert not [p for p in dataset.parent.iterdir() if ".damaged-" in p.name or ".partial-" in p.name]

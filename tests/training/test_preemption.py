@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.helpers import make_job
+from training.results import TrainResult
 from training.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import Preempted
@@ -73,11 +74,11 @@ def test_three_sigkills_resume_bit_identical(long_config: RetrainConfig) -> None
         with pytest.raises(Preempted, match="SIGKILL"):
             run_training_process(job, on_start=on_start)
     final = run_training_process(job)
-    assert final["model"]["sha256"] == reference["model"]["sha256"], f"kills at steps {targets}"
-    assert final["history"] == reference["history"]
-    assert final["preemptions"] == 3 and len(final["resumed_from_steps"]) == 3
+    assert final.model.sha256 == reference.model.sha256, f"kills at steps {targets}"
+    assert final.history == reference.history
+    assert final.preemptions == 3 and len(final.resumed_from_steps) == 3
     # no data replayed or skipped: the resumed run trained exactly max_steps optimizer steps
-    assert final["samples_seen"] == reference["samples_seen"]
+    assert final.samples_seen == reference.samples_seen
 
 
 @pytest.mark.slow
@@ -91,9 +92,9 @@ def test_sigterm_loses_at_most_one_step(long_config: RetrainConfig) -> None:
     assert manifest.step >= seen["step"]  # the step in flight was finished, then saved
     assert _heartbeat_step(job) - manifest.step <= 1
     final = run_training_process(job)
-    assert final["status"] == "completed"
-    assert final["steps_lost"] <= 1
-    assert final["resumed_from_steps"] == [manifest.step]
+    assert final.status == "completed"
+    assert final.steps_lost <= 1
+    assert final.resumed_from_steps == [manifest.step]
 
 
 class _SpotNotice(http.server.BaseHTTPRequestHandler):
@@ -146,8 +147,8 @@ def test_an_attempt_killed_during_start_up_still_counts(long_config: RetrainConf
     with pytest.raises(Preempted):
         run_training_process(job, on_start=kill_at_once)
     final = run_training_process(job)
-    assert final["preemptions"] == 2
-    assert len(final["resumed_from_steps"]) == 1  # only one attempt got as far as resuming
+    assert final.preemptions == 2
+    assert len(final.resumed_from_steps) == 1  # only one attempt got as far as resuming
 
 
 @pytest.mark.slow
@@ -158,9 +159,9 @@ def test_an_attempt_killed_before_its_first_checkpoint_keeps_its_record(long_con
         with pytest.raises(Preempted):
             run_training_process(job, on_start=on_start)
     final = run_training_process(job)
-    assert final["preemptions"] == 2
-    assert len(final["resumed_from_steps"]) == 2  # both resumes, though only one attempt checkpointed
-    assert final["steps_lost"] >= 1
+    assert final.preemptions == 2
+    assert len(final.resumed_from_steps) == 2  # both resumes, though only one attempt checkpointed
+    assert final.steps_lost >= 1
 
 
 def _group_members(pgid: int) -> list[int]:
@@ -219,8 +220,8 @@ def test_small_data_trains_with_the_default_batch_and_resumes_bit_identical(tmp_
     with pytest.raises(Preempted):
         run_training_process(job, on_start=on_start)
     final = run_training_process(job)
-    assert final["resumed_from_steps"] and final["model"]["sha256"] == reference["model"]["sha256"]
-    assert final["history"] == reference["history"]
+    assert final.resumed_from_steps and final.model.sha256 == reference.model.sha256
+    assert final.history == reference.history
 
 
 @pytest.mark.slow
@@ -245,8 +246,8 @@ def test_a_second_process_on_a_run_in_training_is_refused_and_the_first_is_unhar
         run_training_process(job)
     thread.join(timeout=300)
     result = results["first"]
-    assert isinstance(result, dict) and result["status"] == "completed"
-    assert result["preemptions"] == 0 and result["steps_lost"] == 0
+    assert isinstance(result, TrainResult) and result.status == "completed"
+    assert result.preemptions == 0 and result.steps_lost == 0
 
 
 def test_retention_removes_only_dead_writers_temp_folders(tmp_path: Path) -> None:

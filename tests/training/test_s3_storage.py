@@ -10,6 +10,7 @@ import boto3
 import pytest
 
 from tests.conftest import S3_SECRET, s3_overrides, small_overrides
+from training.checkpoint_upload import remote_checkpoints
 from training.config import StorageConfig, load_config
 from training.errors import StorageError
 from training.s3 import CLASS_TAG, S3Settings, S3Store
@@ -205,13 +206,13 @@ def test_shard_cache_streams_shards_on_demand_within_its_size_limit(s3_bucket, s
     s3 = s3_overrides(s3_bucket, s3_server, tmp_path / "machine-a")
     config = load_config(overrides=small_overrides(tmp_path / "unused", demo_source) + s3)
     packed = pack_stage(config)
-    assert packed["uploaded_bytes"] > 0 and packed["dataset_uri"].startswith("s3://")
+    assert packed.uploaded_bytes > 0 and packed.dataset_uri.startswith("s3://")
 
     config_b = load_config(overrides=small_overrides(tmp_path / "unused", demo_source) + s3
                            + [f"storage.local_dir={tmp_path / 'machine-b'}", "storage.shard_cache_gb=0.0002"])
     packed_b = pack_stage(config_b)
-    assert packed_b["reused"] and packed_b["uploaded_bytes"] == 0
-    dataset_dir = Path(packed_b["dataset_dir"])
+    assert packed_b.reused and packed_b.uploaded_bytes == 0
+    dataset_dir = Path(packed_b.dataset_dir)
     assert not list(dataset_dir.glob("*.tar"))  # only the manifest came down
 
     from training.data.features import FeatureStats
@@ -219,12 +220,12 @@ def test_shard_cache_streams_shards_on_demand_within_its_size_limit(s3_bucket, s
     from training.data.packing import load_manifest
 
     manifest = load_manifest(dataset_dir)
-    local_manifest = load_manifest(Path(packed["dataset_dir"]))
+    local_manifest = load_manifest(Path(packed.dataset_dir))
     assert manifest == local_manifest
     stats = FeatureStats(numeric=manifest.numeric, categorical=manifest.categorical, mean=[0.0] * len(manifest.numeric),
                          std=[1.0] * len(manifest.numeric), vocab=[[] for _ in manifest.categorical], key="k")
     a = ShardBatches(dataset_dir, manifest, "train", 512, stats.transformer(), shuffle=False, drop_last=False)
-    b = ShardBatches(Path(packed["dataset_dir"]), local_manifest, "train", 512, stats.transformer(), shuffle=False,
+    b = ShardBatches(Path(packed.dataset_dir), local_manifest, "train", 512, stats.transformer(), shuffle=False,
                      drop_last=False)
     for (xa, ca, ya), (xb, cb, yb) in zip(iter_split(a), iter_split(b), strict=True):
         assert (xa == xb).all() and (ca == cb).all() and (ya == yb).all()
@@ -289,7 +290,7 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     reached = struct.unpack("<qd", (Path(job.run_dir) / "heartbeat.bin").read_bytes())[0]  # machine A's truth
 
     root = StorageRoot.from_config(config_for("machine-a"))
-    remote = root.remote_checkpoints(f"{job.run_rel}/checkpoints")
+    remote = remote_checkpoints(root, f"{job.run_rel}/checkpoints")
     assert "manifest.json" in remote[10]
     torn = [step for step in remote if step > 10]
     assert torn and all("manifest.json" not in remote[s] for s in torn)  # state uploaded, manifest never
@@ -298,11 +299,11 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     job_b = make_job(config_for("machine-b"))
     result = run_training_process(job_b, on_event=events.append)
     assert [e["step"] for e in events if e["event"] == "resumed"] == [10]
-    assert result["model"]["sha256"] == reference["model"]["sha256"]
+    assert result.model.sha256 == reference.model.sha256
     # Lost: what A did past step 10, to within one heartbeat interval (its last publish).
     assert published[0] > 10
-    assert published[0] - 10 <= result["steps_lost"] <= reached - 10
-    remote = root.remote_checkpoints(f"{job.run_rel}/checkpoints")
+    assert published[0] - 10 <= result.steps_lost <= reached - 10
+    remote = remote_checkpoints(root, f"{job.run_rel}/checkpoints")
     assert remote and all("manifest.json" in files for files in remote.values())  # the torn one is gone
     assert root.remote.head(f"{job.run_rel}/result.json") is not None
 

@@ -76,10 +76,10 @@ def test_auto_batch_size_keeps_the_effective_batch_under_a_simulated_limit(small
     need40, need41 = (step_memory_bytes(model, b, 6, 4, CPU, None) for b in (40, 41))
     job.config.train.simulated_memory_mb = (need40 + need41) / 2 / 0.9 / (1 << 20)
     result = train(job)
-    layout = result["batch_layout"]
+    layout = result.batch_layout
     assert layout["auto"]["max_fitting"] == 40
     assert layout["micro_batch"] == 32 and layout["grad_accum"] == 4  # 32 x 4 = the configured 128
-    assert result["samples_seen"] == 20 * 128
+    assert result.samples_seen == 20 * 128
 
 
 @pytest.mark.slow
@@ -88,8 +88,8 @@ def test_compiled_model_trains_like_the_eager_one(small_config: RetrainConfig, t
     eager = train(make_job(small_config, "eager"))
     small_config.train.compile = True
     compiled = train(make_job(small_config, "compiled"))
-    assert compiled["compile_seconds"] > 0
-    assert abs(compiled["best_val_auc"] - eager["best_val_auc"]) < 1e-3
+    assert compiled.compile_seconds > 0
+    assert abs(compiled.best_val_auc - eager.best_val_auc) < 1e-3
 
 
 @pytest.mark.slow
@@ -135,7 +135,7 @@ def test_linear_lr_scaling_rule_follows_the_effective_batch(small_config: Retrai
     small_config.train.max_steps = 10
     small_config.train.eval_every = 10
     result = train(make_job(small_config))
-    assert result["batch_layout"]["peak_lr"] == pytest.approx(small_config.train.lr * 4)
+    assert result.batch_layout["peak_lr"] == pytest.approx(small_config.train.lr * 4)
     # Warmup is what makes a scaled-up rate safe: without it, refuse.
     with pytest.raises(ConfigError, match="warmup_steps"):
         load_config(overrides=["train.lr_reference_batch=256", "train.warmup_steps=0"])

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "PACK_FORMAT_VERSION",
+    "require_manifest",
     "PackPart",
     "PackPlan",
     "plan_pack",
@@ -122,6 +123,14 @@ def load_manifest(dataset_dir: Path) -> DatasetManifest | None:
                 f"dataset {dataset_dir}: shard {shard.name} is missing or has the wrong size; "
                 "delete the dataset folder to repack it"
             )
+    return manifest
+
+
+def require_manifest(dataset_dir: Path) -> DatasetManifest:
+    """The manifest of a complete dataset, or the one error every stage gives for a missing one."""
+    manifest = load_manifest(dataset_dir)
+    if manifest is None:
+        raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
     return manifest
 
 

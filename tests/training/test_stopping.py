@@ -1,0 +1,59 @@
+"""The stopping policy on its own: budgets, plateau and champion gate from a Progress, no loop."""
+
+from __future__ import annotations
+
+from training.config import load_config
+from training.early_stopping import EarlyStopping
+from training.stopping import Budget, StopPolicy, champion_gate
+from training.train_state import Progress
+
+
+def _progress(step: int, train_seconds: float, history: list[float] | None = None) -> Progress:
+    p = Progress(step=step)
+    p.seconds["train"] = train_seconds
+    p.history = [{"step": (i + 1) * 10, "val_auc": auc} for i, auc in enumerate(history or [])]
+    return p
+
+
+def test_a_budget_stops_before_the_next_interval_would_cross_it() -> None:
+    config = load_config(overrides=["budget.max_wall_seconds=100", "train.eval_every=10"])
+    budget = Budget(config.budget, rate_per_hour=0.0, gpus=0)
+    assert budget.exceeded(_progress(step=10, train_seconds=50), next_steps=10) is None  # 50 s + 50 s = 100 s
+    reason = budget.exceeded(_progress(step=10, train_seconds=60), next_steps=10)  # 60 s + 60 s > 100 s
+    assert reason is not None and reason.startswith("budget.max_wall_seconds=100")
+    assert budget.exceeded(_progress(step=10, train_seconds=60), next_steps=0) is None  # not crossed yet
+
+
+def test_dollar_and_gpu_hour_budgets_use_the_rate_and_gpus() -> None:
+    config = load_config(overrides=["budget.max_usd=1", "budget.max_gpu_hours=0.5"])
+    dollars = Budget(config.budget, rate_per_hour=3.6, gpus=1)  # $0.001 per second
+    assert "budget.max_usd=1" in (dollars.exceeded(_progress(10, 1001), 0) or "")
+    free = Budget(config.budget, rate_per_hour=0.0, gpus=4)  # a free machine still holds 4 GPUs
+    assert "budget.max_gpu_hours=0.5" in (free.exceeded(_progress(10, 451), 0) or "")
+    assert Budget(load_config().budget, 3.6, 1).active is False
+
+
+def test_the_champion_gate_stops_only_when_the_trend_cannot_reach_the_champion() -> None:
+    flat = [{"step": s, "val_auc": 0.70} for s in (10, 20, 30)]
+    assert champion_gate(flat, champion_auc=0.80, min_delta=0.0, max_steps=100) is not None
+    rising = [{"step": s, "val_auc": a} for s, a in ((10, 0.60), (20, 0.65), (30, 0.70))]
+    assert champion_gate(rising, champion_auc=0.80, min_delta=0.0, max_steps=100) is None  # 0.70 + 70 * 0.005
+    assert champion_gate(flat[:2], champion_auc=0.80, min_delta=0.0, max_steps=100) is None  # too few points
+    assert champion_gate(flat, champion_auc=None, min_delta=0.0, max_steps=100) is None  # no champion
+
+
+def test_the_policy_orders_budget_then_plateau_then_gate() -> None:
+    config = load_config(overrides=["train.patience=2", "train.eval_every=10", "train.max_steps=100",
+                                    "budget.champion_gate=true"])
+    policy = StopPolicy(config, rate_per_hour=0.0, gpus=0, champion_val_auc=0.9)
+    stopper = EarlyStopping(patience=2, min_delta=0.0)
+    progress = _progress(30, 3.0, [0.70, 0.70, 0.70])
+    assert policy.decide(progress, stopper, validated=False).status == "completed"  # only at validations
+    assert policy.decide(progress, stopper, validated=True).reason.startswith("champion gate")  # type: ignore[union-attr]
+    for step in (10, 20, 30):
+        stopper.update(0.70, step)
+    decision = policy.decide(progress, stopper, validated=True)
+    assert decision.status == "early_stopped" and decision.reason and "no validation AUC gain" in decision.reason
+    config.budget.max_wall_seconds = 1.0
+    over = StopPolicy(config, 0.0, 0, 0.9).decide(progress, stopper, validated=False)
+    assert over.status == "budget_stopped" and over.validate_first  # the best must be validated first

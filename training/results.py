@@ -1,0 +1,137 @@
+"""What each stage hands to the next: typed, frozen, JSON-serialisable results.
+
+Prefect stores and caches them (pydantic models pickle and hash like plain values); tasks, the
+report and the artifacts read their attributes. Torch-free: the flow and the CLI import them.
+`result.json` of a run is `TrainResult.to_json()`, and reading one back tolerates keys a newer
+or older version wrote (`extra="ignore"`), so a finished run stays finished across upgrades.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Evaluation", "ModelRef", "PackResult", "PrepResult", "Promotion", "TrainResult", "WarmStart"]
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class PackResult(_Result):
+    """The packed dataset: where it is, what it holds, and whether this run packed it."""
+
+    source: str
+    dataset_dir: str
+    dataset_uri: str
+    fingerprint: str
+    rows: dict[str, int]
+    shards: int
+    reused: bool
+    uploaded_bytes: int
+    storage: dict[str, Any]
+    bayes_auc: float | None = None  # the demo generator's Bayes-optimal AUC (demo data only)
+    started_at: float  # epoch seconds when the pipeline's first stage began
+    seconds: float
+    parts: int | None = None  # pack parts this run packed (None: reused)
+
+
+class PrepResult(_Result):
+    """The fitted (or reused) feature statistics of a dataset."""
+
+    stats_path: str
+    stats_rel: str  # relative to storage.root: where they are on S3
+    reused: bool
+    key: str
+    code_version: int
+    cardinalities: list[int]
+    seconds: float
+
+
+class ModelRef(_Result):
+    """An exported model package and the two hashes that pin it."""
+
+    uri: str
+    sha256: str
+    meta_sha256: str
+
+
+class WarmStart(_Result):
+    requested: bool
+    used: bool
+    reason: str
+    champion_sha256: str | None = None
+
+
+class TrainResult(_Result):
+    """A finished training run (`result.json`), plus what the train stage adds around it."""
+
+    run_key: str
+    status: str  # completed, budget_stopped or early_stopped
+    stop_reason: str | None = None
+    steps: int
+    max_steps: int
+    best_step: int
+    best_val_auc: float | None
+    precision: str
+    device: str
+    model: ModelRef
+    history: list[dict[str, float]]
+    resumed_from_steps: list[int]
+    preemptions: int
+    steps_lost: int
+    seconds: dict[str, float]
+    billed_seconds: float
+    fp32_slowdown: float = 1.0
+    profile: dict[str, Any] | None = None
+    accelerator: dict[str, Any]
+    first_step_latency_seconds: float | None = None
+    restart_to_first_step_seconds: list[float] = []
+    checkpoints_saved: int = 0
+    checkpoint_background_seconds: float = 0.0
+    checkpoint_interval: dict[str, Any] | None = None
+    samples_seen: int = 0
+    batch_layout: dict[str, Any] = {}
+    num_workers: dict[str, Any] = {}
+    compile_seconds: float | None = None
+    world_size: int = 1
+    checkpoint_upload: dict[str, Any] | None = None
+    # Added by the train stage (not in result.json).
+    already_complete: bool = False
+    run_dir: str = ""
+    run_uri: str = ""
+    seconds_this_attempt: float = 0.0
+    warm_start: WarmStart | None = None
+    champion_check: dict[str, Any] | None = None
+    steps_to_target: int | None = None
+
+    def steps_to(self, target_auc: float | None) -> int | None:
+        """The first validated step that reached `target_auc`."""
+        if target_auc is None:
+            return None
+        return next((int(h["step"]) for h in self.history if h["val_auc"] >= target_auc), None)
+
+
+class Promotion(_Result):
+    promoted: bool
+    reason: str
+    challenger_sha256: str
+    champion_sha256: str | None = None
+    champion_metrics: dict[str, Any] | None = None
+    champion_note: str | None = None
+    champion_problem: str | None = None
+
+
+class Evaluation(_Result):
+    """The challenger's test metrics and the promotion decision (`evaluation.json`)."""
+
+    tags: dict[str, str]
+    metrics: dict[str, float]
+    target_auc: float | None = None
+    target_met: bool | None = None
+    promotion: Promotion
+    seconds: float

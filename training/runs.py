@@ -1,0 +1,38 @@
+"""Runs under a storage root: `runs/<run_key>/` (checkpoints/, model/, result.json, ...).
+
+A run is finished when its result.json exists; it is published last, after the model package,
+so a machine that finds it on S3 finds the model too.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.job import TrainJob
+from training.results import TrainResult
+from training.storage import read_json
+from training.storage_root import StorageRoot
+
+__all__ = ["fetch_finished_run", "finished_result", "run_rel"]
+
+
+def run_rel(run_key: str) -> str:
+    return f"runs/{run_key}"
+
+
+def fetch_finished_run(root: StorageRoot, rel: str) -> bool:
+    """Bring down a run that finished on any machine: its result.json (published last) and its
+    model package. False when the run has not finished anywhere."""
+    if root.fetch(f"{rel}/result.json") is None:
+        return False
+    for name in ("model.json", "model.pt"):
+        root.fetch(f"{rel}/model/{name}")
+    return True
+
+
+def finished_result(job: TrainJob) -> TrainResult | None:
+    """The run's result when it already finished (on this machine or, for an s3:// root, any)."""
+    if job.config.storage.is_s3 and job.run_rel:
+        fetch_finished_run(StorageRoot.from_config(job.config), job.run_rel)
+    finished = read_json(Path(job.run_dir) / "result.json")
+    return None if finished is None else TrainResult.model_validate({**finished, "already_complete": True})
