@@ -97,10 +97,11 @@ def pack_begin(config: RetrainConfig) -> PackBegun:
         if dataset_dir is not None:
             packed = _packed(begun, root, dataset_dir, require_manifest(dataset_dir), reused=True, uploaded=0)
             return begun.model_copy(update={"done": packed})
-    plan, existing = plan_pack(source, config.data, datasets.local_root(), config.data.pack_parts)
+    local_root = datasets.local_root()
+    plan, existing = plan_pack(source, config.data, local_root, config.data.pack_parts)
     if plan is None:
         assert existing is not None
-        dataset_dir = datasets.local_root() / existing.fingerprint
+        dataset_dir = local_root / existing.fingerprint
         uploaded = datasets.publish(dataset_dir, existing)  # packed here before, maybe never uploaded
         return begun.model_copy(update={"done": _packed(begun, root, dataset_dir, existing, True, uploaded)})
     start_pack(plan)

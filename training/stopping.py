@@ -18,7 +18,7 @@ from training.config import BudgetConfig, RetrainConfig
 from training.early_stopping import EarlyStopping
 from training.train_state import Progress
 
-__all__ = ["STATUSES", "Budget", "Decision", "StopFlag", "StopPolicy", "agree_across_ranks", "champion_gate"]
+__all__ = ["CONTINUE", "STATUSES", "Budget", "Decision", "StopFlag", "StopPolicy", "agree_across_ranks", "champion_gate"]
 
 STATUSES = ("completed", "budget_stopped", "early_stopped")  # "completed": not stopped early
 
@@ -98,6 +98,9 @@ class Decision:
     validate_first: bool = False
 
 
+CONTINUE = Decision()  # the answer on almost every step: one shared object, none built per step
+
+
 class StopPolicy:
     """Budgets, plateau and champion gate, decided on rank 0 after each step."""
 
@@ -116,14 +119,14 @@ class StopPolicy:
         if over is not None:
             return Decision("budget_stopped", over, validate_first=not validated)
         if not validated:
-            return Decision()
+            return CONTINUE
         if stopper.should_stop:
             return Decision("early_stopped", f"no validation AUC gain > {tc.min_delta} in {tc.patience} validations")
         if self.gate:
             gated = champion_gate(progress.history, self.champion_val_auc, self.min_delta_vs_champion, tc.max_steps)
             if gated is not None:
                 return Decision("early_stopped", gated)
-        return Decision()
+        return CONTINUE
 
 
 def agree_across_ranks(stop_requested: bool, status: str, save_now: bool, rank: int) -> tuple[bool, str, bool]:

@@ -39,7 +39,7 @@ from training.precision import autocast_dtype, measure_fp32_slowdown, resolve_de
 from training.resume import ResumeBook
 from training.results import TrainResult
 from training.rng import capture_rng, configure_determinism, seed_everything
-from training.stopping import Decision, StopFlag, StopPolicy, agree_across_ranks
+from training.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.storage import write_json_atomic
 from training.storage_root import MODEL, RUN
 from training.throughput import accelerator_stats, auto_batch_layout, choose_num_workers
@@ -273,7 +273,7 @@ class Trainer:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the global batch's loss, as with one process
         if validated and leader:
             improved = self.validate(float(loss_sum))
-        decision = self.policy.decide(progress, self.state.stopper, validated) if leader else Decision()
+        decision = self.policy.decide(progress, self.state.stopper, validated) if leader else CONTINUE
         if decision.validate_first:
             improved = self.validate(float(loss_sum))  # the best model must be validated before we stop
         status = decision.status
