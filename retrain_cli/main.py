@@ -149,8 +149,10 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _summary(report: dict[str, Any], path: str, cli_started_at: float) -> str:
-    m = report["metrics"]
+    m, metric = report["metrics"], report.get("metric", "auc")
     stages = report["stages"]
+    best = stages["train"].get("best_val_metric")
+    best = stages["train"]["best_val_auc"] if best is None else best  # a report from before eval.metric
     lines = [
         f"run {report['run_key']}: {report['status']} after {report['steps']} steps",
         f"  pack        {stages['pack']['state']:<10} dataset {stages['pack']['dataset']}"
@@ -158,9 +160,9 @@ def _summary(report: dict[str, Any], path: str, cli_started_at: float) -> str:
         f"  preprocess  {stages['preprocess']['state']:<10} stats {stages['preprocess']['key']}",
         f"  train       {stages['train']['state']:<10} "
         + ("already complete" if stages["train"]["already_complete"] else
-           f"best step {stages['train']['best_step']}, val AUC {stages['train']['best_val_auc']:.4f}, "
+           f"best step {stages['train']['best_step']}, val {metric} {best:.4f}, "
            f"{stages['train']['precision']} on {stages['train']['device']}"),
-        f"  evaluate    test AUC {m['auc']:.4f}  log loss {m['logloss']:.4f}  accuracy {m['accuracy']:.4f}",
+        "  evaluate    test " + "  ".join(f"{k} {v:.4f}" for k, v in m.items()),
     ]
     if report.get("bayes_auc") is not None:
         lines.append(f"              (Bayes-optimal AUC of the demo generator: {report['bayes_auc']:.4f})")

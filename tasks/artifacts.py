@@ -31,7 +31,7 @@ def publish_promotion(evaluation: Evaluation) -> None:
         return
     promo, challenger = evaluation.promotion, evaluation.metrics
     champion = promo.champion_metrics or {}
-    metrics = ("auc", "logloss", "accuracy")
+    metrics = [k for k in challenger if k != "rows"]
     rows = [{"model": "challenger", "sha256": promo.challenger_sha256[:16],
              **{k: round(challenger[k], 5) for k in metrics}}]
     if promo.champion_sha256:
@@ -50,7 +50,7 @@ def publish_promotion(evaluation: Evaluation) -> None:
     note = f"\n\n_{promo.champion_note}_" if promo.champion_note else ""
     create_markdown_artifact(
         f"### {verdict}\n\n{promo.reason}{note}\n\n"
-        f"target AUC: {evaluation.target_auc} (met: {evaluation.target_met})",
+        f"target {evaluation.metric}: {evaluation.target} (met: {evaluation.target_met})",
         key="promotion-decision",
         description="Champion/challenger decision",
     )

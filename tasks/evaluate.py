@@ -7,7 +7,7 @@ from tasks.artifacts import publish_promotion
 from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
 from training.results import Evaluation, PackResult, TrainResult
-from training.stages import champion_validation_auc, evaluate_stage
+from training.stages import champion_validation_metric, evaluate_stage
 
 __all__ = ["evaluate_model", "score_champion"]
 
@@ -17,14 +17,15 @@ def evaluate_model(config: RetrainConfig, packed: PackResult, trained: TrainResu
     """Test-split metrics and the champion/challenger decision."""
     evaluation = evaluate_stage(config, packed, trained)
     publish_promotion(evaluation)
-    task_logger().info("test AUC %.4f; %s", evaluation.metrics["auc"], evaluation.promotion.reason)
+    task_logger().info("test %s %.4f; %s", evaluation.metric, evaluation.metrics[evaluation.metric],
+                       evaluation.promotion.reason)
     return evaluation
 
 
 @task(name="champion-baseline", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
 def score_champion(config: RetrainConfig, packed: PackResult) -> float | None:
-    """The champion's validation AUC on this dataset: the bar the champion gate holds training to."""
-    auc = champion_validation_auc(config, packed)
-    task_logger().info("champion gate: %s", "no usable champion to beat" if auc is None
-                       else f"the champion's validation AUC is {auc:.4f}")
-    return auc
+    """The champion's validation eval.metric on this dataset: the bar the champion gate holds training to."""
+    value = champion_validation_metric(config, packed)
+    task_logger().info("champion gate: %s", "no usable champion to beat" if value is None
+                       else f"the champion's validation {config.eval.metric or 'metric'} is {value:.4f}")
+    return value

@@ -17,7 +17,7 @@ __all__ = ["train_model"]
 
 @task(name="train", retry_condition_fn=retry_only_preemptions)
 def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
-                champion_val_auc: float | None = None) -> TrainResult:
+                champion_val_metric: float | None = None) -> TrainResult:
     """Train in a child process; a preemption raises Preempted, which is retried and resumes."""
     logger = task_logger()
     progress = TrainingProgress(config.train.max_steps)
@@ -32,8 +32,9 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
             t0, s0 = first[0]
             left = (now - t0) / (step - s0) * (event["max_steps"] - step) if step > s0 else None
             eta = "" if left is None else f"  ETA {left:.1f} s" if left < 10 else f"  ETA {left:.0f} s"
-            logger.info("step %d/%d  train_loss %.4f  val_auc %.4f%s", step, event["max_steps"],
-                        event["train_loss"], event["val_auc"], eta)
+            metric = event.get("metric", "auc")
+            logger.info("step %d/%d  train_loss %.4f  val_%s %.4f%s", step, event["max_steps"],
+                        event["train_loss"], metric, event[f"val_{metric}"], eta)
         elif event["event"] == "resumed":
             logger.info("resumed from step %d (%s)", event["step"], event["checkpoint"])
         elif event["event"] == "log":
@@ -42,7 +43,7 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 
     logger.info("starting the training process: up to %d steps, a progress line every %d steps",
                 config.train.max_steps, config.train.eval_every)
-    trained = train_stage(config, packed, prep, log_event, champion_val_auc)
+    trained = train_stage(config, packed, prep, log_event, champion_val_metric)
     progress.update(config.train.max_steps)  # finished, whether completed or stopped early
     if trained.already_complete:
         logger.info("run %s was already complete: nothing to train", trained.run_key)

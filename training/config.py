@@ -39,6 +39,12 @@ __all__ = [
     "DEMO_CATEGORICAL",
 ]
 
+# The metrics of each data.task (their code: training.tasks), the first one the default.
+TASK_METRICS: dict[str, tuple[str, ...]] = {
+    "binary": ("auc", "logloss", "accuracy"),
+    "multiclass": ("accuracy", "macro_f1", "logloss"),
+    "regression": ("rmse", "mae", "r2"),
+}
 DEMO_NUMERIC = ["price", "discount", "rating", "reviews_log", "position", "dwell_prev"]
 DEMO_CATEGORICAL = ["category", "device", "region", "brand"]
 
@@ -50,6 +56,10 @@ DEMO_CATEGORICAL = ["category", "device", "region", "brand"]
 # without one, so a new field cannot silently join or leave a run key.
 COMPUTED: dict[str, Any] = {"fingerprint": True}
 OPERATIONAL: dict[str, Any] = {"fingerprint": False}
+# A computed field added after datasets, caches and runs already exist: left out of the
+# fingerprint while it holds its default, so existing content addresses (and the runs that
+# resume under them) stay what they were; any other value is part of it.
+COMPUTED_SINCE: dict[str, Any] = {"fingerprint": True, "omit_default": True}
 
 
 class _Section(BaseModel):
@@ -67,10 +77,13 @@ def is_computed(section: type[BaseModel], name: str) -> bool:
 def fingerprinted(section: BaseModel) -> dict[str, Any]:
     """The section's COMPUTED fields as JSON, nested sections reduced the same way."""
     view: dict[str, Any] = {}
-    for name in type(section).model_fields:
+    for name, info in type(section).model_fields.items():
         if not is_computed(type(section), name):
             continue
         value = getattr(section, name)
+        extra = info.json_schema_extra
+        if isinstance(extra, dict) and extra.get("omit_default") and value == info.get_default(call_default_factory=True):
+            continue
         view[name] = fingerprinted(value) if isinstance(value, BaseModel) else (
             section.model_dump(mode="json", include={name})[name])
     return view
@@ -82,11 +95,18 @@ class DataConfig(_Section):
         description="Parquet file or directory of Parquet files. Empty: the built-in synthetic "
         "click-through demo dataset, generated once under <storage.root>/demo/.", json_schema_extra=OPERATIONAL
     )
-    label: str = Field("clicked", description="Label column; values must be 0 or 1.", json_schema_extra=COMPUTED)
+    task: Literal["binary", "multiclass", "regression"] = Field(
+        "binary", description="binary: a 0/1 label; multiclass: integer or string classes (the sorted distinct "
+        "values of the train split); regression: a float label, standardised on the train split.",
+        json_schema_extra=COMPUTED_SINCE)
+    label: str = Field("clicked", description="Label column (its values: see data.task).", json_schema_extra=COMPUTED)
     numeric: list[str] = Field(default_factory=lambda: list(DEMO_NUMERIC), description="Numeric feature columns.", json_schema_extra=COMPUTED)
     categorical: list[str] = Field(
         default_factory=lambda: list(DEMO_CATEGORICAL), description="Categorical feature columns (any type).", json_schema_extra=COMPUTED
     )
+    vector: list[str] = Field(
+        default_factory=list, description="Fixed-size list<float> columns (e.g. precomputed embeddings), fed as is.",
+        json_schema_extra=COMPUTED_SINCE)
     validation_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the validation split.", json_schema_extra=COMPUTED)
     test_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the test split.", json_schema_extra=COMPUTED)
     split_seed: int = Field(0, description="Seed of the deterministic row-to-split assignment.", json_schema_extra=COMPUTED)
@@ -100,12 +120,12 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _columns_distinct(self) -> DataConfig:
-        columns = [self.label, *self.numeric, *self.categorical]
+        columns = [self.label, *self.numeric, *self.categorical, *self.vector]
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         if repeated:
-            raise ValueError(f"columns listed twice across label/numeric/categorical: {repeated}")
-        if not self.numeric and not self.categorical:
-            raise ValueError("no feature columns: set data.numeric and/or data.categorical")
+            raise ValueError(f"columns listed twice across label/numeric/categorical/vector: {repeated}")
+        if not self.numeric and not self.categorical and not self.vector:
+            raise ValueError("no feature columns: set data.numeric, data.categorical and/or data.vector")
         return self
 
 
@@ -276,8 +296,24 @@ class TrainConfig(_Section):
 
 
 class EvalConfig(_Section):
-    target_auc: float | None = Field(None, gt=0, le=1, description="Test AUC a model must reach to be promoted.", json_schema_extra=OPERATIONAL)
-    min_delta: float = Field(0.0, ge=0, description="Test AUC the challenger must gain over the champion.", json_schema_extra=OPERATIONAL)
+    metric: str | None = Field(
+        None, description="Metric for early stopping, the champion gate and promotion: auc, logloss or accuracy "
+        "(binary), accuracy, macro_f1 or logloss (multiclass), rmse, mae or r2 (regression). Empty: auc, accuracy "
+        "or rmse by data.task. Lower is better for logloss, rmse and mae.", json_schema_extra=COMPUTED_SINCE)
+    target: float | None = Field(None, description="Test value of eval.metric a model must reach to be promoted "
+                                 "(at least it, or at most it for a lower-is-better metric).", json_schema_extra=OPERATIONAL)
+    target_auc: float | None = Field(None, gt=0, le=1, description="Old name of eval.target for the auc metric; still read.", json_schema_extra=OPERATIONAL)
+    min_delta: float = Field(0.0, ge=0, description="Test improvement of eval.metric the challenger needs over the champion.", json_schema_extra=OPERATIONAL)
+
+    @model_validator(mode="after")
+    def _one_target(self) -> EvalConfig:
+        if self.target is not None and self.target_auc is not None and self.target != self.target_auc:
+            raise ValueError("eval.target and its old name eval.target_auc disagree: set only eval.target")
+        return self
+
+    def target_value(self) -> float | None:
+        """eval.target, or the old eval.target_auc."""
+        return self.target if self.target is not None else self.target_auc
 
 
 class InstancePrice(_Section):
@@ -452,6 +488,15 @@ class RetrainConfig(_Section):
     storage: StorageConfig = Field(default_factory=StorageConfig, json_schema_extra=OPERATIONAL)
     cost: CostConfig = Field(default_factory=CostConfig, json_schema_extra=OPERATIONAL)
     budget: BudgetConfig = Field(default_factory=BudgetConfig, json_schema_extra=OPERATIONAL)
+
+    @model_validator(mode="after")
+    def _metric_of_task(self) -> RetrainConfig:
+        metric, task = self.eval.metric, self.data.task
+        if metric is not None and metric not in TASK_METRICS[task]:
+            raise ValueError(f"eval.metric {metric!r} is not a {task} metric; use one of {list(TASK_METRICS[task])}")
+        if self.eval.target_auc is not None and (task != "binary" or self.eval.metric not in (None, "auc")):
+            raise ValueError("eval.target_auc is the target of the binary auc metric; set eval.target instead")
+        return self
 
 
 def fingerprint(*parts: Any) -> str:

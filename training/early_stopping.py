@@ -15,10 +15,12 @@ class EarlyStopping:
     best: float | None = None
     best_step: int | None = None
     bad_evals: int = 0
+    higher_is_better: bool = True  # from the config (eval.metric), like patience
 
     def update(self, value: float, step: int) -> bool:
-        """Record a validation value (higher is better); True when it is a new best."""
-        if self.best is None or value > self.best + self.min_delta:
+        """Record a validation value; True when it is a new best (by more than min_delta)."""
+        gain = (value - self.best if self.higher_is_better else self.best - value) if self.best is not None else 0.0
+        if self.best is None or gain > self.min_delta:
             self.best, self.best_step, self.bad_evals = value, step, 0
             return True
         self.bad_evals += 1

@@ -19,46 +19,66 @@ from training.config import EvalConfig
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
 from training.data.packing import DatasetManifest
-from training.metrics import accuracy, log_loss, roc_auc
+from training.model import forward_fn
 from training.package import load_package, meta_sha256
 from training.storage import read_json, write_json_atomic
+from training.tasks import Task, direction, is_better
 
 __all__ = ["evaluate_package", "predict_split", "read_champion", "decide_promotion", "promote", "compatible",
-           "EVAL_BATCH"]
+           "other_target", "EVAL_BATCH"]
 
 EVAL_BATCH = 8192
 
 
 def compatible(stats: FeatureStats, manifest: DatasetManifest) -> bool:
-    return stats.numeric == manifest.numeric and stats.categorical == manifest.categorical
+    """The package reads this dataset's columns (its feature statistics fit them)."""
+    return (stats.numeric == manifest.numeric and stats.categorical == manifest.categorical
+            and stats.vector == manifest.vector and stats.vector_dims == manifest.vector_dims)
+
+
+def other_target(stats: FeatureStats, manifest: DatasetManifest) -> str | None:
+    """Why a model with these statistics predicts something else than this dataset's label
+    (another task, label or set of classes), or None when it predicts the same thing."""
+    if stats.task != manifest.task:
+        return f"it is a {stats.task} model and this run is {manifest.task}"
+    if stats.label and stats.label != manifest.label:  # statistics written before labels were recorded: ""
+        return f"it predicts label '{stats.label}' and this run predicts '{manifest.label}'"
+    if stats.classes != manifest.classes:
+        return f"its classes {stats.classes} differ from this dataset's {manifest.classes}"
+    return None
 
 
 @torch.no_grad()
 def predict_split(
-    model: torch.nn.Module, batches: ShardBatches, device: torch.device, autocast: torch.dtype | None = None
+    model: torch.nn.Module, task: Task, batches: ShardBatches, device: torch.device,
+    autocast: torch.dtype | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(probabilities, labels) for every row of an unshuffled split, in eval mode."""
+    """(predictions, labels) for every row of an unshuffled split, in eval mode: probabilities
+    (binary), class probabilities (multiclass) or values in the label's units (regression)."""
     was_training = model.training
     model.eval()
-    probs, labels = [], []
-    for x_num, x_cat, y in iter_split(batches):
+    forward = forward_fn(model)
+    preds, labels = [], []
+    for batch in iter_split(batches):
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            logits = model(x_num.to(device), x_cat.to(device))
-        probs.append(torch.sigmoid(logits.float()).cpu().numpy())
-        labels.append(y.numpy())
+            output = forward({k: v.to(device) for k, v in batch.items()})
+        preds.append(task.predict(output))
+        labels.append(batch["label"].numpy())
     model.train(was_training)
-    return np.concatenate(probs), np.concatenate(labels)
+    return np.concatenate(preds), np.concatenate(labels)
 
 
 def evaluate_package(
     package_dir: Path, dataset_dir: Path, manifest: DatasetManifest, trusted_factory: str | None,
     split: str = "test", expected_meta_sha256: str | None = None,
 ) -> dict[str, float]:
-    """Exact AUC, log loss and accuracy of a model package on a split, with its own feature stats."""
+    """Every metric of the task (exact) of a model package on a split, with its own feature
+    statistics, and the row count."""
     model, stats, _ = load_package(package_dir, trusted_factory, expected_meta_sha256)
     batches = ShardBatches(dataset_dir, manifest, split, EVAL_BATCH, stats.transformer(), shuffle=False, drop_last=False)
-    p, y = predict_split(model, batches, torch.device("cpu"))
-    return {"auc": roc_auc(y, p), "logloss": log_loss(y, p), "accuracy": accuracy(y, p), "rows": int(y.size)}
+    task = Task.of(stats)
+    pred, y = predict_split(model, task, batches, torch.device("cpu"))
+    return {**task.evaluate(y, pred), "rows": int(y.size)}
 
 
 def read_champion(models_root: Path) -> dict[str, Any] | None:
@@ -67,26 +87,30 @@ def read_champion(models_root: Path) -> dict[str, Any] | None:
 
 def decide_promotion(
     challenger_sha: str, challenger: dict[str, float], champion_sha: str | None, champion: dict[str, float] | None,
-    config: EvalConfig, champion_problem: str | None = None,
+    config: EvalConfig, champion_problem: str | None = None, task: str = "binary", metric: str = "auc",
 ) -> tuple[bool, str]:
-    """Promote when the target is met and the champion is beaten by min_delta. An unusable
-    champion (`champion_problem`) is not compared with: the challenger answers to the target
-    alone, so a damaged champion never blocks retraining for ever."""
-    auc = challenger["auc"]
-    if config.target_auc is not None and auc < config.target_auc:
-        return False, f"test AUC {auc:.4f} is below eval.target_auc {config.target_auc:.4f}"
+    """Promote when the target is met and the champion is beaten by min_delta on `metric` (in
+    its direction). An unusable champion (`champion_problem`) is not compared with: the
+    challenger answers to the target alone, so a damaged champion never blocks retraining."""
+    value, target = challenger[metric], config.target_value()
+    name, key = ("AUC", "eval.target_auc") if metric == "auc" and config.target is None else (metric, "eval.target")
+    if target is not None and value != target and not is_better(task, metric, value, target):
+        side = "below" if direction(task, metric) == "higher" else "above"
+        return False, f"test {name} {value:.4f} is {side} {key} {target:.4f}"
     if champion_sha == challenger_sha and champion_problem is None:
         return False, "this model is already the champion"
     if champion is None and champion_problem is not None:
-        target = "meets eval.target_auc" if config.target_auc is not None else "(no eval.target_auc set)"
+        meets = f"meets {key}" if target is not None else f"(no {key} set)"
         return True, (f"the champion {(champion_sha or '')[:12]} is unusable ({champion_problem}); "
-                      f"judged alone: test AUC {auc:.4f} {target}")
+                      f"judged alone: test {name} {value:.4f} {meets}")
     if champion is None:
-        return True, f"no champion yet; test AUC {auc:.4f}"
-    needed = champion["auc"] + config.min_delta
-    if auc >= needed and auc > champion["auc"]:
-        return True, f"test AUC {auc:.4f} beats the champion's {champion['auc']:.4f} by at least eval.min_delta {config.min_delta}"
-    return False, f"test AUC {auc:.4f} does not beat the champion's {champion['auc']:.4f} by eval.min_delta {config.min_delta}"
+        return True, f"no champion yet; test {name} {value:.4f}"
+    theirs = champion.get(metric)
+    if theirs is None:  # recorded metrics of a champion judged on another metric
+        return False, f"the champion has no recorded test {name} to compare with; promotion skipped"
+    if is_better(task, metric, value, theirs, config.min_delta):
+        return True, f"test {name} {value:.4f} beats the champion's {theirs:.4f} by at least eval.min_delta {config.min_delta}"
+    return False, f"test {name} {value:.4f} does not beat the champion's {theirs:.4f} by eval.min_delta {config.min_delta}"
 
 
 def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str, Any], uri: str | None = None) -> Path:

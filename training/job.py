@@ -21,8 +21,11 @@ def train_fingerprint(config: RetrainConfig, device_type: str, precision: str) -
     """What a run computes: the model and the train fields marked COMPUTED, and the numerics
     actually used. `precision: auto` means bf16 on one machine and fp32 on another, so the
     resolved precision and device type are part of it; the requested values are not."""
-    return fingerprint("train", fingerprinted(config.model), fingerprinted(config.train),
-                       {"device_type": device_type, "precision": precision})
+    parts: list[Any] = ["train", fingerprinted(config.model), fingerprinted(config.train),
+                        {"device_type": device_type, "precision": precision}]
+    if config.eval.metric is not None:
+        parts.append({"eval.metric": config.eval.metric})  # it decides early stopping and the best step
+    return fingerprint(*parts)
 
 
 @dataclass
@@ -39,7 +42,7 @@ class TrainJob:
     rate_per_hour: float = 0.0  # $/h of the machine, for budgets
     gpus: int = 0
     pre_train_seconds: float = 0.0  # pack + preprocess time of this run, counted against budgets
-    champion_val_auc: float | None = None  # for the champion gate
+    champion_val_metric: float | None = None  # for the champion gate
     run_rel: str = ""  # run_dir relative to storage.root: where its objects go on S3
 
     def to_json(self) -> dict[str, Any]:

@@ -1,45 +1,80 @@
-"""The default model (an MLP over standardised numerics and categorical embeddings), user
-model factories, and the content hash of a model's weights."""
+"""The built-in model (an MLP over standardised numerics, categorical embeddings and vector
+columns, with a head per task), user model factories and their calling conventions, and the
+content hash of a model's weights."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-from typing import Callable, Mapping
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from training.config import ModelConfig
+from training.data.features import FeatureStats
 from training.errors import ConfigError
 
-__all__ = ["TabularMLP", "build_model", "weights_sha256"]
+__all__ = ["Batch", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
+           "weights_sha256"]
 
 
-class TabularMLP(nn.Module):
-    def __init__(
-        self,
-        n_numeric: int,
-        cardinalities: list[int],
-        hidden: list[int],
-        embedding_dim: int = 16,
-        dropout: float = 0.0,
-        gradient_checkpointing: bool = False,
-    ) -> None:
+Batch = dict[str, torch.Tensor]
+Forward = Callable[[Batch], torch.Tensor]
+_LEGACY = "_retrain_legacy_forward"  # set on models whose forward is (x_num, x_cat)
+
+
+@dataclass(frozen=True)
+class ModelSchema:
+    """What a model factory is told about the data: the columns by kind, their sizes, and the
+    task's outputs. Batches hold "num" (standardised numerics, float32), "cat" (vocabulary
+    indices, int64; index 0 is unknown), "vec" (the vector columns side by side, float32) and
+    "label"."""
+
+    task: str
+    n_outputs: int
+    numeric: list[str]
+    categorical: list[str]
+    cardinalities: list[int]
+    vector: list[str] = field(default_factory=list)
+    vector_dims: list[int] = field(default_factory=list)
+    classes: list[Any] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, stats: FeatureStats) -> ModelSchema:
+        n_outputs = len(stats.classes) if stats.task == "multiclass" else 1
+        return cls(stats.task, n_outputs, list(stats.numeric), list(stats.categorical), stats.cardinalities,
+                   list(stats.vector), list(stats.vector_dims), list(stats.classes))
+
+
+class ColumnsNet(nn.Module):
+    """The built-in model: embeddings for categorical columns, numerics and vectors as they
+    are, an MLP over all of them, and a head of the task's width. Over numeric and categorical
+    columns alone its parameters are those of the earlier TabularMLP, so packages and
+    checkpoints written before it load into it."""
+
+    def __init__(self, schema: ModelSchema, hidden: list[int], embedding_dim: int = 16, dropout: float = 0.0,
+                 gradient_checkpointing: bool = False) -> None:
         super().__init__()
-        self.embeddings = nn.ModuleList(nn.Embedding(c, embedding_dim) for c in cardinalities)
-        width = n_numeric + embedding_dim * len(cardinalities)
+        self.embeddings = nn.ModuleList(nn.Embedding(c, embedding_dim) for c in schema.cardinalities)
+        width = len(schema.numeric) + embedding_dim * len(schema.cardinalities) + sum(schema.vector_dims)
         blocks = []
         for h in hidden:
             blocks.append(nn.Sequential(nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)))
             width = h
         self.blocks = nn.ModuleList(blocks)
-        self.head = nn.Linear(width, 1)
+        self.head = nn.Linear(width, schema.n_outputs)
         self.gradient_checkpointing = gradient_checkpointing
+        self.uses_vectors = bool(schema.vector)
 
-    def forward(self, x_num: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:
-        parts = [x_num] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
+    def forward(self, batch: Batch) -> torch.Tensor:
+        x_cat = batch["cat"]
+        parts = [batch["num"]] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
+        if self.uses_vectors:
+            parts.append(batch["vec"])
         x = torch.cat(parts, dim=1)
         for i, block in enumerate(self.blocks):
             # Recompute every other block in backward: about half the activation memory for
@@ -48,7 +83,22 @@ class TabularMLP(nn.Module):
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
-        return self.head(x).squeeze(-1)
+        out = self.head(x)
+        return out.squeeze(-1) if out.shape[-1] == 1 else out
+
+
+class TabularMLP(ColumnsNet):
+    """The binary MLP over numerics and categoricals, called as model(x_num, x_cat)."""
+
+    def __init__(self, n_numeric: int, cardinalities: list[int], hidden: list[int], embedding_dim: int = 16,
+                 dropout: float = 0.0, gradient_checkpointing: bool = False) -> None:
+        schema = ModelSchema("binary", 1, [f"n{i}" for i in range(n_numeric)],
+                             [f"c{i}" for i in range(len(cardinalities))], list(cardinalities))
+        super().__init__(schema, hidden, embedding_dim, dropout, gradient_checkpointing)
+        setattr(self, _LEGACY, True)
+
+    def forward(self, x_num: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward({"num": x_num, "cat": x_cat})
 
 
 def _load_factory(spec: str) -> Callable[..., nn.Module]:
@@ -63,16 +113,41 @@ def _load_factory(spec: str) -> Callable[..., nn.Module]:
     return fn
 
 
-def build_model(config: ModelConfig, n_numeric: int, cardinalities: list[int]) -> nn.Module:
-    """The configured model; a user factory is called as fn(n_numeric, cardinalities, config)."""
+def _is_legacy_factory(fn: Callable[..., nn.Module]) -> bool:
+    """fn(n_numeric, cardinalities, config), the form before fn(schema, config)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) == 3
+
+
+def build_model(config: ModelConfig, schema: ModelSchema) -> nn.Module:
+    """The configured model. A user factory is called as fn(schema, config) and its model as
+    model(batch); a factory of the older form fn(n_numeric, cardinalities, config) still
+    works, its model called as model(x_num, x_cat)."""
     if config.factory is None:
-        return TabularMLP(
-            n_numeric, cardinalities, config.hidden, config.embedding_dim, config.dropout, config.gradient_checkpointing
-        )
-    model = _load_factory(config.factory)(n_numeric, cardinalities, config)
+        return ColumnsNet(schema, config.hidden, config.embedding_dim, config.dropout, config.gradient_checkpointing)
+    fn = _load_factory(config.factory)
+    legacy = _is_legacy_factory(fn)
+    if legacy and schema.vector:
+        raise ConfigError(f"model.factory: '{config.factory}' has the old form fn(n_numeric, cardinalities, config), "
+                          "which cannot see data.vector columns; write it as fn(schema, config)")
+    model = fn(len(schema.numeric), schema.cardinalities, config) if legacy else fn(schema, config)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.factory: '{config.factory}' returned {type(model).__name__}, expected a torch.nn.Module")
+    if legacy:
+        setattr(model, _LEGACY, True)
     return model
+
+
+def forward_fn(module: nn.Module, like: nn.Module | None = None) -> Forward:
+    """`module` called on a batch, in the calling convention of the model it wraps (`like`:
+    DDP and torch.compile wrappers do not carry the model's attributes)."""
+    if getattr(like if like is not None else module, _LEGACY, False):
+        return lambda batch: module(batch["num"], batch["cat"])
+    return module
 
 
 def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:

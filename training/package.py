@@ -23,7 +23,7 @@ import torch
 from training.config import ModelConfig, RetrainConfig
 from training.data.features import FeatureStats
 from training.errors import CheckpointError
-from training.model import build_model, weights_sha256
+from training.model import ModelSchema, build_model, weights_sha256
 from training.results import ModelRef
 from training.storage import read_json, write_json_atomic
 
@@ -75,7 +75,7 @@ def load_package(
         raise UntrustedFactory(f"model package {package_dir} names model.factory '{config.factory}', which is not "
                                "this run's model.factory; a factory named by storage is never imported")
     stats = FeatureStats(**meta["feature_stats"])
-    model = build_model(config, len(stats.numeric), stats.cardinalities)
+    model = build_model(config, ModelSchema.of(stats))
     try:
         state = torch.load(package_dir / "model.pt", map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001
@@ -91,7 +91,8 @@ def load_package(
 
 
 def export_model_package(out_dir: Path, state_dict: dict[str, torch.Tensor], config: RetrainConfig,
-                         stats: FeatureStats, run_key: str, best_step: int | None, val_auc: float | None) -> ModelRef:
+                         stats: FeatureStats, run_key: str, best_step: int | None, metric: str,
+                         value: float | None) -> ModelRef:
     """A self-contained model: weights plus everything needed to score new data."""
     out_dir.mkdir(parents=True, exist_ok=True)
     sha = weights_sha256(state_dict)
@@ -102,7 +103,8 @@ def export_model_package(out_dir: Path, state_dict: dict[str, torch.Tensor], con
         "sha256": sha,
         "run_key": run_key,
         "best_step": best_step,
-        "val_auc": val_auc,
+        "val_auc": value if metric == "auc" else None,
+        "val_metric": {"name": metric, "value": value},
         "model_config": config.model.model_dump(mode="json"),
         "feature_stats": json.loads(stats.to_json()),
         "tags": dict(config.cost.tags),

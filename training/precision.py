@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from training.errors import ConfigError
+
+if TYPE_CHECKING:
+    from training.model import Batch
+    from training.tasks import Task
 
 __all__ = ["resolve_device", "resolve_precision", "resolved_numerics", "autocast_dtype", "measure_fp32_slowdown"]
 
@@ -45,26 +50,26 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
-def measure_fp32_slowdown(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                          device: torch.device, precision: str, steps: int = 10) -> float:
+def measure_fp32_slowdown(model: torch.nn.Module, task: Task, batch: Batch, device: torch.device, precision: str,
+                          steps: int = 10) -> float:
     """fp32 step time over this run's precision, timed on a copy of the model (for the naive
     counterfactual in the cost report)."""
     import copy
 
-    import torch.nn.functional as F
+    from training.model import forward_fn
+
+    rows = {k: v.to(device) for k, v in batch.items()}
 
     def timed(dtype: torch.dtype | None) -> float:
         m = copy.deepcopy(model).train()
-        x_num, x_cat, y = (t.to(device) for t in batch)
+        forward = forward_fn(m)
         t0 = time.perf_counter()
         for i in range(steps + 3):  # 3 warm-up steps
             if i == 3:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-            with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-                out = m(x_num, x_cat)
-            F.binary_cross_entropy_with_logits(out.float(), y).backward()
+            task.forward_loss(forward, rows, device, dtype).backward()
         if device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0

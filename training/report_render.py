@@ -13,8 +13,14 @@ from typing import Any
 __all__ = ["render_curves", "render_markdown"]
 
 
-def render_curves(history: list[dict[str, Any]], out: Path) -> Path | None:
-    """Training loss and validation AUC against steps; None when there is no history."""
+def _label(metric: str) -> str:
+    return {"auc": "AUC", "logloss": "log loss", "macro_f1": "macro F1", "rmse": "RMSE", "mae": "MAE",
+            "r2": "R²"}.get(metric, metric)
+
+
+def render_curves(history: list[dict[str, Any]], out: Path, metric: str = "auc") -> Path | None:
+    """Training loss (and validation log loss, for classifiers) and the validation value of
+    the chosen metric against steps; None when there is no history."""
     if not history:
         return None
     import matplotlib
@@ -25,13 +31,14 @@ def render_curves(history: list[dict[str, Any]], out: Path) -> Path | None:
     steps = [h["step"] for h in history]
     fig, (loss_ax, auc_ax) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
     loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o", label="train loss (last batch)")
-    loss_ax.plot(steps, [h["val_logloss"] for h in history], marker="o", label="validation log loss")
+    if "val_logloss" in history[0]:
+        loss_ax.plot(steps, [h["val_logloss"] for h in history], marker="o", label="validation log loss")
     loss_ax.set_xlabel("step")
     loss_ax.set_title("loss")
     loss_ax.legend()
-    auc_ax.plot(steps, [h["val_auc"] for h in history], marker="o", color="tab:green")
+    auc_ax.plot(steps, [h[f"val_{metric}"] for h in history], marker="o", color="tab:green")
     auc_ax.set_xlabel("step")
-    auc_ax.set_title("validation AUC")
+    auc_ax.set_title(f"validation {_label(metric)}")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -49,11 +56,13 @@ def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = T
     cost = report["cost"]
     naive, restart = cost["naive"], cost["naive_restarting"]
     util = report["utilization"]
-    m = report["metrics"]
+    m, metric = report["metrics"], report.get("metric", "auc")
+    others = ", ".join(f"{_label(k)} {v:.4f}" for k, v in m.items() if k != metric)
     lines = [
         f"# Retrain run `{report['run_key']}`: {report['status']}",
         "",
-        f"{report['steps']} steps; test AUC **{m['auc']:.4f}**, log loss {m['logloss']:.4f}, accuracy {m['accuracy']:.4f}.",
+        f"{report['steps']} steps of {report.get('task', 'binary')} training; test {_label(metric)} "
+        f"**{m[metric]:.4f}**, {others}.",
     ]
     if report.get("stop_reason"):
         lines.append(f"Stopped: {report['stop_reason']}.")
@@ -97,9 +106,9 @@ def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = T
         lines.append("")
         if embed:
             data = base64.b64encode(curves.read_bytes()).decode()
-            lines.append(f"![loss and validation AUC](data:image/png;base64,{data})")
+            lines.append(f"![loss and validation {_label(metric)}](data:image/png;base64,{data})")
         else:
-            lines.append(f"![loss and validation AUC]({curves.name})")
+            lines.append(f"![loss and validation {_label(metric)}]({curves.name})")
         lines.append("")
         lines.append(f"Curves: `{curves}`")
     return "\n".join(lines) + "\n"

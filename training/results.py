@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 __all__ = ["Evaluation", "ModelRef", "PackResult", "PrepResult", "Promotion", "TrainResult", "WarmStart"]
 
@@ -76,7 +76,9 @@ class TrainResult(_Result):
     steps: int
     max_steps: int
     best_step: int
-    best_val_auc: float | None
+    best_val_auc: float | None  # binary runs judged on auc; None otherwise (see metric, best_val_metric)
+    metric: str = "auc"  # eval.metric of the run
+    best_val_metric: float | None = None
     precision: str
     device: str
     model: ModelRef
@@ -109,11 +111,21 @@ class TrainResult(_Result):
     champion_check: dict[str, Any] | None = None
     steps_to_target: int | None = None
 
-    def steps_to(self, target_auc: float | None) -> int | None:
-        """The first validated step that reached `target_auc`."""
-        if target_auc is None:
+    @model_validator(mode="before")
+    @classmethod
+    def _metric_of_old_results(cls, data: Any) -> Any:
+        """result.json written before eval.metric: a binary run judged on AUC."""
+        if isinstance(data, dict) and data.get("best_val_metric") is None and "metric" not in data:
+            data = {**data, "best_val_metric": data.get("best_val_auc")}
+        return data
+
+    def steps_to(self, target: float | None, higher_is_better: bool = True) -> int | None:
+        """The first validated step whose validation metric reached `target`."""
+        if target is None:
             return None
-        return next((int(h["step"]) for h in self.history if h["val_auc"] >= target_auc), None)
+        key = f"val_{self.metric}"
+        return next((int(h["step"]) for h in self.history
+                     if (h[key] >= target if higher_is_better else h[key] <= target)), None)
 
 
 class Promotion(_Result):
@@ -131,7 +143,10 @@ class Evaluation(_Result):
 
     tags: dict[str, str]
     metrics: dict[str, float]
-    target_auc: float | None = None
+    task: str = "binary"
+    metric: str = "auc"  # the one promotion judged (eval.metric)
+    target: float | None = None  # eval.target (or the old eval.target_auc)
+    target_auc: float | None = None  # the same target under its old name, binary auc runs only
     target_met: bool | None = None
     promotion: Promotion
     seconds: float

@@ -45,10 +45,12 @@ from training.data.packing import (
     split_writers,
     start_pack,
 )
-from training.errors import ConfigError, DataError, StorageError
+from training.errors import ConfigError, DataError, RetrainError, StorageError
 from training.champion import Champion, check_champion
-from training.evaluate import compatible, decide_promotion, evaluate_package, promote
+from training.data.features import FeatureStats
+from training.evaluate import compatible, decide_promotion, evaluate_package, other_target, promote
 from training.package import package_stats
+from training.tasks import direction, metric_for
 from training.launch import log_child_event, run_training_process
 from training.job import TrainJob, train_fingerprint
 from training.precision import resolved_numerics
@@ -61,7 +63,7 @@ from training.utilization import utilization_summary
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PackBegun", "build_train_job", "champion_validation_auc", "join_training", "pack_stage", "pack_begin", "pack_part_stage", "pack_finish", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
+__all__ = ["PackBegun", "build_train_job", "champion_validation_metric", "join_training", "pack_stage", "pack_begin", "pack_part_stage", "pack_finish", "preprocess_stage", "train_stage", "evaluate_stage", "report_stage", "run_key_for"]
 
 
 class PackBegun(BaseModel):
@@ -215,7 +217,8 @@ class WarmStartPlan:
     stats: dict[str, Any]
 
 
-def warm_start_plan(config: RetrainConfig, champion: Champion | None) -> tuple[WarmStartPlan | None, str]:
+def warm_start_plan(config: RetrainConfig, champion: Champion | None,
+                    manifest: DatasetManifest | None = None) -> tuple[WarmStartPlan | None, str]:
     """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
     if config.train.init_from != "champion":
         return None, "train.init_from is none"
@@ -230,27 +233,33 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None) -> tuple[W
     stats = meta["feature_stats"]
     if stats["numeric"] != config.data.numeric or stats["categorical"] != config.data.categorical:
         return None, "the champion's feature columns differ from data.numeric/data.categorical: fresh start"
+    other = other_target(FeatureStats(**stats), manifest) if manifest is not None else None
+    if other is not None:
+        return None, f"the champion predicts something else ({other}): fresh start"
     return (
         WarmStartPlan(weights=str(package / "model.pt"), sha256=pointer["sha256"], stats=stats),
         f"warm start from champion {pointer['sha256'][:12]} with its feature statistics",
     )
 
 
-def champion_validation_auc(config: RetrainConfig, packed: PackResult) -> float | None:
-    """The champion's AUC on this run's validation split, for the champion gate (None when there
-    is no usable, compatible champion). Evaluation's work, run before training by the flow."""
+def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> float | None:
+    """The champion's eval.metric on this run's validation split, for the champion gate (None
+    when there is no usable champion that reads these columns and predicts this label).
+    Evaluation's work, run before training by the flow."""
     champion = check_champion(StorageRoot.from_config(config), config.model.factory)
     if champion is None or not champion.usable:
         return None
     dataset_dir = Path(packed.dataset_dir)
     manifest = require_manifest(dataset_dir)
-    if not compatible(package_stats(champion.package), manifest):
+    stats = package_stats(champion.package)
+    if not compatible(stats, manifest) or other_target(stats, manifest) is not None:
         return None
-    return evaluate_package(champion.package, dataset_dir, manifest, config.model.factory, split="validation")["auc"]
+    metric = metric_for(config.data.task, config.eval.metric)
+    return evaluate_package(champion.package, dataset_dir, manifest, config.model.factory, split="validation")[metric]
 
 
 def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult, champion: Champion | None,
-                    champion_val_auc: float | None = None) -> tuple[TrainJob, WarmStart]:
+                    champion_val_metric: float | None = None) -> tuple[TrainJob, WarmStart]:
     """The training job of this config and data, with the warm-start decision; `champion` is
     `check_champion`'s answer, checked once by the caller.
 
@@ -262,7 +271,7 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         # preprocess stage is not cached by Prefect, so rerunning the flow refits them.
         raise DataError(f"feature statistics {root.display(prep.stats_rel)} are gone since the preprocess stage "
                         "ran; rerun the flow (preprocessing refits them)")
-    warm, warm_reason = warm_start_plan(config, champion)
+    warm, warm_reason = warm_start_plan(config, champion, require_manifest(Path(packed.dataset_dir)))
     init_sha = None
     if warm is not None:
         # Embedding rows and input scaling must mean what they meant for the champion, so the
@@ -278,7 +287,7 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         dataset_dir=packed.dataset_dir, stats_path=str(stats_path), config=config,
         init_weights=warm.weights if warm else None, init_sha256=init_sha, rate_per_hour=rate, gpus=gpus,
         pre_train_seconds=packed.seconds + prep.seconds,
-        champion_val_auc=champion_val_auc if config.budget.champion_gate else None,
+        champion_val_metric=champion_val_metric if config.budget.champion_gate else None,
     )
     warm_start = WarmStart(requested=config.train.init_from == "champion", used=warm is not None,
                            reason=warm_reason, champion_sha256=init_sha)
@@ -290,15 +299,15 @@ def train_stage(
     packed: PackResult,
     prep: PrepResult,
     on_event: Callable[[dict[str, Any]], None] = log_child_event,
-    champion_val_auc: float | None = None,
+    champion_val_metric: float | None = None,
 ) -> TrainResult:
-    """Train the run in a child process (or find it finished); `champion_val_auc` is the
+    """Train the run in a child process (or find it finished); `champion_val_metric` is the
     champion gate's bar, measured by `champion_validation_auc` before training."""
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
     # Verified before training: a damaged champion is reported in seconds, not after a full run.
     champion = check_champion(root, config.model.factory)
-    job, warm_start = build_train_job(config, packed, prep, champion, champion_val_auc)
+    job, warm_start = build_train_job(config, packed, prep, champion, champion_val_metric)
     # A finished run needs no child process (and no 3 s of torch start-up).
     result = finished_result(job) or run_training_process(job, on_event)
     return result.model_copy(update={
@@ -307,7 +316,8 @@ def train_stage(
         "seconds_this_attempt": time.perf_counter() - t0,
         "warm_start": warm_start,
         "champion_check": None if champion is None else {"sha256": champion.sha256, "problem": champion.problem},
-        "steps_to_target": result.steps_to(config.eval.target_auc),
+        "steps_to_target": result.steps_to(config.eval.target_value(),
+                                           direction(config.data.task, result.metric) == "higher"),
     })
 
 
@@ -349,11 +359,18 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
         return done
     metrics = evaluate_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
                                expected_meta_sha256=trained.model.meta_sha256)
+    task, metric = manifest.task, metric_for(manifest.task, config.eval.metric)
     for _attempt in range(_PROMOTION_ATTEMPTS):
         champion = check_champion(root, config.model.factory)
         champion_metrics, champion_note, problem = _champion_metrics(champion, dataset_dir, manifest, config)
+        elsewhere = _champion_target(champion, manifest)
+        if elsewhere is not None:
+            # Another task's champion is not worse or better, only different: it stays.
+            promoted, reason = False, f"promotion skipped: the champion {elsewhere}"
+            break
         promoted, reason = decide_promotion(
-            challenger_sha, metrics, champion.sha256 if champion else None, champion_metrics, config.eval, problem
+            challenger_sha, metrics, champion.sha256 if champion else None, champion_metrics, config.eval, problem,
+            task, metric,
         )
         if not promoted or _promote(root, run_dir, trained, packed, metrics, champion):
             break
@@ -363,10 +380,12 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
     else:
         raise StorageError(f"the champion at {root.display('models/champion')} changed {_PROMOTION_ATTEMPTS} times "
                            "while this run was evaluated; run the same command again")
-    target = config.eval.target_auc
+    target = config.eval.target_value()
     evaluation = Evaluation(
-        tags=dict(config.cost.tags), metrics=metrics, target_auc=target,
-        target_met=None if target is None else metrics["auc"] >= target,
+        tags=dict(config.cost.tags), metrics=metrics, task=task, metric=metric, target=target,
+        target_auc=target if metric == "auc" else None,
+        target_met=None if target is None else (metrics[metric] >= target if direction(task, metric) == "higher"
+                                                else metrics[metric] <= target),
         promotion=Promotion(promoted=promoted, reason=reason, challenger_sha256=challenger_sha,
                             champion_sha256=champion.sha256 if champion else None,
                             champion_metrics=champion_metrics, champion_note=champion_note,
@@ -427,6 +446,18 @@ def _champion_metrics(
                else "its model factory is not this run's, so it is not loaded")
         return recorded, f"{why}: compared on its recorded test metrics", None
     return None, f"unusable: {champion.problem}", champion.problem
+
+
+def _champion_target(champion: Champion | None, manifest: DatasetManifest) -> str | None:
+    """Why the champion predicts something else than this run (None: the same thing, or no
+    champion whose statistics can be read)."""
+    if champion is None or not (champion.usable or champion.recorded_metrics_only):
+        return None
+    try:
+        other = other_target(package_stats(champion.package), manifest)
+    except (RetrainError, TypeError, KeyError):
+        return None  # unreadable statistics: the usual champion checks report it
+    return None if other is None else f"{champion.sha256[:12]} is kept: {other}"
 
 
 def _dir_bytes(path: Path) -> int:
@@ -500,7 +531,7 @@ def report_stage(
     run_dir = Path(trained.run_dir)
     root = StorageRoot.from_config(config)
     report = _report(config, packed, prep, trained, evaluation, stage_states, flow_run_id)
-    curves = render_curves(trained.history, run_dir / "curves.png")
+    curves = render_curves(trained.history, run_dir / "curves.png", evaluation.metric)
     (run_dir / "report.md").write_text(render_markdown(report, curves, embed=False))
     report["files"] = {"report_md": str(run_dir / "report.md"), "curves_png": str(curves) if curves else None}
     report["storage"] = {**packed.storage, "run_uri": root.display(run_rel(trained.run_key))}
@@ -530,19 +561,21 @@ def _report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained
         "preprocess": {"state": stage_states.get("preprocess"), "key": prep.key, "stats": prep.stats_path},
         "train": {"state": stage_states.get("train"), "already_complete": trained.already_complete,
                   "best_step": trained.best_step, "best_val_auc": trained.best_val_auc,
+                  "best_val_metric": trained.best_val_metric,
                   "precision": trained.precision, "device": trained.device, "seconds": trained.seconds,
                   "first_step_latency_seconds": trained.first_step_latency_seconds, "history": trained.history},
         "evaluate": {"state": stage_states.get("evaluate")},
     }
     return {
         "run_key": trained.run_key, "status": trained.status, "stop_reason": trained.stop_reason,
-        "steps": trained.steps, "metrics": {k: evaluation.metrics[k] for k in ("auc", "logloss", "accuracy")},
+        "steps": trained.steps, "task": evaluation.task, "metric": evaluation.metric,
+        "metrics": {k: v for k, v in evaluation.metrics.items() if k != "rows"},
         "model": trained.model.to_json(), "resumed_from_steps": trained.resumed_from_steps,
         "preemptions": trained.preemptions, "steps_lost": trained.steps_lost, "durations": durations,
         "preemption": preemption, "cost": cost_report(config, packed, prep, trained, evaluation),
         "utilization": utilization_summary(trained.seconds, trained.samples_seen, trained.accelerator, trained.device),
         "tags": dict(config.cost.tags), "profile": trained.profile, "stages": stages,
-        "target_auc": evaluation.target_auc, "target_met": evaluation.target_met,
+        "target": evaluation.target, "target_auc": evaluation.target_auc, "target_met": evaluation.target_met,
         "promotion": evaluation.promotion.to_json(),
         "warm_start": trained.warm_start.to_json() if trained.warm_start else None,
         "steps_to_target": trained.steps_to_target, "bayes_auc": packed.bayes_auc,

@@ -69,22 +69,24 @@ class Budget:
         return None
 
 
-def champion_gate(history: list[dict[str, Any]], champion_auc: float | None, min_delta: float,
-                  max_steps: int) -> str | None:
+def champion_gate(history: list[dict[str, Any]], champion_value: float | None, min_delta: float,
+                  max_steps: int, metric: str = "auc", higher_is_better: bool = True) -> str | None:
     """Stop when even an optimistic linear extrapolation of the last three validations cannot
-    reach the champion's validation AUC plus min_delta by max_steps."""
-    if champion_auc is None or len(history) < 3:
+    reach the champion's validation metric improved by min_delta by max_steps."""
+    if champion_value is None or len(history) < 3:
         return None
+    sign = 1.0 if higher_is_better else -1.0  # the extrapolation runs on "higher is better" scores
     recent = history[-3:]
     steps = np.array([h["step"] for h in recent], dtype=np.float64)
-    aucs = np.array([h["val_auc"] for h in recent], dtype=np.float64)
-    slope = float(np.polyfit(steps, aucs, 1)[0])
-    best = max(h["val_auc"] for h in history)
+    scores = sign * np.array([h[f"val_{metric}"] for h in recent], dtype=np.float64)
+    slope = float(np.polyfit(steps, scores, 1)[0])
+    best = max(sign * h[f"val_{metric}"] for h in history)
     reachable = best + max(0.0, slope) * (max_steps - steps[-1])
-    needed = champion_auc + min_delta
+    needed = sign * champion_value + min_delta
     if reachable < needed:
-        return (f"champion gate: validation AUC trend reaches at most {reachable:.4f} by step {max_steps}, "
-                f"the champion needs {needed:.4f}")
+        name = "AUC" if metric == "auc" else metric
+        return (f"champion gate: validation {name} trend reaches at {'most' if sign > 0 else 'least'} "
+                f"{sign * reachable:.4f} by step {max_steps}, the champion needs {sign * needed:.4f}")
     return None
 
 
@@ -105,11 +107,12 @@ class StopPolicy:
     """Budgets, plateau and champion gate, decided on rank 0 after each step."""
 
     def __init__(self, config: RetrainConfig, rate_per_hour: float, gpus: int,
-                 champion_val_auc: float | None) -> None:
+                 champion_value: float | None, metric: str = "auc", higher_is_better: bool = True) -> None:
         self.budget = Budget(config.budget, rate_per_hour, gpus)
         self.train, self.gate = config.train, config.budget.champion_gate
         self.min_delta_vs_champion = config.eval.min_delta
-        self.champion_val_auc = champion_val_auc
+        self.champion_value = champion_value
+        self.metric, self.higher_is_better = metric, higher_is_better
 
     def decide(self, progress: Progress, stopper: EarlyStopping, validated: bool) -> Decision:
         tc = self.train
@@ -121,9 +124,11 @@ class StopPolicy:
         if not validated:
             return CONTINUE
         if stopper.should_stop:
-            return Decision("early_stopped", f"no validation AUC gain > {tc.min_delta} in {tc.patience} validations")
+            name = "AUC" if self.metric == "auc" else self.metric
+            return Decision("early_stopped", f"no validation {name} gain > {tc.min_delta} in {tc.patience} validations")
         if self.gate:
-            gated = champion_gate(progress.history, self.champion_val_auc, self.min_delta_vs_champion, tc.max_steps)
+            gated = champion_gate(progress.history, self.champion_value, self.min_delta_vs_champion, tc.max_steps,
+                                  self.metric, self.higher_is_better)
             if gated is not None:
                 return Decision("early_stopped", gated)
         return CONTINUE

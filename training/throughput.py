@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from training.config import TrainConfig
 from training.errors import ConfigError
+from training.model import Batch, forward_fn
+from training.tasks import Task
 
 __all__ = ["accelerator_stats", "auto_batch_layout", "choose_num_workers", "BatchSizeSearch", "find_micro_batch",
            "step_memory_bytes"]
@@ -29,11 +30,16 @@ STALL_TARGET = 0.02  # below this share of step time spent waiting for data, wor
 MAX_WORKERS = 8
 
 
-def _fwd_bwd(model: torch.nn.Module, x_num: torch.Tensor, x_cat: torch.Tensor, y: torch.Tensor,
-             dtype: torch.dtype | None, device: torch.device) -> None:
-    with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-        logits = model(x_num, x_cat)
-    F.binary_cross_entropy_with_logits(logits.float(), y).backward()
+def _fwd_bwd(model: torch.nn.Module, task: Task, batch: Batch, dtype: torch.dtype | None,
+             device: torch.device) -> None:
+    task.forward_loss(forward_fn(model), {k: v.to(device) for k, v in batch.items()}, device, dtype).backward()
+
+
+def _rows(example: Batch, n: int) -> Batch:
+    """`n` rows made of the example batch's rows, repeated: real shapes and dtypes, any size."""
+    have = int(example["label"].shape[0])
+    index = torch.arange(n) % have
+    return {k: v.index_select(0, index) for k, v in example.items()}
 
 
 def _rng_untouched(device: torch.device) -> Any:
@@ -42,13 +48,13 @@ def _rng_untouched(device: torch.device) -> Any:
     return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
 
 
-def choose_num_workers(model: torch.nn.Module, fetch: Callable[[int], tuple[torch.Tensor, ...]], device: torch.device,
+def choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch], device: torch.device,
                        dtype: torch.dtype | None, probes: int = 8) -> dict[str, Any]:
     with _rng_untouched(device):
-        return _choose_num_workers(model, fetch, device, dtype, probes)
+        return _choose_num_workers(model, task, fetch, device, dtype, probes)
 
 
-def _choose_num_workers(model: torch.nn.Module, fetch: Callable[[int], tuple[torch.Tensor, ...]],
+def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch],
                         device: torch.device, dtype: torch.dtype | None, probes: int) -> dict[str, Any]:
     """Workers for `train.num_workers: auto`, from the measured stall of in-process loading.
 
@@ -59,17 +65,17 @@ def _choose_num_workers(model: torch.nn.Module, fetch: Callable[[int], tuple[tor
     the training process leaves idle."""
     probe_model = copy.deepcopy(model).to(device).train()
     batches = [fetch(i) for i in range(2)]  # warm-up: first shard loads, allocator
-    for x_num, x_cat, y in batches:
-        _fwd_bwd(probe_model, x_num.to(device), x_cat.to(device), y.to(device), dtype, device)
+    for batch in batches:
+        _fwd_bwd(probe_model, task, batch, dtype, device)
     t0 = time.perf_counter()
     batches = [fetch(i) for i in range(2, 2 + probes)]
     t_data = (time.perf_counter() - t0) / probes
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for x_num, x_cat, y in batches:
+    for batch in batches:
         probe_model.zero_grad(set_to_none=True)
-        _fwd_bwd(probe_model, x_num.to(device), x_cat.to(device), y.to(device), dtype, device)
+        _fwd_bwd(probe_model, task, batch, dtype, device)
     if device.type == "cuda":
         torch.cuda.synchronize()
     t_compute = (time.perf_counter() - t0) / probes
@@ -84,14 +90,15 @@ def _choose_num_workers(model: torch.nn.Module, fetch: Callable[[int], tuple[tor
             "compute_seconds_per_batch": t_compute, "spare_cpus": spare_cpus}
 
 
-def step_memory_bytes(model: torch.nn.Module, batch: int, n_num: int, n_cat: int, device: torch.device,
+def step_memory_bytes(model: torch.nn.Module, task: Task, batch: int, example: Batch, device: torch.device,
                       dtype: torch.dtype | None) -> int:
-    """Bytes one training step at micro-batch `batch` needs on `device` (how: see below)."""
+    """Bytes one training step at micro-batch `batch` needs on `device` (how: see below), with
+    rows like those of `example`."""
     with _rng_untouched(device):
-        return _step_memory_bytes(model, batch, n_num, n_cat, device, dtype)
+        return _step_memory_bytes(model, task, batch, example, device, dtype)
 
 
-def _step_memory_bytes(model: torch.nn.Module, batch: int, n_num: int, n_cat: int, device: torch.device,
+def _step_memory_bytes(model: torch.nn.Module, task: Task, batch: int, example: Batch, device: torch.device,
                        dtype: torch.dtype | None) -> int:
     """How the bytes are counted.
 
@@ -100,16 +107,15 @@ def _step_memory_bytes(model: torch.nn.Module, batch: int, n_num: int, n_cat: in
     moments, plus every tensor autograd saves for backward, counted as they are saved."""
     probe = copy.deepcopy(model).to(device).train()
     params = sum(p.numel() * p.element_size() for p in probe.parameters())
-    x_num = torch.randn(batch, n_num, device=device)
-    x_cat = torch.zeros(batch, n_cat, dtype=torch.long, device=device)
-    y = torch.zeros(batch, device=device)
+    rows = {k: v.to(device) for k, v in _rows(example, batch).items()}
+    input_bytes = sum(v.nbytes for v in rows.values())
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
         base = torch.cuda.memory_allocated(device)
-        _fwd_bwd(probe, x_num, x_cat, y, dtype, device)
+        _fwd_bwd(probe, task, rows, dtype, device)
         torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated(device) - base + 2 * params + x_num.nbytes + x_cat.nbytes)
+        return int(torch.cuda.max_memory_allocated(device) - base + 2 * params + input_bytes)
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -117,8 +123,8 @@ def _step_memory_bytes(model: torch.nn.Module, batch: int, n_num: int, n_cat: in
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        _fwd_bwd(probe, x_num, x_cat, y, dtype, device)
-    return int(4 * params + sum(saved.values()) + x_num.nbytes + x_cat.nbytes + y.nbytes)
+        _fwd_bwd(probe, task, rows, dtype, device)
+    return int(4 * params + sum(saved.values()) + input_bytes)
 
 
 @dataclass
@@ -131,8 +137,9 @@ class BatchSizeSearch:
     seconds: float
 
 
-def find_micro_batch(model: torch.nn.Module, per_rank_effective: int, n_num: int, n_cat: int, device: torch.device,
-                     dtype: torch.dtype | None, budget_bytes: int, max_seconds: float = 300.0) -> BatchSizeSearch:
+def find_micro_batch(model: torch.nn.Module, task: Task, per_rank_effective: int, example: Batch,
+                     device: torch.device, dtype: torch.dtype | None, budget_bytes: int,
+                     max_seconds: float = 300.0) -> BatchSizeSearch:
     """The largest micro-batch that fits `budget_bytes`, and the accumulation that keeps the
     effective batch (`per_rank_effective` rows per process per optimizer step) unchanged.
 
@@ -144,7 +151,7 @@ def find_micro_batch(model: torch.nn.Module, per_rank_effective: int, n_num: int
 
     def fits(b: int) -> bool:
         try:
-            need = step_memory_bytes(model, b, n_num, n_cat, device, dtype)
+            need = step_memory_bytes(model, task, b, example, device, dtype)
         except torch.cuda.OutOfMemoryError:
             need = budget_bytes + 1
         ok = need <= budget_bytes
@@ -175,7 +182,7 @@ def find_micro_batch(model: torch.nn.Module, per_rank_effective: int, n_num: int
     return BatchSizeSearch(micro, per_rank_effective // micro, lo, budget_bytes, probes, time.perf_counter() - t0)
 
 
-def auto_batch_layout(model: torch.nn.Module, tc: TrainConfig, n_num: int, n_cat: int, device: torch.device,
+def auto_batch_layout(model: torch.nn.Module, task: Task, tc: TrainConfig, example: Batch, device: torch.device,
                       dtype: torch.dtype | None, world_size: int) -> tuple[int, int, dict[str, Any] | None]:
     """(global micro-batch, grad_accum, search record) from the memory search on this device;
     every rank uses rank 0's choice."""
@@ -187,7 +194,7 @@ def auto_batch_layout(model: torch.nn.Module, tc: TrainConfig, n_num: int, n_cat
         log.info("auto_batch_size: no accelerator memory to fit on %s; keeping train.batch_size", device.type)
         return tc.batch_size, tc.grad_accum, {"skipped": f"no accelerator memory on {device.type}"}
     per_rank = tc.batch_size // world_size * tc.grad_accum
-    search = find_micro_batch(model, per_rank, n_num, n_cat, device, dtype, budget)
+    search = find_micro_batch(model, task, per_rank, example, device, dtype, budget)
     layout = [search.micro_batch, search.grad_accum]
     if world_size > 1:
         import torch.distributed as dist

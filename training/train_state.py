@@ -18,7 +18,7 @@ import torch
 
 from training.config import RetrainConfig
 from training.early_stopping import EarlyStopping
-from training.model import build_model
+from training.model import ModelSchema, build_model
 from training.rng import capture_rng, restore_rng
 
 __all__ = ["Progress", "TrainState", "lr_lambda"]
@@ -100,16 +100,17 @@ class TrainState:
         self.progress = progress or Progress()
 
     @classmethod
-    def create(cls, config: RetrainConfig, n_numeric: int, cardinalities: list[int], device: torch.device,
-               precision: str) -> TrainState:
+    def create(cls, config: RetrainConfig, schema: ModelSchema, device: torch.device, precision: str,
+               higher_is_better: bool = True) -> TrainState:
         """A fresh state for `config` (the model is initialised from the current torch RNG)."""
         tc = config.train
-        model = build_model(config.model, n_numeric, cardinalities).to(device)
+        model = build_model(config.model, schema).to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc.warmup_steps, tc.max_steps))
         # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-        return cls(model, optimizer, scheduler, scaler, EarlyStopping(tc.patience, tc.min_delta))
+        return cls(model, optimizer, scheduler, scaler,
+                   EarlyStopping(tc.patience, tc.min_delta, higher_is_better=higher_is_better))
 
     def _parts(self) -> dict[str, _Stateful]:
         # The checkpoint's keys. "run" is the Progress (its name in every checkpoint so far).

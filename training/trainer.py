@@ -22,7 +22,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from training.checkpoint import AsyncCheckpointer, CheckpointManifest, load_checkpoint_state, step_dir_name
@@ -33,7 +32,7 @@ from training.data.packing import require_manifest
 from training.errors import Preempted, RetrainError
 from training.evaluate import predict_split
 from training.job import TrainJob, train_fingerprint
-from training.metrics import log_loss, roc_auc
+from training.model import Batch, ModelSchema, forward_fn
 from training.package import export_model_package, load_warm_start
 from training.precision import autocast_dtype, measure_fp32_slowdown, resolve_device, resolve_precision
 from training.resume import ResumeBook
@@ -42,6 +41,7 @@ from training.rng import capture_rng, configure_determinism, seed_everything
 from training.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.storage import write_json_atomic
 from training.storage_root import MODEL, RUN
+from training.tasks import TASKS, Task, metric_for
 from training.throughput import accelerator_stats, auto_batch_layout, choose_num_workers
 from training.train_state import TrainState
 
@@ -77,10 +77,12 @@ class Trainer:
         self.manifest = require_manifest(self.dataset_dir)
         self.stats = FeatureStats.from_json(Path(job.stats_path).read_text())
         self.transform = self.stats.transformer()
+        self.task = Task.of(self.stats)
+        self.metric = metric_for(self.stats.task, self.config.eval.metric)
+        higher = TASKS[self.stats.task].metrics[self.metric].higher_is_better
         self.val_batches = ShardBatches(self.dataset_dir, self.manifest, "validation", EVAL_BATCH_SIZE,
                                         self.transform, shuffle=False, drop_last=False)
-        self.state = TrainState.create(self.config, len(self.stats.numeric), self.stats.cardinalities,
-                                       self.device, self.precision)
+        self.state = TrainState.create(self.config, ModelSchema.of(self.stats), self.device, self.precision, higher)
         self.book = ResumeBook(job, rank, world_size, self.spawn_time)
         self._resume()
         uploader = self.book.uploader
@@ -92,7 +94,7 @@ class Trainer:
         self._decide_layout()
         self._build_loader()
         self._compile()
-        self.policy = StopPolicy(self.config, job.rate_per_hour, job.gpus, job.champion_val_auc)
+        self.policy = StopPolicy(self.config, job.rate_per_hour, job.gpus, job.champion_val_metric, self.metric, higher)
         if self.book.resumed_step is None:
             self.state.progress.seconds["pre_train"] = job.pre_train_seconds  # once per run, not per attempt
         self.profiler = None
@@ -133,8 +135,8 @@ class Trainer:
                             "of %d rows (the whole split)", train_rows, tc.batch_size, progress.micro_batch)
             if tc.auto_batch_size:
                 progress.micro_batch, progress.grad_accum, progress.auto_batch = auto_batch_layout(
-                    self.state.model, tc, len(self.stats.numeric), len(self.stats.categorical), self.device,
-                    self.dtype, self.world_size)
+                    self.state.model, self.task, tc, self.val_batches.batch(0, 0), self.device, self.dtype,
+                    self.world_size)
         self.grad_accum = int(progress.grad_accum or tc.grad_accum)
 
     def _build_loader(self) -> None:
@@ -154,7 +156,8 @@ class Trainer:
         elif num_workers == "auto":
             batches = self.train_batches
             self.workers_probe = choose_num_workers(
-                self.state.model, lambda i: batches.batch(0, i % batches.batches_per_epoch), self.device, self.dtype)
+                self.state.model, self.task, lambda i: batches.batch(0, i % batches.batches_per_epoch), self.device,
+                self.dtype)
             num_workers = progress.num_workers = self.workers_probe["num_workers"]
             if num_workers:
                 self.train_batches.release()  # workers get a copy of this object: without the probe's shards
@@ -174,8 +177,8 @@ class Trainer:
             t0 = time.perf_counter()
             compiled = torch.compile(model)  # type: ignore[assignment]
             with torch.no_grad(), torch.random.fork_rng():
-                x_num, x_cat, _ = self.train_batches.batch(0, 0)
-                compiled(x_num[:2].to(self.device), x_cat[:2].to(self.device))
+                batch = self.train_batches.batch(0, 0)
+                forward_fn(compiled, model)({k: v[:2].to(self.device) for k, v in batch.items()})
             if self.num_workers:
                 self.train_batches.release()
             self.compile_seconds = time.perf_counter() - t0
@@ -184,7 +187,7 @@ class Trainer:
             # After the resume: every rank loaded the same checkpoint, and DDP checks it by
             # broadcasting rank 0's parameters. Gradients are averaged in buckets during backward.
             self.ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=self.tc.ddp_bucket_mb)
-        self.forward: torch.nn.Module = self.ddp if self.ddp is not None else compiled
+        self.forward = forward_fn(self.ddp if self.ddp is not None else compiled, model)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -220,16 +223,16 @@ class Trainer:
         loss_sum: torch.Tensor | None = None
         for micro in range(grad_accum):
             t_wait = now()
-            epoch, index, x_num, x_cat, y = next(batches)
+            epoch, index, batch = next(batches)
             if device.type != "cpu":
-                x_num, x_cat, y = x_num.to(device, non_blocking=True), x_cat.to(device, non_blocking=True), y.to(device)
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             t_compute = now()
             seconds["data_wait"] += t_compute - t_wait
-            self.rows_seen += int(y.shape[0])
+            self.rows_seen += int(batch["label"].shape[0])
             # Under DDP only the last micro-batch all-reduces: the others accumulate locally.
             sync = ddp.no_sync() if ddp is not None and micro < grad_accum - 1 else contextlib.nullcontext()
             with sync:
-                loss = self._loss(x_num, x_cat, y)
+                loss = self._loss(batch)
                 state.scaler.scale(loss).backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
             seconds["compute"] += now() - t_compute
@@ -254,14 +257,9 @@ class Trainer:
                 progress.restart_to_first_step_seconds.append(self.first_step_latency)
         return loss_sum
 
-    def _loss(self, x_num: torch.Tensor, x_cat: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.dtype is None:
-            logits = self.forward(x_num, x_cat)  # fp32: no autocast context to enter every step
-        else:
-            with torch.autocast(self.device.type, dtype=self.dtype):
-                logits = self.forward(x_num, x_cat)
-        # Loss in fp32 and divided by the accumulation steps, so the summed gradient is a mean.
-        loss = F.binary_cross_entropy_with_logits(logits.float(), y)
+    def _loss(self, batch: Batch) -> torch.Tensor:
+        # Divided by the accumulation steps, so the summed gradient is a mean.
+        loss = self.task.forward_loss(self.forward, batch, self.device, self.dtype)
         return loss / self.grad_accum if self.grad_accum > 1 else loss
 
     def _after_step(self, loss_sum: torch.Tensor) -> str:
@@ -288,15 +286,17 @@ class Trainer:
         return status
 
     def validate(self, train_loss: float) -> bool:
-        """Validation AUC at this step into the history; True when it is a new best."""
+        """Every validation metric of the task at this step into the history (`val_<metric>`);
+        True when eval.metric reached a new best."""
         progress, t0 = self.state.progress, self.now()
-        probs, labels = predict_split(self.state.model, self.val_batches, self.device, self.dtype)
-        auc, logloss = roc_auc(labels, probs), log_loss(labels, probs)
-        better = self.state.stopper.update(auc, progress.step)
-        progress.history.append({"step": progress.step, "train_loss": train_loss, "val_auc": auc,
-                                 "val_logloss": logloss, "lr": float(self.state.scheduler.get_last_lr()[0])})
+        pred, labels = predict_split(self.state.model, self.task, self.val_batches, self.device, self.dtype)
+        metrics = self.task.evaluate(labels, pred)
+        better = self.state.stopper.update(metrics[self.metric], progress.step)
+        progress.history.append({"step": progress.step, "train_loss": train_loss,
+                                 **{f"val_{name}": value for name, value in metrics.items()},
+                                 "lr": float(self.state.scheduler.get_last_lr()[0])})
         progress.seconds["eval"] += self.now() - t0
-        self.emit({"event": "validation", **progress.history[-1], "max_steps": self.tc.max_steps,
+        self.emit({"event": "validation", **progress.history[-1], "metric": self.metric, "max_steps": self.tc.max_steps,
                    "spent_seconds": progress.billed_seconds()})
         return better
 
@@ -315,7 +315,7 @@ class Trainer:
         progress.checkpoints_saved += 1
         progress.last_save_train_seconds = progress.seconds["train"]
         history = progress.history
-        val_auc = history[-1]["val_auc"] if history and history[-1]["step"] == progress.step else None
+        val_auc = history[-1].get("val_auc") if history and history[-1]["step"] == progress.step else None
         manifest = CheckpointManifest(progress.step, self.job.run_key, self.fingerprint, {}, val_auc=val_auc,
                                       emergency=emergency, extra={"tags": dict(self.config.cost.tags)})
         protect = {s for s in (self.state.stopper.best_step, self.book.resumed_step) if s is not None}
@@ -364,13 +364,13 @@ class Trainer:
             uploader.close()
         fp32_slowdown = 1.0
         if self.precision != "fp32":
-            fp32_slowdown = measure_fp32_slowdown(self.state.model, self.train_batches.batch(0, 0), self.device,
-                                                  self.precision)
+            fp32_slowdown = measure_fp32_slowdown(self.state.model, self.task, self.train_batches.batch(0, 0),
+                                                  self.device, self.precision)
         stopper = self.state.stopper
         assert stopper.best_step is not None  # every run validates at least once: at its last step
         best = load_checkpoint_state(self.run_dir / "checkpoints" / step_dir_name(stopper.best_step))["model"]
         package = export_model_package(self.run_dir / "model", best, self.config, self.stats, self.job.run_key,
-                                       stopper.best_step, stopper.best)
+                                       stopper.best_step, self.metric, stopper.best)
         result = self._result(status, package, fp32_slowdown)
         write_json_atomic(self.run_dir / "result.json", result.to_json())
         root, rel, key = self.book.root, self.job.run_rel, self.job.run_key
@@ -391,7 +391,8 @@ class Trainer:
             run_key=self.job.run_key, status=status, stop_reason=progress.stop_reason, fp32_slowdown=fp32_slowdown,
             profile=self.profiler.summary() if self.profiler is not None else None, max_steps=tc.max_steps,
             billed_seconds=progress.billed_seconds(), accelerator=accelerator_stats(self.device),
-            steps=progress.step, best_step=stopper.best_step, best_val_auc=stopper.best, precision=self.precision,
+            steps=progress.step, best_step=stopper.best_step, metric=self.metric, best_val_metric=stopper.best,
+            best_val_auc=stopper.best if self.metric == "auc" else None, precision=self.precision,
             device=self.device.type, model=package, history=progress.history,
             resumed_from_steps=progress.resumed_from_steps, preemptions=progress.preemptions,
             steps_lost=progress.steps_lost, seconds=progress.seconds,

@@ -77,7 +77,7 @@ def test_champion_gate_stops_a_hopeless_run(budget_config: RetrainConfig) -> Non
     budget_config.budget.champion_gate = True
     budget_config.train.max_steps = 200
     job = make_job(budget_config)
-    job.champion_val_auc = 0.99  # unreachable for this model and data
+    job.champion_val_metric = 0.99  # unreachable for this model and data
     job.config = budget_config
     result = train(job)
     assert result.status == "early_stopped"

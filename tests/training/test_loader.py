@@ -40,8 +40,9 @@ def test_seek_equals_sequential_reading(packed) -> None:
     resumed = _take(make_train_loader(batches, StreamPosition(0, start), 0, False), 15)
     for a, b in zip(sequential[start:], resumed, strict=True):
         assert a[:2] == b[:2]
-        for x, y in zip(a[2:], b[2:], strict=True):
-            assert torch.equal(x, y)
+        assert a[2].keys() == b[2].keys() == {"num", "cat", "label"}
+        for k in a[2]:
+            assert torch.equal(a[2][k], b[2][k])
 
 
 def test_workers_deliver_the_single_process_order(packed) -> None:
@@ -50,15 +51,15 @@ def test_workers_deliver_the_single_process_order(packed) -> None:
     single = _take(make_train_loader(batches, StreamPosition(0, 7), 0, False), 20)
     multi = _take(make_train_loader(batches, StreamPosition(0, 7), 2, False), 20)
     assert [tuple(b[:2]) for b in single] == [tuple(b[:2]) for b in multi]
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(single, multi, strict=True) for k in (2, 3, 4))
+    assert all(torch.equal(a[2][k], b[2][k]) for a, b in zip(single, multi, strict=True) for k in ("num", "cat", "label"))
 
 
 def test_each_epoch_sees_every_row_once_in_a_new_order(packed) -> None:
     d, manifest, stats = packed
     batches = ShardBatches(d, manifest, "train", 1, stats.transformer(), seed=0)
     rows = manifest.rows["train"]
-    epoch0 = np.concatenate([batches.batch(0, i)[0].numpy() for i in range(rows)])
-    epoch1 = np.concatenate([batches.batch(1, i)[0].numpy() for i in range(rows)])
+    epoch0 = np.concatenate([batches.batch(0, i)["num"].numpy() for i in range(rows)])
+    epoch1 = np.concatenate([batches.batch(1, i)["num"].numpy() for i in range(rows)])
     assert not np.array_equal(epoch0, epoch1)
     key = lambda a: np.sort(a.view(np.int32).reshape(len(a), -1).sum(axis=1))  # noqa: E731
     assert np.array_equal(key(epoch0), key(epoch1))
@@ -87,8 +88,8 @@ def test_a_corrupt_shard_met_on_the_prefetch_thread_stops_the_stream(packed) -> 
     (d / victim.name).write_bytes(bytes(data))
     served = 0
     with pytest.raises(DataError, match=f"shard .*{victim.name}: sha256 does not match"):
-        for _epoch, _index, _x_num, _x_cat, y in make_train_loader(batches, StreamPosition(), 0, False):
-            served += len(y)
+        for _epoch, _index, batch in make_train_loader(batches, StreamPosition(), 0, False):
+            served += len(batch["label"])
     assert served <= int(starts[1])  # nothing past the first shard
 
 

@@ -35,17 +35,17 @@ def test_dollar_and_gpu_hour_budgets_use_the_rate_and_gpus() -> None:
 
 def test_the_champion_gate_stops_only_when_the_trend_cannot_reach_the_champion() -> None:
     flat = [{"step": s, "val_auc": 0.70} for s in (10, 20, 30)]
-    assert champion_gate(flat, champion_auc=0.80, min_delta=0.0, max_steps=100) is not None
+    assert champion_gate(flat, champion_value=0.80, min_delta=0.0, max_steps=100) is not None
     rising = [{"step": s, "val_auc": a} for s, a in ((10, 0.60), (20, 0.65), (30, 0.70))]
-    assert champion_gate(rising, champion_auc=0.80, min_delta=0.0, max_steps=100) is None  # 0.70 + 70 * 0.005
-    assert champion_gate(flat[:2], champion_auc=0.80, min_delta=0.0, max_steps=100) is None  # too few points
-    assert champion_gate(flat, champion_auc=None, min_delta=0.0, max_steps=100) is None  # no champion
+    assert champion_gate(rising, champion_value=0.80, min_delta=0.0, max_steps=100) is None  # 0.70 + 70 * 0.005
+    assert champion_gate(flat[:2], champion_value=0.80, min_delta=0.0, max_steps=100) is None  # too few points
+    assert champion_gate(flat, champion_value=None, min_delta=0.0, max_steps=100) is None  # no champion
 
 
 def test_the_policy_orders_budget_then_plateau_then_gate() -> None:
     config = load_config(overrides=["train.patience=2", "train.eval_every=10", "train.max_steps=100",
                                     "budget.champion_gate=true"])
-    policy = StopPolicy(config, rate_per_hour=0.0, gpus=0, champion_val_auc=0.9)
+    policy = StopPolicy(config, rate_per_hour=0.0, gpus=0, champion_value=0.9)
     stopper = EarlyStopping(patience=2, min_delta=0.0)
     progress = _progress(30, 3.0, [0.70, 0.70, 0.70])
     assert policy.decide(progress, stopper, validated=False).status == "completed"  # only at validations
@@ -57,3 +57,16 @@ def test_the_policy_orders_budget_then_plateau_then_gate() -> None:
     config.budget.max_wall_seconds = 1.0
     over = StopPolicy(config, 0.0, 0, 0.9).decide(progress, stopper, validated=False)
     assert over.status == "budget_stopped" and over.validate_first  # the best must be validated first
+
+
+def test_lower_is_better_metrics_stop_and_gate_the_other_way() -> None:
+    """rmse: a falling value is progress; the gate extrapolates downwards towards the champion."""
+    stopper = EarlyStopping(patience=2, min_delta=0.01, higher_is_better=False)
+    assert stopper.update(1.0, 10) and stopper.update(0.9, 20)  # lower is a new best
+    assert not stopper.update(0.895, 30) and not stopper.update(0.95, 40)  # within min_delta, then worse
+    assert stopper.should_stop and stopper.best == 0.9
+    falling = [{"step": s, "val_rmse": v} for s, v in ((10, 1.2), (20, 1.1), (30, 1.0))]
+    assert champion_gate(falling, 0.5, 0.0, 100, "rmse", higher_is_better=False) is None  # 1.0 - 70 * 0.01
+    flat = [{"step": s, "val_rmse": 1.0} for s in (10, 20, 30)]
+    reason = champion_gate(flat, 0.8, 0.0, 100, "rmse", higher_is_better=False)
+    assert reason is not None and "at least 1.0000" in reason and "needs 0.8000" in reason

@@ -13,30 +13,33 @@ import torch
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.loop import train
+from training.data.features import FeatureStats
 from training.model import TabularMLP
+from training.tasks import BinaryTask
 from training.throughput import choose_num_workers, find_micro_batch, step_memory_bytes
 
 CPU = torch.device("cpu")
+BINARY = BinaryTask(FeatureStats([], [], [], [], []))
 
 
 def _model() -> TabularMLP:
     return TabularMLP(6, [41, 4, 61, 301], [32, 16])
 
 
-def _batch(n: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return torch.randn(n, 6), torch.zeros(n, 4, dtype=torch.long), torch.zeros(n)
+def _batch(n: int = 64) -> dict[str, torch.Tensor]:
+    return {"num": torch.randn(n, 6), "cat": torch.zeros(n, 4, dtype=torch.long), "label": torch.zeros(n)}
 
 
 def test_workers_follow_the_measured_stall() -> None:
     ready = _batch()
-    fast = choose_num_workers(_model(), lambda i: ready, CPU, None)
+    fast = choose_num_workers(_model(), BINARY, lambda i: ready, CPU, None)
     assert fast["num_workers"] == 0 and fast["stall_without_workers"] < 0.02
 
     def slow(i: int):
         time.sleep(0.02)  # a data path far slower than the step
         return ready
 
-    starved = choose_num_workers(_model(), slow, CPU, None)
+    starved = choose_num_workers(_model(), BINARY, slow, CPU, None)
     assert starved["stall_without_workers"] > 0.5
     spare = max(0, (os.cpu_count() or 1) - torch.get_num_threads())  # cores the CPU step leaves idle
     assert starved["spare_cpus"] == spare and starved["num_workers"] == min(8, spare)
@@ -46,34 +49,33 @@ def test_probes_leave_the_run_rng_untouched() -> None:
     model = TabularMLP(6, [41, 4, 61, 301], [32, 16], dropout=0.5)
     batch = _batch()
     before = torch.get_rng_state()
-    choose_num_workers(model, lambda i: batch, CPU, None)
-    step_memory_bytes(model, 32, 6, 4, CPU, None)
+    choose_num_workers(model, BINARY, lambda i: batch, CPU, None)
+    step_memory_bytes(model, BINARY, 32, batch, CPU, None)
     assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_micro_batch_search_finds_the_largest_fitting_divisor() -> None:
     model = _model()
-    need = {b: step_memory_bytes(model, b, 6, 4, CPU, None) for b in (40, 41, 64)}
+    need = {b: step_memory_bytes(model, BINARY, b, _batch(), CPU, None) for b in (40, 41, 64)}
     assert need[40] < need[41] < need[64]  # memory grows with the batch
-    search = find_micro_batch(model, 96, 6, 4, CPU, None, budget_bytes=need[40] + (need[41] - need[40]) // 2)
+    search = find_micro_batch(model, BINARY, 96, _batch(), CPU, None, budget_bytes=need[40] + (need[41] - need[40]) // 2)
     assert search.max_fitting == 40
     assert search.micro_batch == 32 and search.grad_accum == 3  # 32 divides 96; 40 does not
     assert len(search.probes) < 20  # doubling, then bisection
-    roomy = find_micro_batch(model, 96, 6, 4, CPU, None, budget_bytes=need[64] * 4)
+    roomy = find_micro_batch(model, BINARY, 96, _batch(), CPU, None, budget_bytes=need[64] * 4)
     assert (roomy.micro_batch, roomy.grad_accum) == (96, 1)  # never above the effective batch
 
 
 def test_auto_batch_size_keeps_the_effective_batch_under_a_simulated_limit(small_config: RetrainConfig) -> None:
-    from training.data.features import FeatureStats
-    from training.model import build_model
+    from training.model import ModelSchema, build_model
 
     small_config.train.auto_batch_size = True
     small_config.train.max_steps = 20
     job = make_job(small_config)
     stats = FeatureStats.from_json(Path(job.stats_path).read_text())
-    model = build_model(small_config.model, len(stats.numeric), stats.cardinalities)
+    model = build_model(small_config.model, ModelSchema.of(stats))
     # Room for 40 rows (after the 0.9 safety margin), not for the configured 128.
-    need40, need41 = (step_memory_bytes(model, b, 6, 4, CPU, None) for b in (40, 41))
+    need40, need41 = (step_memory_bytes(model, BINARY, b, _batch(), CPU, None) for b in (40, 41))
     job.config.train.simulated_memory_mb = (need40 + need41) / 2 / 0.9 / (1 << 20)
     result = train(job)
     layout = result.batch_layout
@@ -148,11 +150,13 @@ def test_gradient_checkpointing_saves_memory_and_changes_no_gradient() -> None:
     plain = TabularMLP(6, [41, 4, 61, 301], [256, 256, 128, 64], dropout=0.2)
     recomputed = TabularMLP(6, [41, 4, 61, 301], [256, 256, 128, 64], dropout=0.2, gradient_checkpointing=True)
     recomputed.load_state_dict(plain.state_dict())
-    x_num, x_cat, y = _batch(256)
+    batch = _batch(256)
+    x_num, x_cat, y = batch["num"], batch["cat"], batch["label"]
     grads = []
     for model in (plain, recomputed):
         torch.manual_seed(1)
         torch.nn.functional.binary_cross_entropy_with_logits(model(x_num, x_cat), y).backward()
         grads.append([p.grad.clone() for p in model.parameters()])
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(*grads, strict=True))
-    assert step_memory_bytes(recomputed, 256, 6, 4, CPU, None) < step_memory_bytes(plain, 256, 6, 4, CPU, None)
+    assert (step_memory_bytes(recomputed, BINARY, 256, batch, CPU, None)
+            < step_memory_bytes(plain, BINARY, 256, batch, CPU, None))

@@ -9,13 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from training.config import load_config
+from training.model import ModelSchema
 from training.train_state import Progress, TrainState
 
 
 def _state(seed: int) -> TrainState:
     torch.manual_seed(seed)
     config = load_config(overrides=["train.max_steps=50", "train.warmup_steps=5", "train.patience=3"])
-    return TrainState.create(config, n_numeric=4, cardinalities=[5, 7], device=torch.device("cpu"), precision="fp32")
+    schema = ModelSchema("binary", 1, ["a", "b", "c", "d"], ["e", "f"], [5, 7])
+    return TrainState.create(config, schema, device=torch.device("cpu"), precision="fp32")
 
 
 def _step(state: TrainState) -> float:
@@ -23,7 +25,7 @@ def _step(state: TrainState) -> float:
     x_num, x_cat = torch.randn(16, 4), torch.stack([torch.randint(0, 5, (16,)), torch.randint(0, 7, (16,))], 1)
     y = torch.randint(0, 2, (16,)).float()
     state.optimizer.zero_grad()
-    loss = F.binary_cross_entropy_with_logits(state.model(x_num, x_cat).float(), y)
+    loss = F.binary_cross_entropy_with_logits(state.model({"num": x_num, "cat": x_cat}).float(), y)
     state.scaler.scale(loss).backward()
     state.scaler.step(state.optimizer)
     state.scaler.update()

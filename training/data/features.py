@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,6 +42,14 @@ class FeatureStats:
     std: list[float]
     vocab: list[list[int]]  # per categorical column: hashes in index order (index = position + 1)
     key: str = ""
+    # Since data.task and data.vector (statistics written before read as binary, no vectors):
+    task: str = "binary"
+    label: str = ""
+    classes: list[Any] = field(default_factory=list)  # multiclass: the label value of each output
+    label_mean: float = 0.0  # regression: the model predicts (label - mean) / std
+    label_std: float = 1.0
+    vector: list[str] = field(default_factory=list)
+    vector_dims: list[int] = field(default_factory=list)
 
     @property
     def cardinalities(self) -> list[int]:
@@ -133,6 +142,7 @@ def fit_feature_stats(
     total_sq = np.zeros(n_num, dtype=np.float64)
     count = np.zeros(n_num, dtype=np.int64)
     counts: list[dict[int, int]] = [{} for _ in range(n_cat)]
+    label_sum = label_sq = 0.0
     for shard in manifest.shards_of("train"):
         reader = ShardReader(local_shard(dataset_dir, shard.name, shard.bytes, shard.sha256)[0])
         try:
@@ -143,6 +153,9 @@ def fit_feature_stats(
                 total += np.where(finite, num, 0).sum(axis=0)
                 total_sq += np.where(finite, num * num, 0).sum(axis=0)
                 count += finite.sum(axis=0)
+                label = block["label"].astype(np.float64)
+                label_sum += float(label.sum())
+                label_sq += float((label * label).sum())
                 for j in range(n_cat):
                     values, freq = np.unique(block["cat"][:, j], return_counts=True)
                     d = counts[j]
@@ -172,7 +185,15 @@ def fit_feature_stats(
         std=std.tolist(),
         vocab=vocab,
         key=key,
+        task=manifest.task, label=manifest.label, classes=list(manifest.classes),
+        vector=list(manifest.vector), vector_dims=list(manifest.vector_dims),
     )
+    if manifest.task == "regression":
+        n = manifest.rows["train"]
+        stats.label_mean = label_sum / n
+        # A constant label keeps std 1: the model then learns the offset alone.
+        std_label = float(np.sqrt(max(label_sq / n - stats.label_mean**2, 0.0)))
+        stats.label_std = std_label if std_label > 1e-12 else 1.0
     out_path.parent.mkdir(parents=True, exist_ok=True)
     data = stats.to_json().encode()
     write_atomic(out_path, data)

@@ -33,9 +33,10 @@ from training.errors import DataError
 from training.storage import sha256_file
 
 Arrays = dict[str, np.ndarray]
+Batch = dict[str, torch.Tensor]  # "num", "cat", "label" (and "vec"): the rows of one batch
 _CHUNK_MEMBERS = 16  # members transformed per call: 64k rows at the default 4096 per member
 
-__all__ = ["ShardBatches", "StreamPosition", "TrainStream", "iter_split", "make_train_loader"]
+__all__ = ["Batch", "ShardBatches", "StreamPosition", "TrainStream", "iter_split", "make_train_loader"]
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class ShardBatches:
         self.prefetch_shards = max(1, prefetch_shards)
         self._pending: dict[tuple[int, int], Future[tuple[Arrays | None, Arrays]]] = {}
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._current: tuple[int, int, int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None
+        self._current: tuple[int, int, int, Arrays] | None = None
 
     def __getstate__(self) -> dict[str, object]:
         # Copied into DataLoader workers: without loaded shards, the prefetch thread or its result.
@@ -179,22 +180,22 @@ class ShardBatches:
             # over chunks of 16 members concatenated: called per member, its fixed cost per
             # call was a third of the shard's load time (median 42 ms vs 30 ms a shard).
             first = blocks[0]
-            x_num = np.empty((rows, first["num"].shape[1]), dtype=np.float32)
-            x_cat = np.empty((rows, first["cat"].shape[1]), dtype=np.int64)
-            label = np.empty(rows, dtype=np.float32)
+            out = {k: np.empty((rows, *v.shape[1:]), dtype=np.float32 if k == "num" else v.dtype)
+                   for k, v in first.items()}
             lo = 0
             for start in range(0, len(blocks), _CHUNK_MEMBERS):
                 chunk = blocks[start : start + _CHUNK_MEMBERS]
                 hi = lo + sum(len(block["label"]) for block in chunk)
                 num = np.concatenate([block["num"] for block in chunk])
                 cat = np.concatenate([block["cat"] for block in chunk])
-                self.transform(num, cat, x_num[lo:hi], x_cat[lo:hi])
-                np.concatenate([block["label"] for block in chunk], out=label[lo:hi])
+                self.transform(num, cat, out["num"][lo:hi], out["cat"][lo:hi])
+                for k in out.keys() - {"num", "cat"}:  # stored ready for the model: copied as they are
+                    np.concatenate([block[k] for block in chunk], out=out[k][lo:hi])
                 lo = hi
         finally:
             blocks = []  # the views go before the mapping is closed
             reader.close()
-        return {"num": x_num, "cat": x_cat, "label": label}
+        return out
 
     def _prefetch(self, epoch: int, k: int) -> None:
         """Start preparing the `prefetch_shards` shards after position `k` of `epoch`'s order on
@@ -251,37 +252,33 @@ class ShardBatches:
             self._epoch_order = (epoch, order, starts)
         return self._epoch_order[1], self._epoch_order[2]
 
-    def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch(self, epoch: int, index: int) -> Batch:
         """Batch `index` of `epoch`. The tensors may share memory with the loaded shard (a
         slice of it): read them, never write into them."""
         lo = index * self.batch_size
         hi = min(lo + self.batch_size, self.rows)
         current = self._current
         if current is not None and current[0] == epoch and current[1] <= lo and hi <= current[2]:
-            # The common case, a batch inside the shard the last one came from: two slices.
-            x_num, x_cat, label = current[3]
+            # The common case, a batch inside the shard the last one came from: a slice each.
             a, b = lo - current[1], hi - current[1]
-            return torch.from_numpy(x_num[a:b]), torch.from_numpy(x_cat[a:b]), torch.from_numpy(label[a:b])
+            return {k: torch.from_numpy(v[a:b]) for k, v in current[3].items()}
         order, starts = self._order(epoch)
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        parts: list[Arrays] = []
         k = int(np.searchsorted(starts, lo, side="right") - 1)
         while lo < hi:
             shard = int(order[k])
             take_hi = min(hi, int(starts[k + 1]))
             arrays = self._epoch_arrays(epoch, shard)
             a, b = lo - int(starts[k]), take_hi - int(starts[k])
-            parts.append((arrays["num"][a:b], arrays["cat"][a:b], arrays["label"][a:b]))
+            parts.append({name: v[a:b] for name, v in arrays.items()})
             lo = take_hi
             k += 1
         self._prefetch(epoch, k - 1)
         if len(parts) == 1:
             # The next shards are on their way: later batches of this one take the fast path above.
-            self._current = (epoch, int(starts[k - 1]), int(starts[k]), (arrays["num"], arrays["cat"], arrays["label"]))
-        if len(parts) == 1:
-            x_num, x_cat, label = parts[0]
-        else:
-            x_num, x_cat, label = (np.concatenate([p[k] for p in parts]) for k in range(3))
-        return torch.from_numpy(x_num), torch.from_numpy(x_cat), torch.from_numpy(label)
+            self._current = (epoch, int(starts[k - 1]), int(starts[k]), arrays)
+            return {name: torch.from_numpy(v) for name, v in parts[0].items()}
+        return {name: torch.from_numpy(np.concatenate([p[name] for p in parts])) for name in parts[0]}
 
 
 class TrainStream(IterableDataset):
@@ -305,7 +302,7 @@ class TrainStream(IterableDataset):
         if self.per_epoch == 0:
             raise DataError(f"split '{batches.split}' has fewer rows than one global batch of {world} x {batches.batch_size}")
 
-    def __iter__(self) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[tuple[int, int, Batch]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if info is not None:
@@ -313,12 +310,12 @@ class TrainStream(IterableDataset):
         g = self.start.epoch * self.per_epoch + self.start.batch + worker
         while True:
             epoch, index = divmod(g, self.per_epoch)
-            x_num, x_cat, y = self.batches.batch(epoch, index * self.world + self.rank)
+            batch = self.batches.batch(epoch, index * self.world + self.rank)
             if info is not None:
                 # A worker's tensors travel through shared memory: a slice of a shard would move
                 # the whole shard's storage there, so each batch is copied out first.
-                x_num, x_cat, y = x_num.clone(), x_cat.clone(), y.clone()
-            yield epoch, index, x_num, x_cat, y
+                batch = {k: v.clone() for k, v in batch.items()}
+            yield epoch, index, batch
             g += workers
 
 
@@ -342,7 +339,7 @@ def make_train_loader(batches: ShardBatches, start: StreamPosition, num_workers:
     )
 
 
-def iter_split(batches: ShardBatches) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+def iter_split(batches: ShardBatches) -> Iterator[Batch]:
     """Every row of an (unshuffled, keep-last) split once, in order."""
     for i in range(batches.batches_per_epoch):
         yield batches.batch(0, i)

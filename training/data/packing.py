@@ -31,8 +31,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from training.config import DataConfig, fingerprint, fingerprinted
+from training.data.labels import LABELS, Classes, MulticlassLabels, train_classes
 from training.data.shard_cache import is_remote_dataset
-from training.data.shards import ShardTarWriter, encode_npy, member_bytes
+from training.data.shards import FIELDS, ShardTarWriter, encode_npy, member_bytes
 from training.errors import DataError, RetrainError, StorageError
 from training.storage import read_json, sha256_file, write_json_atomic
 
@@ -83,6 +84,16 @@ class DatasetManifest:
     positives: dict[str, int]
     shards: list[ShardInfo] = field(default_factory=list)
     sources: list[dict[str, object]] = field(default_factory=list)
+    # Since data.task and data.vector: a manifest written before them reads as binary, no vectors.
+    task: str = "binary"
+    classes: Classes = field(default_factory=list)  # multiclass: label value of each class index
+    vector: list[str] = field(default_factory=list)
+    vector_dims: list[int] = field(default_factory=list)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The arrays each shard member holds."""
+        return fields_of(self.vector)
 
     def shards_of(self, split: str) -> list[ShardInfo]:
         return [s for s in self.shards if s.split == split]
@@ -95,6 +106,10 @@ class DatasetManifest:
         raw = json.loads(text)
         raw["shards"] = [ShardInfo(**s) for s in raw["shards"]]
         return cls(**raw)
+
+
+def fields_of(vector: list[str]) -> tuple[str, ...]:
+    return (*FIELDS, "vec") if vector else FIELDS
 
 
 def source_files(source: Path) -> list[Path]:
@@ -165,9 +180,36 @@ class _Validator:
         self.config = config
 
     def check_schema(self, path: Path, schema: pa.Schema) -> None:
-        missing = [c for c in [self.config.label, *self.config.numeric, *self.config.categorical] if c not in schema.names]
+        c = self.config
+        missing = [n for n in [c.label, *c.numeric, *c.categorical, *c.vector] if n not in schema.names]
         if missing:
             raise DataError(f"{path}: missing column(s) {missing}; present: {schema.names}")
+        if c.task == "multiclass":
+            MulticlassLabels.check_type(path, c.label, schema.field(c.label).type)
+        for name in c.vector:
+            t = schema.field(name).type
+            if not ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+                    and (pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type))):
+                raise DataError(f"{path}: vector column '{name}' has type {t}, expected a list of floats")
+
+    def vector(self, path: Path, name: str, col: pa.Array, first_row: int, dim: int) -> np.ndarray:
+        """A (rows, dim) float32 matrix; a null, short, long or non-finite vector is an error."""
+        if col.null_count:
+            i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"{path}: vector column '{name}' is null at row {first_row + i}")
+        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        wrong = lengths != dim
+        if wrong.any():
+            i = int(np.flatnonzero(wrong)[0])
+            raise DataError(f"{path}: vector column '{name}' has length {int(lengths[i])} at row {first_row + i}; "
+                            f"every row needs {dim} values (the first row's length)")
+        flat = pc.cast(pc.list_flatten(col), pa.float32()).to_numpy(zero_copy_only=False)
+        values = np.asarray(flat, dtype=np.float32).reshape(len(col), dim)
+        bad = ~np.isfinite(values).all(axis=1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{path}: vector column '{name}' has a NaN or infinite value at row {first_row + i}")
+        return values
 
     def numeric(self, path: Path, name: str, col: pa.Array, first_row: int) -> np.ndarray:
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
@@ -191,21 +233,8 @@ class _Validator:
             raise DataError(f"{path}: column '{name}' has an infinite value at row {first_row + i}")
         return values
 
-    def label(self, path: Path, col: pa.Array, first_row: int) -> np.ndarray:
-        name = self.config.label
-        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)):
-            raise DataError(f"{path}: label column '{name}' has type {col.type}, expected 0/1 integers")
-        if col.null_count:
-            i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
-            raise DataError(f"{path}: label column '{name}' is null at row {first_row + i}")
-        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
-        bad = ~((values == 0) | (values == 1))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise DataError(
-                f"{path}: label column '{name}' must be 0 or 1, found {float(values[i])!r} at row {first_row + i}"
-            )
-        return values.astype(np.float32)
+    def label(self, path: Path, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+        return LABELS[self.config.task].encode(path, self.config.label, col, first_row, classes)
 
 
 def _is_float(v: str) -> bool:
@@ -238,13 +267,14 @@ def _split_of_rows(start: int, count: int, config: DataConfig) -> np.ndarray:
 class _SplitWriter:
     """Buffers one split's rows into micro-batches and rolls shards at the target size."""
 
-    def __init__(self, split: str, out_dir: Path, config: DataConfig, n_num: int, n_cat: int) -> None:
+    def __init__(self, split: str, out_dir: Path, config: DataConfig) -> None:
         self.split = split
         self.out_dir = out_dir
         self.rows_per_member = config.rows_per_member
         self.target_bytes = int(config.shard_size_mb * 1_000_000)
-        self.n_num, self.n_cat = n_num, n_cat
-        self.buffers: dict[str, list[np.ndarray]] = {"num": [], "cat": [], "label": []}
+        self.fields = fields_of(config.vector)
+        self.count_positives = LABELS[config.task].counts_positives()
+        self.buffers: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
         self.buffered = 0
         self.shards: list[ShardInfo] = []
         self.member_index = 0
@@ -255,11 +285,10 @@ class _SplitWriter:
         self.rows = 0
         self.positives = 0
 
-    def add(self, num: np.ndarray, cat: np.ndarray, label: np.ndarray) -> None:
-        self.buffers["num"].append(num)
-        self.buffers["cat"].append(cat)
-        self.buffers["label"].append(label)
-        self.buffered += len(label)
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        for k in self.fields:
+            self.buffers[k].append(arrays[k])
+        self.buffered += len(arrays["label"])
         while self.buffered >= self.rows_per_member:
             self._emit(self.rows_per_member)
 
@@ -274,7 +303,7 @@ class _SplitWriter:
     def _emit(self, n: int) -> None:
         block = self._take(n)
         key = f"b{self.member_index:08d}"
-        payloads = [(f"{key}.{k}.npy", encode_npy(block[k])) for k in ("num", "cat", "label")]
+        payloads = [(f"{key}.{k}.npy", encode_npy(block[k])) for k in self.fields]
         size = sum(member_bytes(len(p)) for _, p in payloads)
         if self._writer is not None and self._writer.bytes_written + size + 1024 > self.target_bytes:
             self._close_shard()
@@ -286,7 +315,8 @@ class _SplitWriter:
         self.member_index += 1
         self._rows_in_shard += n
         self.rows += n
-        self.positives += int(block["label"].sum())
+        if self.count_positives:
+            self.positives += int(block["label"].sum())
 
     def _open_shard(self) -> None:
         name = f"{self.split}-{len(self.shards) + len(self._closing):06d}.tar"
@@ -370,6 +400,8 @@ class PackPlan:
     work_dir: str
     final_dir: str
     parts: list[PackPart]
+    classes: Classes = field(default_factory=list)  # multiclass: found in the train split before packing
+    vector_dims: list[int] = field(default_factory=list)
 
 
 def _verified_record(dataset_dir: Path) -> Path:
@@ -456,6 +488,11 @@ def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: 
     total = sum(g[3] for g in groups)
     if total == 0:
         raise DataError(f"{source}: the table is empty (0 rows)")
+    classes: Classes = []
+    if config.task == "multiclass":
+        classes = train_classes(files, config.label, _iter_batches,
+                                lambda start, n: _split_of_rows(start, n, config) == 0)
+    dims = [_vector_dim(files, name) for name in config.vector]
     target = -(-total // max(1, max_parts))
     parts: list[PackPart] = []
     row = 0
@@ -477,7 +514,23 @@ def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: 
     close()
     # Private to this pack: two packers of the same input never share a work folder.
     work_dir = datasets_root / f"{fp}.partial-{uuid.uuid4().hex[:12]}"
-    return PackPlan(str(source), fp, sources, str(work_dir), str(final_dir), parts), None
+    return PackPlan(str(source), fp, sources, str(work_dir), str(final_dir), parts, classes, dims), None
+
+
+def _vector_dim(files: list[Path], name: str) -> int:
+    """A vector column's length: its fixed size, or the first non-null row's length."""
+    t = pq.ParquetFile(files[0]).schema_arrow.field(name).type
+    if pa.types.is_fixed_size_list(t):
+        return int(t.list_size)
+    for path in files:
+        for batch in _iter_batches(path, [name]):
+            lengths = pc.list_value_length(batch.column(0)).drop_null()
+            if len(lengths):
+                dim = int(lengths[0].as_py())
+                if dim == 0:
+                    raise DataError(f"{path}: vector column '{name}' holds empty lists")
+                return dim
+    raise DataError(f"{files[0]}: vector column '{name}' is null in every row")
 
 
 def _piece(work_dir: Path, part: int, split: str, key: str) -> Path:
@@ -524,64 +577,82 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
                             minlength=len(SPLITS))
         for code, name in enumerate(SPLITS):
             counts[name] += int(found[code])
-    n_num, n_cat = len(config.numeric), len(config.categorical)
+    shapes = _field_shapes(config, plan)
     outs = {} if writers is not None else {
-        name: {
-            "num": _piece_memmap(_piece(work_dir, part.index, name, "num"), np.float32, (counts[name], n_num)),
-            "cat": _piece_memmap(_piece(work_dir, part.index, name, "cat"), np.int64, (counts[name], n_cat)),
-            "label": _piece_memmap(_piece(work_dir, part.index, name, "label"), np.float32, (counts[name],)),
-        }
+        name: {k: _piece_memmap(_piece(work_dir, part.index, name, k), dtype, (counts[name], *tail))
+               for k, (dtype, tail) in shapes.items()}
         for name in SPLITS
     }
     filled = dict.fromkeys(SPLITS, 0)
     positives = dict.fromkeys(SPLITS, 0)
-    columns = [config.label, *config.numeric, *config.categorical]
+    count_positives = LABELS[config.task].counts_positives()
     offset = 0
     try:
         batches = pq.ParquetFile(path).iter_batches(batch_size=_READ_BATCH_ROWS, row_groups=list(part.row_groups),
-                                                    columns=columns)
+                                                    columns=[config.label, *config.numeric, *config.categorical,
+                                                             *config.vector])
         for batch in batches:
-            n = batch.num_rows
-            first = part.file_row + offset
-            label = validator.label(path, batch.column(config.label), first)
-            num = np.empty((n, n_num), dtype=np.float32)
-            for j, name in enumerate(config.numeric):
-                num[:, j] = validator.numeric(path, name, batch.column(name), first)
-            cat = np.empty((n, n_cat), dtype=np.int64)
-            for j, name in enumerate(config.categorical):
-                cat[:, j] = category_hash(batch.column(name))
-            split = _split_of_rows(part.row + offset, n, config)
+            arrays = _batch_arrays(validator, path, batch, part.file_row + offset, plan)
+            split = _split_of_rows(part.row + offset, batch.num_rows, config)
             # One stable gather groups the rows by split, keeping their order within each;
             # cheaper than a boolean selection per split and array (measured in the packer).
             order = np.argsort(split, kind="stable")
             bounds = np.concatenate(([0], np.cumsum(np.bincount(split, minlength=len(SPLITS)))))
-            num, cat, label = np.take(num, order, axis=0), np.take(cat, order, axis=0), np.take(label, order)
+            arrays = {k: np.take(v, order, axis=0) for k, v in arrays.items()}
             for code, name in enumerate(SPLITS):
                 a, b = int(bounds[code]), int(bounds[code + 1])
                 k = b - a
                 if k:
                     lo = filled[name]
                     if writers is not None:
-                        writers[name].add(num[a:b], cat[a:b], label[a:b])
+                        writers[name].add({key: v[a:b] for key, v in arrays.items()})
                     else:
-                        outs[name]["num"][lo : lo + k] = num[a:b]
-                        outs[name]["cat"][lo : lo + k] = cat[a:b]
-                        outs[name]["label"][lo : lo + k] = label[a:b]
-                    positives[name] += int(label[a:b].sum())
+                        for key, v in arrays.items():
+                            outs[name][key][lo : lo + k] = v[a:b]
+                    if count_positives:
+                        positives[name] += int(arrays["label"][a:b].sum())
                     filled[name] += k
-            offset += n
+            offset += batch.num_rows
     except (pa.ArrowInvalid, OSError) as err:
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {err}") from None
-    for arrays in outs.values():
-        for arr in arrays.values():
-            arr.flush()
+    for pieces in outs.values():
+        for piece in pieces.values():
+            piece.flush()
     if offset != part.rows:
         raise DataError(f"{path}: row groups {list(part.row_groups)} hold {offset} rows, its metadata says {part.rows}")
     return {"rows": counts, "positives": positives}
 
 
+def _field_shapes(config: DataConfig, plan: PackPlan) -> dict[str, tuple[type, tuple[int, ...]]]:
+    """dtype and per-row shape of each stored array."""
+    shapes: dict[str, tuple[type, tuple[int, ...]]] = {
+        "num": (np.float32, (len(config.numeric),)), "cat": (np.int64, (len(config.categorical),)),
+        "label": (LABELS[config.task].dtype, ())}
+    if config.vector:
+        shapes["vec"] = (np.float32, (sum(plan.vector_dims),))
+    return shapes
+
+
+def _batch_arrays(validator: _Validator, path: Path, batch: pa.RecordBatch, first: int,
+                  plan: PackPlan) -> dict[str, np.ndarray]:
+    """One record batch validated and encoded: an array per stored field, rows in file order."""
+    config, n = validator.config, batch.num_rows
+    arrays = {"label": validator.label(path, batch.column(config.label), first, plan.classes)}
+    num = arrays["num"] = np.empty((n, len(config.numeric)), dtype=np.float32)
+    for j, name in enumerate(config.numeric):
+        num[:, j] = validator.numeric(path, name, batch.column(name), first)
+    cat = arrays["cat"] = np.empty((n, len(config.categorical)), dtype=np.int64)
+    for j, name in enumerate(config.categorical):
+        cat[:, j] = category_hash(batch.column(name))
+    if config.vector:
+        arrays["vec"] = np.concatenate(
+            [validator.vector(path, name, batch.column(name), first, dim)
+             for name, dim in zip(config.vector, plan.vector_dims, strict=True)], axis=1)
+    return arrays
+
+
 def split_writers(plan: PackPlan, config: DataConfig) -> dict[str, _SplitWriter]:
-    return {s: _SplitWriter(s, Path(plan.work_dir), config, len(config.numeric), len(config.categorical)) for s in SPLITS}
+    return {s: _SplitWriter(s, Path(plan.work_dir), config) for s in SPLITS}
 
 
 def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], config: DataConfig,
@@ -599,7 +670,7 @@ def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], conf
         for w in writers.values():
             w.abort()
         raise
-    _check_splits(Path(plan.source), config, writers)
+    _check_splits(Path(plan.source), config, writers, plan.classes)
     manifest = DatasetManifest(
         fingerprint=plan.fingerprint,
         format_version=PACK_FORMAT_VERSION,
@@ -610,6 +681,7 @@ def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], conf
         positives={s: writers[s].positives for s in SPLITS},
         shards=[shard for s in SPLITS for shard in writers[s].shards],
         sources=plan.sources,
+        task=config.task, classes=plan.classes, vector=list(config.vector), vector_dims=plan.vector_dims,
     )
     tmp = work_dir / "manifest.json.tmp"
     tmp.write_text(manifest.to_json())
@@ -630,12 +702,11 @@ def _write_pieces(plan: PackPlan, writers: dict[str, _SplitWriter], parts: list[
     work_dir = Path(plan.work_dir)
     for part in parts:
         for name in SPLITS:
-            arrays = {k: np.load(_piece(work_dir, part.index, name, k), mmap_mode="r") for k in ("num", "cat", "label")}
+            fields = writers[name].fields
+            arrays = {k: np.load(_piece(work_dir, part.index, name, k), mmap_mode="r") for k in fields}
             for lo in range(0, len(arrays["label"]), _READ_BATCH_ROWS):
-                hi = lo + _READ_BATCH_ROWS
-                writers[name].add(np.array(arrays["num"][lo:hi]), np.array(arrays["cat"][lo:hi]),
-                                  np.array(arrays["label"][lo:hi]))
-            for k in ("num", "cat", "label"):
+                writers[name].add({k: np.array(v[lo : lo + _READ_BATCH_ROWS]) for k, v in arrays.items()})
+            for k in fields:
                 _piece(work_dir, part.index, name, k).unlink()  # keep the disk bounded as we go
     shutil.rmtree(work_dir / "pieces", ignore_errors=True)
     for w in writers.values():
@@ -677,19 +748,13 @@ def pack_shards(source: Path, config: DataConfig, datasets_root: Path) -> tuple[
     return Path(plan.final_dir), manifest, False
 
 
-def _check_splits(source: Path, config: DataConfig, writers: dict[str, _SplitWriter]) -> None:
-    total_pos = sum(w.positives for w in writers.values())
-    total = sum(w.rows for w in writers.values())
-    if total_pos in (0, total):
-        only = 1 if total_pos else 0
-        raise DataError(
-            f"{source}: label column '{config.label}' has only class {only}; training needs both 0 and 1"
-        )
-    for name, w in writers.items():
-        if w.rows == 0:
+def _check_splits(source: Path, config: DataConfig, writers: dict[str, _SplitWriter], classes: Classes) -> None:
+    rows = {name: w.rows for name, w in writers.items()}
+    LABELS[config.task].check_splits(source, config.label, rows, {name: w.positives for name, w in writers.items()},
+                                     classes)
+    for name, n in rows.items():
+        if n == 0:
             raise DataError(
-                f"{source}: the {name} split is empty ({total} rows in all); add rows or raise data.{name}_fraction"
+                f"{source}: the {name} split is empty ({sum(rows.values())} rows in all); add rows or raise "
+                f"data.{name}_fraction"
             )
-    train = writers["train"]
-    if train.positives in (0, train.rows):
-        raise DataError(f"{source}: the train split of label '{config.label}' has a single class; add rows")

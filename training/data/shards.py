@@ -1,7 +1,8 @@
 """The shard format: plain ustar archives that WebDataset reads, written reproducibly.
 
 Each tar member holds a micro-batch of rows as one `.npy` array per field, grouped under a
-WebDataset key: `b00000042.num.npy`, `b00000042.cat.npy`, `b00000042.label.npy`. So
+WebDataset key: `b00000042.num.npy`, `b00000042.cat.npy`, `b00000042.label.npy`, and
+`b00000042.vec.npy` when the dataset has vector columns. So
 `webdataset.WebDataset(url).decode()` yields one micro-batch per sample.
 
 Why not `webdataset.ShardWriter`/`WebDataset` here (webdataset 1.0.2, measured on a 2-core box):
@@ -154,6 +155,9 @@ class ShardReader:
         self._members = self._index()
         keys = sorted({name.split(".", 1)[0] for name in self._members})
         self.keys = keys
+        # The arrays a member key holds, in archive order: num, cat, label, and vec when the
+        # dataset has vector columns.
+        self.fields = tuple(dict.fromkeys(name.split(".")[1] for name in self._members if name.count(".") == 2))
 
     def _index(self) -> dict[str, _Member]:
         members: dict[str, _Member] = {}
@@ -204,12 +208,12 @@ class ShardReader:
         return arr.reshape(shape, order="F" if fortran else "C")
 
     def block(self, key: str) -> dict[str, np.ndarray]:
-        return {field: self._array(f"{key}.{field}.npy") for field in FIELDS}
+        return {field: self._array(f"{key}.{field}.npy") for field in self.fields}
 
     def read_all(self) -> dict[str, np.ndarray]:
         """All rows of the shard, concatenated in member order (one copy)."""
         blocks = [self.block(k) for k in self.keys]
-        return {field: np.concatenate([b[field] for b in blocks]) for field in FIELDS}
+        return {field: np.concatenate([b[field] for b in blocks]) for field in self.fields}
 
     def close(self) -> None:
         try:

@@ -1,0 +1,155 @@
+"""The label column per task, at pack time: what values are valid, how they are stored in the
+shards, and what every split must hold.
+
+One small class per task (`data.task`), found in `LABELS`; a new task is a new entry here and
+one in `training.tasks` (its loss, predictions and metrics), not a branch through the packer.
+
+    binary       0/1 (integer, float or boolean)   stored as float32 0.0/1.0
+    multiclass   integers or strings               stored as int64 index into `classes`
+    regression   any finite number                 stored as float32 in the label's own units
+
+The classes of a multiclass label are the sorted distinct values of the train split, found
+before packing (`train_classes`), so every part of a parallel pack encodes them alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, ClassVar, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from training.errors import DataError
+
+__all__ = ["LABELS", "LabelCodec", "Classes"]
+
+Classes = list[int] | list[str]
+
+
+def _first_null(path: Path, name: str, col: pa.Array, first_row: int) -> None:
+    if col.null_count:
+        i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+        raise DataError(f"{path}: label column '{name}' is null at row {first_row + i}")
+
+
+def _is_number(col: pa.Array) -> bool:
+    return pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)
+
+
+class LabelCodec:
+    """Validates and encodes one task's label column."""
+
+    task: ClassVar[str]
+    dtype: ClassVar[type]
+
+    def encode(self, path: Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+        raise NotImplementedError
+
+    def check_splits(self, source: Path, name: str, rows: dict[str, int], positives: dict[str, int],
+                     classes: Classes) -> None:
+        """Raise a DataError when the packed splits cannot train or evaluate this task."""
+
+    def counts_positives(self) -> bool:
+        return False
+
+
+class BinaryLabels(LabelCodec):
+    task, dtype = "binary", np.float32
+
+    def encode(self, path: Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+        if not _is_number(col):
+            raise DataError(f"{path}: label column '{name}' has type {col.type}, expected 0/1 integers "
+                            "(for other labels set data.task: multiclass or regression)")
+        _first_null(path, name, col, first_row)
+        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        bad = ~((values == 0) | (values == 1))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{path}: label column '{name}' must be 0 or 1, found {float(values[i])!r} at row "
+                            f"{first_row + i} (for other labels set data.task: multiclass or regression)")
+        return values.astype(np.float32)
+
+    def counts_positives(self) -> bool:
+        return True
+
+    def check_splits(self, source: Path, name: str, rows: dict[str, int], positives: dict[str, int],
+                     classes: Classes) -> None:
+        total, total_pos = sum(rows.values()), sum(positives.values())
+        if total_pos in (0, total):
+            raise DataError(f"{source}: label column '{name}' has only class {1 if total_pos else 0}; "
+                            "training needs both 0 and 1")
+        if rows["train"] and positives["train"] in (0, rows["train"]):  # an empty split has its own error
+            raise DataError(f"{source}: the train split of label '{name}' has a single class; add rows")
+
+
+class MulticlassLabels(LabelCodec):
+    task, dtype = "multiclass", np.int64
+
+    @staticmethod
+    def check_type(path: Path, name: str, col_type: pa.DataType) -> None:
+        if not (pa.types.is_integer(col_type) or pa.types.is_string(col_type) or pa.types.is_large_string(col_type)
+                or pa.types.is_dictionary(col_type)):
+            raise DataError(f"{path}: label column '{name}' has type {col_type}; a multiclass label holds integers "
+                            "or strings")
+
+    def encode(self, path: Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+        self.check_type(path, name, col.type)
+        _first_null(path, name, col, first_row)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        found = pc.index_in(col, value_set=pa.array(classes, type=col.type))
+        if found.null_count:
+            i = int(np.flatnonzero(found.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"{path}: label column '{name}' has value {col[i].as_py()!r} at row {first_row + i}, "
+                            f"which is not a class of the train split ({_show(classes)}); add train rows "
+                            "with it or drop the row")
+        return found.to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def check_splits(self, source: Path, name: str, rows: dict[str, int], positives: dict[str, int],
+                     classes: Classes) -> None:
+        if len(classes) < 2:
+            raise DataError(f"{source}: the train split of label '{name}' has {len(classes)} class(es) "
+                            f"({_show(classes)}); multiclass training needs at least 2")
+
+
+class RegressionLabels(LabelCodec):
+    task, dtype = "regression", np.float32
+
+    def encode(self, path: Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)):
+            raise DataError(f"{path}: label column '{name}' has type {col.type}; a regression label must be numeric")
+        _first_null(path, name, col, first_row)
+        values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise DataError(f"{path}: label column '{name}' has {float(values[i])!r} at row {first_row + i}; "
+                            "a regression label must be finite")
+        return values.astype(np.float32)
+
+
+LABELS: dict[str, LabelCodec] = {c.task: c for c in (BinaryLabels(), MulticlassLabels(), RegressionLabels())}
+
+
+def _show(classes: Classes, limit: int = 10) -> str:
+    shown = ", ".join(repr(c) for c in classes[:limit])
+    return shown + (f", ... ({len(classes)} in all)" if len(classes) > limit else "")
+
+
+def train_classes(files: list[Path], label: str, batches: Callable[[Path, list[str]], Iterable[pa.RecordBatch]],
+                  train_rows: Callable[[int, int], np.ndarray]) -> Classes:
+    """The sorted distinct labels of the train split: one pass over the label column only.
+    `train_rows(start, n)` says which of global rows [start, start+n) are in the train split."""
+    seen: set[object] = set()
+    row = 0
+    for path in files:
+        for batch in batches(path, [label]):
+            col = batch.column(0)
+            MulticlassLabels.check_type(path, label, col.type)
+            in_train = train_rows(row, batch.num_rows)
+            values = pc.unique(pc.filter(col, pa.array(in_train)).drop_null())
+            seen.update(values.to_pylist())
+            row += batch.num_rows
+    return sorted(seen)  # type: ignore[type-var,return-value]  # one column: all int or all str
