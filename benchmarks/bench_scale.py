@@ -27,7 +27,7 @@ def hwm():
             return int(line.split()[1])
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 config = load_config()
-source = work / "demo" / f"ctr-{rows}-1.parquet"
+source = work / "demo" / f"shop-{rows}-1.parquet"
 if what == "generate":
     ensure_demo_dataset(work, rows=rows, seed=1)
     print(json.dumps({}))

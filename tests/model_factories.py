@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from training.model import ModelSchema
+
 
 class _WrongShape(nn.Module):
     def __init__(self, n_numeric: int) -> None:
@@ -30,3 +32,22 @@ class Linear(nn.Module):
 
 def linear(n_numeric: int, cardinalities: list[int], config: object) -> nn.Module:
     return Linear(n_numeric)
+
+
+class SchemaLinear(nn.Module):
+    """The current form: built from the schema, called with the whole batch."""
+
+    def __init__(self, schema: ModelSchema) -> None:
+        super().__init__()
+        width = len(schema.numeric) + sum(schema.vector_dims)
+        self.linear = nn.Linear(width, schema.n_outputs)
+        self.vectors = bool(schema.vector)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        x = torch.cat([batch["num"], batch["vec"]], 1) if self.vectors else batch["num"]
+        out = self.linear(x)
+        return out.squeeze(-1) if out.shape[-1] == 1 else out
+
+
+def schema_linear(schema: ModelSchema, config: object) -> nn.Module:
+    return SchemaLinear(schema)

@@ -111,7 +111,8 @@ def pack_begin(config: RetrainConfig) -> PackBegun:
 
 
 def _plan_of(plan: dict[str, Any]) -> PackPlan:
-    fields = {k: plan[k] for k in ("source", "fingerprint", "sources", "work_dir", "final_dir")}
+    fields = {k: plan[k] for k in ("source", "fingerprint", "sources", "work_dir", "final_dir", "classes",
+                                   "vector_dims")}
     return PackPlan(**fields, parts=[_part_of(p) for p in plan["parts"]])
 
 

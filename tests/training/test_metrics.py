@@ -31,3 +31,29 @@ def test_log_loss_and_accuracy() -> None:
     p = np.array([0.8, 0.3])
     assert log_loss(y, p) == pytest.approx(-(np.log(0.8) + np.log(0.7)) / 2)
     assert accuracy(y, p) == 1.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_multiclass_and_regression_metrics_equal_scikit_learn(seed: int) -> None:
+    from sklearn import metrics as sk
+
+    from training.metrics import mae, macro_f1, multiclass_accuracy, multiclass_log_loss, r2, rmse
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 4, 500)
+    prob = rng.dirichlet(np.ones(4), 500)
+    assert multiclass_accuracy(y, prob) == pytest.approx(sk.accuracy_score(y, prob.argmax(1)), abs=1e-12)
+    assert macro_f1(y, prob) == pytest.approx(sk.f1_score(y, prob.argmax(1), average="macro"), abs=1e-12)
+    assert multiclass_log_loss(y, prob) == pytest.approx(sk.log_loss(y, prob, labels=[0, 1, 2, 3]), abs=1e-9)
+    target, pred = rng.normal(10, 3, 500), rng.normal(10, 3, 500)
+    assert rmse(target, pred) == pytest.approx(sk.root_mean_squared_error(target, pred), abs=1e-12)
+    assert mae(target, pred) == pytest.approx(sk.mean_absolute_error(target, pred), abs=1e-12)
+    assert r2(target, pred) == pytest.approx(sk.r2_score(target, pred), abs=1e-12)
+
+
+def test_metric_names_of_the_config_are_those_of_the_tasks() -> None:
+    from training.config import TASK_METRICS
+    from training.tasks import TASKS
+
+    assert {name: tuple(t.metrics) for name, t in TASKS.items()} == TASK_METRICS
+    assert all(TASK_METRICS[name][0] == t.default_metric for name, t in TASKS.items())

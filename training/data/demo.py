@@ -1,7 +1,13 @@
-"""The built-in demo: a synthetic click-through dataset drawn from a known model.
+"""The built-in demo: a synthetic shop dataset drawn from a known model.
 
-Because the label probability is known, the demo can report the Bayes-optimal AUC: the best
+Because the click probability is known, the demo can report the Bayes-optimal AUC: the best
 any model could reach on these rows, which tells a user how far from the ceiling training got.
+
+Besides the binary label `clicked`, it holds a label per other task and a vector column, drawn
+from their own random stream after the click columns (which stay what they were):
+- `segment`: the shopper segment, 4 string classes (multiclass);
+- `basket_value`: the basket's value in dollars (regression);
+- `embedding`: an 8-float user embedding (data.vector), which carries part of the segment.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ _CARDINALITY = {"category": 40, "device": 3, "region": 60, "brand": 300}
 def ensure_demo_dataset(root: Path, rows: int = DEMO_ROWS, seed: int = DEMO_SEED) -> tuple[Path, float]:
     """Write the demo Parquet under `root/demo/` once; return its path and Bayes-optimal AUC."""
     demo_dir = root / "demo"
-    path = demo_dir / f"ctr-{rows}-{seed}.parquet"
+    path = demo_dir / f"shop-{rows}-{seed}.parquet"
     meta_path = path.with_suffix(".json")
     if path.exists() and meta_path.exists():
         return path, float(json.loads(meta_path.read_text())["bayes_auc"])
@@ -60,6 +66,7 @@ def ensure_demo_dataset(root: Path, rows: int = DEMO_ROWS, seed: int = DEMO_SEED
         logit += effects[name][cat_codes[name]]
     prob = 1.0 / (1.0 + np.exp(-logit))
     label = (rng.random(rows) < prob).astype(np.int8)
+    other_tasks = _other_tasks(np.random.default_rng([seed, 1]), cols, cat_codes)
 
     table = pa.table(
         {
@@ -69,6 +76,7 @@ def ensure_demo_dataset(root: Path, rows: int = DEMO_ROWS, seed: int = DEMO_SEED
             "region": pa.array(cat_codes["region"].astype(np.int64)),
             "brand": pa.array([f"b{c}" for c in cat_codes["brand"]]),
             "clicked": pa.array(label),
+            **other_tasks,
         }
     )
     demo_dir.mkdir(parents=True, exist_ok=True)
@@ -80,3 +88,29 @@ def ensure_demo_dataset(root: Path, rows: int = DEMO_ROWS, seed: int = DEMO_SEED
     meta_tmp.write_text(json.dumps({"rows": rows, "seed": seed, "bayes_auc": bayes_auc}))
     os.replace(meta_tmp, meta_path)
     return path, bayes_auc
+
+
+SEGMENTS = np.array(["bargain", "mainstream", "niche", "premium"])
+
+
+def _other_tasks(rng: np.random.Generator, cols: dict[str, np.ndarray],
+                 cat_codes: dict[str, np.ndarray]) -> dict[str, pa.Array]:
+    """The multiclass label, the regression label and the vector column (see the docstring)."""
+    rows = len(cols["price"])
+    embedding = rng.normal(0.0, 1.0, (rows, 8)).astype(np.float32)
+    log_price = np.log(cols["price"]) - 3.0
+    segment_logits = np.stack([
+        -1.5 * log_price + 3.0 * cols["discount"],  # bargain
+        np.zeros(rows),  # mainstream
+        0.02 * (cat_codes["brand"] % 50) - 0.5 + 0.8 * embedding[:, 0],  # niche
+        1.5 * log_price + 0.8 * (cols["rating"] - 4.0) + 0.8 * embedding[:, 1],  # premium
+    ], axis=1)
+    segment = (segment_logits + rng.gumbel(0.0, 0.5, segment_logits.shape)).argmax(axis=1)
+    category_effect = rng.normal(0.0, 8.0, _CARDINALITY["category"])
+    basket = (30.0 + 0.6 * cols["price"] * (1.0 - cols["discount"]) + 4.0 * np.log1p(cols["dwell_prev"])
+              + category_effect[cat_codes["category"]] + 3.0 * embedding[:, 2] + rng.normal(0.0, 5.0, rows))
+    return {
+        "segment": pa.array(SEGMENTS[segment]),
+        "basket_value": pa.array(basket.round(2)),
+        "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embedding.ravel()), 8),
+    }
