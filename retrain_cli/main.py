@@ -162,9 +162,9 @@ def _summary(report: dict[str, Any], path: str, cli_started_at: float) -> str:
         + ("already complete" if stages["train"]["already_complete"] else
            f"best step {stages['train']['best_step']}, val {metric} {best:.4f}, "
            f"{stages['train']['precision']} on {stages['train']['device']}"),
-        "  evaluate    test " + "  ".join(f"{k} {v:.4f}" for k, v in m.items()),
+        "  evaluate    test " + "  ".join(f"{k} {m[k]:.4f}" for k in [metric, *sorted(set(m) - {metric})]),
     ]
-    if report.get("bayes_auc") is not None:
+    if report.get("bayes_auc") is not None and report.get("task", "binary") == "binary":  # a property of the click label
         lines.append(f"              (Bayes-optimal AUC of the demo generator: {report['bayes_auc']:.4f})")
     if report["resumed_from_steps"]:
         lines.append(f"  resumed from steps {report['resumed_from_steps']}, {report['steps_lost']} steps lost")
