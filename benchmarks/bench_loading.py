@@ -99,7 +99,7 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 3) -> dict[str, Any]:
     loader = make_train_loader(batches, StreamPosition(), 2, pin_memory=False)
     it = iter(loader)
     next(it)
-    out["project_rows_per_s_workers_2"] = round(_rate(((b[2], b[3], b[4]) for b in it), 200_000))
+    out["project_rows_per_s_workers_2"] = round(_rate(((b[2]["num"], b[2]["cat"], b[2]["label"]) for b in it), 200_000))
     it._shutdown_workers()
 
     # Reference 2: WebDataset's default per-sample pipeline over one-row-per-member shards.

@@ -20,7 +20,7 @@ from training.data.loader import ShardBatches
 from training.data.packing import load_manifest
 from training.loop import train
 from training.train_state import lr_lambda as _lr_lambda
-from training.model import build_model
+from training.model import ModelSchema, build_model
 
 STEPS = 1500
 
@@ -33,14 +33,14 @@ def _bare_loop(config: RetrainConfig, dataset_dir: str, stats_path: str) -> floa
     manifest = load_manifest(Path(dataset_dir))
     batches = ShardBatches(Path(dataset_dir), manifest, "train", config.train.batch_size, stats.transformer(), seed=0)
     prebuilt = [batches.batch(0, i % batches.batches_per_epoch) for i in range(STEPS)]
-    model = build_model(config.model, len(stats.numeric), stats.cardinalities)
+    model = build_model(config.model, ModelSchema.of(stats))
     opt = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config.train.warmup_steps, STEPS))
     model.train()
     t0 = time.perf_counter()
-    for x_num, x_cat, y in prebuilt:
+    for batch in prebuilt:
         opt.zero_grad(set_to_none=True)
-        F.binary_cross_entropy_with_logits(model(x_num, x_cat), y).backward()
+        F.binary_cross_entropy_with_logits(model(batch), batch["label"]).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
         opt.step()
         sched.step()

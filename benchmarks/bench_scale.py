@@ -47,8 +47,8 @@ else:
     batches = ShardBatches(d, manifest, "train", 512, stats.transformer(), seed=0, cache_bytes=budget)
     t0 = time.perf_counter()
     seen = 0
-    for _, _, x, c, y in make_train_loader(batches, StreamPosition(), 0, False):
-        seen += len(y)
+    for _, _, batch in make_train_loader(batches, StreamPosition(), 0, False):
+        seen += len(batch["label"])
         if seen >= manifest.rows["train"]:
             break
     seconds = time.perf_counter() - t0
