@@ -45,6 +45,13 @@ TASK_METRICS: dict[str, tuple[str, ...]] = {
     "multiclass": ("accuracy", "macro_f1", "logloss"),
     "regression": ("rmse", "mae", "r2"),
 }
+
+
+def metric_name(metric: str) -> str:
+    """How messages name a metric ("AUC", as they always have; others by their key)."""
+    return "AUC" if metric == "auc" else metric
+
+
 DEMO_NUMERIC = ["price", "discount", "rating", "reviews_log", "position", "dwell_prev"]
 DEMO_CATEGORICAL = ["category", "device", "region", "brand"]
 

@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.config import EvalConfig
+from training.config import EvalConfig, metric_name
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
 from training.data.packing import DatasetManifest
 from training.model import forward_fn
 from training.package import load_package, meta_sha256
 from training.storage import read_json, write_json_atomic
-from training.tasks import Task, direction, is_better
+from training.tasks import Task, higher_is_better, is_better, reaches
 
 __all__ = ["evaluate_package", "predict_split", "read_champion", "decide_promotion", "promote", "compatible",
            "other_target", "EVAL_BATCH"]
@@ -93,9 +93,10 @@ def decide_promotion(
     its direction). An unusable champion (`champion_problem`) is not compared with: the
     challenger answers to the target alone, so a damaged champion never blocks retraining."""
     value, target = challenger[metric], config.target_value()
-    name, key = ("AUC", "eval.target_auc") if metric == "auc" and config.target is None else (metric, "eval.target")
-    if target is not None and value != target and not is_better(task, metric, value, target):
-        side = "below" if direction(task, metric) == "higher" else "above"
+    name = metric_name(metric)
+    key = "eval.target_auc" if metric == "auc" and config.target is None else "eval.target"
+    if target is not None and not reaches(task, metric, value, target):
+        side = "below" if higher_is_better(task, metric) else "above"
         return False, f"test {name} {value:.4f} is {side} {key} {target:.4f}"
     if champion_sha == challenger_sha and champion_problem is None:
         return False, "this model is already the champion"

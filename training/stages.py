@@ -50,7 +50,7 @@ from training.champion import Champion, check_champion
 from training.data.features import FeatureStats
 from training.evaluate import compatible, decide_promotion, evaluate_package, other_target, promote
 from training.package import package_stats
-from training.tasks import direction, metric_for
+from training.tasks import higher_is_better, metric_for, reaches
 from training.launch import log_child_event, run_training_process
 from training.job import TrainJob, train_fingerprint
 from training.precision import resolved_numerics
@@ -318,7 +318,7 @@ def train_stage(
         "warm_start": warm_start,
         "champion_check": None if champion is None else {"sha256": champion.sha256, "problem": champion.problem},
         "steps_to_target": result.steps_to(config.eval.target_value(),
-                                           direction(config.data.task, result.metric) == "higher"),
+                                           higher_is_better(config.data.task, result.metric)),
     })
 
 
@@ -385,8 +385,7 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
     evaluation = Evaluation(
         tags=dict(config.cost.tags), metrics=metrics, task=task, metric=metric, target=target,
         target_auc=target if metric == "auc" else None,
-        target_met=None if target is None else (metrics[metric] >= target if direction(task, metric) == "higher"
-                                                else metrics[metric] <= target),
+        target_met=None if target is None else reaches(task, metric, metrics[metric], target),
         promotion=Promotion(promoted=promoted, reason=reason, challenger_sha256=challenger_sha,
                             champion_sha256=champion.sha256 if champion else None,
                             champion_metrics=champion_metrics, champion_note=champion_note,

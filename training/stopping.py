@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from training.config import BudgetConfig, RetrainConfig
+from training.config import BudgetConfig, RetrainConfig, metric_name
 from training.early_stopping import EarlyStopping
 from training.train_state import Progress
 
@@ -84,8 +84,7 @@ def champion_gate(history: list[dict[str, Any]], champion_value: float | None, m
     reachable = best + max(0.0, slope) * (max_steps - steps[-1])
     needed = sign * champion_value + min_delta
     if reachable < needed:
-        name = "AUC" if metric == "auc" else metric
-        return (f"champion gate: validation {name} trend reaches at {'most' if sign > 0 else 'least'} "
+        return (f"champion gate: validation {metric_name(metric)} trend reaches at {'most' if sign > 0 else 'least'} "
                 f"{sign * reachable:.4f} by step {max_steps}, the champion needs {sign * needed:.4f}")
     return None
 
@@ -124,8 +123,7 @@ class StopPolicy:
         if not validated:
             return CONTINUE
         if stopper.should_stop:
-            name = "AUC" if self.metric == "auc" else self.metric
-            return Decision("early_stopped", f"no validation {name} gain > {tc.min_delta} in {tc.patience} validations")
+            return Decision("early_stopped", f"no validation {metric_name(self.metric)} gain > {tc.min_delta} in {tc.patience} validations")
         if self.gate:
             gated = champion_gate(progress.history, self.champion_value, self.min_delta_vs_champion, tc.max_steps,
                                   self.metric, self.higher_is_better)

@@ -21,7 +21,7 @@ from training.model import Batch, Forward
 from training.metrics import (accuracy, log_loss, mae, macro_f1, multiclass_accuracy, multiclass_log_loss, r2, rmse,
                               roc_auc)
 
-__all__ = ["Metric", "Task", "TASKS", "direction", "metric_for", "is_better"]
+__all__ = ["Metric", "Task", "TASKS", "higher_is_better", "metric_for", "is_better", "reaches"]
 
 
 @dataclass(frozen=True)
@@ -127,12 +127,17 @@ def metric_for(task: str, configured: str | None) -> str:
 
 def is_better(task: str, metric: str, value: float, than: float, by: float = 0.0) -> bool:
     """`value` beats `than` by at least `by` in the metric's direction."""
-    if TASKS[task].metrics[metric].higher_is_better:
+    if higher_is_better(task, metric):
         return value >= than + by and value > than
     return value <= than - by and value < than
 
 
-def direction(task: str, metric: str) -> str:
-    return "higher" if TASKS[task].metrics[metric].higher_is_better else "lower"
+def higher_is_better(task: str, metric: str) -> bool:
+    return TASKS[task].metrics[metric].higher_is_better
+
+
+def reaches(task: str, metric: str, value: float, target: float) -> bool:
+    """`value` is at `target` or beyond it in the metric's direction."""
+    return value == target or is_better(task, metric, value, target)
 
 

@@ -41,7 +41,7 @@ from training.rng import capture_rng, configure_determinism, seed_everything
 from training.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.storage import write_json_atomic
 from training.storage_root import MODEL, RUN
-from training.tasks import TASKS, Task, metric_for
+from training.tasks import Task, higher_is_better, metric_for
 from training.throughput import accelerator_stats, auto_batch_layout, choose_num_workers
 from training.train_state import TrainState
 
@@ -79,7 +79,7 @@ class Trainer:
         self.transform = self.stats.transformer()
         self.task = Task.of(self.stats)
         self.metric = metric_for(self.stats.task, self.config.eval.metric)
-        higher = TASKS[self.stats.task].metrics[self.metric].higher_is_better
+        higher = higher_is_better(self.stats.task, self.metric)
         self.val_batches = ShardBatches(self.dataset_dir, self.manifest, "validation", EVAL_BATCH_SIZE,
                                         self.transform, shuffle=False, drop_last=False)
         self.state = TrainState.create(self.config, ModelSchema.of(self.stats), self.device, self.precision, higher)
