@@ -114,6 +114,14 @@ class DataConfig(_Section):
     vector: list[str] = Field(
         default_factory=list, description="Fixed-size list<float> columns (e.g. precomputed embeddings), fed as is.",
         json_schema_extra=COMPUTED_SINCE)
+    text: list[str] = Field(
+        default_factory=list, description="String columns. Preprocessing fits a BPE tokenizer on the train split "
+        "and stores token ids; the built-in model reads them with a transformer encoder.",
+        json_schema_extra=COMPUTED_SINCE)
+    image: list[str] = Field(
+        default_factory=list, description="Binary columns holding encoded PNG or JPEG images. Preprocessing decodes "
+        "and resizes them once (preprocess.image_size); the built-in model reads them with a small CNN.",
+        json_schema_extra=COMPUTED_SINCE)
     validation_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the validation split.", json_schema_extra=COMPUTED)
     test_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the test split.", json_schema_extra=COMPUTED)
     split_seed: int = Field(0, description="Seed of the deterministic row-to-split assignment.", json_schema_extra=COMPUTED)
@@ -127,18 +135,26 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _columns_distinct(self) -> DataConfig:
-        columns = [self.label, *self.numeric, *self.categorical, *self.vector]
+        columns = [self.label, *self.numeric, *self.categorical, *self.vector, *self.text, *self.image]
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         if repeated:
-            raise ValueError(f"columns listed twice across label/numeric/categorical/vector: {repeated}")
-        if not self.numeric and not self.categorical and not self.vector:
-            raise ValueError("no feature columns: set data.numeric, data.categorical and/or data.vector")
+            raise ValueError(f"columns listed twice across label/numeric/categorical/vector/text/image: {repeated}")
+        if len(columns) == 1:
+            raise ValueError("no feature columns: set data.numeric, data.categorical, data.vector, data.text "
+                             "and/or data.image")
         return self
 
 
 class PreprocessConfig(_Section):
     max_vocab: int = Field(1000, gt=0, description="Most frequent categories kept per column; others share one bucket.", json_schema_extra=COMPUTED)
     min_count: int = Field(1, gt=0, description="Categories seen fewer times in the train split are treated as unknown.", json_schema_extra=COMPUTED)
+    vocab_size: int = Field(8000, ge=64, le=1_000_000, description="data.text: size of the BPE vocabulary fitted "
+                            "on the train split (special tokens included).", json_schema_extra=COMPUTED_SINCE)
+    max_tokens: int = Field(128, ge=2, le=65_536, description="data.text: tokens kept per text (a leading [CLS] "
+                            "included); longer texts are truncated, shorter ones padded and masked.",
+                            json_schema_extra=COMPUTED_SINCE)
+    image_size: int = Field(32, ge=4, le=4096, description="data.image: images are decoded once, converted to RGB "
+                            "and resized to image_size x image_size.", json_schema_extra=COMPUTED_SINCE)
 
 
 class ModelConfig(_Section):
@@ -150,7 +166,19 @@ class ModelConfig(_Section):
     hidden: list[int] = Field(default_factory=lambda: [128, 64], description="Hidden layer widths of the MLP.", json_schema_extra=COMPUTED)
     embedding_dim: int = Field(16, gt=0, description="Embedding width per categorical column.", json_schema_extra=COMPUTED)
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each hidden layer.", json_schema_extra=COMPUTED)
-    gradient_checkpointing: bool = Field(False, description="Recompute hidden activations in backward to save memory.", json_schema_extra=OPERATIONAL)
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory: "
+                                         "every other MLP block, and every transformer block.", json_schema_extra=OPERATIONAL)
+    text_dim: int = Field(128, gt=0, description="data.text: width of the transformer encoder.", json_schema_extra=COMPUTED_SINCE)
+    text_layers: int = Field(2, ge=1, description="data.text: pre-norm transformer blocks.", json_schema_extra=COMPUTED_SINCE)
+    text_heads: int = Field(4, ge=1, description="data.text: attention heads (text_dim must divide by it).",
+                            json_schema_extra=COMPUTED_SINCE)
+    image_channels: list[int] = Field(default_factory=lambda: [32, 64], description="data.image: channels of each "
+                                      "conv block of the CNN (each block halves the resolution).",
+                                      json_schema_extra=COMPUTED_SINCE)
+    attention: Literal["auto", "math", "flash", "efficient", "cudnn"] = Field(
+        "auto", description="Attention kernel of torch's scaled_dot_product_attention: auto lets torch choose (flash "
+        "or memory-efficient on a GPU); the others force one, and one the device lacks is a config error.",
+        json_schema_extra=OPERATIONAL)
 
     @field_validator("hidden")
     @classmethod
@@ -158,6 +186,19 @@ class ModelConfig(_Section):
         if any(w <= 0 for w in v):
             raise ValueError(f"every hidden width must be > 0 (got {v})")
         return v
+
+    @field_validator("image_channels")
+    @classmethod
+    def _positive_channels(cls, v: list[int]) -> list[int]:
+        if not v or any(w <= 0 for w in v):
+            raise ValueError(f"needs at least one block, each with > 0 channels (got {v})")
+        return v
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.text_dim % self.text_heads:
+            raise ValueError(f"text_dim ({self.text_dim}) must be a multiple of text_heads ({self.text_heads})")
+        return self
 
     @field_validator("factory")
     @classmethod

@@ -33,7 +33,8 @@ EVAL_BATCH = 8192
 def compatible(stats: FeatureStats, manifest: DatasetManifest) -> bool:
     """The package reads this dataset's columns (its feature statistics fit them)."""
     return (stats.numeric == manifest.numeric and stats.categorical == manifest.categorical
-            and stats.vector == manifest.vector and stats.vector_dims == manifest.vector_dims)
+            and stats.vector == manifest.vector and stats.vector_dims == manifest.vector_dims
+            and stats.text == manifest.text and stats.image == manifest.image)
 
 
 def other_target(stats: FeatureStats, manifest: DatasetManifest) -> str | None:

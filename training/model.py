@@ -1,6 +1,6 @@
-"""The built-in model (an MLP over standardised numerics, categorical embeddings and vector
-columns, with a head per task), user model factories and their calling conventions, and the
-content hash of a model's weights."""
+"""The built-in model (an MLP over standardised numerics, categorical embeddings, vector
+columns, and the encoders of text and image columns, with a head per task), user model
+factories and their calling conventions, and the content hash of a model's weights."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from torch.utils.checkpoint import checkpoint
 
 from training.config import ModelConfig
 from training.data.features import FeatureStats
+from training.data.text import TextEncoder as Tokens
+from training.encoders import ImageEncoder, TextEncoder
 from training.errors import ConfigError
 
 __all__ = ["Batch", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
@@ -31,8 +33,10 @@ _LEGACY = "_retrain_legacy_forward"  # set on models whose forward is (x_num, x_
 class ModelSchema:
     """What a model factory is told about the data: the columns by kind, their sizes, and the
     task's outputs. Batches hold "num" (standardised numerics, float32), "cat" (vocabulary
-    indices, int64; index 0 is unknown), "vec" (the vector columns side by side, float32) and
-    "label"."""
+    indices, int64; index 0 is unknown), "vec" (the vector columns side by side, float32),
+    "tok" (token ids, uint16 or int32, (rows, texts, max_tokens); 0 is padding, each text starts
+    with [CLS]), "ntok" (tokens per text, (rows, texts)), "pix" (uint8 RGB pixels,
+    (rows, images, 3, image_size, image_size)) and "label"."""
 
     task: str
     n_outputs: int
@@ -42,12 +46,22 @@ class ModelSchema:
     vector: list[str] = field(default_factory=list)
     vector_dims: list[int] = field(default_factory=list)
     classes: list[Any] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    vocab_size: int = 0
+    max_tokens: int = 0
+    image: list[str] = field(default_factory=list)
+    image_size: int = 0
+    image_mean: list[float] = field(default_factory=list)  # per RGB channel, 0-255 scale (train split)
+    image_std: list[float] = field(default_factory=list)
 
     @classmethod
     def of(cls, stats: FeatureStats) -> ModelSchema:
         n_outputs = len(stats.classes) if stats.task == "multiclass" else 1
+        vocab_size = Tokens(stats.tokenizer, stats.max_tokens).vocab_size if stats.text else 0
         return cls(stats.task, n_outputs, list(stats.numeric), list(stats.categorical), stats.cardinalities,
-                   list(stats.vector), list(stats.vector_dims), list(stats.classes))
+                   list(stats.vector), list(stats.vector_dims), list(stats.classes), list(stats.text), vocab_size,
+                   stats.max_tokens, list(stats.image), stats.image_size, list(stats.image_mean),
+                   list(stats.image_std))
 
 
 class ColumnsNet(nn.Module):
@@ -57,10 +71,20 @@ class ColumnsNet(nn.Module):
     checkpoints written before it load into it."""
 
     def __init__(self, schema: ModelSchema, hidden: list[int], embedding_dim: int = 16, dropout: float = 0.0,
-                 gradient_checkpointing: bool = False) -> None:
+                 gradient_checkpointing: bool = False, config: ModelConfig | None = None) -> None:
         super().__init__()
+        config = config or ModelConfig()
         self.embeddings = nn.ModuleList(nn.Embedding(c, embedding_dim) for c in schema.cardinalities)
         width = len(schema.numeric) + embedding_dim * len(schema.cardinalities) + sum(schema.vector_dims)
+        self.text_encoder: TextEncoder | None = None
+        self.image_encoder: ImageEncoder | None = None
+        if schema.text:
+            self.text_encoder = TextEncoder(schema.vocab_size, schema.max_tokens, config.text_dim, config.text_layers,
+                                            config.text_heads, config.attention, gradient_checkpointing)
+            width += config.text_dim * len(schema.text)
+        if schema.image:
+            self.image_encoder = ImageEncoder(config.image_channels, schema.image_mean, schema.image_std)
+            width += self.image_encoder.width * len(schema.image)
         blocks = []
         for h in hidden:
             blocks.append(nn.Sequential(nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)))
@@ -75,6 +99,10 @@ class ColumnsNet(nn.Module):
         parts = [batch["num"]] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
         if self.uses_vectors:
             parts.append(batch["vec"])
+        if self.text_encoder is not None:
+            parts.append(self.text_encoder(batch["tok"], batch["ntok"]))
+        if self.image_encoder is not None:
+            parts.append(self.image_encoder(batch["pix"]))
         x = torch.cat(parts, dim=1)
         for i, block in enumerate(self.blocks):
             # Recompute every other block in backward: about half the activation memory for
@@ -128,12 +156,13 @@ def build_model(config: ModelConfig, schema: ModelSchema) -> nn.Module:
     model(batch); a factory of the older form fn(n_numeric, cardinalities, config) still
     works, its model called as model(x_num, x_cat)."""
     if config.factory is None:
-        return ColumnsNet(schema, config.hidden, config.embedding_dim, config.dropout, config.gradient_checkpointing)
+        return ColumnsNet(schema, config.hidden, config.embedding_dim, config.dropout, config.gradient_checkpointing,
+                          config)
     fn = _load_factory(config.factory)
     legacy = _is_legacy_factory(fn)
-    if legacy and schema.vector:
+    if legacy and (schema.vector or schema.text or schema.image):
         raise ConfigError(f"model.factory: '{config.factory}' has the old form fn(n_numeric, cardinalities, config), "
-                          "which cannot see data.vector columns; write it as fn(schema, config)")
+                          "which cannot see data.vector, data.text or data.image columns; write it as fn(schema, config)")
     model = fn(len(schema.numeric), schema.cardinalities, config) if legacy else fn(schema, config)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.factory: '{config.factory}' returned {type(model).__name__}, expected a torch.nn.Module")

@@ -29,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import DataConfig, PreprocessConfig, RetrainConfig, StorageConfig, fingerprint
 from training.cost import compute_cost, naive_counterfactual, restarting_counterfactual, storage_cost
-from training.data.demo import ensure_demo_dataset
+from training.data.demo import DEMOS, ensure_demo_dataset
 from training.data.dataset_store import DatasetStore
-from training.data.features import PREPROCESS_VERSION, fit_feature_stats, preprocess_key, verified_feature_stats
+from training.data.features import (DERIVED_DIR, DERIVED_INDEX, PREPROCESS_VERSION, derived_rels, fit_feature_stats,
+                                     preprocess_key, verified_feature_stats, write_derived_arrays)
 from training.data.packing import (
     DatasetManifest,
     PackPart,
@@ -89,6 +90,8 @@ def pack_begin(config: RetrainConfig) -> PackBegun:
     bayes_auc = None
     if config.data.source is None:
         source, bayes_auc = ensure_demo_dataset(root.local)
+    elif config.data.source in DEMOS:
+        source = DEMOS[config.data.source](root.local)
     else:
         source = Path(config.data.source).expanduser()
     begun = PackBegun(source=str(source), storage=storage, bayes_auc=bayes_auc, started_at=started)
@@ -182,19 +185,26 @@ def preprocess_stage(
     config = PreprocessConfig.model_validate(preprocess)
     manifest = require_manifest(Path(dataset_dir))
     root = StorageRoot(StorageConfig.model_validate(storage or {"root": storage_root}), tags)
-    rel = f"preprocess/{preprocess_key(manifest.fingerprint, config)}/feature_stats.json"
+    rel_dir = f"preprocess/{preprocess_key(manifest.fingerprint, config, bool(manifest.text))}"
+    rel = f"{rel_dir}/feature_stats.json"
     check_rel = f"{rel}.sha256"
     # Fitted before, on any machine, and still matching its checksum: reuse it.
     root.fetch(rel)
     root.fetch(check_rel)
     existing = verified_feature_stats(root.local / rel)
-    reused = existing is not None
-    if existing is not None:
+    derived = derived_rels(rel_dir, manifest) if manifest.text or manifest.image else []
+    if existing is not None and derived and root.fetch(derived[-1]) is not None:
+        for derived_rel in derived[:-1]:  # token ids and pixels: fetched whole, checked as they load
+            root.fetch(derived_rel)
+    reused = existing is not None and (not derived or (root.local / derived[-1]).exists())
+    if existing is not None and reused:
         stats_path, stats = root.local / rel, existing  # verified once, not again inside the fit
     else:
         stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root.local / "preprocess")
     if not reused:
-        root.publish_all([rel, check_rel], CACHE)  # the checksum last: it marks them complete
+        # The derived arrays' index, then the statistics, then their checksum: each marks what
+        # precedes it complete.
+        root.publish_all([*derived, rel, check_rel], CACHE)
     return PrepResult(stats_path=str(stats_path), stats_rel=rel, reused=reused, key=stats.key,
                       code_version=PREPROCESS_VERSION, cardinalities=stats.cardinalities,
                       seconds=time.perf_counter() - t0)
@@ -202,7 +212,7 @@ def preprocess_stage(
 
 def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
     numerics = resolved_numerics(config.train.device, config.train.precision)
-    parts = ["run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess),
+    parts = ["run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess, bool(config.data.text)),
              train_fingerprint(config, *numerics)]
     if init_sha256 is not None:
         parts.append(f"warm:{init_sha256}")  # a warm start computes something else: its own run
@@ -232,8 +242,9 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None,
     if meta["model_config"] != config.model.model_dump(mode="json"):
         return None, "the champion's model config differs from model.*: fresh start"
     stats = meta["feature_stats"]
-    if stats["numeric"] != config.data.numeric or stats["categorical"] != config.data.categorical:
-        return None, "the champion's feature columns differ from data.numeric/data.categorical: fresh start"
+    if stats["numeric"] != config.data.numeric or stats["categorical"] != config.data.categorical or (
+            manifest is not None and not compatible(FeatureStats(**stats), manifest)):
+        return None, "the champion's feature columns differ from this run's data.* columns: fresh start"
     other = other_target(FeatureStats(**stats), manifest) if manifest is not None else None
     if other is not None:
         return None, f"the champion predicts something else ({other}): fresh start"
@@ -281,6 +292,12 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         stats_path = root.local / "preprocess" / f"champion-{init_sha[:16]}" / "feature_stats.json"
         if not stats_path.exists():
             write_json_atomic(stats_path, warm.stats)
+        _derive_for(Path(packed.dataset_dir), FeatureStats(**warm.stats), stats_path.parent)
+    else:
+        manifest = require_manifest(Path(packed.dataset_dir))
+        if manifest.text or manifest.image:  # preprocessing's token ids and pixels, on this machine
+            for rel in derived_rels(str(Path(prep.stats_rel).parent), manifest):
+                root.fetch(rel)
     run_key = run_key_for(config, packed.fingerprint, init_sha)
     rate, gpus = config.cost.rate()
     job = TrainJob(
@@ -293,6 +310,13 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     warm_start = WarmStart(requested=config.train.init_from == "champion", used=warm is not None,
                            reason=warm_reason, champion_sha256=init_sha)
     return job, warm_start
+
+
+def _derive_for(dataset_dir: Path, stats: FeatureStats, stats_dir: Path) -> None:
+    """Token ids and pixels of this dataset under the champion's tokenizer and image size, for
+    a warm start (training reads them stored, never tokenizes)."""
+    if stats.derives and not (stats_dir / DERIVED_DIR / DERIVED_INDEX).exists():
+        write_derived_arrays(dataset_dir, require_manifest(dataset_dir), stats, stats_dir / DERIVED_DIR)
 
 
 def train_stage(

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from training.checkpoint import AsyncCheckpointer, CheckpointManifest, load_checkpoint_state, step_dir_name
 from training.checkpoint_schedule import CheckpointSchedule
-from training.data.features import FeatureStats
+from training.data.features import DERIVED_DIR, FeatureStats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader
 from training.data.packing import require_manifest
 from training.errors import Preempted, RetrainError
@@ -76,7 +76,8 @@ class Trainer:
         self.dataset_dir = Path(job.dataset_dir)
         self.manifest = require_manifest(self.dataset_dir)
         self.stats = FeatureStats.from_json(Path(job.stats_path).read_text())
-        self.transform = self.stats.transformer()
+        # Token ids and pixels stored by preprocessing beside the statistics (see features.py).
+        self.transform = self.stats.transformer(Path(job.stats_path).parent / DERIVED_DIR)
         self.task = Task.of(self.stats)
         self.metric = metric_for(self.stats.task, self.config.eval.metric)
         higher = higher_is_better(self.stats.task, self.metric)

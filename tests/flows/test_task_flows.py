@@ -1,6 +1,6 @@
 """A flow per task under the Prefect test server: multiclass on a dataset scikit-learn ships
 (the 8x8 digits, as a vector column), then regression on the demo data in the same root, whose
-champion (multiclass) it must not replace."""
+champion (multiclass) it must not replace; and text and image columns end to end."""
 
 from __future__ import annotations
 
@@ -79,3 +79,23 @@ def test_multiclass_then_regression_flows(tmp_path: Path, demo_source: Path) -> 
     assert "it is a multiclass model and this run is regression" in second["promotion"]["reason"]
     champion = json.loads((root / "models" / "champion").read_text())
     assert champion["sha256"] == report["model"]["sha256"]  # the digits model stays the champion
+
+
+def test_a_text_and_image_flow_trains_stores_tokens_and_packages_the_tokenizer(tmp_path: Path) -> None:
+    from tests.shipped_data import write_digit_images
+    from training.package import package_stats
+
+    root = tmp_path / "root"
+    config = _config(root, write_digit_images(tmp_path / "digits.parquet"), [
+        "data.task=multiclass", "data.label=digit", "data.numeric=[]", "data.categorical=[]", "data.text=[note]",
+        "data.image=[image]", "preprocess.vocab_size=100", "preprocess.max_tokens=8", "preprocess.image_size=8",
+        "model.text_dim=16", "model.text_layers=1", "model.text_heads=2", "model.image_channels=[16, 32]",
+        "data.shard_size_mb=0.2"])
+    report = _report(retrain(config))
+    assert report["task"] == "multiclass" and report["promotion"]["promoted"]
+    assert report["metrics"]["accuracy"] > 0.8, report["metrics"]
+    stats_dir = Path(report["stages"]["preprocess"]["stats"]).parent
+    stored = json.loads((stats_dir / "arrays" / "arrays.json").read_text())
+    assert len(stored) == len(json.loads((Path(report["stages"]["pack"]["dir"]) / "manifest.json").read_text())["shards"])
+    packaged = package_stats(root / "runs" / report["run_key"] / "model")
+    assert packaged.text == ["note"] and packaged.image == ["image"] and '"BPE"' in packaged.tokenizer

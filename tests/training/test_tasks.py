@@ -188,7 +188,7 @@ def test_user_factories_of_both_forms_train_and_load_back(small_config: RetrainC
 
 def test_an_old_form_factory_cannot_take_vector_columns(small_config: RetrainConfig) -> None:
     config = _config(small_config, [*MULTICLASS, "model.factory=tests.model_factories:linear"])
-    with pytest.raises(ConfigError, match="cannot see data.vector columns; write it as fn\\(schema, config\\)"):
+    with pytest.raises(ConfigError, match="cannot see data.vector, data.text or data.image columns; write it as fn\\(schema, config\\)"):
         train(make_job(config))
 
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from training.config import DEMO_CATEGORICAL, DEMO_NUMERIC
 from training.metrics import roc_auc
 
-__all__ = ["ensure_demo_dataset", "DEMO_ROWS", "DEMO_SEED"]
+__all__ = ["ensure_demo_dataset", "ensure_reviews_demo", "ensure_shapes_demo", "DEMOS", "DEMO_ROWS", "DEMO_SEED"]
 
 DEMO_ROWS = 200_000
 DEMO_SEED = 20261121
@@ -114,3 +114,91 @@ def _other_tasks(rng: np.random.Generator, cols: dict[str, np.ndarray],
         "basket_value": pa.array(basket.round(2)),
         "embedding": pa.FixedSizeListArray.from_arrays(pa.array(embedding.ravel()), 8),
     }
+
+
+def _write_table(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    pq.write_table(table, tmp, row_group_size=10_000)
+    os.replace(tmp, path)
+
+
+_TOPICS = {
+    "shipping": ["delivery", "parcel", "courier", "arrived", "shipping", "box", "late", "tracking"],
+    "quality": ["material", "stitching", "build", "broke", "sturdy", "fabric", "quality", "finish"],
+    "price": ["price", "cheap", "expensive", "value", "discount", "cost", "money", "deal"],
+    "service": ["support", "refund", "agent", "reply", "service", "helpful", "rude", "email"],
+}
+_GOOD = ["good", "great", "excellent", "happy", "love", "perfect", "fine", "recommend"]
+_BAD = ["bad", "poor", "awful", "unhappy", "hate", "terrible", "disappointing", "worst"]
+_FILLER = ["the", "a", "it", "was", "and", "this", "my", "order", "item", "really", "very", "so", "i", "with"]
+
+
+def ensure_reviews_demo(root: Path, rows: int = 40_000, seed: int = DEMO_SEED) -> Path:
+    """`demo:reviews`: short product reviews (`review`, text) with a `topic` (4 string classes:
+    the topic words in the text) and a `positive` label (0/1: the sentiment words, which a
+    preceding "not" flips, so word counts alone cannot read every review)."""
+    path = root / "demo" / f"reviews-{rows}-{seed}.parquet"
+    if path.exists():
+        return path
+    rng = np.random.default_rng([seed, 2])
+    topics = list(_TOPICS)
+    topic = rng.integers(0, len(topics), rows)
+    positive = rng.random(rows) < 0.5
+    reviews = []
+    for i in range(rows):
+        words = list(rng.choice(_FILLER, rng.integers(3, 12)))
+        # A few words of the topic, a few of another topic (noise), and the sentiment.
+        words += list(rng.choice(_TOPICS[topics[topic[i]]], rng.integers(1, 4)))
+        words += list(rng.choice(_TOPICS[topics[rng.integers(0, len(topics))]], rng.integers(0, 2)))
+        negated = rng.random() < 0.3
+        said = positive[i] != negated  # "not good" is negative
+        sentiment = str(rng.choice(_GOOD if said else _BAD))
+        words.append(f"not {sentiment}" if negated else sentiment)
+        rng.shuffle(words)
+        reviews.append(" ".join(words))
+    flip = rng.random(rows) < 0.05  # label noise: no model reaches 100 %
+    _write_table(pa.table({
+        "review": pa.array(reviews),
+        "topic": pa.array(np.array(topics)[topic]),
+        "positive": pa.array((positive ^ flip).astype(np.int8)),
+    }), path)
+    return path
+
+
+SHAPES = np.array(["circle", "cross", "square", "triangle"])
+
+
+def ensure_shapes_demo(root: Path, rows: int = 8_000, seed: int = DEMO_SEED, size: int = 24) -> Path:
+    """`demo:shapes`: small images (`image`, PNG or JPEG bytes) of a coloured shape at a random
+    place and size on a noisy background, labelled `shape` (4 string classes)."""
+    import io
+
+    from PIL import Image
+
+    path = root / "demo" / f"shapes-{rows}-{seed}-{size}.parquet"
+    if path.exists():
+        return path
+    rng = np.random.default_rng([seed, 3])
+    label = rng.integers(0, len(SHAPES), rows)
+    yy, xx = np.mgrid[0:size, 0:size]
+    images = []
+    for i in range(rows):
+        r = rng.uniform(size * 0.18, size * 0.35)
+        cy, cx = rng.uniform(r, size - r, 2)
+        dy, dx = np.abs(yy - cy), np.abs(xx - cx)
+        mask = [dy**2 + dx**2 <= r**2,  # circle
+                ((dy <= r * 0.3) & (dx <= r)) | ((dx <= r * 0.3) & (dy <= r)),  # cross
+                (dy <= r * 0.8) & (dx <= r * 0.8),  # square
+                (yy - cy + r >= 0) & (yy - cy <= r) & (dx <= (yy - cy + r) / 2)][label[i]]  # triangle
+        pixels = rng.normal(110, 30, (size, size, 3))
+        pixels[mask] = rng.uniform(60, 255, 3)
+        img = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+        buf = io.BytesIO()
+        img.save(buf, format="PNG" if i % 2 else "JPEG", quality=90)
+        images.append(buf.getvalue())
+    _write_table(pa.table({"image": pa.array(images, pa.binary()), "shape": pa.array(SHAPES[label])}), path)
+    return path
+
+
+DEMOS = {"demo:reviews": ensure_reviews_demo, "demo:shapes": ensure_shapes_demo}

@@ -23,7 +23,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from training.config import DataConfig, fingerprint, fingerprinted
 from training.data.labels import LABELS, Classes, MulticlassLabels, train_classes
+from training.data.ragged import OFFSETS, Ragged, Rows, concat_rows, take_rows
 from training.data.shard_cache import is_remote_dataset
 from training.data.shards import FIELDS, ShardTarWriter, encode_npy, member_bytes
 from training.errors import DataError, RetrainError, StorageError
@@ -89,11 +90,25 @@ class DatasetManifest:
     classes: Classes = field(default_factory=list)  # multiclass: label value of each class index
     vector: list[str] = field(default_factory=list)
     vector_dims: list[int] = field(default_factory=list)
+    # Since data.text and data.image: raw texts and encoded images, one ragged field per column.
+    text: list[str] = field(default_factory=list)
+    image: list[str] = field(default_factory=list)
 
     @property
     def fields(self) -> tuple[str, ...]:
-        """The arrays each shard member holds."""
-        return fields_of(self.vector)
+        """The fields each shard member holds."""
+        return fields_of(self.vector, self.text, self.image)
+
+    def source_row(self, row: int) -> tuple[str, int]:
+        """(source file name, row in it) of a global source row (files in name order)."""
+        for source in self.sources:
+            rows = int(source.get("rows", -1))  # type: ignore[call-overload]
+            if rows < 0:
+                break
+            if row < rows:
+                return str(source["name"]), row
+            row -= rows
+        return "the source", row
 
     def shards_of(self, split: str) -> list[ShardInfo]:
         return [s for s in self.shards if s.split == split]
@@ -108,8 +123,17 @@ class DatasetManifest:
         return cls(**raw)
 
 
-def fields_of(vector: list[str]) -> tuple[str, ...]:
-    return (*FIELDS, "vec") if vector else FIELDS
+def fields_of(vector: list[str], text: list[str] = [], image: list[str] = []) -> tuple[str, ...]:  # noqa: B006
+    """The stored fields: the fixed ones, "vec" for vector columns, a ragged "text<j>" or
+    "image<j>" per text or image column, and "row" (the global source row, so that an image
+    that fails to decode in preprocessing is named by its row) when there are images."""
+    fields = (*FIELDS, *(["vec"] if vector else []), *(f"text{j}" for j in range(len(text))),
+              *(f"image{j}" for j in range(len(image))))
+    return (*fields, "row") if image else fields
+
+
+def is_ragged(field_name: str) -> bool:
+    return field_name.startswith(("text", "image"))
 
 
 def source_files(source: Path) -> list[Path]:
@@ -181,7 +205,8 @@ class _Validator:
 
     def check_schema(self, path: Path, schema: pa.Schema) -> None:
         c = self.config
-        missing = [n for n in [c.label, *c.numeric, *c.categorical, *c.vector] if n not in schema.names]
+        missing = [n for n in [c.label, *c.numeric, *c.categorical, *c.vector, *c.text, *c.image]
+                   if n not in schema.names]
         if missing:
             raise DataError(f"{path}: missing column(s) {missing}; present: {schema.names}")
         if c.task == "multiclass":
@@ -191,6 +216,21 @@ class _Validator:
             if not ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
                     and (pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type))):
                 raise DataError(f"{path}: vector column '{name}' has type {t}, expected a list of floats")
+        for name in c.text:
+            t = schema.field(name).type
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)):
+                raise DataError(f"{path}: text column '{name}' has type {t}, expected strings")
+        for name in c.image:
+            t = schema.field(name).type
+            if not (pa.types.is_binary(t) or pa.types.is_large_binary(t)):
+                raise DataError(f"{path}: image column '{name}' has type {t}, expected binary (encoded PNG or JPEG)")
+
+    def image(self, path: Path, name: str, col: pa.Array, first_row: int) -> Ragged:
+        """The encoded images as they are (decoded by preprocessing); a null one is an error."""
+        if col.null_count:
+            i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"{path}: image column '{name}' is null at row {first_row + i}")
+        return Ragged.from_arrow(col)
 
     def vector(self, path: Path, name: str, col: pa.Array, first_row: int, dim: int) -> np.ndarray:
         """A (rows, dim) float32 matrix; a null, short, long or non-finite vector is an error."""
@@ -272,9 +312,9 @@ class _SplitWriter:
         self.out_dir = out_dir
         self.rows_per_member = config.rows_per_member
         self.target_bytes = int(config.shard_size_mb * 1_000_000)
-        self.fields = fields_of(config.vector)
+        self.fields = fields_of(config.vector, config.text, config.image)
         self.count_positives = LABELS[config.task].counts_positives()
-        self.buffers: dict[str, list[np.ndarray]] = {k: [] for k in self.fields}
+        self.buffers: dict[str, list[Rows]] = {k: [] for k in self.fields}
         self.buffered = 0
         self.shards: list[ShardInfo] = []
         self.member_index = 0
@@ -285,15 +325,15 @@ class _SplitWriter:
         self.rows = 0
         self.positives = 0
 
-    def add(self, arrays: dict[str, np.ndarray]) -> None:
+    def add(self, arrays: dict[str, Rows]) -> None:
         for k in self.fields:
             self.buffers[k].append(arrays[k])
         self.buffered += len(arrays["label"])
         while self.buffered >= self.rows_per_member:
             self._emit(self.rows_per_member)
 
-    def _take(self, n: int) -> dict[str, np.ndarray]:
-        merged = {k: np.concatenate(v) if len(v) > 1 else v[0] for k, v in self.buffers.items()}
+    def _take(self, n: int) -> dict[str, Rows]:
+        merged = {k: concat_rows(v) for k, v in self.buffers.items()}
         head = {k: v[:n] for k, v in merged.items()}
         rest = {k: v[n:] for k, v in merged.items()}
         self.buffers = {k: [v] if len(v) else [] for k, v in rest.items()}
@@ -303,7 +343,14 @@ class _SplitWriter:
     def _emit(self, n: int) -> None:
         block = self._take(n)
         key = f"b{self.member_index:08d}"
-        payloads = [(f"{key}.{k}.npy", encode_npy(block[k])) for k in self.fields]
+        payloads = []
+        for k in self.fields:
+            values = block[k]
+            if isinstance(values, Ragged):
+                payloads += [(f"{key}.{k}.npy", encode_npy(values.data)),
+                             (f"{key}.{k}{OFFSETS}.npy", encode_npy(values.offsets))]
+            else:
+                payloads.append((f"{key}.{k}.npy", encode_npy(values)))
         size = sum(member_bytes(len(p)) for _, p in payloads)
         if self._writer is not None and self._writer.bytes_written + size + 1024 > self.target_bytes:
             self._close_shard()
@@ -316,7 +363,7 @@ class _SplitWriter:
         self._rows_in_shard += n
         self.rows += n
         if self.count_positives:
-            self.positives += int(block["label"].sum())
+            self.positives += int(block["label"].sum())  # type: ignore[union-attr]
 
     def _open_shard(self) -> None:
         name = f"{self.split}-{len(self.shards) + len(self._closing):06d}.tar"
@@ -485,6 +532,8 @@ def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: 
             n = meta.metadata.row_group(rg).num_rows
             groups.append((str(path), rg, file_row, n))
             file_row += n
+        if config.image:  # maps a stored global row back to its file (see DatasetManifest.source_row)
+            sources[files.index(path)]["rows"] = file_row
     total = sum(g[3] for g in groups)
     if total == 0:
         raise DataError(f"{source}: the table is empty (0 rows)")
@@ -578,8 +627,10 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
         for code, name in enumerate(SPLITS):
             counts[name] += int(found[code])
     shapes = _field_shapes(config, plan)
-    outs = {} if writers is not None else {
-        name: {k: _piece_memmap(_piece(work_dir, part.index, name, k), dtype, (counts[name], *tail))
+    # split -> field -> np.memmap, or a _RaggedPiece for a ragged field
+    outs: dict[str, dict[str, Any]] = {} if writers is not None else {
+        name: {k: _RaggedPiece(_piece(work_dir, part.index, name, k), counts[name]) if is_ragged(k)
+               else _piece_memmap(_piece(work_dir, part.index, name, k), dtype, (counts[name], *tail))
                for k, (dtype, tail) in shapes.items()}
         for name in SPLITS
     }
@@ -590,15 +641,15 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
     try:
         batches = pq.ParquetFile(path).iter_batches(batch_size=_READ_BATCH_ROWS, row_groups=list(part.row_groups),
                                                     columns=[config.label, *config.numeric, *config.categorical,
-                                                             *config.vector])
+                                                             *config.vector, *config.text, *config.image])
         for batch in batches:
-            arrays = _batch_arrays(validator, path, batch, part.file_row + offset, plan)
+            arrays = _batch_arrays(validator, path, batch, part.file_row + offset, plan, part.row + offset)
             split = _split_of_rows(part.row + offset, batch.num_rows, config)
             # One stable gather groups the rows by split, keeping their order within each;
             # cheaper than a boolean selection per split and array (measured in the packer).
             order = np.argsort(split, kind="stable")
             bounds = np.concatenate(([0], np.cumsum(np.bincount(split, minlength=len(SPLITS)))))
-            arrays = {k: np.take(v, order, axis=0) for k, v in arrays.items()}
+            arrays = {k: take_rows(v, order) for k, v in arrays.items()}
             for code, name in enumerate(SPLITS):
                 a, b = int(bounds[code]), int(bounds[code + 1])
                 k = b - a
@@ -610,7 +661,7 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
                         for key, v in arrays.items():
                             outs[name][key][lo : lo + k] = v[a:b]
                     if count_positives:
-                        positives[name] += int(arrays["label"][a:b].sum())
+                        positives[name] += int(np.sum(arrays["label"][a:b]))  # type: ignore[arg-type]
                     filled[name] += k
             offset += batch.num_rows
     except (pa.ArrowInvalid, OSError) as err:
@@ -630,24 +681,68 @@ def _field_shapes(config: DataConfig, plan: PackPlan) -> dict[str, tuple[type, t
         "label": (LABELS[config.task].dtype, ())}
     if config.vector:
         shapes["vec"] = (np.float32, (sum(plan.vector_dims),))
+    for k in fields_of(config.vector, config.text, config.image):
+        if is_ragged(k):
+            shapes[k] = (np.uint8, ())  # a _RaggedPiece: bytes appended, one length per row
+    if config.image:
+        shapes["row"] = (np.int64, ())
     return shapes
 
 
+class _RaggedPiece:
+    """A ragged field's piece of a part: the rows' bytes appended to `<piece>.bin` as they
+    arrive (their total is unknown before), the row lengths in a preallocated .npy. Rows
+    arrive in order, so appending keeps them in order."""
+
+    def __init__(self, path: Path, rows: int) -> None:
+        self.lengths = _piece_memmap(path, np.int64, (rows,))
+        self.path = path.with_suffix(".bin")
+        self._file = open(self.path, "wb")
+
+    def __setitem__(self, rows: slice, values: Ragged) -> None:
+        self.lengths[rows] = np.diff(values.offsets)
+        try:
+            self._file.write(np.ascontiguousarray(values.data).tobytes())
+        except OSError as err:
+            raise StorageError(f"cannot write pack piece {self.path}: {err.strerror or err}; free space (or set "
+                               "storage.root elsewhere) and run the same command again") from None
+
+    def flush(self) -> None:
+        self.lengths.flush()
+        self._file.close()
+
+    @staticmethod
+    def load(path: Path) -> Ragged:
+        lengths = np.load(path, mmap_mode="r")
+        data_path = path.with_suffix(".bin")
+        size = data_path.stat().st_size
+        data = np.memmap(data_path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+        return Ragged(data, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
+
+
 def _batch_arrays(validator: _Validator, path: Path, batch: pa.RecordBatch, first: int,
-                  plan: PackPlan) -> dict[str, np.ndarray]:
+                  plan: PackPlan, global_first: int) -> dict[str, Rows]:
     """One record batch validated and encoded: an array per stored field, rows in file order."""
     config, n = validator.config, batch.num_rows
-    arrays = {"label": validator.label(path, batch.column(config.label), first, plan.classes)}
-    num = arrays["num"] = np.empty((n, len(config.numeric)), dtype=np.float32)
+    arrays: dict[str, Rows] = {"label": validator.label(path, batch.column(config.label), first, plan.classes)}
+    num = np.empty((n, len(config.numeric)), dtype=np.float32)
+    arrays["num"] = num
     for j, name in enumerate(config.numeric):
         num[:, j] = validator.numeric(path, name, batch.column(name), first)
-    cat = arrays["cat"] = np.empty((n, len(config.categorical)), dtype=np.int64)
+    cat = np.empty((n, len(config.categorical)), dtype=np.int64)
+    arrays["cat"] = cat
     for j, name in enumerate(config.categorical):
         cat[:, j] = category_hash(batch.column(name))
     if config.vector:
         arrays["vec"] = np.concatenate(
             [validator.vector(path, name, batch.column(name), first, dim)
              for name, dim in zip(config.vector, plan.vector_dims, strict=True)], axis=1)
+    for j, name in enumerate(config.text):
+        arrays[f"text{j}"] = Ragged.from_arrow(batch.column(name))  # a null text is empty
+    for j, name in enumerate(config.image):
+        arrays[f"image{j}"] = validator.image(path, name, batch.column(name), first)
+    if config.image:
+        arrays["row"] = np.arange(global_first, global_first + n, dtype=np.int64)
     return arrays
 
 
@@ -682,6 +777,7 @@ def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], conf
         shards=[shard for s in SPLITS for shard in writers[s].shards],
         sources=plan.sources,
         task=config.task, classes=plan.classes, vector=list(config.vector), vector_dims=plan.vector_dims,
+        text=list(config.text), image=list(config.image),
     )
     tmp = work_dir / "manifest.json.tmp"
     tmp.write_text(manifest.to_json())
@@ -703,14 +799,24 @@ def _write_pieces(plan: PackPlan, writers: dict[str, _SplitWriter], parts: list[
     for part in parts:
         for name in SPLITS:
             fields = writers[name].fields
-            arrays = {k: np.load(_piece(work_dir, part.index, name, k), mmap_mode="r") for k in fields}
+            arrays: dict[str, Rows] = {
+                k: _RaggedPiece.load(_piece(work_dir, part.index, name, k)) if is_ragged(k)
+                else np.load(_piece(work_dir, part.index, name, k), mmap_mode="r") for k in fields}
             for lo in range(0, len(arrays["label"]), _READ_BATCH_ROWS):
-                writers[name].add({k: np.array(v[lo : lo + _READ_BATCH_ROWS]) for k, v in arrays.items()})
+                writers[name].add({k: _copied(v[lo : lo + _READ_BATCH_ROWS]) for k, v in arrays.items()})
             for k in fields:
                 _piece(work_dir, part.index, name, k).unlink()  # keep the disk bounded as we go
+                _piece(work_dir, part.index, name, k).with_suffix(".bin").unlink(missing_ok=True)
     shutil.rmtree(work_dir / "pieces", ignore_errors=True)
     for w in writers.values():
         w.finish()
+
+
+def _copied(values: Rows) -> Rows:
+    """Out of the memory-mapped piece, which is deleted next."""
+    if isinstance(values, Ragged):
+        return Ragged(np.array(values.data), values.offsets.copy())
+    return np.array(values)
 
 
 def start_pack(plan: PackPlan) -> None:

@@ -1,0 +1,258 @@
+"""Text and image columns: raw values packed into the shards, tokenized and decoded once by
+preprocessing, trained through the transformer and CNN encoders, scored against a simple
+scikit-learn reference on the same split, resumed bit-identically, and refused with one clear
+line on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tests.shipped_data import png, write_digit_images
+from tests.training.helpers import make_job
+from training.config import RetrainConfig, load_config
+from training.data.demo import ensure_reviews_demo
+from training.data.features import DERIVED_DIR, FeatureStats, fit_feature_stats, preprocess_key
+from training.data.loader import ShardBatches, iter_split
+from training.data.packing import (assemble_shards, pack_part, pack_shards, plan_pack, require_manifest,
+                                   start_pack)
+from training.data.ragged import Ragged
+from training.data.text import fit_tokenizer
+from training.encoders import ImageEncoder, TextEncoder
+from training.errors import ConfigError, DataError, Preempted
+from training.evaluate import evaluate_package
+from training.loop import StopFlag, train
+
+TEXT = ["data.label=positive", "data.text=[review]", "data.numeric=[]", "data.categorical=[]",
+        "preprocess.vocab_size=400", "preprocess.max_tokens=24", "model.text_dim=32", "model.text_layers=1",
+        "model.text_heads=2", "model.hidden=[32]"]
+IMAGE = ["data.task=multiclass", "data.label=digit", "data.image=[image]", "data.numeric=[]", "data.categorical=[]",
+         "preprocess.image_size=8", "model.image_channels=[16, 32]", "model.hidden=[64]"]
+
+
+@pytest.fixture(scope="session")
+def reviews_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return ensure_reviews_demo(tmp_path_factory.mktemp("reviews"), rows=6000, seed=7)
+
+
+@pytest.fixture(scope="session")
+def digits_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_digit_images(tmp_path_factory.mktemp("digits") / "digits.parquet")
+
+
+def _config(tmp_path: Path, source: Path, extra: list[str]) -> RetrainConfig:
+    return load_config(overrides=[f"storage.root={tmp_path / 'root'}", f"data.source={source}",
+                                  "data.rows_per_member=256", "data.shard_size_mb=0.2", "train.batch_size=128",
+                                  "train.eval_every=50", "train.checkpoint_every=50", "train.warmup_steps=10",
+                                  "train.num_workers=0", "train.max_steps=300", "train.retry_delay_seconds=0",
+                                  *extra])
+
+
+def test_ragged_values_survive_take_slice_and_concat() -> None:
+    col = pa.array(["ab", None, "", "héllo", "xyz"]).slice(1)  # an offset into the buffers, and a null
+    values = Ragged.from_arrow(col)
+    assert values.texts() == ["", "", "héllo", "xyz"]
+    taken = values.take(np.array([3, 0, 2]))
+    assert taken.texts() == ["xyz", "", "héllo"]
+    joined = Ragged.concat([taken[1:], values[:1], Ragged.from_arrow(pa.array(["q"], pa.large_string()))])
+    assert joined.texts() == ["", "héllo", "", "q"]
+
+
+def test_text_and_image_shards_pack_identically_in_parts_and_read_with_webdataset(
+        tmp_path: Path, digits_source: Path) -> None:
+    import webdataset as wds
+
+    config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", "data.pack_parts=3"]).data
+    serial_dir, serial, _ = pack_shards(digits_source, config, tmp_path / "serial")
+    plan, _ = plan_pack(digits_source, config, tmp_path / "parts", max_parts=3)
+    assert plan is not None and len(plan.parts) >= 2
+    start_pack(plan)
+    parallel = assemble_shards(plan, [pack_part(plan, p, config) for p in reversed(plan.parts)][::-1], config)
+    assert [s.sha256 for s in parallel.shards] == [s.sha256 for s in serial.shards]
+    sample = next(iter(wds.WebDataset(str(serial_dir / serial.shards[0].name), shardshuffle=False).decode()))
+    notes = Ragged(sample["text0.npy"], sample["text0_offsets.npy"])
+    assert notes.texts()[0] in ("hard to read",) or notes.texts()[0].startswith("looks like")
+    assert len(sample["row.npy"]) == len(sample["label.npy"]) == len(notes)
+
+
+def test_the_tokenizer_fit_is_reproducible_and_keys_the_preprocessing() -> None:
+    texts = [f"the {w} was {v}" for w in ("parcel", "price", "agent") for v in ("good", "not good", "awful")] * 50
+    assert fit_tokenizer(iter(texts), 100) == fit_tokenizer(iter(texts), 100)
+    config = load_config().preprocess
+    assert preprocess_key("d", config) != preprocess_key("d", config, text=True)  # the tokenizers release joins it
+
+
+def test_a_text_classifier_beats_bag_of_words_logistic_regression(tmp_path: Path, reviews_source: Path) -> None:
+    """The reviews' sentiment is flipped by a preceding "not": word counts cannot read that, the
+    transformer can."""
+    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    config = _config(tmp_path, reviews_source, TEXT)
+    job = make_job(config)
+    result = train(job)
+    ours = evaluate_package(Path(job.run_dir) / "model", Path(job.dataset_dir), require_manifest(Path(job.dataset_dir)),
+                            None)
+    texts = {split: _split_texts(job.dataset_dir, split) for split in ("train", "test")}
+    words = CountVectorizer(token_pattern=r"\S+")
+    reference = LogisticRegression(max_iter=2000).fit(words.fit_transform(texts["train"][0]), texts["train"][1])
+    reference_accuracy = reference.score(words.transform(texts["test"][0]), texts["test"][1])
+    assert result.metric == "auc" and ours["accuracy"] > reference_accuracy + 0.05, (ours, reference_accuracy)
+    stored = Path(job.stats_path).parent / DERIVED_DIR
+    assert json.loads((stored / "arrays.json").read_text()).keys() == {
+        s.name for s in require_manifest(Path(job.dataset_dir)).shards}  # token ids stored for every shard
+
+
+def _split_texts(dataset_dir: str, split: str) -> tuple[list[str], np.ndarray]:
+    from training.data.shards import ShardReader
+
+    manifest = require_manifest(Path(dataset_dir))
+    texts: list[str] = []
+    labels = []
+    for shard in manifest.shards_of(split):
+        reader = ShardReader(Path(dataset_dir) / shard.name)
+        for key in reader.keys:
+            block = reader.block(key)
+            texts += Ragged(block["text0"], block["text0_offsets"]).texts()
+            labels.append(np.array(block["label"]))
+    return texts, np.concatenate(labels)
+
+
+def test_an_image_classifier_matches_logistic_regression_on_pixels(tmp_path: Path, digits_source: Path) -> None:
+    from sklearn.linear_model import LogisticRegression
+
+    config = _config(tmp_path, digits_source, IMAGE)
+    job = make_job(config)
+    train(job)
+    ours = evaluate_package(Path(job.run_dir) / "model", Path(job.dataset_dir), require_manifest(Path(job.dataset_dir)),
+                            None)
+    stats = FeatureStats.from_json(Path(job.stats_path).read_text())
+    x_train, y_train = _pixels(job.dataset_dir, stats, "train")
+    x_test, y_test = _pixels(job.dataset_dir, stats, "test")
+    reference = LogisticRegression(max_iter=3000).fit(x_train, y_train).score(x_test, y_test)
+    assert ours["accuracy"] >= reference - 0.03, (ours, reference)
+    assert len(stats.image_mean) == 3 and stats.image_size == 8
+
+
+def _pixels(dataset_dir: str, stats: FeatureStats, split: str) -> tuple[np.ndarray, np.ndarray]:
+    d = Path(dataset_dir)
+    batches = ShardBatches(d, require_manifest(d), split, 4096, stats.transformer(), shuffle=False, drop_last=False)
+    parts = list(iter_split(batches))
+    x = np.concatenate([p["pix"].numpy()[:, 0, 0].reshape(len(p["pix"]), -1) for p in parts]) / 255.0
+    return x, np.concatenate([p["label"].numpy() for p in parts])
+
+
+def test_text_and_image_runs_resume_bit_identically(tmp_path: Path, digits_source: Path) -> None:
+    config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
+    config.train.max_steps = 120
+    reference = train(make_job(config, "reference"))
+    job = make_job(config, "interrupted")
+    stop = StopFlag()
+
+    def emit(event: dict) -> None:
+        if event["event"] == "checkpoint" and event["step"] == 50:
+            stop.request("test")
+
+    with pytest.raises(Preempted):
+        train(job, stop, emit)
+    resumed = train(job)
+    assert resumed.model.sha256 == reference.model.sha256 and resumed.history == reference.history
+
+
+@pytest.mark.slow
+def test_text_and_image_runs_resume_bit_identically_after_a_sigkill(tmp_path: Path, digits_source: Path) -> None:
+    import signal
+
+    from tests.training.test_preemption import _signal_at_step
+    from training.launch import run_training_process
+
+    config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
+    config.train.max_steps, config.train.checkpoint_every = 160, 25
+    reference = run_training_process(make_job(config, "reference"))
+    job = make_job(config, "killed")
+    on_start, seen = _signal_at_step(job, 70, signal.SIGKILL)
+    with pytest.raises(Preempted, match="SIGKILL"):
+        run_training_process(job, on_start=on_start)
+    final = run_training_process(job)
+    assert seen["step"] >= 70 and final.preemptions == 1
+    assert final.model.sha256 == reference.model.sha256 and final.history == reference.history
+
+
+def _bad(tmp_path: Path, overrides: list[str], columns: dict[str, pa.Array]) -> str:
+    source = tmp_path / "bad.parquet"
+    tmp_path.mkdir(exist_ok=True)
+    pq.write_table(pa.table({"y": pa.array([0, 1] * 200), **columns}), source)
+    config = load_config(overrides=[f"data.source={source}", "data.label=y", "data.numeric=[]", "data.categorical=[]",
+                                    *overrides])
+    with pytest.raises(DataError) as err:
+        dataset_dir, manifest, _ = pack_shards(source, config.data, tmp_path / "datasets")
+        fit_feature_stats(dataset_dir, manifest, config.preprocess, tmp_path / "preprocess")
+    assert not list((tmp_path / "preprocess").glob("*/feature_stats.json"))  # nothing half-fitted is kept
+    return str(err.value)
+
+
+def test_an_undecodable_image_names_file_column_and_row(tmp_path: Path) -> None:
+    images = [png(np.full((4, 4), i % 255, np.uint8)) for i in range(400)]
+    images[321] = b"\x89PNG but not really"
+    message = _bad(tmp_path, ["data.image=[img]"], {"img": pa.array(images, pa.binary())})
+    assert message.startswith("bad.parquet: image column 'img' cannot be decoded at row 321")
+
+
+def test_a_null_image_and_a_wrong_type_are_named(tmp_path: Path) -> None:
+    images = [png(np.zeros((4, 4), np.uint8))] * 400
+    images[7] = None
+    message = _bad(tmp_path, ["data.image=[img]"], {"img": pa.array(images, pa.binary())})
+    assert "image column 'img' is null at row 7" in message
+    message = _bad(tmp_path / "t", ["data.text=[t]"], {"t": pa.array(np.arange(400))})
+    assert "text column 't' has type int64, expected strings" in message
+
+
+def test_an_empty_text_column_is_named(tmp_path: Path) -> None:
+    message = _bad(tmp_path, ["data.text=[t]"], {"t": pa.array([None, ""] * 200, pa.string())})
+    assert "text column 't' is empty (null or '') in every row of the train split" in message
+
+
+def test_sdpa_kernels_agree_and_an_unavailable_one_is_a_config_error() -> None:
+    torch.manual_seed(0)
+    encoder = TextEncoder(50, 12, 16, 2, 2, attention="math")
+    tok = torch.randint(3, 50, (4, 2, 12))
+    ntok = torch.tensor([[12, 3], [1, 7], [5, 12], [2, 2]])
+    math = encoder(tok, ntok)
+    encoder.attention = "flash"  # torch's CPU flash kernel, chosen explicitly
+    assert torch.allclose(encoder(tok, ntok), math, atol=1e-5)
+    encoder.attention = "efficient"  # a GPU kernel only
+    with pytest.raises(ConfigError, match="model.attention=efficient"):
+        encoder(tok, ntok)
+
+
+def test_gradient_checkpointing_recomputes_blocks_to_the_same_gradients() -> None:
+    torch.manual_seed(0)
+    plain = TextEncoder(50, 12, 16, 2, 2)
+    ckpt = TextEncoder(50, 12, 16, 2, 2, gradient_checkpointing=True)
+    ckpt.load_state_dict(plain.state_dict())
+    tok, ntok = torch.randint(3, 50, (4, 1, 12)), torch.tensor([[12], [4], [1], [9]])
+    for model in (plain, ckpt):
+        model(tok, ntok).square().sum().backward()
+    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, atol=1e-6), name
+
+
+def test_bf16_autocast_runs_the_encoders_forward_and_backward() -> None:
+    """The GPU path (bf16 autocast), run on the CPU: finite outputs in bf16, fp32 gradients."""
+    text = TextEncoder(50, 12, 16, 1, 2, attention="math")
+    image = ImageEncoder([8], [120.0] * 3, [60.0] * 3)
+    seen: list[torch.dtype] = []
+    text.layers[0].qkv.register_forward_hook(lambda m, i, o: seen.append(o.dtype))  # the attention's input
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        pix = image(torch.randint(0, 255, (4, 1, 3, 8, 8), dtype=torch.uint8))
+        out = torch.cat([text(torch.randint(3, 50, (4, 1, 12)), torch.full((4, 1), 6)), pix], dim=1)
+    assert seen == [torch.bfloat16] and pix.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    out.float().sum().backward()
+    grads = [p.grad for p in [*text.parameters(), *image.parameters()] if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
