@@ -22,6 +22,7 @@ from benchmarks import (
     bench_s3,
     bench_scaling,
     bench_scale,
+    bench_transformer,
     bench_warm_start,
 )
 from benchmarks.common import machine
@@ -36,6 +37,7 @@ SUITE = {
     "scale": bench_scale.run,
     "s3": bench_s3.run,
     "scaling": bench_scaling.run,
+    "transformer": bench_transformer.run,
 }
 
 

@@ -20,10 +20,10 @@ def png(pixels: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def write_digit_images(path: Path, copies: int = 2) -> Path:
+def write_digit_images(path: Path, copies: int = 1) -> Path:
     """scikit-learn's 8x8 digits as PNG files in a binary column `image`, the label `digit`, and
     a text column `note` of hints (the digit's name in a third of the rows), `copies` times over
-    for enough rows; 500-row row groups, so packing fans out over several parts."""
+    (copies repeat rows: the splits then share images); 500-row row groups, so packing fans out over several parts."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()

@@ -168,6 +168,8 @@ class FeatureTransform:
         if entry is None:
             return None
         path = self.derived_dir / _derived_name(shard_name)
+        if not path.exists():
+            return None  # cleaned away since preprocessing: computed again from the shard
         if sha256_file(path) != entry[1]:
             raise DataError(f"{path}: sha256 does not match {DERIVED_INDEX} (corrupt); delete "
                             f"{self.derived_dir.parent} and rerun: preprocessing writes it again")
