@@ -23,3 +23,45 @@ def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
         stats_path=prep.stats_path,
         config=config,
     )
+
+
+def assert_resumes_bit_identically(config: RetrainConfig, stop_at: int = 50) -> None:
+    """A run stopped at its checkpoint `stop_at` and resumed ends with the weights and history
+    of the run that was never stopped."""
+    import pytest
+
+    from training.errors import Preempted
+    from training.loop import StopFlag, train
+
+    reference = train(make_job(config, "reference"))
+    job = make_job(config, "interrupted")
+    stop = StopFlag()
+
+    def emit(event: dict) -> None:
+        if event["event"] == "checkpoint" and event["step"] == stop_at:
+            stop.request("test")
+
+    with pytest.raises(Preempted):
+        train(job, stop, emit)
+    resumed = train(job)
+    assert resumed.model.sha256 == reference.model.sha256 and resumed.history == reference.history
+
+
+def assert_resumes_bit_identically_after_a_sigkill(config: RetrainConfig, kill_at: int) -> None:
+    """The real thing: the training child process killed with SIGKILL at step `kill_at`, then rerun."""
+    import signal
+
+    import pytest
+
+    from tests.training.test_preemption import _signal_at_step
+    from training.errors import Preempted
+    from training.launch import run_training_process
+
+    reference = run_training_process(make_job(config, "reference"))
+    job = make_job(config, "killed")
+    on_start, seen = _signal_at_step(job, kill_at, signal.SIGKILL)
+    with pytest.raises(Preempted, match="SIGKILL"):
+        run_training_process(job, on_start=on_start)
+    final = run_training_process(job)
+    assert seen["step"] >= kill_at and final.preemptions == 1
+    assert final.model.sha256 == reference.model.sha256 and final.history == reference.history

@@ -11,14 +11,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.training.helpers import make_job
+from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job
 from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
 from training.data.packing import pack_shards, require_manifest
-from training.errors import ConfigError, DataError, Preempted
+from training.errors import ConfigError, DataError
 from training.evaluate import evaluate_package
-from training.loop import StopFlag, train
+from training.loop import train
 from training.results import TrainResult
 
 MULTICLASS = ["data.task=multiclass", "data.label=segment", "data.vector=[embedding]"]
@@ -103,18 +103,7 @@ def test_regression_predicts_in_label_units_and_matches_ridge(small_config: Retr
 def test_each_task_resumes_bit_identically(small_config: RetrainConfig, extra: list[str]) -> None:
     config = _config(small_config, extra)
     config.train.max_steps = 120
-    reference = train(make_job(config, "reference"))
-    job = make_job(config, "interrupted")
-    stop = StopFlag()
-
-    def emit(event: dict) -> None:
-        if event["event"] == "checkpoint" and event["step"] == 50:
-            stop.request("test")
-
-    with pytest.raises(Preempted):
-        train(job, stop, emit)
-    resumed = train(job)
-    assert resumed.model.sha256 == reference.model.sha256 and resumed.history == reference.history
+    assert_resumes_bit_identically(config)
 
 
 def test_eval_metric_picks_the_direction_and_is_checked_against_the_task() -> None:
@@ -196,18 +185,6 @@ def test_an_old_form_factory_cannot_take_vector_columns(small_config: RetrainCon
 @pytest.mark.parametrize("extra", [MULTICLASS, REGRESSION], ids=["multiclass", "regression"])
 def test_each_task_resumes_bit_identically_after_a_sigkill(small_config: RetrainConfig, extra: list[str]) -> None:
     """The real thing: the training child process killed with SIGKILL mid-run, then rerun."""
-    import signal
-
-    from tests.training.test_preemption import _signal_at_step
-    from training.launch import run_training_process
-
     config = _config(small_config, extra)
     config.train.max_steps, config.train.checkpoint_every = 200, 25
-    reference = run_training_process(make_job(config, "reference"))
-    job = make_job(config, "killed")
-    on_start, seen = _signal_at_step(job, 80, signal.SIGKILL)
-    with pytest.raises(Preempted, match="SIGKILL"):
-        run_training_process(job, on_start=on_start)
-    final = run_training_process(job)
-    assert seen["step"] >= 80 and final.preemptions == 1
-    assert final.model.sha256 == reference.model.sha256 and final.history == reference.history
+    assert_resumes_bit_identically_after_a_sigkill(config, 80)

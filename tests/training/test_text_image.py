@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.shipped_data import png, write_digit_images
-from tests.training.helpers import make_job
+from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job
 from training.config import RetrainConfig, load_config
 from training.data.demo import ensure_reviews_demo
 from training.data.features import DERIVED_DIR, FeatureStats, fit_feature_stats, preprocess_key
@@ -25,9 +25,9 @@ from training.data.packing import (assemble_shards, pack_part, pack_shards, plan
 from training.data.ragged import Ragged
 from training.data.text import fit_tokenizer
 from training.encoders import ImageEncoder, TextEncoder
-from training.errors import ConfigError, DataError, Preempted
+from training.errors import ConfigError, DataError
 from training.evaluate import evaluate_package
-from training.loop import StopFlag, train
+from training.loop import train
 
 TEXT = ["data.label=positive", "data.text=[review]", "data.numeric=[]", "data.categorical=[]",
         "preprocess.vocab_size=400", "preprocess.max_tokens=24", "model.text_dim=32", "model.text_layers=1",
@@ -155,37 +155,14 @@ def _pixels(dataset_dir: str, stats: FeatureStats, split: str) -> tuple[np.ndarr
 def test_text_and_image_runs_resume_bit_identically(tmp_path: Path, digits_source: Path) -> None:
     config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
     config.train.max_steps = 120
-    reference = train(make_job(config, "reference"))
-    job = make_job(config, "interrupted")
-    stop = StopFlag()
-
-    def emit(event: dict) -> None:
-        if event["event"] == "checkpoint" and event["step"] == 50:
-            stop.request("test")
-
-    with pytest.raises(Preempted):
-        train(job, stop, emit)
-    resumed = train(job)
-    assert resumed.model.sha256 == reference.model.sha256 and resumed.history == reference.history
+    assert_resumes_bit_identically(config)
 
 
 @pytest.mark.slow
 def test_text_and_image_runs_resume_bit_identically_after_a_sigkill(tmp_path: Path, digits_source: Path) -> None:
-    import signal
-
-    from tests.training.test_preemption import _signal_at_step
-    from training.launch import run_training_process
-
     config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
     config.train.max_steps, config.train.checkpoint_every = 160, 25
-    reference = run_training_process(make_job(config, "reference"))
-    job = make_job(config, "killed")
-    on_start, seen = _signal_at_step(job, 70, signal.SIGKILL)
-    with pytest.raises(Preempted, match="SIGKILL"):
-        run_training_process(job, on_start=on_start)
-    final = run_training_process(job)
-    assert seen["step"] >= 70 and final.preemptions == 1
-    assert final.model.sha256 == reference.model.sha256 and final.history == reference.history
+    assert_resumes_bit_identically_after_a_sigkill(config, 70)
 
 
 def _bad(tmp_path: Path, overrides: list[str], columns: dict[str, pa.Array]) -> str:
