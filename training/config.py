@@ -100,7 +100,8 @@ class DataConfig(_Section):
     source: str | None = Field(
         None,
         description="Parquet file or directory of Parquet files. Empty: the built-in synthetic "
-        "click-through demo dataset, generated once under <storage.root>/demo/.", json_schema_extra=OPERATIONAL
+        "click-through demo dataset, generated once under <storage.root>/demo/; demo:reviews and demo:shapes: "
+        "the text and image demos.", json_schema_extra=OPERATIONAL
     )
     task: Literal["binary", "multiclass", "regression"] = Field(
         "binary", description="binary: a 0/1 label; multiclass: integer or string classes (the sorted distinct "
@@ -160,8 +161,8 @@ class PreprocessConfig(_Section):
 class ModelConfig(_Section):
     factory: str | None = Field(
         None,
-        description='User model as "package.module:function" called with (n_numeric, cardinalities, config); '
-        "empty: the built-in MLP with categorical embeddings.", json_schema_extra=COMPUTED
+        description='User model as "package.module:function" called with (schema, config) (the deprecated form '
+        "(n_numeric, cardinalities, config) still works); empty: the built-in model.", json_schema_extra=COMPUTED
     )
     hidden: list[int] = Field(default_factory=lambda: [128, 64], description="Hidden layer widths of the MLP.", json_schema_extra=COMPUTED)
     embedding_dim: int = Field(16, gt=0, description="Embedding width per categorical column.", json_schema_extra=COMPUTED)
