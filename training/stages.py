@@ -283,7 +283,8 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         # preprocess stage is not cached by Prefect, so rerunning the flow refits them.
         raise DataError(f"feature statistics {root.display(prep.stats_rel)} are gone since the preprocess stage "
                         "ran; rerun the flow (preprocessing refits them)")
-    warm, warm_reason = warm_start_plan(config, champion, require_manifest(Path(packed.dataset_dir)))
+    manifest = require_manifest(Path(packed.dataset_dir))
+    warm, warm_reason = warm_start_plan(config, champion, manifest)
     init_sha = None
     if warm is not None:
         # Embedding rows and input scaling must mean what they meant for the champion, so the
@@ -292,12 +293,10 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         stats_path = root.local / "preprocess" / f"champion-{init_sha[:16]}" / "feature_stats.json"
         if not stats_path.exists():
             write_json_atomic(stats_path, warm.stats)
-        _derive_for(Path(packed.dataset_dir), FeatureStats(**warm.stats), stats_path.parent)
-    else:
-        manifest = require_manifest(Path(packed.dataset_dir))
-        if manifest.text or manifest.image:  # preprocessing's token ids and pixels, on this machine
-            for rel in derived_rels(str(Path(prep.stats_rel).parent), manifest):
-                root.fetch(rel)
+        _derive_for(Path(packed.dataset_dir), manifest, FeatureStats(**warm.stats), stats_path.parent)
+    elif manifest.text or manifest.image:  # preprocessing's token ids and pixels, on this machine
+        for rel in derived_rels(str(Path(prep.stats_rel).parent), manifest):
+            root.fetch(rel)
     run_key = run_key_for(config, packed.fingerprint, init_sha)
     rate, gpus = config.cost.rate()
     job = TrainJob(
@@ -312,11 +311,11 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     return job, warm_start
 
 
-def _derive_for(dataset_dir: Path, stats: FeatureStats, stats_dir: Path) -> None:
+def _derive_for(dataset_dir: Path, manifest: DatasetManifest, stats: FeatureStats, stats_dir: Path) -> None:
     """Token ids and pixels of this dataset under the champion's tokenizer and image size, for
     a warm start (training reads them stored, never tokenizes)."""
     if stats.derives and not (stats_dir / DERIVED_DIR / DERIVED_INDEX).exists():
-        write_derived_arrays(dataset_dir, require_manifest(dataset_dir), stats, stats_dir / DERIVED_DIR)
+        write_derived_arrays(dataset_dir, manifest, stats, stats_dir / DERIVED_DIR)
 
 
 def train_stage(

@@ -399,8 +399,9 @@ def write_derived_arrays(dataset_dir: Path, manifest: DatasetManifest, stats: Fe
             for name, values in derived.items():
                 # A fixed date: np.savez stamps the time, and the same input should give the same bytes.
                 archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), encode_npy(values))
-        write_atomic(path, buf.getvalue())
-        index[shard.name] = [len(buf.getvalue()), hashlib.sha256(buf.getvalue()).hexdigest()]
+        payload = buf.getvalue()  # one copy of the shard's arrays, not one per use
+        write_atomic(path, payload)
+        index[shard.name] = [len(payload), hashlib.sha256(payload).hexdigest()]
     write_json_atomic(out_dir / DERIVED_INDEX, index)
     if not pixels:
         return [], []
