@@ -290,7 +290,11 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         # Embedding rows and input scaling must mean what they meant for the champion, so the
         # warm-started model keeps the champion's preprocessing; unseen categories share index 0.
         init_sha = warm.sha256
-        stats_path = root.local / "preprocess" / f"champion-{init_sha[:16]}" / "feature_stats.json"
+        # The champion's token ids and pixels of *this* dataset live beside its statistics, so
+        # with text or image columns the folder is per dataset too: another dataset's arrays
+        # (same shard names) must never be read for this one.
+        per_dataset = f"-{packed.fingerprint[:16]}" if manifest.text or manifest.image else ""
+        stats_path = root.local / "preprocess" / f"champion-{init_sha[:16]}{per_dataset}" / "feature_stats.json"
         if not stats_path.exists():
             write_json_atomic(stats_path, warm.stats)
         _derive_for(Path(packed.dataset_dir), manifest, FeatureStats(**warm.stats), stats_path.parent)
