@@ -14,11 +14,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from retrain_cli.temp_server import TemporaryServer, server_is_up
+from retrain_cli.tune_summary import tune_summary
 from training.config import RetrainConfig, load_config
-from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
+from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 
 __all__ = ["main"]
 
@@ -105,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. --set train.batch_size=256 (YAML value); repeatable",
     )
+    tune = sub.add_parser("tune", help="search tune.space with pruned trials within tune.max_usd / max_gpu_hours / "
+                          "max_wall_seconds; rerun the same command to resume")
+    tune.add_argument("--config", type=Path, help="YAML config file with a tune: section")
+    tune.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override a config key, e.g. --set tune.max_usd=5; repeatable")
     plan = sub.add_parser("plan", help="estimate time and cost per instance type from a short calibration run")
     plan.add_argument("--config", type=Path, help="YAML config file (defaults: the built-in demo)")
     plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -122,18 +128,14 @@ def _parser() -> argparse.ArgumentParser:
 def _join(args: argparse.Namespace) -> int:
     from training.stages import join_training
 
-    config = load_config(args.config, args.overrides)
-    if not config.storage.is_s3:
-        config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+    config = _loaded(args)
     return join_training(config, args.node_rank)
 
 
 def _plan(args: argparse.Namespace) -> int:
     from training.plan import plan_run
 
-    config = load_config(args.config, args.overrides)
-    if not config.storage.is_s3:
-        config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+    config = _loaded(args)
     types = args.instance_types.split(",") if args.instance_types else sorted(config.cost.prices)
     plan = plan_run(config, [t.strip() for t in types if t.strip()], args.deadline_hours, args.calibration_steps)
     c = plan["calibration"]
@@ -188,11 +190,10 @@ def _summary(report: dict[str, Any], path: str, cli_started_at: float) -> str:
     return "\n".join(lines)
 
 
-def _run(args: argparse.Namespace) -> int:
-    started, started_at = time.perf_counter(), time.time()
-    config = load_config(args.config, args.overrides)
-    if not config.storage.is_s3:
-        config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+def _call_flow(config: RetrainConfig, started: float, load: Callable[[], Callable[[RetrainConfig], str]],
+               what: str) -> str | int:
+    """Run a flow on the chosen Prefect server: the path it returns, or an exit code when it was
+    interrupted (Ctrl-C, SIGTERM)."""
     _say("loading Prefect and the pipeline")
     from prefect.exceptions import TerminationSignal
 
@@ -201,23 +202,62 @@ def _run(args: argparse.Namespace) -> int:
         api_url, server = _choose_server(config)
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
-        from flows.retrain import retrain
-
+        flow = load()
         _quiet_expected_tracebacks()
-        _say(f"ready after {time.perf_counter() - started:.1f} s; running the flow "
-             "(pack -> preprocess -> train -> evaluate -> report)")
+        _say(f"ready after {time.perf_counter() - started:.1f} s; running the flow ({what})")
         # Prefect reads its settings once, at import: an API URL chosen here must be applied.
         with temporary_settings(updates={PREFECT_API_URL: api_url}) if api_url else contextlib.nullcontext():
-            report_path = retrain(config)
+            return flow(config)
     except (KeyboardInterrupt, _Terminated, TerminationSignal) as err:  # the last: Prefect's, inside the flow run
         return _interrupted(config, err)
     finally:
         _drain_logs()
         if server is not None:
             server.stop()
+
+
+def _loaded(args: argparse.Namespace) -> RetrainConfig:
+    config = load_config(args.config, args.overrides)
+    if not config.storage.is_s3:
+        config.storage.root = str(Path(config.storage.root).expanduser().resolve())
+    return config
+
+
+def _run(args: argparse.Namespace) -> int:
+    started, started_at = time.perf_counter(), time.time()
+    config = _loaded(args)
+
+    def load() -> Callable[[RetrainConfig], str]:
+        from flows.retrain import retrain
+
+        return retrain
+
+    report_path = _call_flow(config, started, load, "pack -> preprocess -> train -> evaluate -> report")
+    if isinstance(report_path, int):
+        return report_path
     report = json.loads(Path(report_path).read_text())
     sys.stderr.flush()
     print(_summary(report, report_path, started_at), flush=True)
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    config = _loaded(args)
+    if not config.tune.space:
+        raise ConfigError("tune.space is empty: add a tune: section to the config, e.g. tune: {space: "
+                          "{train.lr: 'loguniform(1e-4, 1e-2)'}, max_trials: 20, max_usd: 10}")
+
+    def load() -> Callable[[RetrainConfig], str]:
+        from flows.tune import tune
+
+        return tune
+
+    report_path = _call_flow(config, started, load, "pack -> preprocess -> trials -> report")
+    if isinstance(report_path, int):
+        return report_path
+    sys.stderr.flush()
+    print(tune_summary(json.loads(Path(report_path).read_text()), report_path), flush=True)
     return 0
 
 
@@ -262,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_terminated)  # unwind (stop the training child, the server)
     try:
-        return {"plan": _plan, "join": _join, "run": _run}[args.command](args)
+        return {"plan": _plan, "join": _join, "run": _run, "tune": _tune}[args.command](args)
     except Preempted as err:
         print(f"retrain: preempted, retries exhausted: {err}; run the same command again to resume", file=sys.stderr)
         return EXIT_PREEMPTED

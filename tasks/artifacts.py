@@ -22,12 +22,12 @@ __all__ = ["publish_promotion", "publish_report", "TrainingProgress", "PROMOTED_
 PROMOTED_EVENT = "retrain.model.promoted"
 
 
-def _in_run() -> bool:
+def in_run() -> bool:
     return TaskRunContext.get() is not None  # .fn() calls in tests run outside any Prefect run
 
 
 def publish_promotion(evaluation: Evaluation) -> None:
-    if not _in_run():
+    if not in_run():
         return
     promo, challenger = evaluation.promotion, evaluation.metrics
     champion = promo.champion_metrics or {}
@@ -57,7 +57,7 @@ def publish_promotion(evaluation: Evaluation) -> None:
 
 
 def publish_report(report_path: Path, curves: Path | None) -> None:
-    if not _in_run():
+    if not in_run():
         return
     from training.report_render import render_markdown
 
@@ -94,7 +94,7 @@ class TrainingProgress:
         self.max_steps = max_steps
         self.artifact_id = (
             create_progress_artifact(0.0, key="training-progress", description="Optimizer steps done")
-            if _in_run() else None
+            if in_run() else None
         )
 
     def update(self, step: int) -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "EvalConfig",
     "StorageConfig",
     "LifecycleConfig",
+    "TuneConfig",
     "RetrainConfig",
     "load_config",
     "apply_overrides",
@@ -526,6 +527,42 @@ class StorageConfig(_Section):
         return self.root.startswith("s3://")
 
 
+
+class TuneConfig(_Section):
+    """`retrain tune`: a budgeted search over model.* and train.* keys (ignored by `retrain run`)."""
+
+    space: dict[str, str] = Field(
+        default_factory=dict, description='Search space: dotted model.* or train.* key -> "loguniform(1e-4, 1e-2)", '
+        '"uniform(0, 0.5)", "int(1, 4)", "logint(16, 256)" or "choice([a, b])".', json_schema_extra=COMPUTED)
+    max_trials: int = Field(20, ge=1, le=10_000, description="Trials at most (an interrupted trial resumed is "
+                            "the same trial).", json_schema_extra=OPERATIONAL)
+    sampler: Literal["tpe", "random"] = Field("tpe", description="Optuna sampler: TPE (the first 10 trials are "
+                                              "random), or random search.", json_schema_extra=COMPUTED)
+    pruner: Literal["asha", "none"] = Field(
+        "asha", description="asha: asynchronous successive halving (Optuna's SuccessiveHalvingPruner) over optimizer "
+        "steps; none: every trial trains to train.max_steps.", json_schema_extra=COMPUTED)
+    min_resource: int | None = Field(
+        None, gt=0, description="Optimizer steps of the first rung; rungs are min_resource x reduction_factor^k, "
+        "then train.max_steps. A multiple of train.eval_every. Empty: train.max_steps / reduction_factor^2, rounded "
+        "down to a multiple of train.eval_every.", json_schema_extra=COMPUTED)
+    reduction_factor: int = Field(3, ge=2, le=16, description="Keep the top 1/reduction_factor of trials at each "
+                                  "rung.", json_schema_extra=COMPUTED)
+    seed: int = Field(0, description="Seed of the sampler: the same seed and space give the same trials.",
+                      json_schema_extra=COMPUTED)
+    concurrency: int = Field(1, ge=1, le=256, description="Trials (Prefect task runs) at once on the flow's task "
+                             "runner.", json_schema_extra=OPERATIONAL)
+    max_usd: float | None = Field(None, gt=0, description="Study budget in $: every trial's billed machine time "
+                                  "(restarts and work lost to preemption included), the setup and the calibration.",
+                                  json_schema_extra=OPERATIONAL)
+    max_gpu_hours: float | None = Field(None, gt=0, description="Study budget in GPU-hours, counted the same way.",
+                                        json_schema_extra=OPERATIONAL)
+    max_wall_seconds: float | None = Field(None, gt=0, description="Study budget in machine seconds, counted the "
+                                           "same way.", json_schema_extra=OPERATIONAL)
+    calibration_steps: int = Field(20, ge=1, description="Steps of the measured calibration run that prices the "
+                                   "first rung before any trial starts.", json_schema_extra=OPERATIONAL)
+    promote: bool = Field(False, description="Train the best trial to full fidelity (if it is not already) and put "
+                          "it through the champion/challenger gate.", json_schema_extra=OPERATIONAL)
+
 class RetrainConfig(_Section):
     """Everything that defines a retraining run."""
 
@@ -537,6 +574,7 @@ class RetrainConfig(_Section):
     storage: StorageConfig = Field(default_factory=StorageConfig, json_schema_extra=OPERATIONAL)
     cost: CostConfig = Field(default_factory=CostConfig, json_schema_extra=OPERATIONAL)
     budget: BudgetConfig = Field(default_factory=BudgetConfig, json_schema_extra=OPERATIONAL)
+    tune: TuneConfig = Field(default_factory=TuneConfig, json_schema_extra=OPERATIONAL)
 
     @model_validator(mode="after")
     def _metric_of_task(self) -> RetrainConfig:
@@ -545,7 +583,25 @@ class RetrainConfig(_Section):
             raise ValueError(f"eval.metric {metric!r} is not a {task} metric; use one of {list(TASK_METRICS[task])}")
         if self.eval.target_auc is not None and (task != "binary" or self.eval.metric not in (None, "auc")):
             raise ValueError("eval.target_auc is the target of the binary auc metric; set eval.target instead")
+        if self.tune.space:
+            from training.tune.space import check_space  # it validates trial configs: built on this module
+
+            check_space(self)
         return self
+
+    def rungs(self) -> list[int]:
+        """The optimizer steps at which a tuning trial reports and may be pruned; the last is
+        train.max_steps (full fidelity)."""
+        t, last = self.tune, self.train.max_steps
+        if t.pruner == "none":
+            return [last]
+        step = t.min_resource or max(self.train.eval_every,
+                                     last // t.reduction_factor**2 // self.train.eval_every * self.train.eval_every)
+        rungs = []
+        while step < last:
+            rungs.append(step)
+            step *= t.reduction_factor
+        return [*rungs, last]
 
 
 def fingerprint(*parts: Any) -> str:
@@ -563,8 +619,10 @@ def _jsonable(value: Any) -> Any:
 def _format_errors(err: ValidationError, origin: str) -> str:
     problems = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"]) or "<top level>"
-        if e["type"] == "extra_forbidden":
+        key = ".".join(str(p) for p in e["loc"])
+        if not key:  # a check across sections: its message names its keys
+            problems.append(e["msg"].removeprefix("Value error, "))
+        elif e["type"] == "extra_forbidden":
             problems.append(f"unknown key '{key}'")
         else:
             msg = e["msg"].removeprefix("Value error, ")

@@ -44,6 +44,7 @@ class TrainJob:
     pre_train_seconds: float = 0.0  # pack + preprocess time of this run, counted against budgets
     champion_val_metric: float | None = None  # for the champion gate
     run_rel: str = ""  # run_dir relative to storage.root: where its objects go on S3
+    pause_at: int | None = None  # tuning: stop with a checkpoint at this validated step (a rung)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}

@@ -31,9 +31,10 @@ from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.attempts import count_attempt
 from training.job import TrainJob
-from training.results import TrainResult
+from training.results import RungResult, TrainResult
+from training.runs import rung_file
 
-__all__ = ["run_training_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
+__all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
 
 _TERM_GRACE_SECONDS = 60.0
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun may prefix rank output lines
@@ -143,6 +144,22 @@ def run_training_process(
     on_start: Callable[[subprocess.Popen[str]], None] = lambda proc: None,
 ) -> TrainResult:
     """Train `job` in a child process; return its result, or raise Preempted / a RetrainError."""
+    return _outcome(job, *_launch(job, on_event, on_start))
+
+
+def run_rung_process(job: TrainJob, on_event: Callable[[dict[str, Any]], None] = log_child_event) -> RungResult:
+    """Train `job` in a child process up to its `pause_at` step (a tuning rung) or its end."""
+    assert job.pause_at is not None
+    rc, error_path, reported, distributed = _launch(job, on_event, lambda proc: None)
+    paused = Path(job.run_dir) / rung_file(job.pause_at)
+    if rc == 0 and not (Path(job.run_dir) / "result.json").exists() and paused.exists():
+        return RungResult.model_validate_json(paused.read_text())
+    return RungResult.of(_outcome(job, rc, error_path, reported, distributed))
+
+
+def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
+            on_start: Callable[[subprocess.Popen[str]], None]) -> tuple[int, Path, list[dict[str, Any]], bool]:
+    """Run the child to its exit: (exit code, its error file, the errors it reported, under torchrun)."""
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_path = run_dir / "job.json"
@@ -203,8 +220,7 @@ def run_training_process(
         raise
     finally:
         _kill_group(proc)
-
-    return _outcome(job, rc, error_path, reported, distributed)
+    return rc, error_path, reported, distributed
 
 
 def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[dict[str, Any]], distributed: bool) -> TrainResult:

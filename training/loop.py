@@ -10,7 +10,7 @@ import time
 from typing import Any, Callable
 
 from training.job import TrainJob
-from training.results import TrainResult
+from training.results import RungResult, TrainResult
 from training.runs import finished_result
 from training.stopping import StopFlag
 from training.trainer import Trainer
@@ -19,9 +19,10 @@ __all__ = ["StopFlag", "train"]
 
 
 def train(job: TrainJob, stop: StopFlag | None = None, emit: Callable[[dict[str, Any]], None] = lambda event: None,
-          rank: int = 0, world_size: int = 1, now_fn: Callable[[], float] = time.perf_counter) -> TrainResult | None:
-    """Train (or resume, or find already finished) the run in `job.run_dir`; its result on
-    rank 0, None on the other ranks."""
+          rank: int = 0, world_size: int = 1, now_fn: Callable[[], float] = time.perf_counter
+          ) -> TrainResult | RungResult | None:
+    """Train (or resume, or find already finished) the run in `job.run_dir`; its result (or its
+    pause at `job.pause_at`) on rank 0, None on the other ranks."""
     finished = finished_result(job)
     if finished is not None:
         return finished

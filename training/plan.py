@@ -12,6 +12,7 @@ from training.cost import plan_instances
 from training.errors import ConfigError
 from training.job import TrainJob
 from training.loop import train
+from training.results import TrainResult
 from training.storage_root import StorageRoot
 from training.stages import pack_stage, preprocess_stage, run_key_for
 
@@ -44,7 +45,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=packed.dataset_dir,
                             stats_path=prep.stats_path, config=calib))
     shutil.rmtree(scratch, ignore_errors=True)
-    assert result is not None  # one process: rank 0
+    assert isinstance(result, TrainResult)  # one process (rank 0), no pause
     seconds = result.seconds
     per_step = seconds["train"] / steps
     per_eval = seconds["eval"]  # one validation pass

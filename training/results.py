@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-__all__ = ["Evaluation", "ModelRef", "PackResult", "PrepResult", "Promotion", "TrainResult", "WarmStart"]
+__all__ = ["Evaluation", "ModelRef", "PackResult", "PrepResult", "Promotion", "RungResult", "TrainResult", "WarmStart"]
 
 
 class _Result(BaseModel):
@@ -126,6 +126,30 @@ class TrainResult(_Result):
         key = f"val_{self.metric}"
         return next((int(h["step"]) for h in self.history
                      if (h[key] >= target if higher_is_better else h[key] <= target)), None)
+
+
+class RungResult(_Result):
+    """Where a tuning trial's run stands after training towards a rung: paused there
+    (`runs/<key>/rungs/step-<n>.json`, written by the training process with its checkpoint), or
+    finished (completed, early_stopped, budget_stopped; from its result.json)."""
+
+    run_key: str
+    status: str  # paused, completed, early_stopped or budget_stopped
+    step: int
+    metric: str
+    value: float  # the best validation metric so far: what the model kept at this step scores
+    billed_seconds: float  # the run's, restarts and lost work included
+    steps_lost: int = 0
+    preemptions: int = 0
+    startup_seconds: float = 0.0  # the run's process start-ups so far
+
+    @classmethod
+    def of(cls, result: TrainResult) -> RungResult:
+        assert result.best_val_metric is not None  # a finished run validated at least once
+        return cls(run_key=result.run_key, status=result.status, step=result.steps, metric=result.metric,
+                   value=result.best_val_metric, billed_seconds=result.billed_seconds,
+                   steps_lost=result.steps_lost, preemptions=result.preemptions,
+                   startup_seconds=result.seconds.get("startup", 0.0))
 
 
 class Promotion(_Result):

@@ -99,13 +99,16 @@ class ResumeBook:
         self.heartbeat.start(progress.step, progress.seconds["train"])
         entry: dict[str, Any] = {"resumed_from": self.resumed_step, "steps_lost": steps_lost,
                                  "seconds_lost": seconds_lost, "startup_seconds": time.time() - self.spawn_time}
-        entries = append_attempt(self.run_dir / "attempts.jsonl", entry) if self.rank == 0 else [entry]
+        records = append_attempt(self.run_dir / "attempts.jsonl", entry) if self.rank == 0 else [entry]
+        # A tuning trial's pauses at its rungs are planned stops, not preemptions.
+        pauses = sum(1 for e in records if "paused_at" in e)
+        entries = [e for e in records if "paused_at" not in e]
         progress.resumed_from_steps = [e["resumed_from"] for e in entries if e["resumed_from"] is not None]
         progress.steps_lost = sum(e["steps_lost"] for e in entries)
         progress.seconds["lost"] = sum(e["seconds_lost"] for e in entries)
         progress.seconds["startup"] = sum(e["startup_seconds"] for e in entries)
         # An attempt killed before it got this far leaves only the launcher's count.
-        progress.preemptions = max(len(entries) - 1, read_attempts(self.run_dir) - 1)
+        progress.preemptions = max(len(entries) - 1, read_attempts(self.run_dir) - 1) - pauses
 
     def make_resume_point_durable(self) -> None:
         """Resumed from a local checkpoint S3 may lack (its upload was cut off): upload it."""

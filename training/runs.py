@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from training.job import TrainJob
-from training.results import TrainResult
+from training.results import RungResult, TrainResult
 from training.storage import read_json
 from training.storage_root import StorageRoot
 
-__all__ = ["fetch_finished_run", "finished_result", "run_rel"]
+__all__ = ["fetch_finished_run", "finished_result", "paused_result", "run_rel", "rung_file"]
 
 
 def run_rel(run_key: str) -> str:
@@ -36,3 +36,18 @@ def finished_result(job: TrainJob) -> TrainResult | None:
         fetch_finished_run(StorageRoot.from_config(job.config), job.run_rel)
     finished = read_json(Path(job.run_dir) / "result.json")
     return None if finished is None else TrainResult.model_validate({**finished, "already_complete": True})
+
+
+def rung_file(step: int) -> str:
+    """Where a run paused at a tuning rung records it, relative to the run folder."""
+    return f"rungs/step-{step:08d}.json"
+
+
+def paused_result(job: TrainJob, step: int) -> RungResult | None:
+    """The run's pause at `step` when it got there before (here or, for an s3:// root, on any
+    machine): a rung is trained once, whatever interrupts the study."""
+    rel = f"{job.run_rel}/{rung_file(step)}"
+    if job.config.storage.is_s3 and job.run_rel:
+        StorageRoot.from_config(job.config).fetch(rel)
+    paused = read_json(Path(job.run_dir) / rung_file(step))
+    return None if paused is None else RungResult.model_validate(paused)

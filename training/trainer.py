@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from training.attempts import append_attempt
 from training.checkpoint import AsyncCheckpointer, CheckpointManifest, load_checkpoint_state, step_dir_name
 from training.checkpoint_schedule import CheckpointSchedule
 from training.data.features import DERIVED_DIR, FeatureStats
@@ -36,7 +37,8 @@ from training.model import Batch, ModelSchema, forward_fn
 from training.package import export_model_package, load_warm_start
 from training.precision import autocast_dtype, measure_fp32_slowdown, resolve_device, resolve_precision
 from training.resume import ResumeBook
-from training.results import TrainResult
+from training.results import RungResult, TrainResult
+from training.runs import rung_file
 from training.rng import capture_rng, configure_determinism, seed_everything
 from training.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.storage import write_json_atomic
@@ -106,6 +108,7 @@ class Trainer:
         self.stop_agreed = False  # under DDP: the stop request all ranks agreed on last step
         self.rows_seen = 0
         self.first_step_latency: float | None = None
+        self.saved_step: int | None = None
         self._last = 0.0
 
     # -- set-up ---------------------------------------------------------------------------
@@ -192,15 +195,18 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def fit(self) -> TrainResult | None:
-        """Train to the end or an early stop; the result on rank 0, None on the other ranks.
-        Raises `Preempted` after an emergency checkpoint when asked to stop."""
+    def fit(self) -> TrainResult | RungResult | None:
+        """Train to the end or an early stop (or to `job.pause_at`); the result on rank 0, None on
+        the other ranks. Raises `Preempted` after an emergency checkpoint when asked to stop."""
         progress, max_steps = self.state.progress, self.tc.max_steps
         batches = iter(self.loader)
         self.state.model.train()
         status = "completed"
         self._last = self.now()
+        pause_at = self.job.pause_at
         while progress.step < max_steps:
+            if pause_at is not None and progress.step >= pause_at:
+                return self._pause(batches)  # a tuning rung: the study decides whether to go on
             # One process decides alone; under DDP every rank acts on the flag they agreed on at
             # the end of the last step, so all of them stop at the same step.
             if self.stop_agreed if self.world_size > 1 else self.stop.requested:
@@ -323,6 +329,7 @@ class Trainer:
         # Emergency saves block: the process exits right after. Others write in the background
         # and the loop only waits for the in-memory copy.
         self.checkpointer.save(manifest, self.state.state_dict(rng, rng_per_rank), protect, blocking=emergency)
+        self.saved_step = progress.step
         progress.record_save_cost(self.now() - t0)
         self.emit({"event": "checkpoint", "step": progress.step, "emergency": emergency})
 
@@ -342,6 +349,35 @@ class Trainer:
             dist.barrier()  # nobody exits (and makes torchrun kill the rest) before rank 0 wrote
         raise Preempted(f"stopped at step {self.state.progress.step}: "
                         f"{self.stop.reason or 'another rank was stopped'}", step=self.state.progress.step)
+
+    def _pause(self, batches: Iterator[Any]) -> RungResult | None:
+        """Stop at a tuning rung: a checkpoint at this step (the next rung resumes from it, bit
+        for bit), made durable, then the rung's result in `rungs/step-<n>.json`. A pause is not
+        a preemption: the ledger records it so the report does not count it as one."""
+        progress = self.state.progress
+        if self.saved_step != progress.step and self.book.resumed_step != progress.step:
+            self.save()  # on every rank: the RNG gather is a collective
+        self._release(batches)
+        if self.rank != 0:
+            return None
+        self.checkpointer.wait()
+        uploader = self.book.uploader
+        if uploader is not None:
+            uploader.flush()
+            uploader.close()
+        append_attempt(self.run_dir / "attempts.jsonl", {"paused_at": progress.step})
+        best = self.state.stopper.best
+        rung = RungResult(run_key=self.job.run_key, status="paused", step=progress.step, metric=self.metric,
+                          value=float("nan") if best is None else best, billed_seconds=progress.billed_seconds(),
+                          steps_lost=progress.steps_lost, preemptions=progress.preemptions,
+                          startup_seconds=progress.seconds["startup"])
+        write_json_atomic(self.run_dir / rung_file(progress.step), rung.to_json())
+        root = self.book.root
+        if root is not None:
+            root.publish(f"{self.job.run_rel}/attempts.jsonl", RUN, self.job.run_key)
+            root.publish(f"{self.job.run_rel}/{rung_file(progress.step)}", RUN, self.job.run_key)
+        self.emit({"event": "paused", "step": progress.step, "value": rung.value, "metric": self.metric})
+        return rung
 
     def _release(self, batches: Iterator[Any]) -> None:
         self.book.heartbeat.close()

@@ -23,6 +23,7 @@ from typing import Any
 
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.job import TrainJob
+from training.results import RungResult
 from training.loop import StopFlag, train
 from training.spot import start_spot_notice_poller
 
@@ -145,7 +146,8 @@ def main(argv: list[str]) -> int:
 
         dist.destroy_process_group()
     if result is not None:  # rank 0
-        _emit({"event": "done", "status": result.status, "steps": result.steps})
+        _emit({"event": "done", "status": result.status,
+               "steps": result.step if isinstance(result, RungResult) else result.steps})
     return 0
 
 

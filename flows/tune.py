@@ -1,0 +1,31 @@
+"""The tuning study: pack -> preprocess (shared by every trial) -> trials (rungs as task runs,
+pruned by successive halving, within the budget) -> report -> optionally the best trial through
+the champion/challenger gate."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from tasks.pack import pack_dataset
+from tasks.policies import apply_credentials_block
+from tasks.preprocess import fit_features
+from tasks.runtime import effective_config, flow_run_name, one_writer_per_root
+from tasks.tune import promote_best, run_study
+from training.config import RetrainConfig
+
+__all__ = ["tune"]
+
+
+@flow(name="tune", flow_run_name=flow_run_name, log_prints=True)
+def tune(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
+    """Search tune.space within the budget; returns the path of tune_report.json."""
+    config = effective_config(config)
+    apply_credentials_block(config.storage)
+    with one_writer_per_root(config.storage):
+        packed = pack_dataset(config)
+        prep = fit_features(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
+                            config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True).result()
+        report, report_path = run_study(config, packed, prep)
+        if config.tune.promote and report.best is not None:
+            promote_best(config, packed, prep, report)
+        return report_path

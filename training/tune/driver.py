@@ -1,0 +1,79 @@
+"""Running a study: price it (calibration), refuse a budget that cannot pay for one rung, then
+keep `tune.concurrency` rungs in flight until the study is complete or out of budget.
+
+The rungs run wherever `submit` sends them: Prefect task runs on the flow's task runner in the
+`tune` flow, or anything with futures. Decisions stay here, in one process, in journal order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable, Protocol
+
+from training.config import RetrainConfig
+from training.results import PackResult, PrepResult, RungResult
+from training.storage import write_json_atomic
+from training.storage_root import RUN, StorageRoot
+from training.tune.study import STUDY_DIR, RungWork, Study, study_key
+from training.tune.trial import calibrate, read_calibration
+
+__all__ = ["open_study", "drive"]
+
+log = logging.getLogger(__name__)
+
+
+class Future(Protocol):
+    def result(self) -> RungResult: ...
+
+
+def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
+               on_event: Callable[[dict[str, Any]], None]) -> Study:
+    """The study of this config and data, created or resumed, with this attempt's set-up time
+    counted; raises ConfigError before any trial when the budget cannot pay for one rung."""
+    root = StorageRoot.from_config(config)
+    key = study_key(config, packed.fingerprint)
+    rel = f"{STUDY_DIR}/{key}/calibration.json"
+    path = root.fetch(rel) or root.local / rel
+    calibration = read_calibration(path)
+    fresh = calibration is None
+    if calibration is None:
+        calibration = calibrate(config, packed, prep, key, on_event)
+    study = Study(config, packed.fingerprint, calibration.cost)
+    if fresh:
+        study.add_setup_seconds(calibration.billed_seconds, "calibration")
+        write_json_atomic(path, calibration.to_json())
+        root.publish(rel, RUN)
+    study.add_setup_seconds(packed.seconds + prep.seconds, "setup")
+    if study.budget.unpriced:
+        log.warning("%s cannot bind: cost.instance_type %s has no %s; set cost.instance_type and cost.market",
+                    ", ".join(study.budget.unpriced), config.cost.instance_type,
+                    "price" if study.budget.rate == 0 else "GPUs")
+    study.check_first_rung()
+    return study
+
+
+def drive(study: Study, submit: Callable[[RungWork], Future], first_done: Callable[[list[Future]], Future],
+          say: Callable[[str], None] = log.info) -> None:
+    """Hand out rungs until none is left; record each outcome as it arrives."""
+    running: dict[Any, RungWork] = {}
+    while True:
+        while len(running) < study.tune.concurrency:
+            work = study.next_work()
+            if work is None:
+                break
+            say(f"trial {work.trial} {json.dumps(work.params, sort_keys=True)}: training to step {work.step} "
+                f"(rung {work.rung}), priced at ${study.budget.usd(work.price_seconds):.6f}")
+            running[submit(work)] = work
+        if not running:
+            break
+        done = first_done(list(running))
+        work = running.pop(done)
+        outcome = done.result()
+        study.record(work, outcome)
+        frozen = study.study.get_trials(deepcopy=False)[work.trial]
+        state = "promoted" if frozen.state.name == "RUNNING" else frozen.user_attrs.get("status", outcome.status)
+        say(f"trial {work.trial} at step {outcome.step}: val {study.metric} {outcome.value:.4f} -> {state}; "
+            f"spent ${study.budget.usd(study.spent_seconds()):.6f} ({study.spent_seconds():.1f} machine-s)")
+    if study.stopped_by:
+        say(f"study stopped by its budget: {study.stopped_by}")

@@ -1,0 +1,299 @@
+"""A budgeted, multi-fidelity study: Optuna decides, the pipeline trains, the journal remembers.
+
+A trial is a normal resumable training run (its own run key: the sampled keys are COMPUTED)
+trained towards its rungs. At each rung the run pauses with a checkpoint, the study reports
+the best validation metric so far to Optuna, and the pruner (asynchronous successive halving)
+says whether it goes on; going on resumes the run from that checkpoint, bit for bit. So a
+trial pruned at a rung has spent exactly its rungs, and one promoted to the top is the same
+run as a plain `retrain run` of its config.
+
+Everything that shapes the study's future is in the journal (`training.tune.journal`): the
+trials and their parameters, rung values, pruning decisions (Optuna's `completed_rung_*`
+system attributes plus our `decided` mark), and each trial's spend. A study killed at any
+moment and run again:
+- resumes trials left RUNNING (from their run's checkpoint, never from scratch) before it
+  asks for new ones; one never stays RUNNING, because the study ends only when none is left;
+- re-applies a decision the kill cut off (Optuna's pruner is deterministic in the journal);
+- samples new trials with a seed derived from the trial number, so TPE draws what it would
+  have drawn uninterrupted;
+- carries the spend on: each trial's spend is its run's billed seconds, which count restarts
+  and the work a kill lost (the run's heartbeat), exactly as a single run's budget does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from training.config import RetrainConfig, fingerprint, fingerprinted
+from training.cost import SECONDS_PER_HOUR
+from training.errors import ConfigError
+from training.results import RungResult
+from training.storage_root import StorageRoot
+from training.tasks import higher_is_better, metric_for
+from training.tune.journal import PublishedJournal
+from training.tune.space import Dimension, apply_params, parse_space
+
+__all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "study_key", "STUDY_DIR"]
+
+log = logging.getLogger(__name__)
+STUDY_DIR = "tune"
+
+
+def study_key(config: RetrainConfig, dataset_fingerprint: str) -> str:
+    """What defines a study: the data, everything a trial computes besides its sampled keys,
+    the metric, and the search (space, sampler, pruner, rungs, seed). Budgets, max_trials and
+    concurrency are not part of it: raising them continues the same study."""
+    return fingerprint("tune", dataset_fingerprint, fingerprinted(config), {"eval.metric": config.eval.metric},
+                       fingerprinted(config.tune))
+
+
+@dataclass(frozen=True)
+class RungCost:
+    """The price model of a rung, in machine seconds: one process start plus its steps."""
+
+    startup_seconds: float
+    seconds_per_step: float
+
+    def of(self, steps: int) -> float:
+        return self.startup_seconds + steps * self.seconds_per_step
+
+
+class StudyBudget:
+    """tune.max_usd, max_gpu_hours and max_wall_seconds as one limit in machine seconds (each
+    is rate x seconds, as a single run's budget counts them)."""
+
+    def __init__(self, config: RetrainConfig) -> None:
+        t = config.tune
+        self.rate, self.gpus = config.cost.rate()
+        limits = [("tune.max_wall_seconds", t.max_wall_seconds, 1.0),
+                  ("tune.max_usd", t.max_usd, self.rate / SECONDS_PER_HOUR),
+                  ("tune.max_gpu_hours", t.max_gpu_hours, self.gpus / SECONDS_PER_HOUR)]
+        self.limits = [(key, limit, per_s) for key, limit, per_s in limits if limit is not None and per_s > 0]
+        self.unpriced = [key for key, limit, per_s in limits if limit is not None and per_s == 0]
+
+    def seconds(self) -> float:
+        """The tightest limit in machine seconds (infinite without one)."""
+        return min((limit / per_s for _, limit, per_s in self.limits), default=math.inf)
+
+    def binding(self) -> str:
+        key, limit, _ = min(self.limits, key=lambda item: item[1] / item[2])
+        return f"{key}={limit:g}"
+
+    def usd(self, seconds: float) -> float:
+        return seconds * self.rate / SECONDS_PER_HOUR
+
+    def gpu_hours(self, seconds: float) -> float:
+        return seconds * self.gpus / SECONDS_PER_HOUR
+
+
+@dataclass(frozen=True)
+class RungWork:
+    """Train trial `trial`'s run towards `step` (rung `rung`); `config` is the trial's, with
+    its run capped (budget.max_wall_seconds, operational) so the study cannot overshoot."""
+
+    trial: int
+    params: dict[str, Any]
+    config: RetrainConfig
+    step: int
+    rung: int
+    price_seconds: float  # the estimate this work was admitted on
+
+
+class Study:
+    def __init__(self, config: RetrainConfig, dataset_fingerprint: str, cost: RungCost) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.config, self.tune, self.cost = config, config.tune, cost
+        self.rungs = config.rungs()
+        self.dims: list[Dimension] = parse_space(config.tune.space)
+        self.key = study_key(config, dataset_fingerprint)
+        self.rel = f"{STUDY_DIR}/{self.key}"
+        self.root = StorageRoot.from_config(config)
+        self.metric = metric_for(config.data.task, config.eval.metric)
+        self.maximize = higher_is_better(config.data.task, self.metric)
+        pruner = (optuna.pruners.NopPruner() if self.tune.pruner == "none" else optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=self.rungs[0], reduction_factor=self.tune.reduction_factor, min_early_stopping_rate=0))
+        storage = optuna.storages.JournalStorage(PublishedJournal(self.root, f"{self.rel}/journal.log"))
+        self.study = optuna.create_study(study_name=self.key, storage=storage, pruner=pruner, load_if_exists=True,
+                                         direction="maximize" if self.maximize else "minimize")
+        self.budget = StudyBudget(config)
+        self.in_flight: dict[int, float] = {}  # trial number -> the seconds reserved for its rung
+        self.stopped_by: str | None = None  # why no more work was handed out, when it was a budget
+        self._observed: list[tuple[int, float]] = []  # (steps, seconds) of rungs trained this attempt
+
+    # -- spend ----------------------------------------------------------------------------
+
+    def add_setup_seconds(self, seconds: float, what: str) -> None:
+        """Machine time the study spent outside its trials (pack, preprocess, calibration)."""
+        attrs = self.study.user_attrs
+        self.study.set_user_attr(f"{what}_seconds", float(attrs.get(f"{what}_seconds", 0.0)) + seconds)
+
+    def setup_seconds(self) -> dict[str, float]:
+        return {k.removesuffix("_seconds"): float(v) for k, v in self.study.user_attrs.items() if k.endswith("_seconds")}
+
+    def trial_seconds(self) -> float:
+        """Every trial run's billed seconds, once per run (two trials that drew the same
+        parameters share one run, trained once)."""
+        per_run: dict[str, float] = {}
+        for trial in self.study.get_trials(deepcopy=False):
+            run, billed = trial.user_attrs.get("run_key"), trial.user_attrs.get("billed_seconds")
+            if run is not None and billed is not None:
+                per_run[run] = max(per_run.get(run, 0.0), float(billed))
+        return sum(per_run.values())
+
+    def spent_seconds(self) -> float:
+        return sum(self.setup_seconds().values()) + self.trial_seconds()
+
+    def remaining_seconds(self) -> float:
+        return self.budget.seconds() - self.spent_seconds() - sum(self.in_flight.values())
+
+    def check_first_rung(self) -> None:
+        """Refuse a budget that cannot pay for one rung, before any trial starts."""
+        price = self.cost.of(self.rungs[0])
+        left = self.budget.seconds() - self.spent_seconds()
+        if price > left and not self.study.get_trials(deepcopy=False):
+            b = self.budget
+            raise ConfigError(
+                f"{b.binding()} cannot pay for the first rung: {self.rungs[0]} steps priced at "
+                f"${b.usd(price):.6f}, {price:.1f} machine-s ({self.cost.seconds_per_step * 1000:.2f} ms/step + "
+                f"{self.cost.startup_seconds:.1f} s start-up, measured by the calibration; "
+                f"${b.usd(self.spent_seconds()):.6f} spent on set-up and calibration). No trial was started; raise "
+                "the budget or lower tune.min_resource")
+
+    # -- handing out work -------------------------------------------------------------------
+
+    def trials(self, *states: Any) -> list[Any]:
+        return sorted(self.study.get_trials(deepcopy=False, states=states or None), key=lambda t: t.number)
+
+    def next_work(self) -> RungWork | None:
+        """The next rung to train: an unfinished trial's (oldest first), else a new trial's first
+        rung; None when max_trials is reached or the budget cannot pay for the next rung."""
+        from optuna.trial import TrialState
+
+        for frozen in self.trials(TrialState.RUNNING):
+            if frozen.number in self.in_flight:
+                continue
+            work = self._continue(frozen)
+            if work is not None:
+                return work
+        if len(self.study.get_trials(deepcopy=False)) >= self.tune.max_trials or self.stopped_by is not None:
+            return None
+        price = self.price(self.rungs[0])
+        if price > self.remaining_seconds():
+            self.stopped_by = f"{self.budget.binding()}: the next trial's first rung would not be paid for"
+            return None
+        self._reseed()
+        trial = self.study.ask({d.key: d.distribution() for d in self.dims})
+        params = {d.key: d.value(trial.params[d.key]) for d in self.dims}
+        trial.set_user_attr("params", json.dumps(params, sort_keys=True))
+        return self._work(trial.number, params, 0, price)
+
+    def _continue(self, frozen: Any) -> RungWork | None:
+        from optuna.trial import TrialState
+
+        last = frozen.last_step
+        if last is not None and frozen.user_attrs.get("decided") != last and self._pruned(frozen.number, last):
+            return None
+        rung = 0 if last is None else next(i for i, step in enumerate(self.rungs) if step > last)
+        price = self.price(self.rungs[rung] - (last or 0))
+        if price > self.remaining_seconds():
+            # Ends here, like a pruned trial: its last rung value stays known to the sampler,
+            # and it never waits RUNNING for a budget that may not come.
+            self.stopped_by = f"{self.budget.binding()}: trial {frozen.number}'s next rung would not be paid for"
+            self._live(frozen.number).set_user_attr("status", "budget")
+            self.study.tell(frozen.number, state=TrialState.PRUNED)
+            return None
+        return self._work(frozen.number, json.loads(frozen.user_attrs["params"]), rung, price)
+
+    def _work(self, number: int, params: dict[str, Any], rung: int, price: float) -> RungWork:
+        trial = self.study.get_trials(deepcopy=False)[number]
+        config = apply_params(self.config, params)
+        spent = float(trial.user_attrs.get("billed_seconds", 0.0))
+        cap = spent + self.remaining_seconds()
+        if math.isfinite(cap):
+            own = config.budget.max_wall_seconds
+            config = config.model_copy(update={"budget": config.budget.model_copy(
+                update={"max_wall_seconds": cap if own is None else min(own, cap)})})
+        self.in_flight[number] = price
+        return RungWork(trial=number, params=params, config=config, step=self.rungs[rung], rung=rung,
+                        price_seconds=price)
+
+    def price(self, steps: int) -> float:
+        """A rung's estimated machine seconds: measured this attempt when any rung ran, else
+        from the calibration."""
+        per_step = self.cost.seconds_per_step
+        n = sum(s for s, _ in self._observed)
+        if n:
+            observed = sum(sec for _, sec in self._observed) / n
+            per_step = observed if observed > 0 else per_step  # start-ups vary more than short rungs last
+        return self.cost.startup_seconds + steps * per_step
+
+    def _reseed(self) -> None:
+        """A sampler seeded by the trial number: a resumed study draws what it would have drawn."""
+        import optuna
+
+        # Hashed, not seed + n: neighbouring seeds of numpy's generator draw alike at first.
+        number = len(self.study.get_trials(deepcopy=False))
+        seed = int.from_bytes(hashlib.sha256(f"{self.tune.seed}:{number}".encode()).digest()[:4], "little")
+        self.study.sampler = (optuna.samplers.RandomSampler(seed=seed) if self.tune.sampler == "random"
+                              else optuna.samplers.TPESampler(seed=seed))
+
+    # -- results ----------------------------------------------------------------------------
+
+    def record(self, work: RungWork, outcome: RungResult) -> None:
+        """A rung's outcome: its spend, its value, and the pruner's decision."""
+        from optuna.trial import TrialState
+
+        self.in_flight.pop(work.trial, None)
+        trial = self.study.get_trials(deepcopy=False)[work.trial]
+        before = trial.user_attrs.get("billed_seconds", 0.0), trial.last_step or 0
+        trained = outcome.step - before[1]
+        if trained > 0 and outcome.billed_seconds > before[0]:
+            self._observed.append((trained, outcome.billed_seconds - before[0] - self.cost.startup_seconds))
+        live = self._live(work.trial)
+        for key, value in (("run_key", outcome.run_key), ("billed_seconds", outcome.billed_seconds),
+                           ("steps", outcome.step), ("steps_lost", outcome.steps_lost),
+                           ("preemptions", outcome.preemptions), ("status", outcome.status)):
+            live.set_user_attr(key, value)
+        if outcome.status == "paused":
+            if outcome.step not in trial.intermediate_values:
+                live.report(outcome.value, outcome.step)
+            self._pruned(work.trial, outcome.step)
+        elif outcome.status == "budget_stopped":
+            self.study.tell(work.trial, state=TrialState.PRUNED)
+        else:  # completed or early_stopped: the run is finished, at full fidelity for its schedule
+            self.study.tell(work.trial, outcome.value)
+
+    def _pruned(self, number: int, step: int) -> bool:
+        """Ask the pruner about the trial's value at `step`; tell it PRUNED if so. Marked
+        decided afterwards, so a decision a kill cut off is made again, the same way."""
+        from optuna.trial import TrialState
+
+        trial = self._live(number)
+        prune = trial.should_prune()
+        if prune:
+            trial.set_user_attr("status", "pruned")
+            self.study.tell(number, state=TrialState.PRUNED)
+        else:
+            trial.set_user_attr("decided", step)
+        return prune
+
+    def _live(self, number: int) -> Any:
+        """The trial as Optuna's `Trial` (report, user attributes, should_prune), whichever
+        process created it."""
+        import optuna
+
+        return optuna.trial.Trial(self.study, self.study.get_trials(deepcopy=False)[number]._trial_id)
+
+    def complete(self) -> bool:
+        """Every trial of max_trials is finished."""
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False)
+        return len(trials) >= self.tune.max_trials and all(t.state != TrialState.RUNNING for t in trials)

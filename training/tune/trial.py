@@ -1,0 +1,93 @@
+"""A trial's unit of work, and the calibration that prices it.
+
+`rung_stage` trains a trial's run towards a rung in a child process, exactly as `train_stage`
+trains a run (same job, same run key, same resumable child), but pausing at the rung. It is
+idempotent: a rung the run already reached (its `rungs/step-<n>.json`) or a run that finished
+is answered from disk without starting anything.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from training.champion import check_champion
+from training.config import RetrainConfig, TuneConfig
+from training.launch import log_child_event, run_rung_process, run_training_process
+from training.results import PackResult, PrepResult, RungResult
+from training.runs import finished_result, paused_result
+from training.stages import build_train_job
+from training.storage_root import StorageRoot
+from training.tune.study import STUDY_DIR, RungCost
+
+__all__ = ["Calibration", "calibrate", "rung_stage"]
+
+
+def rung_stage(config: RetrainConfig, packed: PackResult, prep: PrepResult, step: int,
+               on_event: Callable[[dict[str, Any]], None] = log_child_event) -> RungResult:
+    """Train the trial's run until `step` (a rung: paused there) or its end."""
+    root = StorageRoot.from_config(config)
+    champion = check_champion(root, config.model.factory) if config.train.init_from == "champion" else None
+    job, _ = build_train_job(config, packed, prep, champion)
+    job.pre_train_seconds = 0.0  # the trials share one pack and one preprocessing: the study counts them once
+    finished = finished_result(job)
+    if finished is not None:
+        return RungResult.of(finished)
+    if step >= config.train.max_steps:
+        return RungResult.of(run_training_process(job, on_event))
+    paused = paused_result(job, step)
+    if paused is not None:
+        return paused
+    job.pause_at = step
+    return run_rung_process(job, on_event)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    steps: int
+    billed_seconds: float  # what the calibration itself cost
+    cost: RungCost
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, "billed_seconds": self.billed_seconds,
+                "startup_seconds": self.cost.startup_seconds, "seconds_per_step": self.cost.seconds_per_step}
+
+
+def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study: str,
+              on_event: Callable[[dict[str, Any]], None] = log_child_event) -> Calibration:
+    """Train the base config for tune.calibration_steps in a child process, in a scratch run
+    folder that is removed afterwards: the measured start-up and seconds per step price every
+    rung until real rungs have been measured."""
+    steps = min(config.tune.calibration_steps, config.train.max_steps)
+    calib = config.model_copy(deep=True, update={"tune": TuneConfig()})  # its rungs would not fit 20 steps
+    calib.train.max_steps = steps
+    calib.train.eval_every = steps
+    calib.train.checkpoint_every = steps
+    calib.train.patience = 0
+    calib.budget.max_wall_seconds = None
+    job, _ = build_train_job(calib, packed, prep, None)
+    scratch = StorageRoot.from_config(config).local / STUDY_DIR / study / "calibration"
+    shutil.rmtree(scratch, ignore_errors=True)
+    job.run_dir, job.run_rel, job.pre_train_seconds = str(scratch), "", 0.0  # local only: thrown away
+    try:
+        result = run_training_process(job, on_event)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    s = result.seconds
+    # A rung pays the checkpoint and validation at its end, as the calibration did.
+    per_step = (s["train"] + s["eval"] + s["checkpoint"]) / steps
+    return Calibration(steps=steps, billed_seconds=result.billed_seconds,
+                       cost=RungCost(startup_seconds=s["startup"], seconds_per_step=per_step))
+
+
+def read_calibration(path: Path) -> Calibration | None:
+    import json
+
+    try:
+        raw = json.loads(path.read_text())
+        return Calibration(steps=int(raw["steps"]), billed_seconds=float(raw["billed_seconds"]),
+                           cost=RungCost(float(raw["startup_seconds"]), float(raw["seconds_per_step"])))
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
