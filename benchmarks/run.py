@@ -23,6 +23,7 @@ from benchmarks import (
     bench_scaling,
     bench_scale,
     bench_transformer,
+    bench_tuning,
     bench_warm_start,
 )
 from benchmarks.common import machine
@@ -38,6 +39,7 @@ SUITE = {
     "s3": bench_s3.run,
     "scaling": bench_scaling.run,
     "transformer": bench_transformer.run,
+    "tuning": bench_tuning.run,
 }
 
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from training.job import TrainJob
 from training.results import RungResult, TrainResult
-from training.runs import finished_result
+from training.runs import finished_result, paused_result
 from training.stopping import StopFlag
 from training.trainer import Trainer
 
@@ -26,4 +26,7 @@ def train(job: TrainJob, stop: StopFlag | None = None, emit: Callable[[dict[str,
     finished = finished_result(job)
     if finished is not None:
         return finished
+    paused = paused_result(job, job.pause_at) if job.pause_at is not None else None
+    if paused is not None:
+        return paused  # this rung was reached before: nothing to train
     return Trainer(job, stop, emit, rank, world_size, now_fn).fit()

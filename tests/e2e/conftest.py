@@ -211,9 +211,9 @@ def flow_runs_of(server: PrefectServer, deployment_id: str) -> list[dict]:
         return response.json()
 
 
-def deployment(server: PrefectServer, name: str) -> dict:
+def deployment(server: PrefectServer, name: str, flow: str = "retrain") -> dict:
     with server.api() as api:
-        response = api.get(f"/deployments/name/retrain/{name}")
+        response = api.get(f"/deployments/name/{flow}/{name}")
         response.raise_for_status()
         return response.json()
 

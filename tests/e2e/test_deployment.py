@@ -11,7 +11,7 @@ import yaml
 
 from tests.conftest import small_overrides
 from tests.e2e.conftest import POOL, ROOT, PrefectServer, deployment, flow_run
-from training.config import load_config
+from training.config import RetrainConfig, load_config
 
 pytestmark = pytest.mark.slow
 
@@ -34,6 +34,12 @@ def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> N
     assert incremental["schedules"][0]["schedule"]["timezone"] == "Europe/Berlin"  # shared via an anchor
     assert incremental["parameters"]["config"]["train"]["init_from"] == "champion"
     assert incremental["global_concurrency_limit"]["limit"] == 1
+
+    # The tuning deployment: no schedule, its config (search space and budget) valid as deployed.
+    tune = deployment(deployed, "tune", flow="tune")
+    assert tune["schedules"] == [] and tune["entrypoint"] == "flows/tune.py:tune"
+    tuned = RetrainConfig.model_validate(tune["parameters"]["config"])
+    assert tuned.tune.space and tuned.tune.max_usd == 5.0
 
 
 def test_deployments_clone_the_code_and_reschedule_on_sigterm(deployed: PrefectServer) -> None:

@@ -200,6 +200,9 @@ class Study:
         last = frozen.last_step
         if last is not None and frozen.user_attrs.get("decided") != last and self._pruned(frozen.number, last):
             return None
+        if last is not None and last >= self.rungs[-1]:  # its end was reported, its completion cut off
+            self.study.tell(frozen.number, frozen.intermediate_values[last])
+            return None
         rung = 0 if last is None else next(i for i, step in enumerate(self.rungs) if step > last)
         price = self.price(self.rungs[rung] - (last or 0))
         if price > self.remaining_seconds():

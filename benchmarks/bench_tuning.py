@@ -1,0 +1,95 @@
+"""Budgeted tuning against naive search: the cost (machine seconds x the spot price) to reach the
+best validation AUC that a random search of N full-fidelity trials finds, for
+
+- the reference: that random search (tune.sampler random, tune.pruner none, max_trials N);
+- ASHA as `retrain tune` runs it (TPE + successive halving), with the random search's total
+  spend as its tune.max_usd and up to 3N trials;
+
+same demo data, same seed, same search space, and the same machinery (real training children,
+pauses at rungs, calibration and set-up counted). A study reaches the target when one of its
+full-fidelity trials scores at least it; its cost then is everything spent up to that trial.
+Target: ASHA / random <= 0.5.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from training.config import load_config
+from training.results import RungResult
+from training.stages import pack_stage, preprocess_stage
+from training.tune.driver import drive, open_study
+from training.tune.report import build_report
+from training.tune.study import RungWork
+from training.tune.trial import rung_stage
+
+from benchmarks.common import demo_parquet
+
+N = 10
+SPACE = {"train.lr": "loguniform(3e-4, 3e-2)", "model.dropout": "uniform(0, 0.4)",
+         "model.hidden": "choice([[32], [128, 64], [256, 128]])"}
+
+
+class _Done:
+    """A future already resolved: the benchmark trains its rungs one after another."""
+
+    def __init__(self, outcome: RungResult) -> None:
+        self.outcome = outcome
+
+    def result(self) -> RungResult:
+        return self.outcome
+
+
+def _study(work: Path, source: Path, name: str, tune: dict[str, Any]) -> dict[str, Any]:
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({
+        "storage": {"root": str(work / name)},
+        "data": {"source": str(source)},
+        "train": {"max_steps": 540, "eval_every": 20, "checkpoint_every": 20, "batch_size": 2048,
+                  "warmup_steps": 20, "patience": 0, "num_workers": 0},
+        "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
+        "tune": {"space": SPACE, "seed": 0, "min_resource": 20, **tune},
+    }))
+    config = load_config(path)
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+    study = open_study(config, packed, prep, lambda event: None)
+
+    def submit(w: RungWork) -> _Done:
+        return _Done(rung_stage(w.config, packed, prep, w.step, lambda event: None))
+
+    drive(study, submit, lambda futures: futures[0], lambda line: None)
+    return build_report(study).model_dump(mode="json")
+
+
+def _cost_to_reach(report: dict[str, Any], target: float) -> float | None:
+    """$ spent (set-up, calibration and every trial so far) when a full-fidelity trial first
+    scored >= target; None if none did."""
+    spent = sum(report["spend"]["setup_seconds"].values()) * report["rate_per_hour"] / 3600
+    for trial in report["trials"]:
+        spent += trial["usd"]
+        if trial["state"] in ("completed", "early_stopped") and trial["value"] >= target:
+            return spent
+    return None
+
+
+def run(work: Path) -> dict[str, Any]:
+    source = demo_parquet(work, rows=200_000)
+    random = _study(work, source, "random", {"sampler": "random", "pruner": "none", "max_trials": N})
+    target = max(t["value"] for t in random["trials"] if t["value"] is not None)
+    asha = _study(work, source, "asha", {"max_trials": 3 * N, "max_usd": random["spend"]["usd"]})
+    random_cost, asha_cost = _cost_to_reach(random, target), _cost_to_reach(asha, target)
+    ratio = None if asha_cost is None or random_cost is None else asha_cost / random_cost
+    return {
+        "target_val_auc": target,
+        "random_search": {"trials": N, "usd_to_reach": random_cost, "usd_total": random["spend"]["usd"]},
+        "asha": {"trials": len(asha["trials"]), "usd_to_reach": asha_cost, "usd_total": asha["spend"]["usd"],
+                 "best_val_auc": asha["best"]["value"] if asha["best"] else None, "status": asha["status"],
+                 "pruned": sum(t["state"] == "pruned" for t in asha["trials"])},
+        "ratio_asha_over_random": ratio,
+        "target_ratio": 0.5,
+        "met": ratio is not None and ratio <= 0.5,
+    }
