@@ -7,7 +7,7 @@ from prefect import flow
 from tasks.evaluate import evaluate_model, score_champion
 from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block, backoff
-from tasks.preprocess import fit_features
+from tasks.preprocess import preprocess_dataset
 from tasks.report import write_report
 from tasks.runtime import effective_config, flow_run_id, flow_run_name, one_writer_per_root
 from tasks.train import train_model
@@ -23,8 +23,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
     apply_credentials_block(config.storage)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
-        prep_state = fit_features(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                                  config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
+        prep_state = preprocess_dataset(config, packed)
         prep = prep_state.result()
         train_state = train_model.with_options(
             retries=config.train.max_retries,

@@ -8,7 +8,7 @@ from prefect import flow
 
 from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block
-from tasks.preprocess import fit_features
+from tasks.preprocess import preprocess_dataset
 from tasks.runtime import effective_config, flow_run_name, one_writer_per_root
 from tasks.tune import promote_best, run_study
 from training.config import RetrainConfig
@@ -23,8 +23,7 @@ def tune(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydant
     apply_credentials_block(config.storage)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
-        prep = fit_features(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                            config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True).result()
+        prep = preprocess_dataset(config, packed).result()
         report, report_path = run_study(config, packed, prep)
         if config.tune.promote and report.best is not None:
             promote_best(config, packed, prep, report)

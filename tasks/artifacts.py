@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect.artifacts import (
     create_markdown_artifact,
@@ -11,19 +13,23 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from prefect.context import TaskRunContext
+from prefect.context import FlowRunContext, TaskRunContext
 from prefect.events import emit_event
 
 from training.results import Evaluation
 
-__all__ = ["publish_promotion", "publish_report", "TrainingProgress", "PROMOTED_EVENT"]
+if TYPE_CHECKING:  # the retrain flow imports this module: no Optuna for it
+    from training.tune.report import TuneReport
+
+__all__ = ["publish_promotion", "publish_report", "publish_tune_report", "TrainingProgress", "PROMOTED_EVENT"]
 
 # Hang an Automation on this (README, "Notify on promotion"): resource id retrain.model.<sha256>.
 PROMOTED_EVENT = "retrain.model.promoted"
 
 
 def in_run() -> bool:
-    return TaskRunContext.get() is not None  # .fn() calls in tests run outside any Prefect run
+    # .fn() calls in tests run outside any Prefect run; the tune report is published by the flow.
+    return TaskRunContext.get() is not None or FlowRunContext.get() is not None
 
 
 def publish_promotion(evaluation: Evaluation) -> None:
@@ -85,6 +91,27 @@ def publish_report(report_path: Path, curves: Path | None) -> None:
     )
     create_markdown_artifact(render_markdown(report, curves, embed=True), key="run-report",
                              description=f"Report of run {report['run_key']}")
+
+
+def publish_tune_report(report: TuneReport, png_bytes: bytes) -> None:
+    if not in_run():
+        return
+    rows = [{"trial": r.number, **r.params, "state": r.state,
+             "rung": r.rung, "steps": r.steps, report.metric: None if r.value is None else round(r.value, 5),
+             "usd": round(r.usd, 6), "gpu_hours": round(r.gpu_hours, 6), "seconds": round(r.billed_seconds, 2)}
+            for r in report.trials]
+    create_table_artifact(rows, key="tune-trials", description=f"Trials of study {report.study}")
+    best = report.best
+    image = base64.b64encode(png_bytes).decode()
+    create_markdown_artifact(
+        f"### Study {report.study}: {report.status}\n\n"
+        f"Spent ${report.spend.usd:.6f} ({report.spend.seconds:.1f} machine-s, {report.spend.gpu_hours:.6f} GPU-h) "
+        f"against budget {report.budget}; every trial at full fidelity on demand would cost "
+        f"${report.naive.usd:.6f}.\n\n"
+        + (f"Best: trial {best['trial']}, validation {report.metric} {best['value']:.5f}, {best['params']}\n\n"
+           if best else "No trial reached full fidelity.\n\n")
+        + f"![metric against cumulative cost](data:image/png;base64,{image})\n",
+        key="tune-report", description=f"Tuning study {report.study}")
 
 
 class TrainingProgress:

@@ -11,7 +11,7 @@ from prefect import get_run_logger
 from training.config import StorageConfig
 from training.errors import Preempted, StorageError
 
-__all__ = ["task_logger", "retry_only_preemptions", "retry_transient", "backoff", "apply_credentials_block"]
+__all__ = ["forward_child_event", "task_logger", "retry_only_preemptions", "retry_transient", "backoff", "apply_credentials_block"]
 
 
 def _exception_of(state: Any) -> BaseException | None:
@@ -47,6 +47,15 @@ def task_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return get_run_logger()
     except Exception:  # noqa: BLE001 - prefect raises MissingContextError outside a run
         return logging.getLogger("retrain.tasks")
+
+
+def forward_child_event(logger: logging.Logger | logging.LoggerAdapter[logging.Logger], event: dict[str, Any]) -> None:
+    """The training child's resumes, warnings and errors, into the task run's log (the UI)."""
+    if event["event"] == "resumed":
+        logger.info("resumed from step %d (%s)", event["step"], event["checkpoint"])
+    elif event["event"] == "log":
+        level = logging.getLevelName(str(event.get("level", "WARNING")))
+        logger.log(level if isinstance(level, int) else logging.WARNING, "%s", event.get("message", ""))
 
 
 def apply_credentials_block(storage: StorageConfig) -> None:

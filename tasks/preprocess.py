@@ -6,10 +6,11 @@ from prefect import task
 from prefect.states import Completed, State
 
 from training.data.features import PREPROCESS_VERSION
-from training.results import PrepResult
+from training.config import RetrainConfig
+from training.results import PackResult, PrepResult
 from training.stages import preprocess_stage
 
-__all__ = ["fit_features", "PREPROCESS_VERSION"]
+__all__ = ["fit_features", "preprocess_dataset", "PREPROCESS_VERSION"]
 
 
 # No Prefect result persistence and no Prefect cache: Prefect stores results with cloudpickle, so
@@ -31,3 +32,10 @@ def fit_features(
     if prep.reused:
         return Completed(name="Cached", message=f"verified statistics {prep.key} reused", data=prep)
     return Completed(data=prep)
+
+
+def preprocess_dataset(config: RetrainConfig, packed: PackResult) -> State[PrepResult]:
+    """`fit_features` on a packed dataset with the config's preprocessing, storage and tags; its
+    final state (named `Cached` on reuse)."""
+    return fit_features(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
+                        config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 from prefect import task
 
 from tasks.artifacts import TrainingProgress
-from tasks.policies import retry_only_preemptions, task_logger
+from tasks.policies import forward_child_event, retry_only_preemptions, task_logger
 from training.config import RetrainConfig
 from training.results import PackResult, PrepResult, TrainResult
 from training.stages import train_stage
@@ -35,11 +34,8 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
             metric = event.get("metric", "auc")
             logger.info("step %d/%d  train_loss %.4f  val_%s %.4f%s", step, event["max_steps"],
                         event["train_loss"], metric, event[f"val_{metric}"], eta)
-        elif event["event"] == "resumed":
-            logger.info("resumed from step %d (%s)", event["step"], event["checkpoint"])
-        elif event["event"] == "log":
-            level = logging.getLevelName(str(event.get("level", "WARNING")))
-            logger.log(level if isinstance(level, int) else logging.WARNING, "%s", event.get("message", ""))
+        else:
+            forward_child_event(logger, event)
 
     logger.info("starting the training process: up to %d steps, a progress line every %d steps",
                 config.train.max_steps, config.train.eval_every)

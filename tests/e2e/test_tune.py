@@ -72,7 +72,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory, demo_source: Path, p
     return {"config": config, "stdout": out, "report": _report(out), "root": folder / "root"}
 
 
-def test_a_study_completes_within_its_budget_and_prunes(uninterrupted: dict[str, Any]) -> None:
+def test_a_study_completes_within_its_budget_and_prunes(uninterrupted: dict[str, Any], prefect_server) -> None:
     report = uninterrupted["report"]
     assert report["status"] == "complete" and len(report["trials"]) == 4
     assert 0 < report["spend"]["usd"] <= MAX_USD
@@ -90,6 +90,12 @@ def test_a_study_completes_within_its_budget_and_prunes(uninterrupted: dict[str,
     folder = Path(best["config"]).parent
     assert (folder / "tune_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "best        trial" in uninterrupted["stdout"]
+    # The trials table and the report (with its plot) are Prefect artifacts of the flow run.
+    with prefect_server.api() as api:
+        found = api.post("/artifacts/filter", json={"artifacts": {"key": {"any_": ["tune-trials", "tune-report"]}}})
+    artifacts = {a["key"]: a for a in found.json()}
+    assert set(artifacts) == {"tune-trials", "tune-report"}, found.text[:500]
+    assert "data:image/png;base64," in artifacts["tune-report"]["data"]
 
 
 def test_a_finished_study_rerun_is_reported_complete_without_training(uninterrupted: dict[str, Any],

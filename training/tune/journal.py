@@ -9,13 +9,13 @@ so publishing the whole file is safe.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalFileOpenLock
 
+from training.storage import write_atomic
 from training.storage_root import RUN, StorageRoot
 
 __all__ = ["PublishedJournal"]
@@ -35,13 +35,9 @@ class PublishedJournal(BaseJournalBackend):
         copy left behind by an older attempt). The journal only grows, so longer is newer."""
         if self.root.remote is None:
             return
-        scratch = path.with_name(path.name + ".fetched")
         data = self.root.remote.get_bytes(self.rel)
-        if data is None:
-            return
-        if not path.exists() or len(data) > path.stat().st_size:
-            scratch.write_bytes(data)
-            shutil.move(str(scratch), path)
+        if data is not None and (not path.exists() or len(data) > path.stat().st_size):
+            write_atomic(path, data)
 
     def read_logs(self, log_number_from: int) -> Generator[dict[str, Any], None, None]:
         yield from self.inner.read_logs(log_number_from)

@@ -5,6 +5,7 @@ counterfactual, the best trial), `tune_curve.png` (best metric against cumulativ
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,7 @@ def _row(study: Study, trial: Any) -> TrialRow:
     value = trial.value if trial.value is not None else (
         trial.intermediate_values[trial.last_step] if trial.last_step is not None else None)
     return TrialRow(
-        number=trial.number, params=yaml.safe_load(trial.user_attrs.get("params", "{}")), state=_state(trial),
+        number=trial.number, params=json.loads(trial.user_attrs.get("params", "{}")), state=_state(trial),
         rung=reached[-1] if reached else None, steps=steps, value=value,
         rung_values={int(k): float(v) for k, v in trial.intermediate_values.items()},
         billed_seconds=billed, usd=study.budget.usd(billed), gpu_hours=study.budget.gpu_hours(billed),
