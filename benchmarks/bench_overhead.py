@@ -3,12 +3,14 @@ against the sum of the task bodies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import multiprocessing
 import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +25,7 @@ from training.train_state import lr_lambda as _lr_lambda
 from training.model import ModelSchema, build_model
 
 STEPS = 1500
+DEFAULT_THREADS = torch.get_num_threads()
 
 
 def _bare_loop(config: RetrainConfig, dataset_dir: str, stats_path: str) -> float:
@@ -93,33 +96,69 @@ def _prefect_overhead(work: Path, source: Path, rounds: int) -> dict[str, Any]:
             "demo_data_stall_fraction": round(statistics.median(stalls), 4)}
 
 
-def run(work: Path, rounds: int = 5) -> dict[str, Any]:
-    source = demo_parquet(work, 200_000)
-    base = [f"data.source={source}", f"train.max_steps={STEPS}", "train.patience=0"]
-    job = train_job(work, "probe", base)
+def _burn() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def _outside_load(on: bool) -> Iterator[None]:
+    """One process spinning on a core, as another job on a shared box would."""
+    if not on:
+        yield
+        return
+    burner = multiprocessing.get_context("spawn").Process(target=_burn, daemon=True)
+    burner.start()
+    try:
+        yield
+    finally:
+        burner.kill()
+        burner.join()
+
+
+def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool) -> dict[str, Any]:
     quiet_overrides = base + [f"train.eval_every={STEPS}", f"train.checkpoint_every={STEPS}"]
     # Checkpoints at the default interval (every 200 steps), validation still only at the end.
     ckpt_overrides = base + [f"train.eval_every={STEPS}"]
-    # Rounds interleave the three loops, so drift on a shared box hits all of them; each
-    # figure is the median over rounds of a ratio taken within one round.
-    bare, quiet, ckpt = [], [], []
-    for r in range(rounds):
-        bare.append(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path))
-        quiet.append(_project_loop(work, f"quiet{r}", quiet_overrides))
-        ckpt.append(_project_loop(work, f"ckpt{r}", ckpt_overrides))
+    tag = "loaded" if load else "idle"
+    # Rounds interleave the loops, so drift on a shared box hits all of them; each figure is
+    # the median over rounds of a ratio taken within one round.
+    bare, bare_same, quiet, ckpt = [], [], [], []
+    with _outside_load(load):
+        for r in range(rounds):
+            torch.set_num_threads(DEFAULT_THREADS)  # what a hand-written loop gets
+            bare.append(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path))
+            quiet.append(_project_loop(work, f"quiet-{tag}{r}", quiet_overrides))
+            threads = torch.get_num_threads()  # the project's thread policy set it
+            bare_same.append(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path))
+            ckpt.append(_project_loop(work, f"ckpt-{tag}{r}", ckpt_overrides))
     loop = [q["seconds"] / b - 1 for q, b in zip(quiet, bare, strict=True)]
+    same = [q["seconds"] / b - 1 for q, b in zip(quiet, bare_same, strict=True)]
     checkpointing = [c["seconds"] / q["seconds"] - 1 for c, q in zip(ckpt, quiet, strict=True)]
-    out = {
-        "steps": STEPS,
-        "rounds": rounds,
-        "bare_loop_seconds": [round(b, 3) for b in bare],
-        "project_loop_seconds_no_eval_no_checkpoints": [round(q["seconds"], 3) for q in quiet],
-        "loop_overhead_fraction_per_round": [round(x, 3) for x in loop],
-        "loop_overhead_fraction": round(statistics.median(loop), 3),
-        "project_loop_seconds_checkpoint_every_200": [round(c["seconds"], 3) for c in ckpt],
-        "checkpoints_saved": ckpt[0]["checkpoints"],
-        "checkpointing_overhead_fraction_per_round": [round(x, 3) for x in checkpointing],
-        "checkpointing_overhead_fraction": round(statistics.median(checkpointing), 3),
+    return {
+        f"bare_loop_seconds_torch_default_threads_{tag}": [round(b, 3) for b in bare],
+        f"bare_loop_seconds_same_threads_{tag}": [round(b, 3) for b in bare_same],
+        f"project_loop_seconds_no_eval_no_checkpoints_{tag}": [round(q["seconds"], 3) for q in quiet],
+        f"project_threads_{tag}": threads,
+        f"loop_overhead_fraction_per_round_{tag}": [round(x, 3) for x in loop],
+        f"loop_overhead_fraction_{tag}": round(statistics.median(loop), 3),
+        f"loop_overhead_fraction_same_threads_{tag}": round(statistics.median(same), 3),
+        f"project_loop_seconds_checkpoint_every_200_{tag}": [round(c["seconds"], 3) for c in ckpt],
+        f"checkpointing_overhead_fraction_per_round_{tag}": [round(x, 3) for x in checkpointing],
+        f"checkpointing_overhead_fraction_{tag}": round(statistics.median(checkpointing), 3),
     }
+
+
+def run(work: Path, rounds: int = 5) -> dict[str, Any]:
+    """The loop overhead at default settings, on an idle machine and beside a CPU burner; the
+    bare loop runs with torch's default thread count (as a hand-written loop would) and with the
+    project's (the same math on the same threads)."""
+    source = demo_parquet(work, 200_000)
+    base = [f"data.source={source}", f"train.max_steps={STEPS}", "train.patience=0"]
+    job = train_job(work, "probe", base)
+    out: dict[str, Any] = {"steps": STEPS, "rounds": rounds, "torch_default_threads": DEFAULT_THREADS}
+    out.update(_loop_rounds(work, job, base, rounds, load=False))
+    out.update(_loop_rounds(work, job, base, rounds, load=True))
+    torch.set_num_threads(DEFAULT_THREADS)
     out.update(_prefect_overhead(work, source, rounds))
     return out

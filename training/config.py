@@ -250,6 +250,10 @@ class TrainConfig(_Section):
     num_workers: int | Literal["auto"] = Field(
         "auto", description='DataLoader worker processes, or "auto": chosen at start from the measured data stall.', json_schema_extra=OPERATIONAL
     )
+    torch_threads: int | Literal["auto"] = Field(
+        "auto", description='Intra-op threads of the training process, or "auto": the CPUs it may use (affinity, '
+        "container quota), shared among a node's processes, minus one per loader thread or worker.", json_schema_extra=OPERATIONAL
+    )
     loader_cache_mb: float = Field(
         512.0, ge=0, description="RAM for transformed train shards kept from one epoch to the next, per process "
         "(shared out among DataLoader workers and a node's ranks); shards beyond it are read and transformed again.", json_schema_extra=OPERATIONAL
@@ -287,6 +291,13 @@ class TrainConfig(_Section):
     def _workers(cls, v: int | str) -> int | str:
         if isinstance(v, int) and v < 0:
             raise ValueError('must be >= 0 or "auto"')
+        return v
+
+    @field_validator("torch_threads")
+    @classmethod
+    def _threads(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError('must be >= 1 or "auto"')
         return v
 
     @model_validator(mode="after")

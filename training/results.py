@@ -12,7 +12,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-__all__ = ["Evaluation", "ModelRef", "PackResult", "PrepResult", "Promotion", "RungResult", "TrainResult", "WarmStart"]
+from training.threads import ThreadPolicy
+
+__all__ = ["Evaluation", "ModelRef", "PackResult", "PredictResult", "PrepResult", "Promotion", "RungResult", "TrainResult", "WarmStart"]
 
 
 class _Result(BaseModel):
@@ -99,6 +101,7 @@ class TrainResult(_Result):
     samples_seen: int = 0
     batch_layout: dict[str, Any] = {}
     num_workers: dict[str, Any] = {}
+    threads: ThreadPolicy | None = None  # result.json written before the thread policy: None
     compile_seconds: float | None = None
     world_size: int = 1
     checkpoint_upload: dict[str, Any] | None = None
@@ -174,3 +177,14 @@ class Evaluation(_Result):
     target_met: bool | None = None
     promotion: Promotion
     seconds: float
+
+
+class PredictResult(_Result):
+    """What `retrain predict` wrote (or found already written)."""
+
+    output: str
+    rows: int
+    model_sha256: str
+    skipped: bool  # the output already held this model's scores of this input
+    seconds: float
+    key_columns: list[str]  # not `keys`: Prefect treats a model with .keys() as a mapping

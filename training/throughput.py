@@ -10,7 +10,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -21,6 +20,7 @@ from training.config import TrainConfig
 from training.errors import ConfigError
 from training.model import Batch, forward_fn
 from training.tasks import Task
+from training.threads import cgroup_quota, usable_cpus
 
 __all__ = ["accelerator_stats", "auto_batch_layout", "choose_num_workers", "BatchSizeSearch", "find_micro_batch",
            "step_memory_bytes"]
@@ -49,20 +49,24 @@ def _rng_untouched(device: torch.device) -> Any:
 
 
 def choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch], device: torch.device,
-                       dtype: torch.dtype | None, probes: int = 8) -> dict[str, Any]:
+                       dtype: torch.dtype | None, worker_seconds: Callable[[int], float], probes: int = 8
+                       ) -> dict[str, Any]:
     with _rng_untouched(device):
-        return _choose_num_workers(model, task, fetch, device, dtype, probes)
+        return _choose_num_workers(model, task, fetch, device, dtype, worker_seconds, probes)
 
 
-def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch],
-                        device: torch.device, dtype: torch.dtype | None, probes: int) -> dict[str, Any]:
+def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch], device: torch.device,
+                        dtype: torch.dtype | None, worker_seconds: Callable[[int], float], probes: int
+                        ) -> dict[str, Any]:
     """Workers for `train.num_workers: auto`, from the measured stall of in-process loading.
 
     Times `probes` batch fetches and `probes` forward/backward passes (on a copy of the model);
     with no workers the loop waits `t_data` per step, so the stall is t_data / (t_data +
     t_compute). Below STALL_TARGET: 0 workers. Otherwise enough workers that each has a whole
     step of compute time to produce its batch, ceil(t_data / t_compute), capped by the cores
-    the training process leaves idle."""
+    the training process leaves idle; and only if `worker_seconds(k)`, the measured seconds per
+    batch those k workers deliver, beats in-process loading (workers must copy every batch out
+    of its shard and hand it over, which in-process loading never does)."""
     probe_model = copy.deepcopy(model).to(device).train()
     batches = [fetch(i) for i in range(2)]  # warm-up: first shard loads, allocator
     for batch in batches:
@@ -84,10 +88,16 @@ def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int
     # threads take torch.get_num_threads() cores (a worker there competes with the step and
     # was measured 3.5x slower on a 2-core box); on an accelerator the process needs one.
     busy = torch.get_num_threads() if device.type == "cpu" else 1
-    spare_cpus = max(0, (os.cpu_count() or 1) - busy)
+    spare_cpus = max(0, math.floor(usable_cpus(cgroup_quota())) - busy)
     workers = 0 if stall < STALL_TARGET else min(MAX_WORKERS, spare_cpus, math.ceil(t_data / max(t_compute, 1e-9)))
+    t_workers = worker_seconds(workers) if workers else None
+    if t_workers is not None and t_workers >= t_data:
+        log.info("num_workers auto: %d workers deliver a batch in %.2g s, in-process loading in %.2g s: none used",
+                 workers, t_workers, t_data)
+        workers = 0
     return {"num_workers": workers, "stall_without_workers": stall, "data_seconds_per_batch": t_data,
-            "compute_seconds_per_batch": t_compute, "spare_cpus": spare_cpus}
+            "compute_seconds_per_batch": t_compute, "spare_cpus": spare_cpus,
+            "worker_seconds_per_batch": t_workers}
 
 
 def step_memory_bytes(model: torch.nn.Module, task: Task, batch: int, example: Batch, device: torch.device,

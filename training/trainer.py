@@ -28,7 +28,7 @@ from training.attempts import append_attempt
 from training.checkpoint import AsyncCheckpointer, CheckpointManifest, load_checkpoint_state, step_dir_name
 from training.checkpoint_schedule import CheckpointSchedule
 from training.data.features import DERIVED_DIR, FeatureStats
-from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+from training.data.loader import ShardBatches, StreamPosition, make_train_loader, worker_seconds_per_batch
 from training.data.packing import require_manifest
 from training.errors import Preempted, RetrainError
 from training.evaluate import predict_split
@@ -44,6 +44,7 @@ from training.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.storage import write_json_atomic
 from training.storage_root import MODEL, RUN
 from training.tasks import Task, higher_is_better, metric_for
+from training.threads import apply_thread_policy
 from training.throughput import accelerator_stats, auto_batch_layout, choose_num_workers
 from training.train_state import TrainState
 
@@ -69,6 +70,9 @@ class Trainer:
         self.rank, self.world_size, self.now = rank, world_size, now_fn
         self.spawn_time = float(os.environ.get("RETRAIN_SPAWN_TIME", time.time()))
         self.run_dir = Path(job.run_dir)
+        # Before anything runs torch: the in-process loader's thread keeps a core (workers, once
+        # decided in _build_loader, are accounted for there).
+        self.threads = apply_thread_policy(self.tc.torch_threads, 0)
         self.device = resolve_device(self.tc.device)
         self.precision = resolve_precision(self.tc.precision, self.device)
         self.dtype = autocast_dtype(self.precision)
@@ -161,11 +165,11 @@ class Trainer:
             batches = self.train_batches
             self.workers_probe = choose_num_workers(
                 self.state.model, self.task, lambda i: batches.batch(0, i % batches.batches_per_epoch), self.device,
-                self.dtype)
+                self.dtype, lambda k: worker_seconds_per_batch(batches, k, self.rank, self.world_size))
             num_workers = progress.num_workers = self.workers_probe["num_workers"]
-            if num_workers:
-                self.train_batches.release()  # workers get a copy of this object: without the probe's shards
         self.num_workers = int(num_workers)
+        if self.num_workers:  # each worker process takes a core the step's threads then leave it
+            self.threads = apply_thread_policy(tc.torch_threads, self.num_workers)
         self.loader = make_train_loader(
             self.train_batches, StreamPosition(progress.epoch, progress.batch), self.num_workers,
             pin_memory=self.device.type == "cuda", rank=self.rank, world=self.world_size)
@@ -441,6 +445,6 @@ class Trainer:
             samples_seen=progress.step * progress.micro_batch * self.grad_accum,  # the micro-batch is global
             batch_layout={"micro_batch": progress.micro_batch, "grad_accum": self.grad_accum,
                           "auto": progress.auto_batch, "peak_lr": tc.peak_lr()},
-            num_workers={"used": self.num_workers, "probe": self.workers_probe},
+            num_workers={"used": self.num_workers, "probe": self.workers_probe}, threads=self.threads,
             compile_seconds=self.compile_seconds, world_size=self.world_size, checkpoint_upload=upload,
         )

@@ -32,24 +32,57 @@ def _batch(n: int = 64) -> dict[str, torch.Tensor]:
 
 def test_workers_follow_the_measured_stall() -> None:
     ready = _batch()
-    fast = choose_num_workers(_model(), BINARY, lambda i: ready, CPU, None)
+    asked: list[int] = []
+
+    def workers_fast(k: int) -> float:
+        asked.append(k)
+        return 0.0
+
+    fast = choose_num_workers(_model(), BINARY, lambda i: ready, CPU, None, workers_fast)
     assert fast["num_workers"] == 0 and fast["stall_without_workers"] < 0.02
+    assert asked == []  # no stall: workers are not even tried
 
     def slow(i: int):
         time.sleep(0.02)  # a data path far slower than the step
         return ready
 
-    starved = choose_num_workers(_model(), BINARY, slow, CPU, None)
+    starved = choose_num_workers(_model(), BINARY, slow, CPU, None, workers_fast)
     assert starved["stall_without_workers"] > 0.5
-    spare = max(0, (os.cpu_count() or 1) - torch.get_num_threads())  # cores the CPU step leaves idle
+    spare = max(0, len(os.sched_getaffinity(0)) - torch.get_num_threads())  # cores the CPU step leaves idle
     assert starved["spare_cpus"] == spare and starved["num_workers"] == min(8, spare)
+    assert asked == ([spare] if spare else [])
+
+
+def test_auto_never_picks_workers_slower_than_in_process_loading() -> None:
+    """Even when loading stalls the step, workers that deliver batches more slowly than the
+    in-process path (as the per-batch hand-off did, 28x slower) are measured and refused."""
+    ready = _batch()
+
+    def slow(i: int):
+        time.sleep(0.02)
+        return ready
+
+    probe = choose_num_workers(_model(), BINARY, slow, CPU, None, lambda k: 0.5)
+    assert probe["stall_without_workers"] > 0.5 and probe["num_workers"] == 0
+    assert probe["worker_seconds_per_batch"] in (None, 0.5)  # None: no spare core to try them on
+
+
+def test_the_worker_probe_measures_real_workers(small_config: RetrainConfig) -> None:
+    from training.data.features import FeatureStats
+    from training.data.loader import ShardBatches, worker_seconds_per_batch
+    from training.data.packing import load_manifest
+
+    job = make_job(small_config)
+    stats = FeatureStats.from_json(Path(job.stats_path).read_text())
+    batches = ShardBatches(Path(job.dataset_dir), load_manifest(Path(job.dataset_dir)), "train", 16, stats.transformer())
+    assert 0 < worker_seconds_per_batch(batches, 1) < 1
 
 
 def test_probes_leave_the_run_rng_untouched() -> None:
     model = TabularMLP(6, [41, 4, 61, 301], [32, 16], dropout=0.5)
     batch = _batch()
     before = torch.get_rng_state()
-    choose_num_workers(model, BINARY, lambda i: batch, CPU, None)
+    choose_num_workers(model, BINARY, lambda i: batch, CPU, None, lambda k: 0.0)
     step_memory_bytes(model, BINARY, 32, batch, CPU, None)
     assert torch.equal(torch.get_rng_state(), before)
 
@@ -112,7 +145,7 @@ def test_worker_memory_does_not_grow_over_epochs(small_config: RetrainConfig) ->
 
     def workers_rss() -> int:
         total = 0
-        for w in it._workers:  # type: ignore[attr-defined]
+        for w in it.workers:
             with open(f"/proc/{w.pid}/status") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
         return total
@@ -123,7 +156,7 @@ def test_worker_memory_does_not_grow_over_epochs(small_config: RetrainConfig) ->
         for _ in range(per_epoch):
             next(it)
         rss.append(workers_rss())
-    it._shutdown_workers()  # type: ignore[attr-defined]
+    it._shutdown_workers()
     assert max(rss[2:]) - rss[1] < 8 << 20, [r >> 20 for r in rss]
 
 
