@@ -118,6 +118,15 @@ def _parser() -> argparse.ArgumentParser:
                       help="comma-separated keys of cost.prices to compare (default: all)")
     plan.add_argument("--deadline-hours", type=float, default=None, help="the run must finish within this")
     plan.add_argument("--calibration-steps", type=int, default=50, help="optimizer steps to time (default 50)")
+    predict = sub.add_parser("predict", help="score Parquet with the champion (or --model) into a Parquet file")
+    predict.add_argument("--input", required=True, help="a Parquet file, a folder of them, or an s3:// prefix")
+    predict.add_argument("--output", required=True, help="the Parquet file to write (local path or s3:// key)")
+    predict.add_argument("--model", default="champion",
+                         help="'champion' (default), a promoted model's sha256, or a model package folder")
+    predict.add_argument("--keys", default=None,
+                         help="comma-separated input columns to copy into the output (default: all)")
+    predict.add_argument("--config", type=Path, help="YAML config: its storage.root holds the champion")
+    predict.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     join = sub.add_parser("join", help="run this node's training processes of a multi-node run (train.nnodes > 1)")
     join.add_argument("--config", type=Path, help="the same YAML config as the flow run")
     join.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -261,6 +270,25 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    config = _loaded(args)
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys is not None else None
+
+    def load() -> Callable[[RetrainConfig], str]:
+        from flows.predict import predict
+
+        return lambda c: predict(input=args.input, output=args.output, model=args.model, key_columns=keys,
+                                 config=c)
+
+    output = _call_flow(config, started, load, f"score {args.input} with {args.model}")
+    if isinstance(output, int):
+        return output
+    sys.stderr.flush()
+    print(output, flush=True)
+    return 0
+
+
 class _Terminated(Exception):
     """SIGTERM outside the flow run (Prefect handles it inside): unwind and clean up."""
 
@@ -302,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_terminated)  # unwind (stop the training child, the server)
     try:
-        return {"plan": _plan, "join": _join, "run": _run, "tune": _tune}[args.command](args)
+        commands = {"plan": _plan, "join": _join, "run": _run, "tune": _tune, "predict": _predict}
+        return commands[args.command](args)
     except Preempted as err:
         print(f"retrain: preempted, retries exhausted: {err}; run the same command again to resume", file=sys.stderr)
         return EXIT_PREEMPTED

@@ -40,7 +40,7 @@ def test_demo_with_no_arguments(tmp_path: Path) -> None:
     assert "Bayes-optimal AUC" in out.stdout
 
 
-def test_second_run_shows_cached_preprocessing(tmp_path: Path, demo_source: Path, prefect_server) -> None:
+def test_second_run_shows_cached_preprocessing_and_the_champion_scores(tmp_path: Path, demo_source: Path, prefect_server) -> None:
     args = _sets(small_overrides(tmp_path / "root", demo_source))
     # A running server: the temporary one's start-up is covered by the other CLI tests.
     first = _retrain(args, tmp_path, env=prefect_server.env)
@@ -50,6 +50,19 @@ def test_second_run_shows_cached_preprocessing(tmp_path: Path, demo_source: Path
     assert "preprocess  Cached" in second.stdout
     assert "already complete" in second.stdout
     assert first.stdout.splitlines()[-1] == second.stdout.splitlines()[-1]
+
+    # The champion in use: `retrain predict` scores new data with it, and a rerun is a no-op.
+    predict = [sys.executable, "-m", "retrain_cli.main", "predict", "--input", str(demo_source), "--output",
+               str(tmp_path / "scores.parquet"), "--keys", "clicked", *args]
+    scored = subprocess.run(predict, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=prefect_server.env)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert scored.stdout.strip().splitlines()[-1] == str(tmp_path / "scores.parquet")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "scores.parquet")
+    assert table.column_names == ["clicked", "probability", "prediction"] and table.num_rows == 8000
+    again = subprocess.run(predict, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=prefect_server.env)
+    assert again.returncode == 0 and "already scored: 8000 rows" in again.stderr, again.stderr[-3000:]
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path: Path) -> None:

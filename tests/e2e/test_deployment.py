@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import small_overrides
-from tests.e2e.conftest import POOL, ROOT, PrefectServer, deployment, flow_run
+from tests.e2e.conftest import POOL, ROOT, PrefectServer, deployment, flow_run, flow_runs_of, wait_for
 from training.config import RetrainConfig, load_config
 
 pytestmark = pytest.mark.slow
@@ -40,6 +40,18 @@ def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> N
     assert tune["schedules"] == [] and tune["entrypoint"] == "flows/tune.py:tune"
     tuned = RetrainConfig.model_validate(tune["parameters"]["config"])
     assert tuned.tune.space and tuned.tune.max_usd == 5.0
+
+    # Scoring after retraining: a deployment trigger, i.e. an automation on the server that runs
+    # `predict` when a run of the `retrain` deployment completes.
+    predict = deployment(deployed, "predict", flow="predict")
+    assert predict["entrypoint"] == "flows/predict.py:predict" and predict["schedules"] == []
+    assert set(predict["parameter_openapi_schema"]["required"]) == {"input", "output"}
+    automations = deployed.api().post("/automations/filter", json={}).json()
+    (linked,) = [a for a in automations
+                 if any(action.get("deployment_id") == predict["id"] for action in a["actions"])]
+    trigger = linked["trigger"]
+    assert trigger["expect"] == ["prefect.flow-run.Completed"]
+    assert trigger["match_related"] == {"prefect.resource.role": "deployment", "prefect.resource.name": "retrain"}
 
 
 def test_deployments_clone_the_code_and_reschedule_on_sigterm(deployed: PrefectServer) -> None:
@@ -90,6 +102,10 @@ def test_triggered_run_completes_on_a_worker(deployed: PrefectServer, tmp_path: 
     assert run["state"]["type"] == "COMPLETED", run["state"]
     (report,) = (tmp_path / "root" / "runs").glob("*/report.json")
     assert json.loads(report.read_text())["steps"] == 30  # the parameter override took effect
+    # Its completion fired the `predict` deployment's trigger: the scoring run is on its way.
+    predict_id = deployment(deployed, "predict", flow="predict")["id"]
+    (scoring,) = wait_for(lambda: flow_runs_of(deployed, predict_id), 60, "the predict run the trigger creates")
+    deployed.api().delete(f"/flow_runs/{scoring['id']}")  # not run here: its input is the deployment's placeholder
 
 
 def test_bad_parameter_is_rejected_before_any_work(deployed: PrefectServer, tmp_path: Path) -> None:

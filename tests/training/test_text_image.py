@@ -259,3 +259,30 @@ def test_token_ids_are_published_with_the_statistics_and_reused_by_a_fresh_machi
     files = sorted(p.name for p in arrays_a.iterdir())
     assert files == sorted(p.name for p in arrays_b.iterdir()) and "arrays.json" in files
     assert all((arrays_a / f).read_bytes() == (arrays_b / f).read_bytes() for f in files)
+
+
+def test_scoring_texts_and_images_gives_the_evaluation_metrics_exactly(tmp_path: Path, digits_source: Path) -> None:
+    """`retrain predict`'s path on a multiclass text + image model: the test split's rows, read
+    from Parquet, tokenized and decoded again, score exactly what evaluation scored."""
+    import pyarrow.parquet as pq
+
+    from tests.training.helpers import make_job
+    from training.data.packing import _split_of_rows
+    from training.predict import load_scoring_model, predict_files
+    from training.tasks import Task
+
+    config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
+    config.train.max_steps = 50
+    job = make_job(config)
+    package = Path(train(job).model.uri).parent
+    expected = evaluate_package(package, Path(job.dataset_dir), require_manifest(Path(job.dataset_dir)), None)
+    table = pq.read_table(digits_source)
+    test = table.filter(pa.array(_split_of_rows(0, table.num_rows, config.data) == 2))
+    pq.write_table(test, tmp_path / "test.parquet", row_group_size=300)
+    scoring = load_scoring_model(package, None)
+    scores = pq.read_table(predict_files([tmp_path / "test.parquet"], scoring, tmp_path / "scores.parquet").output)
+    probs = np.stack(scores.column("probabilities").to_numpy(zero_copy_only=False))
+    classes = scoring.stats.classes
+    labels = np.array([classes.index(v) for v in scores.column("digit").to_pylist()])
+    assert Task.of(scoring.stats).evaluate(labels, probs) == {k: v for k, v in expected.items() if k != "rows"}
+    assert scores.column("prediction").to_pylist() == [classes[i] for i in probs.argmax(axis=1)]

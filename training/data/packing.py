@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "PACK_FORMAT_VERSION",
+    "FeatureValidator",
+    "feature_arrays",
     "require_manifest",
     "PackPart",
     "PackPlan",
@@ -197,19 +199,19 @@ def category_hash(values: pa.Array) -> np.ndarray:
     return out
 
 
-class _Validator:
+class FeatureValidator:
     """Checks each record batch against the configured schema, naming file, column and row."""
 
     def __init__(self, config: DataConfig) -> None:
         self.config = config
 
-    def check_schema(self, path: Path, schema: pa.Schema) -> None:
+    def check_schema(self, path: Path, schema: pa.Schema, with_label: bool = True) -> None:
         c = self.config
-        missing = [n for n in [c.label, *c.numeric, *c.categorical, *c.vector, *c.text, *c.image]
-                   if n not in schema.names]
+        missing = [n for n in [*([c.label] if with_label else []), *c.numeric, *c.categorical, *c.vector, *c.text,
+                               *c.image] if n not in schema.names]
         if missing:
             raise DataError(f"{path}: missing column(s) {missing}; present: {schema.names}")
-        if c.task == "multiclass":
+        if with_label and c.task == "multiclass":
             MulticlassLabels.check_type(path, c.label, schema.field(c.label).type)
         for name in c.vector:
             t = schema.field(name).type
@@ -518,7 +520,7 @@ def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: 
     existing = _reusable(final_dir)
     if existing is not None:
         return None, existing
-    validator = _Validator(config)
+    validator = FeatureValidator(config)
     groups: list[tuple[str, int, int, int]] = []  # (file, row group, file row, rows)
     for path in files:
         try:
@@ -617,7 +619,7 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
     work_dir = Path(plan.work_dir)
     (work_dir / "pieces").mkdir(parents=True, exist_ok=True)
     path = Path(part.file)
-    validator = _Validator(config)
+    validator = FeatureValidator(config)
     # Split sizes in bounded chunks: a part can hold millions of rows, and the hash's
     # temporaries are 8 bytes a row each (a whole 5M-row part at once cost 40 MB of peak RSS).
     counts = dict.fromkeys(SPLITS, 0)
@@ -720,13 +722,20 @@ class _RaggedPiece:
         return Ragged(data, np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
 
 
-def _batch_arrays(validator: _Validator, path: Path, batch: pa.RecordBatch, first: int,
+def _batch_arrays(validator: FeatureValidator, path: Path, batch: pa.RecordBatch, first: int,
                   plan: PackPlan, global_first: int) -> dict[str, Rows]:
     """One record batch validated and encoded: an array per stored field, rows in file order."""
+    label = validator.label(path, batch.column(validator.config.label), first, plan.classes)
+    return {"label": label, **feature_arrays(validator, path, batch, first, plan.vector_dims, global_first)}
+
+
+def feature_arrays(validator: FeatureValidator, path: Path, batch: pa.RecordBatch, first: int, vector_dims: list[int],
+                   global_first: int = 0) -> dict[str, Rows]:
+    """The feature columns of a record batch validated and encoded as packing stores them (so
+    scoring new data reads them exactly as training did): num, cat, vec, text<j>, image<j>."""
     config, n = validator.config, batch.num_rows
-    arrays: dict[str, Rows] = {"label": validator.label(path, batch.column(config.label), first, plan.classes)}
     num = np.empty((n, len(config.numeric)), dtype=np.float32)
-    arrays["num"] = num
+    arrays: dict[str, Rows] = {"num": num}
     for j, name in enumerate(config.numeric):
         num[:, j] = validator.numeric(path, name, batch.column(name), first)
     cat = np.empty((n, len(config.categorical)), dtype=np.int64)
@@ -736,7 +745,7 @@ def _batch_arrays(validator: _Validator, path: Path, batch: pa.RecordBatch, firs
     if config.vector:
         arrays["vec"] = np.concatenate(
             [validator.vector(path, name, batch.column(name), first, dim)
-             for name, dim in zip(config.vector, plan.vector_dims, strict=True)], axis=1)
+             for name, dim in zip(config.vector, vector_dims, strict=True)], axis=1)
     for j, name in enumerate(config.text):
         arrays[f"text{j}"] = Ragged.from_arrow(batch.column(name))  # a null text is empty
     for j, name in enumerate(config.image):

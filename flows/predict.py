@@ -1,0 +1,28 @@
+"""Batch scoring with the champion (or a chosen model): Parquet in, Parquet out."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from tasks.policies import apply_credentials_block
+from tasks.predict import score_parquet
+from tasks.runtime import effective_config
+from training.config import RetrainConfig
+
+__all__ = ["predict"]
+
+
+@flow(name="predict", flow_run_name="predict-{model}", log_prints=True)
+def predict(
+    input: str,
+    output: str,
+    model: str = "champion",
+    key_columns: list[str] | None = None,  # not `keys`: Prefect's parameter model would shadow .keys()
+    config: RetrainConfig = RetrainConfig(),  # noqa: B008 - pydantic default renders in the UI
+) -> str:
+    """Score the Parquet file, folder or s3:// prefix `input` with `model` (`champion`, a model
+    sha256 or a package folder) into `output`, with the input columns `key_columns` (default: all); returns the output's path. Only the config's
+    storage and model.factory are used: where the champion lives, and which factory is trusted."""
+    config = effective_config(config)
+    apply_credentials_block(config.storage)
+    return score_parquet(config, input, output, model, key_columns).output

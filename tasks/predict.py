@@ -1,0 +1,21 @@
+from __future__ import annotations
+
+from prefect import task
+
+from tasks.policies import retry_transient, task_logger
+from training.config import RetrainConfig
+from training.predict_stage import predict_stage
+from training.results import PredictResult
+
+__all__ = ["score_parquet"]
+
+
+@task(name="score", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+def score_parquet(config: RetrainConfig, source: str, output: str, model: str, key_columns: list[str] | None
+                  ) -> PredictResult:
+    """Score `source` into `output`; a retry (or a rerun) finds finished output and skips it.
+    (Not `keys`: Prefect's parameter model would shadow its .keys().)"""
+    result = predict_stage(config, source, output, model, key_columns)
+    task_logger().info("%s %d rows with model %s -> %s", "already scored:" if result.skipped else "scored",
+                       result.rows, result.model_sha256[:12], result.output)
+    return result

@@ -1,0 +1,123 @@
+"""Batch scoring with a model package: exact agreement with evaluation, idempotent output,
+refused tampering, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from tests.training.helpers import make_job
+from training.config import RetrainConfig
+from training.data.packing import _split_of_rows, load_manifest
+from training.errors import CheckpointError, DataError
+from training.evaluate import evaluate_package
+from training.loop import train
+from training.package import meta_sha256
+from training.predict import load_scoring_model, predict_files
+from training.tasks import BinaryTask
+
+
+@pytest.fixture
+def trained(small_config: RetrainConfig) -> tuple[RetrainConfig, Path, Path]:
+    job = make_job(small_config)
+    result = train(job)
+    return small_config, Path(result.model.uri).parent, Path(job.dataset_dir)
+
+
+def _test_split(config: RetrainConfig, out: Path) -> Path:
+    """The source rows the pack stage put in the test split, in their order."""
+    table = pq.read_table(config.data.source)
+    split = _split_of_rows(0, table.num_rows, config.data)
+    # Small row groups: the scorer must still batch exactly as evaluation does.
+    pq.write_table(table.filter(pa.array(split == 2)), out, row_group_size=700)
+    return out
+
+
+def test_scoring_the_test_split_gives_the_evaluation_metrics_exactly(trained, tmp_path: Path) -> None:
+    config, package, dataset_dir = trained
+    expected = evaluate_package(package, dataset_dir, load_manifest(dataset_dir), None)
+    source = _test_split(config, tmp_path / "test.parquet")
+    result = predict_files([source], load_scoring_model(package, None), tmp_path / "scores.parquet")
+    scores = pq.read_table(result.output)
+    assert result.rows == expected["rows"] == scores.num_rows
+    labels = scores.column(config.data.label).to_numpy().astype(np.float32)
+    got = BinaryTask.evaluate(BinaryTask.__new__(BinaryTask), labels, scores.column("probability").to_numpy())
+    assert got == {k: v for k, v in expected.items() if k != "rows"}  # to the last digit
+    assert scores.column_names == [*pq.read_schema(source).names, "probability", "prediction"]
+    meta = scores.schema.metadata
+    assert meta[b"retrain.model_sha256"].decode() == json.loads((package / "model.json").read_text())["sha256"]
+
+
+def test_a_rerun_is_a_no_op_and_other_input_is_scored_again(trained, tmp_path: Path) -> None:
+    config, package, _ = trained
+    source = _test_split(config, tmp_path / "in.parquet")
+    out = tmp_path / "scores.parquet"
+    scoring = load_scoring_model(package, None)
+    first = predict_files([source], scoring, out, keys=["clicked"])
+    stamp = out.stat().st_mtime_ns
+    again = predict_files([source], scoring, out, keys=["clicked"])
+    assert not first.skipped and again.skipped and out.stat().st_mtime_ns == stamp
+    assert pq.read_schema(out).names == ["clicked", "probability", "prediction"]
+    table = pq.read_table(source)
+    pq.write_table(table.slice(0, 100), source)
+    changed = predict_files([source], scoring, out, keys=["clicked"])
+    assert not changed.skipped and changed.rows == 100
+    assert not list(tmp_path.glob(".scores.parquet.tmp-*"))
+
+
+def test_a_tampered_package_is_refused(trained, tmp_path: Path) -> None:
+    _, package, _ = trained
+    copy = tmp_path / "pkg"
+    shutil.copytree(package, copy)
+    state = torch.load(copy / "model.pt", weights_only=True)
+    name = next(iter(state))
+    state[name] = state[name] + 1e-3  # one layer's weights replaced
+    torch.save(state, copy / "model.pt")
+    with pytest.raises(CheckpointError, match="weights do not match their sha256"):
+        load_scoring_model(copy, None)
+    meta = json.loads((package / "model.json").read_text())
+    meta["feature_stats"]["mean"][0] += 1.0  # the preprocessing changed: the champion pointer's hash catches it
+    (copy / "model.json").write_text(json.dumps(meta))
+    shutil.copy(package / "model.pt", copy / "model.pt")
+    with pytest.raises(CheckpointError, match="model.json does not match the sha256 recorded"):
+        load_scoring_model(copy, None, expected_meta_sha256=meta_sha256(package))
+
+
+def test_bad_input_is_one_line_naming_the_file_and_column(trained, tmp_path: Path) -> None:
+    config, package, _ = trained
+    scoring = load_scoring_model(package, None)
+    table = pq.read_table(config.data.source).slice(0, 50)
+    numeric = config.data.numeric[0]
+
+    missing = tmp_path / "missing.parquet"
+    pq.write_table(table.drop_columns([numeric]), missing)
+    with pytest.raises(DataError, match=rf"missing.parquet: missing column\(s\) \['{numeric}'\]"):
+        predict_files([missing], scoring, tmp_path / "o1.parquet")
+
+    wrong = tmp_path / "wrong.parquet"
+    pq.write_table(table.set_column(table.schema.get_field_index(numeric), numeric,
+                                    pa.array(["x"] * 50)), wrong)
+    with pytest.raises(DataError, match=rf"wrong.parquet: column '{numeric}' has non-numeric value 'x' at row 0"):
+        predict_files([wrong], scoring, tmp_path / "o2.parquet")
+
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(table.slice(0, 0), empty)
+    with pytest.raises(DataError, match="has no rows to score"):
+        predict_files([empty], scoring, tmp_path / "o3.parquet")
+    assert not (tmp_path / "o3.parquet").exists()
+
+
+def test_no_champion_yet_is_one_line(small_config: RetrainConfig) -> None:
+    from training.predict_stage import resolve_model
+
+    with pytest.raises(CheckpointError, match=r"no champion yet at .*models/champion: run `retrain run`"):
+        resolve_model(small_config, "champion")
+    with pytest.raises(CheckpointError, match="neither 'champion', a 64-hex model sha256, nor a package folder"):
+        resolve_model(small_config, "/nowhere")

@@ -1,0 +1,222 @@
+"""Batch scoring: Parquet in, Parquet out, with a verified model package.
+
+Rows are read, validated and encoded by packing's own code (`feature_arrays`) and transformed by
+the package's own `FeatureStats`, so nulls, unseen categories, texts and images are handled
+exactly as in training and evaluation. Record batches are re-chunked to `SCORE_BATCH` rows, the
+evaluation batch: scoring the test split gives the very numbers evaluation scored.
+
+The output holds the chosen key columns (default: every input column) and the prediction
+columns of the task, with the model's hashes and the input's fingerprint in the Parquet
+metadata. It is written under a temporary name and renamed; a rerun whose output already holds
+the same model, input and columns does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from training.config import DataConfig
+from training.data.features import FeatureStats, FeatureTransform
+from training.data.packing import FeatureValidator, feature_arrays
+from training.data.ragged import OFFSETS, Ragged
+from training.errors import CheckpointError, DataError
+from training.evaluate import EVAL_BATCH
+from training.model import forward_fn
+from training.package import load_package, meta_sha256
+from training.results import PredictResult
+from training.storage import sha256_file
+from training.tasks import Task
+
+__all__ = ["PREDICTION_COLUMNS", "SCORE_BATCH", "ScoringModel", "input_fingerprint", "load_scoring_model",
+           "predict_files", "prediction_columns"]
+
+SCORE_BATCH = EVAL_BATCH
+FORMAT = "1"
+PREDICTION_COLUMNS = {"binary": ["probability", "prediction"], "multiclass": ["prediction", "probabilities"],
+                      "regression": ["prediction"]}
+META = {"model": b"retrain.model_sha256", "meta": b"retrain.model_meta_sha256", "input": b"retrain.input",
+        "keys": b"retrain.keys", "format": b"retrain.format", "classes": b"retrain.classes"}
+
+
+@dataclass(frozen=True)
+class ScoringModel:
+    """A loaded, verified package: what scoring needs of it."""
+
+    model: torch.nn.Module
+    stats: FeatureStats
+    sha256: str  # the weights'
+    meta_sha256: str  # model.json's, which covers every file of the package
+
+    @property
+    def columns(self) -> list[str]:
+        s = self.stats
+        return [*s.numeric, *s.categorical, *s.vector, *s.text, *s.image]
+
+
+def load_scoring_model(package_dir: Path, trusted_factory: str | None, expected_meta_sha256: str | None = None,
+                       expected_sha256: str | None = None) -> ScoringModel:
+    """The package's model, verified: model.json against `expected_meta_sha256` (the champion
+    pointer's), the weights against model.json and against `expected_sha256` (a models/<sha>
+    folder's name). A mismatch is a CheckpointError naming the file."""
+    model, stats, meta = load_package(package_dir, trusted_factory, expected_meta_sha256)
+    if expected_sha256 is not None and meta["sha256"] != expected_sha256:
+        raise CheckpointError(f"model package {package_dir}: its weights' sha256 {meta['sha256'][:12]} is not "
+                              f"{expected_sha256[:12]}, the model asked for (replaced or tampered with)")
+    return ScoringModel(model, stats, meta["sha256"], meta_sha256(package_dir))
+
+
+def prediction_columns(task: str) -> list[str]:
+    return PREDICTION_COLUMNS[task]
+
+
+def _validator(stats: FeatureStats) -> FeatureValidator:
+    return FeatureValidator(DataConfig(task=stats.task, label=stats.label or "__label__", numeric=stats.numeric,
+                                       categorical=stats.categorical, vector=stats.vector, text=stats.text,
+                                       image=stats.image))
+
+
+def input_fingerprint(files: list[Path]) -> str:
+    """The input's content: every file's name, size and sha256, in order."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.name}\0{f.stat().st_size}\0{sha256_file(f)}\n".encode())
+    return h.hexdigest()
+
+
+def _chunks(path: Path, columns: list[str], rows: int) -> Iterator[pa.Table]:
+    """The file's rows in tables of exactly `rows` rows (the last one shorter): Parquet's own
+    batches stop at row-group ends, and scoring must batch as evaluation does."""
+    try:
+        pending: list[pa.RecordBatch] = []
+        have = 0
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=rows, columns=columns):
+            pending.append(batch)
+            have += batch.num_rows
+            while have >= rows:
+                table = pa.Table.from_batches(pending)
+                yield table.slice(0, rows)
+                rest = table.slice(rows)
+                pending, have = rest.to_batches(), rest.num_rows
+        if have:
+            yield pa.Table.from_batches(pending)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {err}") from None
+
+
+def _check_columns(path: Path, schema: pa.Schema, scoring: ScoringModel, keys: list[str]) -> None:
+    _validator(scoring.stats).check_schema(path, schema, with_label=False)
+    missing = [k for k in keys if k not in schema.names]
+    if missing:
+        raise DataError(f"{path}: key column(s) {missing} not in the input; present: {schema.names}")
+    clash = [c for c in prediction_columns(scoring.stats.task) if c in keys]
+    if clash:
+        raise DataError(f"{path}: input column(s) {clash} would be overwritten by the prediction; "
+                        "leave them out of the key columns (--keys)")
+
+
+def _predictions(task: Task, stats: FeatureStats, output: torch.Tensor) -> dict[str, pa.Array]:
+    pred = task.predict(output)
+    if stats.task == "binary":
+        return {"probability": pa.array(pred, pa.float32()), "prediction": pa.array((pred >= 0.5).astype(np.int8))}
+    if stats.task == "multiclass":
+        classes = pa.array(stats.classes)
+        probs = pa.FixedSizeListArray.from_arrays(pa.array(pred.reshape(-1), pa.float32()), len(stats.classes))
+        return {"prediction": classes.take(pa.array(pred.argmax(axis=1))), "probabilities": probs}
+    return {"prediction": pa.array(pred, pa.float64())}
+
+
+@torch.no_grad()
+def _score_table(scoring: ScoringModel, transform: FeatureTransform, task: Task, path: Path, table: pa.Table,
+                 first: int, keys: list[str]) -> pa.RecordBatch:
+    batch = table.combine_chunks().to_batches()[0] if table.num_rows else None
+    if batch is None:
+        raise DataError(f"{path}: an empty record batch")
+    encoded = feature_arrays(_validator(scoring.stats), path, batch, first, scoring.stats.vector_dims, first)
+    arrays: dict[str, np.ndarray] = {}
+    for name, rows in encoded.items():  # texts and images as a shard stores them: values and offsets
+        if isinstance(rows, Ragged):
+            arrays[name], arrays[name + OFFSETS] = rows.data, rows.offsets
+        else:
+            arrays[name] = rows
+    ready = transform.shard([arrays], "")
+    output = forward_fn(scoring.model)({k: torch.from_numpy(v) for k, v in ready.items()})
+    columns = {k: table.column(k).combine_chunks() for k in keys}
+    columns.update(_predictions(task, scoring.stats, output))
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def _already_done(output: Path, meta: dict[bytes, bytes]) -> bool:
+    try:
+        found = pq.read_schema(output).metadata or {}
+    except (OSError, pa.ArrowInvalid):
+        return False
+    return all(found.get(k) == v for k, v in meta.items())
+
+
+def predict_files(files: list[Path], scoring: ScoringModel, output: Path, keys: list[str] | None = None
+                  ) -> PredictResult:
+    """Score `files` into the Parquet file `output` (see the module docstring)."""
+    t0 = time.perf_counter()
+    if not files:
+        raise DataError("no input Parquet files to score")
+    first_schema = _schema(files[0])
+    keys = list(first_schema.names) if keys is None else keys
+    meta = {META["model"]: scoring.sha256.encode(), META["meta"]: scoring.meta_sha256.encode(),
+            META["input"]: input_fingerprint(files).encode(), META["keys"]: json.dumps(keys).encode(),
+            META["format"]: FORMAT.encode(), META["classes"]: json.dumps(scoring.stats.classes).encode()}
+    if output.exists() and _already_done(output, meta):
+        rows = pq.ParquetFile(output).metadata.num_rows
+        return PredictResult(output=str(output), rows=rows, model_sha256=scoring.sha256, skipped=True,
+                             seconds=time.perf_counter() - t0, key_columns=keys)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    try:
+        rows = _write(files, scoring, tmp, keys, meta)
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return PredictResult(output=str(output), rows=rows, model_sha256=scoring.sha256, skipped=False,
+                         seconds=time.perf_counter() - t0, key_columns=keys)
+
+
+def _schema(path: Path) -> pa.Schema:
+    try:
+        return pq.read_schema(path)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {err}") from None
+
+
+def _write(files: list[Path], scoring: ScoringModel, tmp: Path, keys: list[str], meta: dict[bytes, bytes]) -> int:
+    transform, task = scoring.stats.transformer(), Task.of(scoring.stats)
+    scoring.model.eval()
+    needed = list(dict.fromkeys([*keys, *scoring.columns]))
+    writer: pq.ParquetWriter | None = None
+    rows = 0
+    try:
+        for path in files:
+            _check_columns(path, _schema(path), scoring, keys)
+            first = 0
+            for table in _chunks(path, needed, SCORE_BATCH):
+                scored = _score_table(scoring, transform, task, path, table, first, keys)
+                if writer is None:
+                    writer = pq.ParquetWriter(tmp, scored.schema.with_metadata(meta))
+                writer.write_batch(scored)
+                first += table.num_rows
+            rows += first
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None or rows == 0:
+        raise DataError(f"the input ({files[0]}{' and more' if len(files) > 1 else ''}) has no rows to score")
+    return rows
