@@ -18,6 +18,7 @@ from benchmarks import (
     bench_loading,
     bench_overhead,
     bench_packing,
+    bench_predict,
     bench_preemption,
     bench_s3,
     bench_scaling,
@@ -40,6 +41,7 @@ SUITE = {
     "scaling": bench_scaling.run,
     "transformer": bench_transformer.run,
     "tuning": bench_tuning.run,
+    "predict": bench_predict.run,
 }
 
 

@@ -2,8 +2,11 @@
 
 Rows are read, validated and encoded by packing's own code (`feature_arrays`) and transformed by
 the package's own `FeatureStats`, so nulls, unseen categories, texts and images are handled
-exactly as in training and evaluation. Record batches are re-chunked to `SCORE_BATCH` rows, the
+exactly as in training and evaluation. The model sees batches of `SCORE_BATCH` rows, the
 evaluation batch: scoring the test split gives the very numbers evaluation scored.
+
+Reading and encoding run on one thread, the model on the caller's, and writing on a third, so
+the three overlap; at most a few chunks are in memory, whatever the input's size.
 
 The output holds the chosen key columns (default: every input column) and the prediction
 columns of the task, with the model's hashes and the input's fingerprint in the Parquet
@@ -13,13 +16,17 @@ the same model, input and columns does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import queue
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +49,7 @@ __all__ = ["PREDICTION_COLUMNS", "SCORE_BATCH", "ScoringModel", "input_fingerpri
            "predict_files", "prediction_columns"]
 
 SCORE_BATCH = EVAL_BATCH
+READ_ROWS = 8 * SCORE_BATCH  # read and encoded at once: fewer calls; a multiple of the batch
 FORMAT = "1"
 PREDICTION_COLUMNS = {"binary": ["probability", "prediction"], "multiclass": ["prediction", "probabilities"],
                       "regression": ["prediction"]}
@@ -136,12 +144,16 @@ def _predictions(task: Task, stats: FeatureStats, output: torch.Tensor) -> dict[
     return {"prediction": pa.array(pred, pa.float64())}
 
 
-@torch.no_grad()
-def _score_table(scoring: ScoringModel, transform: FeatureTransform, task: Task, path: Path, table: pa.Table,
-                 first: int, keys: list[str]) -> pa.RecordBatch:
-    batch = table.combine_chunks().to_batches()[0] if table.num_rows else None
-    if batch is None:
-        raise DataError(f"{path}: an empty record batch")
+@dataclass(frozen=True)
+class _Chunk:
+    path: Path
+    table: pa.Table  # the rows as read: the key columns come from here
+    ready: dict[str, np.ndarray]  # the model's inputs, transformed
+
+
+def _prepare(scoring: ScoringModel, transform: FeatureTransform, path: Path, table: pa.Table, first: int) -> _Chunk:
+    """Validate, encode and transform one chunk exactly as packing and preprocessing do."""
+    batch = table.combine_chunks().to_batches()[0]
     encoded = feature_arrays(_validator(scoring.stats), path, batch, first, scoring.stats.vector_dims, first)
     arrays: dict[str, np.ndarray] = {}
     for name, rows in encoded.items():  # texts and images as a shard stores them: values and offsets
@@ -149,11 +161,62 @@ def _score_table(scoring: ScoringModel, transform: FeatureTransform, task: Task,
             arrays[name], arrays[name + OFFSETS] = rows.data, rows.offsets
         else:
             arrays[name] = rows
-    ready = transform.shard([arrays], "")
-    output = forward_fn(scoring.model)({k: torch.from_numpy(v) for k, v in ready.items()})
-    columns = {k: table.column(k).combine_chunks() for k in keys}
-    columns.update(_predictions(task, scoring.stats, output))
-    return pa.RecordBatch.from_pydict(columns)
+    return _Chunk(path, table, transform.shard([arrays], ""))
+
+
+def _prepared(scoring: ScoringModel, files: list[Path], keys: list[str]) -> Iterator[_Chunk]:
+    transform = scoring.stats.transformer()
+    needed = list(dict.fromkeys([*keys, *scoring.columns]))
+    for path in files:
+        _check_columns(path, _schema(path), scoring, keys)
+        first = 0
+        for table in _chunks(path, needed, READ_ROWS):
+            yield _prepare(scoring, transform, path, table, first)
+            first += table.num_rows
+
+
+def _ahead(items: Iterator[_Chunk], depth: int = 2) -> Iterator[_Chunk]:
+    """`items` produced on a thread, `depth` ahead of the consumer (Arrow and numpy release the
+    GIL: reading and encoding the next chunk overlaps the model on this one)."""
+    done = object()
+    q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                q.put(item)
+            q.put(done)
+        except BaseException as err:  # noqa: BLE001 - handed to the consumer, raised there
+            q.put(err)
+
+    thread = threading.Thread(target=produce, name="predict-read", daemon=True)
+    thread.start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            with contextlib.suppress(queue.Empty):
+                q.get(timeout=0.1)
+
+
+@torch.no_grad()
+def _score(scoring: ScoringModel, task: Task, chunk: _Chunk, keys: list[str]) -> pa.Table:
+    forward, n = forward_fn(scoring.model), chunk.table.num_rows
+    # The model sees batches of SCORE_BATCH rows from the start of the file, as evaluation does
+    # from the start of the split (a row's result may depend on its batch's shape).
+    output = torch.cat([forward({k: torch.from_numpy(v[lo:lo + SCORE_BATCH]) for k, v in chunk.ready.items()})
+                        for lo in range(0, n, SCORE_BATCH)])
+    table = chunk.table.select(keys)  # the key columns as read: no copy
+    for name, values in _predictions(task, scoring.stats, output).items():
+        table = table.append_column(name, values)
+    return table
 
 
 def _already_done(output: Path, meta: dict[bytes, bytes]) -> bool:
@@ -198,25 +261,35 @@ def _schema(path: Path) -> pa.Schema:
 
 
 def _write(files: list[Path], scoring: ScoringModel, tmp: Path, keys: list[str], meta: dict[bytes, bytes]) -> int:
-    transform, task = scoring.stats.transformer(), Task.of(scoring.stats)
+    task = Task.of(scoring.stats)
     scoring.model.eval()
-    needed = list(dict.fromkeys([*keys, *scoring.columns]))
     writer: pq.ParquetWriter | None = None
     rows = 0
-    try:
-        for path in files:
-            _check_columns(path, _schema(path), scoring, keys)
-            first = 0
-            for table in _chunks(path, needed, SCORE_BATCH):
-                scored = _score_table(scoring, transform, task, path, table, first, keys)
+    # Written on a thread of its own, one batch behind the model (Parquet encoding releases the GIL).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict-write") as pool:
+        pending: Future[None] | None = None
+        try:
+            for chunk in _ahead(_prepared(scoring, files, keys)):
+                scored = _score(scoring, task, chunk, keys)
                 if writer is None:
-                    writer = pq.ParquetWriter(tmp, scored.schema.with_metadata(meta))
-                writer.write_batch(scored)
-                first += table.num_rows
-            rows += first
-    finally:
-        if writer is not None:
-            writer.close()
+                    writer = _writer(tmp, scored.schema.with_metadata(meta))
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(writer.write_table, scored)
+                rows += scored.num_rows
+            if pending is not None:
+                pending.result()
+        finally:
+            if writer is not None:
+                writer.close()
     if writer is None or rows == 0:
         raise DataError(f"the input ({files[0]}{' and more' if len(files) > 1 else ''}) has no rows to score")
     return rows
+
+
+def _writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+    # Dictionary encoding only for strings: on float columns it was measured to double the
+    # write time (the slowest part of scoring) and to make the file larger.
+    strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+               or pa.types.is_dictionary(f.type)]
+    return pq.ParquetWriter(path, schema, use_dictionary=strings or False)

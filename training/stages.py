@@ -50,7 +50,8 @@ from training.errors import ConfigError, DataError, RetrainError, StorageError
 from training.champion import Champion, check_champion
 from training.data.features import FeatureStats
 from training.evaluate import compatible, decide_promotion, evaluate_package, other_target, promote
-from training.package import package_stats
+from training.export import EXPORT_DIR, export_portable, exported_files
+from training.package import load_package, package_stats
 from training.tasks import higher_is_better, metric_for, reaches
 from training.launch import log_child_event, run_training_process
 from training.job import TrainJob, train_fingerprint
@@ -400,7 +401,7 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
             challenger_sha, metrics, champion.sha256 if champion else None, champion_metrics, config.eval, problem,
             task, metric,
         )
-        if not promoted or _promote(root, run_dir, trained, packed, metrics, champion):
+        if not promoted or _promote(root, run_dir, trained, packed, metrics, champion, config.model.factory):
             break
         # Compare-and-swap lost: another machine promoted after our comparison. Compare again
         # with the new champion rather than overwrite it.
@@ -446,15 +447,33 @@ def _finished_promotion(root: StorageRoot, run_dir: Path, run_key: str, challeng
 
 
 def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: PackResult,
-             metrics: dict[str, Any], champion: Champion | None) -> bool:
-    """The package first, the pointer last (a reader that finds the pointer finds the model);
-    on S3 the pointer is swapped only if it is still the version compared against."""
+             metrics: dict[str, Any], champion: Champion | None, trusted_factory: str | None) -> bool:
+    """The package (with its portable export) first, the pointer last (a reader that finds the
+    pointer finds the model); on S3 the pointer is swapped only if it is still the version
+    compared against."""
     sha = trained.model.sha256
-    promote(root.local / "models", run_dir / "model", sha,
-            {"run_key": trained.run_key, "metrics": metrics, "dataset": packed.fingerprint},
+    package = run_dir / "model"
+    export_note = _export(package, trusted_factory)
+    promote(root.local / "models", package, sha,
+            {"run_key": trained.run_key, "metrics": metrics, "dataset": packed.fingerprint,
+             "export": export_note or f"models/{sha}/{EXPORT_DIR}/model.pt2"},
             uri=root.display(f"models/{sha}/model.pt"))
-    root.publish_all([f"models/{sha}/model.pt", f"models/{sha}/model.json"], MODEL, trained.run_key)
+    files = ["model.pt", "model.json", *exported_files(root.local / "models" / sha)]
+    root.publish_all([f"models/{sha}/{name}" for name in files], MODEL, trained.run_key)
     return root.publish_if_unchanged("models/champion", MODEL, trained.run_key, champion.etag if champion else None)
+
+
+def _export(package: Path, trusted_factory: str | None) -> str | None:
+    """The portable export beside the package; why there is none, when there is none. A model
+    torch.export cannot trace (a custom factory's Python control flow) is still promoted."""
+    model, stats, _ = load_package(package, trusted_factory)
+    try:
+        reason = export_portable(package, model, stats)
+    except Exception as err:  # noqa: BLE001 - torch.export's errors have no common base; promotion goes on
+        reason = f"torch.export could not trace the model: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    if reason:
+        log.warning("no portable export for %s: %s", package, reason)
+    return reason
 
 
 def _champion_metrics(

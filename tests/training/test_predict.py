@@ -40,8 +40,13 @@ def _test_split(config: RetrainConfig, out: Path) -> Path:
     return out
 
 
-def test_scoring_the_test_split_gives_the_evaluation_metrics_exactly(trained, tmp_path: Path) -> None:
+def test_scoring_the_test_split_gives_the_evaluation_metrics_exactly(trained, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     config, package, dataset_dir = trained
+    # Small batches and read chunks: many of both, misaligned with the file's row groups.
+    monkeypatch.setattr("training.evaluate.EVAL_BATCH", 128)
+    monkeypatch.setattr("training.predict.SCORE_BATCH", 128)
+    monkeypatch.setattr("training.predict.READ_ROWS", 384)
     expected = evaluate_package(package, dataset_dir, load_manifest(dataset_dir), None)
     source = _test_split(config, tmp_path / "test.parquet")
     result = predict_files([source], load_scoring_model(package, None), tmp_path / "scores.parquet")
@@ -121,3 +126,41 @@ def test_no_champion_yet_is_one_line(small_config: RetrainConfig) -> None:
         resolve_model(small_config, "champion")
     with pytest.raises(CheckpointError, match="neither 'champion', a 64-hex model sha256, nor a package folder"):
         resolve_model(small_config, "/nowhere")
+
+
+CHILD = """
+import sys, numpy as np, torch
+program = torch.export.load(sys.argv[1]).module()
+num, cat = np.load(sys.argv[2]), np.load(sys.argv[3])
+with torch.no_grad():
+    np.save(sys.argv[4], program(torch.from_numpy(num), torch.from_numpy(cat)).numpy())
+assert not any(m.split('.')[0] in ('training', 'tasks', 'flows', 'retrain_cli') for m in sys.modules), 'project imported'
+"""
+
+
+def test_the_export_loads_without_the_project_and_scores_as_the_package(trained, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from training.data.packing import category_hash
+    from training.export import export_portable
+
+    config, package, _ = trained
+    scoring = load_scoring_model(package, None)
+    assert export_portable(package, scoring.model, scoring.stats) is None
+    doc = json.loads((package / "export" / "preprocess.json").read_text())
+    assert doc["argument_order"] == ["num", "cat"] and doc["inputs"]["num"]["columns"] == config.data.numeric
+
+    source = _test_split(config, tmp_path / "test.parquet")
+    expected = pq.read_table(predict_files([source], scoring, tmp_path / "scores.parquet").output)
+    table = pq.read_table(source)
+    # What a serving stack sends: raw numerics (nulls as NaN) and the documented category hashes.
+    num = np.stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in config.data.numeric], 1)
+    cat = np.stack([category_hash(table.column(c).combine_chunks()) for c in config.data.categorical], 1)
+    np.save(tmp_path / "num.npy", num), np.save(tmp_path / "cat.npy", cat)
+    isolated = subprocess.run([sys.executable, "-I", "-c", CHILD, str(package / "export" / "model.pt2"),
+                               str(tmp_path / "num.npy"), str(tmp_path / "cat.npy"), str(tmp_path / "out.npy")],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert isolated.returncode == 0, isolated.stderr[-2000:]
+    got = np.load(tmp_path / "out.npy")
+    np.testing.assert_array_equal(got.reshape(-1), expected.column("probability").to_numpy())

@@ -1,0 +1,141 @@
+"""The portable export of a model package: `export/model.pt2` (torch.export) and
+`export/preprocess.json`, loadable by anything with torch and without this project:
+
+    program = torch.export.load("export/model.pt2").module()
+    scores = program(num, cat)          # or (num, cat, vec) when the model has vector columns
+
+Why torch.export and not ONNX: it needs nothing but torch to write and to load (no onnx or
+onnxscript in the training image), keeps the exact kernels the package was evaluated with,
+and AOTInductor compiles the same file for C++ serving.
+
+The graph holds the preprocessing that is arithmetic: standardising the numerics (a null, NaN,
+becomes the train mean) and looking the categories' hashes up in the vocabulary (an unseen one
+is index 0), and the task's output transform (sigmoid, softmax, or the label's units). What a
+graph cannot do, hashing a category's string, is written down in preprocess.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from training.data.features import FeatureStats
+from training.model import forward_fn
+from training.storage import write_json_atomic
+
+__all__ = ["EXPORT_DIR", "ExportScorer", "export_portable", "exported_files"]
+
+log = logging.getLogger(__name__)
+EXPORT_DIR = "export"
+EXPORT_VERSION = 1
+
+CATEGORY_HASH = ("cat[:, j] is the category's 63-bit hash: the value cast to a string (Arrow's cast, e.g. 3 -> '3'), "
+                 "h = int.from_bytes(hashlib.blake2b(s.encode(), digest_size=8).digest(), 'little') >> 1, then "
+                 "h or 1; a null is 0")
+
+
+class ExportScorer(nn.Module):
+    """The package's model with its arithmetic preprocessing and output transform in front
+    and behind: raw numerics and category hashes in, what `retrain predict` writes out."""
+
+    mean: torch.Tensor
+    inv_std: torch.Tensor
+
+    def __init__(self, model: nn.Module, stats: FeatureStats) -> None:
+        super().__init__()
+        self.model, self.task = model, stats.task
+        self.register_buffer("mean", torch.tensor(stats.mean, dtype=torch.float32).reshape(1, -1))
+        self.register_buffer("inv_std", (1.0 / torch.tensor(stats.std, dtype=torch.float64)).float().reshape(1, -1))
+        for j, hashes in enumerate(stats.vocab):
+            order = sorted(range(len(hashes)), key=hashes.__getitem__)
+            # Index p + 1 for vocabulary position p; an empty vocabulary gets one impossible hash.
+            self.register_buffer(f"hashes{j}", torch.tensor([hashes[p] for p in order] or [-1], dtype=torch.int64))
+            self.register_buffer(f"index{j}", torch.tensor([p + 1 for p in order] or [0], dtype=torch.int64))
+        self.n_cat = len(stats.vocab)
+        self.label_mean, self.label_std = stats.label_mean, stats.label_std
+        self.forward_model = forward_fn(model)
+
+    def _lookup(self, cat: torch.Tensor) -> torch.Tensor:
+        columns = []
+        for j in range(self.n_cat):
+            hashes, index = getattr(self, f"hashes{j}"), getattr(self, f"index{j}")
+            pos = torch.searchsorted(hashes, cat[:, j].contiguous()).clamp(max=hashes.numel() - 1)
+            found = hashes[pos] == cat[:, j]
+            columns.append(torch.where(found, index[pos], torch.zeros_like(pos)))
+        return torch.stack(columns, dim=1) if columns else cat
+
+    def forward(self, num: torch.Tensor, cat: torch.Tensor, vec: torch.Tensor | None = None) -> torch.Tensor:
+        x = torch.nan_to_num((num - self.mean) * self.inv_std, nan=0.0)
+        batch = {"num": x, "cat": self._lookup(cat)}
+        if vec is not None:
+            batch["vec"] = vec
+        out = self.forward_model(batch).float()
+        if self.task == "binary":
+            return torch.sigmoid(out)
+        if self.task == "multiclass":
+            return torch.softmax(out, dim=-1)
+        return out.double() * self.label_std + self.label_mean
+
+
+def _preprocess_doc(stats: FeatureStats, program_sha256: str) -> dict[str, Any]:
+    inputs = ["num", "cat", *(["vec"] if stats.vector else [])]
+    return {
+        "version": EXPORT_VERSION,
+        "program": "model.pt2",
+        "program_sha256": program_sha256,
+        "load": "torch.export.load('model.pt2').module()",
+        "inputs": {
+            "num": {"columns": stats.numeric, "dtype": "float32", "shape": ["rows", len(stats.numeric)],
+                    "how": "the raw values; a null as NaN (standardised in the graph)"},
+            "cat": {"columns": stats.categorical, "dtype": "int64", "shape": ["rows", len(stats.categorical)],
+                    "how": CATEGORY_HASH},
+            **({"vec": {"columns": stats.vector, "dims": stats.vector_dims, "dtype": "float32",
+                        "how": "the vectors' values side by side, in column order"}} if stats.vector else {}),
+        },
+        "argument_order": inputs,
+        "output": {"binary": "probability of label 1, shape [rows]",
+                   "multiclass": "class probabilities, shape [rows, classes], in the order of `classes`",
+                   "regression": "the predicted value in the label's units, shape [rows]"}[stats.task],
+        "task": stats.task,
+        "label": stats.label,
+        "classes": stats.classes,
+    }
+
+
+def export_portable(package_dir: Path, model: nn.Module, stats: FeatureStats) -> str | None:
+    """Write `<package>/export/`; returns why not when this model cannot be exported (texts and
+    images need their tokenizer and decoder outside the graph: not exported yet)."""
+    out = package_dir / EXPORT_DIR
+    if (out / "preprocess.json").exists():
+        return None  # written before (a retried promotion)
+    if stats.text or stats.image:
+        return "models with text or image columns are not exported yet (their tokenizer and image decoder run outside the graph)"
+    scorer = ExportScorer(model, stats).eval()
+    rows = torch.export.Dim("rows", min=1)
+    example: tuple[torch.Tensor, ...] = (torch.zeros(2, len(stats.numeric)),
+                                         torch.zeros(2, len(stats.vocab), dtype=torch.int64))
+    if stats.vector:
+        example = (*example, torch.zeros(2, sum(stats.vector_dims)))
+    with torch.no_grad():
+        program = torch.export.export(scorer, example, dynamic_shapes=tuple({0: rows} for _ in example))
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / f".model.pt2.tmp-{os.getpid()}"
+    torch.export.save(program, tmp)
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    os.replace(tmp, out / "model.pt2")
+    write_json_atomic(out / "preprocess.json", _preprocess_doc(stats, digest))  # last: marks the export complete
+    log.info("portable export written: %s", out / "model.pt2")
+    return None
+
+
+def exported_files(package_dir: Path) -> list[str]:
+    """The export's files relative to the package, when there is a complete export."""
+    if not (package_dir / EXPORT_DIR / "preprocess.json").exists():
+        return []
+    return [f"{EXPORT_DIR}/model.pt2", f"{EXPORT_DIR}/preprocess.json"]
