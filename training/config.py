@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from training.errors import ConfigError
 from training.prices import DEFAULT_PRICES, DEFAULT_STORAGE_PRICES
 
 __all__ = [
+    "TrackingConfig",
     "CostConfig",
     "BudgetConfig",
     "InstancePrice",
@@ -574,6 +576,25 @@ class TuneConfig(_Section):
     promote: bool = Field(False, description="Train the best trial to full fidelity (if it is not already) and put "
                           "it through the champion/challenger gate.", json_schema_extra=OPERATIONAL)
 
+class TrackingConfig(_Section):
+    mlflow_uri: str | None = Field(
+        None, description="MLflow tracking server (http://host:5000) or sqlite:///file.db; empty: MLFLOW_TRACKING_URI, "
+        "and with neither nothing is recorded. Needs pip install '.[mlflow]'.", json_schema_extra=OPERATIONAL
+    )
+    experiment: str = Field("retrain", min_length=1, description="MLflow experiment of the runs.", json_schema_extra=OPERATIONAL)
+    registered_model: str = Field(
+        "retrain-model", min_length=1, description="Registered model the promoted packages are versions of; the aliases "
+        "`challenger` (every new version) and `champion` (moved with models/champion) live on it.", json_schema_extra=OPERATIONAL
+    )
+    timeout_seconds: float = Field(
+        5.0, gt=0, description="Per request to MLflow: a server that does not answer in time is skipped for the rest of "
+        "the stage, and the report says what was not recorded.", json_schema_extra=OPERATIONAL
+    )
+
+    def uri(self) -> str | None:
+        return self.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
 class RetrainConfig(_Section):
     """Everything that defines a retraining run."""
 
@@ -586,6 +607,7 @@ class RetrainConfig(_Section):
     cost: CostConfig = Field(default_factory=CostConfig, json_schema_extra=OPERATIONAL)
     budget: BudgetConfig = Field(default_factory=BudgetConfig, json_schema_extra=OPERATIONAL)
     tune: TuneConfig = Field(default_factory=TuneConfig, json_schema_extra=OPERATIONAL)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, json_schema_extra=OPERATIONAL)
 
     @model_validator(mode="after")
     def _metric_of_task(self) -> RetrainConfig:

@@ -101,6 +101,7 @@ def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = T
         f"{util['samples_per_second']:,.0f} samples/s; data-stall fraction {util['data_stall_fraction']:.1%}.",
         "",
     ]
+    lines += _tracking_lines(report.get("tracking"))
     if curves is not None:
         lines.append("## Curves")
         lines.append("")
@@ -112,3 +113,20 @@ def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = T
         lines.append("")
         lines.append(f"Curves: `{curves}`")
     return "\n".join(lines) + "\n"
+
+
+def _tracking_lines(tracking: dict[str, Any] | None) -> list[str]:
+    """The MLflow section: where the run is, and what was not recorded and why."""
+    if not tracking:
+        return []
+    lines = ["## MLflow", ""]
+    if tracking.get("run_id"):
+        version = tracking.get("model_version")
+        aliases = ", ".join(tracking.get("aliases") or []) or "none"
+        lines.append(f"Run `{tracking['run_id']}` at {tracking['uri']}"
+                     + (f"; model version {version} (aliases: {aliases})." if version else "."))
+    problems = tracking.get("problems") or []
+    if problems:
+        lines += ["", "Not recorded:", "", *[f"- {p}" for p in problems]]
+    return lines + [""]
+

@@ -51,6 +51,7 @@ from training.champion import Champion, check_champion
 from training.data.features import FeatureStats
 from training.evaluate import compatible, decide_promotion, evaluate_package, other_target, promote
 from training.export import EXPORT_DIR, export_portable, exported_files
+from training.tracking import BackgroundTracker, MlflowTracker, flat_params, register_model, tracker_for
 from training.package import load_package, package_stats
 from training.tasks import higher_is_better, metric_for, reaches
 from training.launch import log_child_event, run_training_process
@@ -338,7 +339,7 @@ def train_stage(
     champion = check_champion(root, config.model.factory)
     job, warm_start = build_train_job(config, packed, prep, champion, champion_val_metric)
     # A finished run needs no child process (and no 3 s of torch start-up).
-    result = finished_result(job) or run_training_process(job, on_event)
+    result = finished_result(job) or _train_tracked(config, job, on_event)
     return result.model_copy(update={
         "run_dir": job.run_dir,
         "run_uri": root.display(job.run_rel),
@@ -348,6 +349,25 @@ def train_stage(
         "steps_to_target": result.steps_to(config.eval.target_value(),
                                            higher_is_better(config.data.task, result.metric)),
     })
+
+
+def _train_tracked(config: RetrainConfig, job: TrainJob, on_event: Callable[[dict[str, Any]], None]) -> TrainResult:
+    """The training process, its validations also sent to MLflow when tracking is on."""
+    tracker = tracker_for(config, job.run_key, Path(job.run_dir))
+    if tracker is None:
+        return run_training_process(job, on_event)
+    background = BackgroundTracker(tracker, flat_params(config), "train_loss")
+
+    def tracked(event: dict[str, Any]) -> None:
+        if event["event"] == "validation":
+            background.submit({k: v for k, v in event.items() if k == "train_loss" or k.startswith("val_")},
+                              int(event["step"]))
+        on_event(event)
+
+    try:
+        return run_training_process(job, tracked)
+    finally:
+        background.close(timeout=config.tracking.timeout_seconds)
 
 
 def join_training(config: RetrainConfig, node_rank: int) -> int:
@@ -385,6 +405,7 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
     challenger_sha = trained.model.sha256
     done = _finished_promotion(root, run_dir, trained.run_key, challenger_sha, config)
     if done is not None:
+        _register(config, trained, done.promotion.promoted)  # the interrupted run may not have got this far
         return done
     metrics = evaluate_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
                                expected_meta_sha256=trained.model.meta_sha256)
@@ -420,9 +441,18 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
                             champion_problem=champion.problem if champion else None),
         seconds=time.perf_counter() - t0,
     )
+    _register(config, trained, promoted)
     write_json_atomic(run_dir / "evaluation.json", evaluation.to_json())
     root.publish(f"{run_rel(trained.run_key)}/evaluation.json", RUN, trained.run_key)
     return evaluation
+
+
+def _register(config: RetrainConfig, trained: TrainResult, promoted: bool) -> None:
+    """The model in the MLflow registry, its aliases following the champion pointer (tracking on)."""
+    run_dir = Path(trained.run_dir)
+    tracker = tracker_for(config, trained.run_key, run_dir)
+    if tracker is not None:
+        register_model(tracker, run_dir / "model", trained.model.sha256, promoted)
 
 
 _PROMOTION_ATTEMPTS = 3
@@ -578,7 +608,14 @@ def report_stage(
     root = StorageRoot.from_config(config)
     report = _report(config, packed, prep, trained, evaluation, stage_states, flow_run_id)
     curves = render_curves(trained.history, run_dir / "curves.png", evaluation.metric)
+    tracker = tracker_for(config, trained.run_key, run_dir)
+    if tracker is not None:
+        report["tracking"] = _track_report(tracker, config, trained, report, flow_run_id)
     (run_dir / "report.md").write_text(render_markdown(report, curves, embed=False))
+    if tracker is not None:
+        files = [run_dir / "report.md", *([curves] if curves else [])]
+        tracker.do("report.md and curves.png", lambda c: [c.log_artifact(tracker.notes.run_id, str(f)) for f in files])
+        tracker.save()
     report["files"] = {"report_md": str(run_dir / "report.md"), "curves_png": str(curves) if curves else None}
     report["storage"] = {**packed.storage, "run_uri": root.display(run_rel(trained.run_key))}
     path = run_dir / "report.json"
@@ -587,6 +624,22 @@ def report_stage(
     root.publish_all([f"{rel}/report.md"] + ([f"{rel}/curves.png"] if curves else []) + [f"{rel}/report.json"],
                      RUN, trained.run_key)
     return {"report": str(path), "markdown": str(run_dir / "report.md"), "curves": str(curves) if curves else ""}
+
+
+def _track_report(tracker: MlflowTracker, config: RetrainConfig, trained: TrainResult, report: dict[str, Any],
+                  flow_run_id: str | None) -> dict[str, Any]:
+    """Test metrics, cost and tags into the run key's MLflow run; what was (not) recorded."""
+    run_id = tracker.run_id(flat_params(config))
+    if run_id is not None:
+        cost = report["cost"]
+        metrics = {f"test_{k}": float(v) for k, v in report["metrics"].items() if isinstance(v, (int, float))}
+        metrics.update(cost_usd=float(cost["total_usd"]), gpu_hours=float(cost["gpu_hours"]))
+        tracker.log_metrics(metrics, trained.steps, "test metrics and cost")
+        tags = {**{f"cost.{k}": v for k, v in config.cost.tags.items()}, "retrain.status": str(report["status"]),
+                **({"prefect.flow_run_id": flow_run_id} if flow_run_id else {})}
+        tracker.do("tags", lambda c: [c.set_tag(run_id, k, v) for k, v in tags.items()])
+    tracker.save()
+    return tracker.notes.model_dump()
 
 
 def _report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,

@@ -1,0 +1,137 @@
+"""MLflow tracking and registry against a real `mlflow server` (SQLite backend) on 127.0.0.1:
+one MLflow run per run key through a kill and a resume, aliases that follow the champion
+pointer, an alias someone else owns left alone, and a server that dies mid-run."""
+
+from __future__ import annotations
+
+import json
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from flows.retrain import retrain
+from tests.kill import kill_worker_when
+from tests.mlflow_server import MlflowServer
+from training.config import RetrainConfig, load_config
+from training.stages import pack_stage, run_key_for
+from training.storage_root import StorageRoot
+from training.tracking import TAG_RUN_KEY
+
+pytest.importorskip("mlflow")
+MODEL = "retrain-model"
+
+
+@pytest.fixture(scope="module")
+def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield server.url
+    server.stop()
+
+
+def _client(url: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=url, registry_uri=url)
+
+
+def _config(root: Path, source: Path, url: str, *extra: str) -> RetrainConfig:
+    from tests.conftest import small_overrides
+
+    return load_config(overrides=[*small_overrides(root, source), f"tracking.mlflow_uri={url}",
+                                  "cost.tags={team: ranking}", *extra])
+
+
+def _run_dir(config: RetrainConfig) -> str:
+    return str(StorageRoot.from_config(config).local / "runs" / run_key_for(config, pack_stage(config).fingerprint))
+
+
+def _runs_of(url: str, run_key: str) -> list:
+    client = _client(url)
+    experiment = client.get_experiment_by_name("retrain")
+    return client.search_runs([experiment.experiment_id], filter_string=f"tags.`{TAG_RUN_KEY}` = '{run_key}'")
+
+
+def test_a_killed_and_resumed_run_is_one_mlflow_run_then_aliases_follow_the_champion(
+        mlflow_url: str, tmp_path: Path, demo_source: Path) -> None:
+    config = _config(tmp_path / "root", demo_source, mlflow_url, "train.max_steps=120", "train.checkpoint_every=10")
+    kill_worker_when(_run_dir(config), step=45)
+    report = json.loads(Path(retrain(config)).read_text())
+    assert report["preemptions"] == 1 and report["promotion"]["promoted"]
+
+    (run,) = _runs_of(mlflow_url, report["run_key"])  # the retry continued it: no second run
+    client = _client(mlflow_url)
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_auc")]
+    assert steps == [20, 40, 60, 80, 100, 120]  # each validation once, the replayed one too
+    assert run.data.params["train.max_steps"] == "120" and run.data.params["data.label"] == '"clicked"'
+    assert run.data.metrics["test_auc"] == pytest.approx(report["metrics"]["auc"])
+    assert run.data.metrics["cost_usd"] == pytest.approx(report["cost"]["total_usd"])
+    assert run.data.tags["cost.team"] == "ranking" and run.data.tags["prefect.flow_run_id"]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"report.md", "curves.png", "model"} <= artifacts
+    exported = {a.path for a in client.list_artifacts(run.info.run_id, "model/export")}
+    assert exported == {"model/export/model.pt2", "model/export/preprocess.json"}
+    champion = client.get_model_version_by_alias(MODEL, "champion")
+    assert champion.run_id == run.info.run_id
+    assert client.get_model_version_by_alias(MODEL, "challenger").version == champion.version
+    assert report["tracking"]["problems"] == [] and report["tracking"]["aliases"] == ["challenger", "champion"]
+
+    # A rejected challenger: a new version with `challenger`, and `champion` where it was.
+    rejected = _config(tmp_path / "root", demo_source, mlflow_url, "train.max_steps=40", "eval.min_delta=0.5")
+    second = json.loads(Path(retrain(rejected)).read_text())
+    assert not second["promotion"]["promoted"]
+    challenger = client.get_model_version_by_alias(MODEL, "challenger")
+    assert challenger.version != champion.version and challenger.run_id == second["tracking"]["run_id"]
+    assert client.get_model_version_by_alias(MODEL, "champion").version == champion.version
+    assert second["tracking"]["aliases"] == ["challenger"]
+
+
+def test_a_champion_alias_someone_else_set_is_not_moved(mlflow_url: str, tmp_path: Path) -> None:
+    from training.config import TrackingConfig
+    from training.tracking import MlflowTracker, register_model
+
+    client = _client(mlflow_url)
+    name = "shared-model"
+    client.create_registered_model(name)
+    theirs = client.create_model_version(name, source="s3://elsewhere/model")  # registered by hand
+    client.set_registered_model_alias(name, "champion", theirs.version)
+    package = tmp_path / "package"
+    package.mkdir()
+    (package / "model.json").write_text("{}")
+    tracker = MlflowTracker(TrackingConfig(mlflow_uri=mlflow_url, registered_model=name), mlflow_url, "k" * 16,
+                            tmp_path / "run")
+    register_model(tracker, package, "0" * 64, promoted=True)
+    assert client.get_model_version_by_alias(name, "champion").version == theirs.version
+    assert tracker.notes.aliases == ["challenger"]
+    (problem,) = tracker.notes.problems
+    assert f"not moved: it is on version {theirs.version} of 'shared-model', which this pipeline did not register" in problem
+
+
+def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(tmp_path: Path, demo_source: Path) -> None:
+    server = MlflowServer(tmp_path / "mlflow").start()
+    config = _config(tmp_path / "root", demo_source, server.url, "train.max_steps=300")
+    heartbeat = Path(_run_dir(config)) / "heartbeat.bin"
+
+    def kill_at_step_50() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            data = heartbeat.read_bytes() if heartbeat.exists() else b""
+            if len(data) == 16 and struct.unpack("<qd", data)[0] >= 50:
+                server.stop()
+                return
+            time.sleep(0.01)
+
+    threading.Thread(target=kill_at_step_50, daemon=True).start()
+    try:
+        report = json.loads(Path(retrain(config)).read_text())
+    finally:
+        server.stop()
+    assert report["status"] == "completed" and report["steps"] == 300
+    problems = report["tracking"]["problems"]
+    assert any(p.startswith("validation metrics: not recorded") for p in problems), problems
+    assert any(p.startswith("the registered model version: not recorded") for p in problems), problems
+    markdown = Path(report["files"]["report_md"]).read_text()
+    assert "## MLflow" in markdown and "Not recorded:" in markdown
