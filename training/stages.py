@@ -638,6 +638,7 @@ def _track_report(tracker: MlflowTracker, config: RetrainConfig, trained: TrainR
         tags = {**{f"cost.{k}": v for k, v in config.cost.tags.items()}, "retrain.status": str(report["status"]),
                 **({"prefect.flow_run_id": flow_run_id} if flow_run_id else {})}
         tracker.do("tags", lambda c: [c.set_tag(run_id, k, v) for k, v in tags.items()])
+        tracker.do("the run's end", lambda c: c.set_terminated(run_id, "FINISHED"))
     tracker.save()
     return tracker.notes.model_dump()
 

@@ -89,6 +89,41 @@ def test_a_killed_and_resumed_run_is_one_mlflow_run_then_aliases_follow_the_cham
     assert second["tracking"]["aliases"] == ["challenger"]
 
 
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (.ci/run installs it)")
+def test_the_mlflow_ui_shows_the_run_and_the_champion_alias(mlflow_url: str) -> None:
+    """Run after the test above: its model versions are in the registry. The screenshot is the
+    README's (docs/mlflow-ui.png is a copy of one)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.e2e.conftest import ROOT
+
+    artifacts = ROOT / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    champion = _client(mlflow_url).get_model_version_by_alias(MODEL, "champion")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(f"{mlflow_url}/#/models/{MODEL}")
+        page.get_by_text("Model training").first.click()  # not the GenAI view of runs
+        assistant = page.get_by_role("button", name="Close")
+        if assistant.count():
+            assistant.first.click()
+        page.get_by_text("@ champion").first.wait_for(timeout=60_000)
+        page.get_by_text(f"Version {champion.version}").first.wait_for()
+        page.screenshot(path=str(artifacts / "mlflow-ui-model.png"))
+        page.goto(f"{mlflow_url}/#/experiments/{_client(mlflow_url).get_experiment_by_name('retrain').experiment_id}"
+                  f"/runs/{champion.run_id}")
+        page.get_by_text("test_auc").first.wait_for(timeout=60_000)
+        page.screenshot(path=str(artifacts / "mlflow-ui-run.png"))
+        browser.close()
+
+
 def test_a_champion_alias_someone_else_set_is_not_moved(mlflow_url: str, tmp_path: Path) -> None:
     from training.config import TrackingConfig
     from training.tracking import MlflowTracker, register_model
