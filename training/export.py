@@ -125,7 +125,7 @@ def export_portable(package_dir: Path, model: nn.Module, stats: FeatureStats) ->
     with torch.no_grad():
         program = torch.export.export(scorer, example, dynamic_shapes=tuple({0: rows} for _ in example))
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".model.pt2.tmp-{os.getpid()}"
+    tmp = out / f".tmp-{os.getpid()}.model.pt2"  # torch.export.save wants the .pt2 suffix
     torch.export.save(program, tmp)
     digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
     os.replace(tmp, out / "model.pt2")

@@ -663,7 +663,9 @@ def _report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained
                   "best_step": trained.best_step, "best_val_auc": trained.best_val_auc,
                   "best_val_metric": trained.best_val_metric,
                   "precision": trained.precision, "device": trained.device, "seconds": trained.seconds,
-                  "first_step_latency_seconds": trained.first_step_latency_seconds, "history": trained.history},
+                  "first_step_latency_seconds": trained.first_step_latency_seconds, "history": trained.history,
+                  "threads": trained.threads.model_dump() if trained.threads else None,
+                  "num_workers": trained.num_workers},
         "evaluate": {"state": stage_states.get("evaluate")},
     }
     return {

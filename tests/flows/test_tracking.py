@@ -26,10 +26,16 @@ MODEL = "retrain-model"
 
 
 @pytest.fixture(scope="module")
-def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """One server for the module; the last test kills it (starting another costs 7 s)."""
     server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
-    yield server.url
+    yield server
     server.stop()
+
+
+@pytest.fixture
+def mlflow_url(mlflow_server: MlflowServer) -> str:
+    return mlflow_server.url
 
 
 def _client(url: str):
@@ -61,6 +67,7 @@ def test_a_killed_and_resumed_run_is_one_mlflow_run_then_aliases_follow_the_cham
     kill_worker_when(_run_dir(config), step=45)
     report = json.loads(Path(retrain(config)).read_text())
     assert report["preemptions"] == 1 and report["promotion"]["promoted"]
+    assert report["stages"]["train"]["threads"]["threads"] >= 1  # the thread policy, reported
 
     (run,) = _runs_of(mlflow_url, report["run_key"])  # the retry continued it: no second run
     client = _client(mlflow_url)
@@ -145,8 +152,13 @@ def test_a_champion_alias_someone_else_set_is_not_moved(mlflow_url: str, tmp_pat
     assert f"not moved: it is on version {theirs.version} of 'shared-model', which this pipeline did not register" in problem
 
 
-def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(tmp_path: Path, demo_source: Path) -> None:
-    server = MlflowServer(tmp_path / "mlflow").start()
+def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: MlflowServer, tmp_path: Path,
+                                                             demo_source: Path) -> None:
+    """The stage functions the flow's tasks call (no Prefect: it adds nothing to this), with the
+    server killed at step 50 of 300. Last in this file: the module's server dies here."""
+    from training.stages import evaluate_stage, preprocess_stage, report_stage, train_stage
+
+    server = mlflow_server
     config = _config(tmp_path / "root", demo_source, server.url, "train.max_steps=300")
     heartbeat = Path(_run_dir(config)) / "heartbeat.bin"
 
@@ -161,12 +173,17 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(tmp_path: Path, de
 
     threading.Thread(target=kill_at_step_50, daemon=True).start()
     try:
-        report = json.loads(Path(retrain(config)).read_text())
+        packed = pack_stage(config)
+        prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+        trained = train_stage(config, packed, prep)
+        evaluation = evaluate_stage(config, packed, trained)
+        paths = report_stage(config, packed, prep, trained, evaluation, {})
     finally:
         server.stop()
+    report = json.loads(Path(paths["report"]).read_text())
     assert report["status"] == "completed" and report["steps"] == 300
     problems = report["tracking"]["problems"]
     assert any(p.startswith("validation metrics: not recorded") for p in problems), problems
     assert any(p.startswith("the registered model version: not recorded") for p in problems), problems
-    markdown = Path(report["files"]["report_md"]).read_text()
+    markdown = Path(paths["markdown"]).read_text()
     assert "## MLflow" in markdown and "Not recorded:" in markdown

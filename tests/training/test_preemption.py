@@ -230,6 +230,12 @@ def test_a_second_process_on_a_run_in_training_is_refused_and_the_first_is_unhar
     preemption that never happened (it read the live process's heartbeat)."""
     from training.errors import StorageError
 
+    # Long enough that the first is still training when the second has started (about 2 s of
+    # imports): 400 steps of this small model took under a second on one thread.
+    long_config.train.max_steps = 6000
+    long_config.train.eval_every = 1000
+    long_config.train.checkpoint_every = 500
+    long_config.train.patience = 0
     job = make_job(long_config)
     results: dict[str, object] = {}
 
