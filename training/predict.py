@@ -46,7 +46,7 @@ from training.storage import sha256_file
 from training.tasks import Task
 
 __all__ = ["PREDICTION_COLUMNS", "SCORE_BATCH", "ScoringModel", "input_fingerprint", "load_scoring_model",
-           "predict_files", "prediction_columns"]
+           "predict_files", "prediction_columns", "scoring_meta"]
 
 SCORE_BATCH = EVAL_BATCH
 READ_ROWS = 8 * SCORE_BATCH  # read and encoded at once: fewer calls; a multiple of the batch
@@ -227,17 +227,22 @@ def _already_done(output: Path, meta: dict[bytes, bytes]) -> bool:
     return all(found.get(k) == v for k, v in meta.items())
 
 
+def scoring_meta(files: list[Path], scoring: ScoringModel, keys: list[str] | None) -> tuple[list[str], dict[bytes, bytes]]:
+    """The key columns (default: every column of the first file) and what the output records of
+    its model and input: equal for a rerun that would write the same scores."""
+    if not files:
+        raise DataError("no input Parquet files to score")
+    keys = list(_schema(files[0]).names) if keys is None else keys
+    return keys, {META["model"]: scoring.sha256.encode(), META["meta"]: scoring.meta_sha256.encode(),
+                  META["input"]: input_fingerprint(files).encode(), META["keys"]: json.dumps(keys).encode(),
+                  META["format"]: FORMAT.encode(), META["classes"]: json.dumps(scoring.stats.classes).encode()}
+
+
 def predict_files(files: list[Path], scoring: ScoringModel, output: Path, keys: list[str] | None = None
                   ) -> PredictResult:
     """Score `files` into the Parquet file `output` (see the module docstring)."""
     t0 = time.perf_counter()
-    if not files:
-        raise DataError("no input Parquet files to score")
-    first_schema = _schema(files[0])
-    keys = list(first_schema.names) if keys is None else keys
-    meta = {META["model"]: scoring.sha256.encode(), META["meta"]: scoring.meta_sha256.encode(),
-            META["input"]: input_fingerprint(files).encode(), META["keys"]: json.dumps(keys).encode(),
-            META["format"]: FORMAT.encode(), META["classes"]: json.dumps(scoring.stats.classes).encode()}
+    keys, meta = scoring_meta(files, scoring, keys)
     if output.exists() and _already_done(output, meta):
         rows = pq.ParquetFile(output).metadata.num_rows
         return PredictResult(output=str(output), rows=rows, model_sha256=scoring.sha256, skipped=True,

@@ -5,16 +5,18 @@ or an s3:// key). The scoring itself is `training.predict`.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from training.champion import check_champion
 from training.config import RetrainConfig
 from training.data.packing import source_files
 from training.errors import CheckpointError, DataError
-from training.predict import ScoringModel, load_scoring_model, predict_files
+from training.predict import ScoringModel, load_scoring_model, predict_files, scoring_meta
 from training.results import PredictResult
 from training.s3 import S3Store, parse_s3_uri
 from training.storage_root import StorageRoot, settings_for
@@ -78,11 +80,24 @@ def predict_stage(config: RetrainConfig, source: str, output: str, model: str = 
                  else source_files(Path(source).expanduser()))
         if not output.startswith("s3://"):
             return predict_files(files, scoring, Path(output).expanduser(), keys)
-        # Scored locally, then one PUT: S3 shows the whole object or none of it.
-        local = Path(tmp) / "out" / Path(parse_s3_uri(output)[1]).name
-        result = predict_files(files, scoring, local, keys)
-        bucket_uri, key = output.rsplit("/", 1)
-        store = _s3_store(config, bucket_uri)
-        store.upload_file(key, local, tags={})
-        shutil.rmtree(local.parent, ignore_errors=True)
-        return result.model_copy(update={"output": output})
+        return _predict_to_s3(config, files, scoring, output, keys, Path(tmp) / "out")
+
+
+def _predict_to_s3(config: RetrainConfig, files: list[Path], scoring: ScoringModel, output: str,
+                   keys: list[str] | None, scratch: Path) -> PredictResult:
+    """Scored locally, then one PUT (S3 shows the whole object or none of it), tagged with what
+    it holds: a rerun that finds the same tags does nothing."""
+    t0 = time.perf_counter()
+    bucket_uri, key = output.rsplit("/", 1)
+    store = _s3_store(config, bucket_uri)
+    keys, meta = scoring_meta(files, scoring, keys)
+    # S3 tag values hold 256 characters: each piece of the Parquet metadata as its sha256.
+    tags = {k.decode().replace("retrain.", "retrain-"): hashlib.sha256(v).hexdigest() for k, v in meta.items()}
+    found = store.tags_of(key) if key in store.list(key) else {}
+    if found and all(found.get(k) == v for k, v in tags.items()):
+        return PredictResult(output=output, rows=int(found.get("retrain-rows", 0)), model_sha256=scoring.sha256,
+                             skipped=True, seconds=time.perf_counter() - t0, key_columns=keys)
+    result = predict_files(files, scoring, scratch / Path(key).name, keys)
+    store.upload_file(key, Path(result.output), tags={**tags, "retrain-rows": str(result.rows)})
+    shutil.rmtree(scratch, ignore_errors=True)
+    return result.model_copy(update={"output": output})

@@ -498,12 +498,12 @@ def _export(package: Path, trusted_factory: str | None) -> str | None:
     torch.export cannot trace (a custom factory's Python control flow) is still promoted."""
     model, stats, _ = load_package(package, trusted_factory)
     try:
-        reason = export_portable(package, model, stats)
+        export_portable(package, model, stats)
     except Exception as err:  # noqa: BLE001 - torch.export's errors have no common base; promotion goes on
         reason = f"torch.export could not trace the model: {type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    if reason:
         log.warning("no portable export for %s: %s", package, reason)
-    return reason
+        return reason
+    return None
 
 
 def _champion_metrics(

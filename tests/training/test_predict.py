@@ -147,7 +147,7 @@ def test_the_export_loads_without_the_project_and_scores_as_the_package(trained,
 
     config, package, _ = trained
     scoring = load_scoring_model(package, None)
-    assert export_portable(package, scoring.model, scoring.stats) is None
+    export_portable(package, scoring.model, scoring.stats)
     doc = json.loads((package / "export" / "preprocess.json").read_text())
     assert doc["argument_order"] == ["num", "cat"] and doc["inputs"]["num"]["columns"] == config.data.numeric
 
@@ -164,3 +164,26 @@ def test_the_export_loads_without_the_project_and_scores_as_the_package(trained,
     assert isolated.returncode == 0, isolated.stderr[-2000:]
     got = np.load(tmp_path / "out.npy")
     np.testing.assert_array_equal(got.reshape(-1), expected.column("probability").to_numpy())
+
+
+def test_an_s3_prefix_scored_into_an_s3_key_and_a_rerun_is_a_no_op(trained, tmp_path: Path, s3_server: str,
+                                                                   s3_bucket: str) -> None:
+    import boto3
+
+    from training.predict_stage import predict_stage
+
+    config, package, _ = trained
+    config.storage.endpoint_url = s3_server
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    table = pq.read_table(config.data.source)
+    for i, part in enumerate((table.slice(0, 3000), table.slice(3000, 2000))):
+        pq.write_table(part, tmp_path / f"part-{i}.parquet")
+        s3.upload_file(str(tmp_path / f"part-{i}.parquet"), s3_bucket, f"incoming/part-{i}.parquet")
+    output = f"s3://{s3_bucket}/scores/latest.parquet"
+    first = predict_stage(config, f"s3://{s3_bucket}/incoming", output, str(package), ["clicked"])
+    assert not first.skipped and first.rows == 5000 and first.output == output
+    s3.download_file(s3_bucket, "scores/latest.parquet", str(tmp_path / "got.parquet"))
+    got = pq.read_table(tmp_path / "got.parquet")
+    assert got.num_rows == 5000 and got.column_names == ["clicked", "probability", "prediction"]
+    again = predict_stage(config, f"s3://{s3_bucket}/incoming", output, str(package), ["clicked"])
+    assert again.skipped and again.rows == 5000

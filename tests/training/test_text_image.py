@@ -286,3 +286,41 @@ def test_scoring_texts_and_images_gives_the_evaluation_metrics_exactly(tmp_path:
     labels = np.array([classes.index(v) for v in scores.column("digit").to_pylist()])
     assert Task.of(scoring.stats).evaluate(labels, probs) == {k: v for k, v in expected.items() if k != "rows"}
     assert scores.column("prediction").to_pylist() == [classes[i] for i in probs.argmax(axis=1)]
+
+
+def test_the_export_of_a_text_and_image_model_scores_as_predict(tmp_path: Path, digits_source: Path) -> None:
+    """Token ids and pixels made as preprocess.json says (here by the project's own encoder and
+    decoder), into the exported program: predict's class probabilities."""
+    import json
+
+    import pyarrow.parquet as pq
+    import torch
+
+    from tests.training.helpers import make_job
+    from training.data.images import decode_images
+    from training.data.text import TextEncoder as Tokens
+    from training.export import export_portable
+    from training.predict import load_scoring_model, predict_files
+
+    config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
+    config.train.max_steps = 20
+    package = Path(train(make_job(config)).model.uri).parent
+    scoring = load_scoring_model(package, None)
+    export_portable(package, scoring.model, scoring.stats)
+    doc = json.loads((package / "export" / "preprocess.json").read_text())
+    assert doc["argument_order"] == ["num", "cat", "tok", "ntok", "pix"]
+    table = pq.read_table(digits_source).slice(0, 300)
+    pq.write_table(table, tmp_path / "rows.parquet")
+    scores = pq.read_table(predict_files([tmp_path / "rows.parquet"], scoring, tmp_path / "s.parquet").output)
+    expected = np.stack(scores.column("probabilities").to_numpy(zero_copy_only=False))
+
+    tokens = Tokens((package / "export" / "tokenizer.json").read_text(), scoring.stats.max_tokens)
+    tok, ntok = tokens.encode(Ragged.from_arrow(table.column("note").combine_chunks()))
+    pix = decode_images(Ragged.from_arrow(table.column("image").combine_chunks()), scoring.stats.image_size)
+    program = torch.export.load(str(package / "export" / "model.pt2")).module()
+    with torch.no_grad():
+        got = program(torch.zeros(300, 0), torch.zeros(300, 0, dtype=torch.int64), torch.from_numpy(tok[:, None]),
+                      torch.from_numpy(ntok[:, None]), torch.from_numpy(pix[:, None])).numpy()
+    # Eager attention runs over the batch's longest text, the export over max_tokens: the same
+    # masked sum, in another order.
+    np.testing.assert_allclose(got, expected, atol=2e-6)
