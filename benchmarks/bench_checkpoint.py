@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import best_of, demo_parquet, signal_at_step, train_job
+from benchmarks.common import demo_parquet, signal_at_step, train_job
 from training.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
@@ -24,6 +25,7 @@ from training.errors import Preempted
 from training.launch import run_training_process
 from training.model import TabularMLP
 
+ROUNDS = 7
 WIDE = [2048, 2048, 2048]  # ~8.4M parameters: model + AdamW moments ~ 100 MB
 
 
@@ -48,23 +50,23 @@ def run(work: Path) -> dict[str, Any]:
     ckpt_root = work / "ckpt"
     checkpointer = AsyncCheckpointer(ckpt_root, keep_last=2)
 
-    stalls = []
-    for step in range(1, 6):
+    # Interleaved rounds, medians with every round beside them (never the best round): each
+    # round times one background save's stall, a plain torch.save and a synchronous verified save.
+    stalls, plains, syncs = [], [], []
+    for step in range(1, ROUNDS + 1):
         checkpointer.wait()  # measure the stall alone, not waiting on the previous write
         t0 = time.perf_counter()
         checkpointer.save(CheckpointManifest(step, "bench", "bench", {}), state, set())
         stalls.append(time.perf_counter() - t0)
-    checkpointer.wait()
-
-    def sync_save() -> None:
-        shutil.rmtree(ckpt_root, ignore_errors=True)
-        save_checkpoint(ckpt_root, CheckpointManifest(1, "bench", "bench", {}), state)
-
-    def plain_save() -> None:
+        checkpointer.wait()  # the next two do not compete with this write
+        t0 = time.perf_counter()
         torch.save(state, work / "plain.pt")
-
-    t_sync = best_of(sync_save, 5)
-    t_plain = best_of(plain_save, 5)
+        plains.append(time.perf_counter() - t0)
+        shutil.rmtree(work / "sync", ignore_errors=True)
+        t0 = time.perf_counter()
+        save_checkpoint(work / "sync", CheckpointManifest(1, "bench", "bench", {}), state)
+        syncs.append(time.perf_counter() - t0)
+    ratios = [a / b for a, b in zip(stalls, plains, strict=True)]
 
     source = demo_parquet(work, 200_000)
     job = train_job(work, "restart", [f"data.source={source}", f"model.hidden={WIDE}", "train.max_steps=100000",
@@ -79,11 +81,15 @@ def run(work: Path) -> dict[str, Any]:
     floor = min(_import_floor() for _ in range(3))
     return {
         "state_mb": round(state_mb, 1),
-        "loop_stall_per_save_seconds": round(min(stalls), 4),
+        "rounds": ROUNDS,
+        "loop_stall_per_save_seconds": round(statistics.median(stalls), 4),
+        "loop_stall_per_save_seconds_per_round": [round(x, 4) for x in stalls],
         "background_write_seconds": round(checkpointer.background_seconds / len(stalls), 3),
-        "synchronous_verified_save_seconds": round(t_sync, 3),
-        "plain_torch_save_seconds": round(t_plain, 3),
-        "stall_ratio_vs_torch_save": round(min(stalls) / t_plain, 3),
+        "synchronous_verified_save_seconds": round(statistics.median(syncs), 3),
+        "plain_torch_save_seconds": round(statistics.median(plains), 3),
+        "plain_torch_save_seconds_per_round": [round(x, 3) for x in plains],
+        "stall_ratio_vs_torch_save": round(statistics.median(ratios), 3),
+        "stall_ratio_vs_torch_save_per_round": [round(x, 3) for x in ratios],
         "restart_checkpoint_mb": round((path / "state.pt").stat().st_size / 1e6, 1),
         "restart_to_first_step_seconds": round(restart, 2),
         "bare_import_torch_seconds": round(floor, 2),
