@@ -44,7 +44,6 @@ def run(work: Path, rows: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
     package = Path(train(job).model.uri).parent
     scoring = load_scoring_model(package, None)
     scoring.model.eval()
-    torch.set_num_threads(torch.get_num_threads())
     predict, bare = [], []
     for r in range(rounds):  # interleaved: drift on a shared box hits both
         out = work / f"scores-{r}.parquet"

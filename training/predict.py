@@ -17,6 +17,7 @@ the same model, input and columns does nothing.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -66,6 +67,13 @@ class ScoringModel:
     sha256: str  # the weights'
     meta_sha256: str  # model.json's, which covers every file of the package
 
+    @functools.cached_property
+    def validator(self) -> FeatureValidator:
+        """Packing's validation and encoding, for the package's feature columns (once per model)."""
+        s = self.stats
+        return FeatureValidator(DataConfig(task=s.task, label=s.label or "__label__", numeric=s.numeric,
+                                           categorical=s.categorical, vector=s.vector, text=s.text, image=s.image))
+
     @property
     def columns(self) -> list[str]:
         s = self.stats
@@ -86,12 +94,6 @@ def load_scoring_model(package_dir: Path, trusted_factory: str | None, expected_
 
 def prediction_columns(task: str) -> list[str]:
     return PREDICTION_COLUMNS[task]
-
-
-def _validator(stats: FeatureStats) -> FeatureValidator:
-    return FeatureValidator(DataConfig(task=stats.task, label=stats.label or "__label__", numeric=stats.numeric,
-                                       categorical=stats.categorical, vector=stats.vector, text=stats.text,
-                                       image=stats.image))
 
 
 def input_fingerprint(files: list[Path]) -> str:
@@ -123,7 +125,7 @@ def _chunks(path: Path, columns: list[str], rows: int) -> Iterator[pa.Table]:
 
 
 def _check_columns(path: Path, schema: pa.Schema, scoring: ScoringModel, keys: list[str]) -> None:
-    _validator(scoring.stats).check_schema(path, schema, with_label=False)
+    scoring.validator.check_schema(path, schema, with_label=False)
     missing = [k for k in keys if k not in schema.names]
     if missing:
         raise DataError(f"{path}: key column(s) {missing} not in the input; present: {schema.names}")
@@ -154,7 +156,7 @@ class _Chunk:
 def _prepare(scoring: ScoringModel, transform: FeatureTransform, path: Path, table: pa.Table, first: int) -> _Chunk:
     """Validate, encode and transform one chunk exactly as packing and preprocessing do."""
     batch = table.combine_chunks().to_batches()[0]
-    encoded = feature_arrays(_validator(scoring.stats), path, batch, first, scoring.stats.vector_dims, first)
+    encoded = feature_arrays(scoring.validator, path, batch, first, scoring.stats.vector_dims, first)
     arrays: dict[str, np.ndarray] = {}
     for name, rows in encoded.items():  # texts and images as a shard stores them: values and offsets
         if isinstance(rows, Ragged):

@@ -93,7 +93,7 @@ def _predict_to_s3(config: RetrainConfig, files: list[Path], scoring: ScoringMod
     keys, meta = scoring_meta(files, scoring, keys)
     # S3 tag values hold 256 characters: each piece of the Parquet metadata as its sha256.
     tags = {k.decode().replace("retrain.", "retrain-"): hashlib.sha256(v).hexdigest() for k, v in meta.items()}
-    found = store.tags_of(key) if key in store.list(key) else {}
+    found = store.tags_of(key) if store.head(key) is not None else {}
     if found and all(found.get(k) == v for k, v in tags.items()):
         return PredictResult(output=output, rows=int(found.get("retrain-rows", 0)), model_sha256=scoring.sha256,
                              skipped=True, seconds=time.perf_counter() - t0, key_columns=keys)

@@ -93,18 +93,18 @@ class MlflowTracker:
     def call(self, what: str, fn: Callable[[Any], Any]) -> Any:
         """fn(client), or None when tracking is off or the call fails (recorded, then off)."""
         if self.off is not None:
-            self._note_problem(f"{what}: not recorded ({self.off})")
+            self.note_problem(f"{what}: not recorded ({self.off})")
             return None
         try:
             result = fn(self._mlflow())
         except ImportError:
             self.off = "mlflow is not installed: pip install '.[mlflow]'"
-            self._note_problem(f"{what}: not recorded ({self.off})")
+            self.note_problem(f"{what}: not recorded ({self.off})")
             return None
         except Exception as err:  # noqa: BLE001 - any MLflow or network failure is the same: not recorded
             reason = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
             self.off = f"MLflow at {self.uri} failed: {reason}"
-            self._note_problem(f"{what}: not recorded ({reason})")
+            self.note_problem(f"{what}: not recorded ({reason})")
             log.warning("MLflow: %s not recorded (%s); the run goes on without tracking this stage", what, reason)
             return None
         if what not in self.notes.recorded:
@@ -116,7 +116,7 @@ class MlflowTracker:
         self.call(what, fn)
         return self.off is None
 
-    def _note_problem(self, problem: str) -> None:
+    def note_problem(self, problem: str) -> None:
         if problem not in self.notes.problems:
             self.notes.problems.append(problem)
 
@@ -237,7 +237,7 @@ def _move_champion(tracker: MlflowTracker, name: str, version: str) -> None:
     if tracker.off is not None:
         return
     if found is not None and found[0] != version and TAG_RUN_KEY not in found[1]:
-        tracker._note_problem(f"the champion alias: not moved: it is on version {found[0]} of '{name}', which this "
+        tracker.note_problem(f"the champion alias: not moved: it is on version {found[0]} of '{name}', which this "
                               "pipeline did not register (move it by hand if this model should replace it)")
         return
     if tracker.do("the champion alias", lambda c: c.set_registered_model_alias(name, "champion", version)):
@@ -275,5 +275,5 @@ class BackgroundTracker:
         self._queue.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
-            self.tracker._note_problem(f"validation metrics: not all recorded (MLflow slower than {timeout:.0f} s)")
+            self.tracker.note_problem(f"validation metrics: not all recorded (MLflow slower than {timeout:.0f} s)")
         self.tracker.save()
