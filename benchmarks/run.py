@@ -23,6 +23,7 @@ from benchmarks import (
     bench_s3,
     bench_scaling,
     bench_scale,
+    bench_startup,
     bench_transformer,
     bench_tuning,
     bench_warm_start,
@@ -42,6 +43,7 @@ SUITE = {
     "transformer": bench_transformer.run,
     "tuning": bench_tuning.run,
     "predict": bench_predict.run,
+    "startup": bench_startup.run,
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prefect import flow
 
 from tasks.evaluate import evaluate_model, score_champion
@@ -19,18 +21,23 @@ __all__ = ["retrain"]
 @flow(name="retrain", flow_run_name=flow_run_name, log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
     """Retrain the model on the configured data; returns the path of the run's report.json."""
+    ended = {"flow": time.time()}  # when each stage ended, for the report's phases
     config = effective_config(config)
     apply_credentials_block(config.storage)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
+        ended["pack"] = time.time()
         prep_state = preprocess_dataset(config, packed)
         prep = prep_state.result()
+        ended["preprocess"] = time.time()
         train_state = train_model.with_options(
             retries=config.train.max_retries,
             retry_delay_seconds=backoff(config.train.retry_delay_seconds, config.train.max_retries),
         )(config, packed, prep, score_champion(config, packed) if config.budget.champion_gate else None,
           return_state=True)
         trained = train_state.result()
+        ended["train"] = time.time()
         evaluation = evaluate_model(config, packed, trained)
+        ended["evaluate"] = time.time()
         states = {"pack": "Completed", "preprocess": prep_state.name, "train": train_state.name, "evaluate": "Completed"}
-        return write_report(config, packed, prep, trained, evaluation, states, flow_run_id())
+        return write_report(config, packed, prep, trained, evaluation, states, flow_run_id(), ended)

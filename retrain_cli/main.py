@@ -19,6 +19,7 @@ from typing import Any, Callable
 from retrain_cli.temp_server import TemporaryServer, server_is_up
 from retrain_cli.tune_summary import tune_summary
 from training.config import RetrainConfig, load_config
+from training.results import LaunchPhases
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 
 __all__ = ["main"]
@@ -106,6 +107,8 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. --set train.batch_size=256 (YAML value); repeatable",
     )
+    run.add_argument("--force", action="store_true",
+                     help="run the flow even when a finished run's config, code, source data and champion are unchanged")
     tune = sub.add_parser("tune", help="search tune.space with pruned trials within tune.max_usd / max_gpu_hours / "
                           "max_wall_seconds; rerun the same command to resume")
     tune.add_argument("--config", type=Path, help="YAML config file with a tune: section")
@@ -159,7 +162,22 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if best is not None else 1
 
 
-def _summary(report: dict[str, Any], path: str, cli_started_at: float) -> str:
+_PHASES = {"imports": "imports", "server_start": "server", "flow_start": "flow start", "pack": "pack",
+           "preprocess": "preprocess", "train": "train", "child_start": "of which child start-up",
+           "evaluate": "evaluate", "report": "report", "flow_finish": "flow finish", "teardown": "teardown"}
+
+
+def _phases_line(phases: dict[str, float | None], flow_seconds: float, teardown: float) -> str:
+    """report.json's phases, then what followed the report (Prefect finishing the flow run, the
+    server's stop), in seconds: where a run's time went."""
+    inside = ("flow_start", "pack", "preprocess", "train", "evaluate", "report")
+    shown = {**phases, "flow_finish": flow_seconds - sum(phases.get(k) or 0.0 for k in inside), "teardown": teardown}
+    parts = [f"{label} {shown[k]:.1f}" for k, label in _PHASES.items() if shown.get(k) is not None]
+    total = sum(v or 0.0 for k, v in shown.items() if k in _PHASES and k != "child_start")
+    return ", ".join(parts) + f" s; {total:.1f} s in all"
+
+
+def _summary(report: dict[str, Any], path: str, clock: _Clock | None = None) -> str:
     m, metric = report["metrics"], report.get("metric", "auc")
     stages = report["stages"]
     best = stages["train"].get("best_val_metric")
@@ -189,9 +207,8 @@ def _summary(report: dict[str, Any], path: str, cli_started_at: float) -> str:
     lines.append(f"  bottleneck  {util['verdict']} (data stall {util['data_stall_fraction']:.1%})")
     if report.get("stop_reason"):
         lines.append(f"  stopped     {report['stop_reason']}")
-    startup = report["pipeline_started_at"] - cli_started_at
-    lines.append(f"  start-up    {startup:.1f} s from `retrain run` to the first stage (imports, Prefect server), "
-                 f"{time.time() - cli_started_at:.1f} s in all")
+    if clock is not None:
+        lines.append(f"  phases      {_phases_line(report.get('phases') or {}, clock.marks['flow'], clock.marks['teardown'])}")
     promo = report["promotion"]
     lines.append(f"  champion    {'PROMOTED' if promo['promoted'] else 'kept'}: {promo['reason']}")
     lines.append(f"  model       {report['model']['sha256'][:16]}  {report['model']['uri']}")
@@ -199,27 +216,53 @@ def _summary(report: dict[str, Any], path: str, cli_started_at: float) -> str:
     return "\n".join(lines)
 
 
-def _call_flow(config: RetrainConfig, started: float, load: Callable[[], Callable[[RetrainConfig], str]],
+class _Clock:
+    """The CLI's own phases (see `LaunchPhases`), and the teardown after the flow returns."""
+
+    def __init__(self) -> None:
+        self.started, self.started_at = time.perf_counter(), time.time()
+        self.marks: dict[str, float] = {}
+        self.last = self.started
+
+    def mark(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.marks[phase] = self.marks.get(phase, 0.0) + now - self.last
+        self.last = now
+
+    def launch(self) -> LaunchPhases:
+        return LaunchPhases(started_at=self.started_at, config_seconds=self.marks.get("config", 0.0),
+                            imports_seconds=self.marks.get("imports", 0.0),
+                            server_seconds=self.marks.get("server", 0.0), flow_called_at=time.time())
+
+
+def _call_flow(config: RetrainConfig, clock: _Clock, load: Callable[[], Callable[[RetrainConfig], str]],
                what: str) -> str | int:
     """Run a flow on the chosen Prefect server: the path it returns, or an exit code when it was
     interrupted (Ctrl-C, SIGTERM)."""
     _say("loading Prefect and the pipeline")
+    clock.mark("config")
     from prefect.exceptions import TerminationSignal
 
     api_url, server = None, None
     try:
+        clock.mark("imports")
         api_url, server = _choose_server(config)
+        clock.mark("server")
         from prefect.settings import PREFECT_API_URL, temporary_settings
 
         flow = load()
         _quiet_expected_tracebacks()
-        _say(f"ready after {time.perf_counter() - started:.1f} s; running the flow ({what})")
+        clock.mark("imports")
+        _say(f"ready after {time.perf_counter() - clock.started:.1f} s; running the flow ({what})")
+        os.environ[LaunchPhases.ENV] = clock.launch().model_dump_json()
         # Prefect reads its settings once, at import: an API URL chosen here must be applied.
         with temporary_settings(updates={PREFECT_API_URL: api_url}) if api_url else contextlib.nullcontext():
             return flow(config)
     except (KeyboardInterrupt, _Terminated, TerminationSignal) as err:  # the last: Prefect's, inside the flow run
         return _interrupted(config, err)
     finally:
+        os.environ.pop(LaunchPhases.ENV, None)
+        clock.mark("flow")
         _drain_logs()
         if server is not None:
             server.stop()
@@ -233,25 +276,37 @@ def _loaded(args: argparse.Namespace) -> RetrainConfig:
 
 
 def _run(args: argparse.Namespace) -> int:
-    started, started_at = time.perf_counter(), time.time()
+    clock = _Clock()
     config = _loaded(args)
+    if not args.force:
+        from training.unchanged import find_unchanged
+
+        unchanged = find_unchanged(config)
+        if unchanged is not None:
+            report = json.loads(unchanged.report.read_text())
+            _say(f"run {unchanged.run_key} is finished and nothing it depends on changed (config, code, source "
+                 f"data, champion): its report, without running the flow (`--force` runs it); "
+                 f"{time.perf_counter() - clock.started:.2f} s")
+            print(_summary(report, str(unchanged.report)), flush=True)
+            return 0
 
     def load() -> Callable[[RetrainConfig], str]:
         from flows.retrain import retrain
 
         return retrain
 
-    report_path = _call_flow(config, started, load, "pack -> preprocess -> train -> evaluate -> report")
+    report_path = _call_flow(config, clock, load, "pack -> preprocess -> train -> evaluate -> report")
     if isinstance(report_path, int):
         return report_path
     report = json.loads(Path(report_path).read_text())
+    clock.mark("teardown")
     sys.stderr.flush()
-    print(_summary(report, report_path, started_at), flush=True)
+    print(_summary(report, report_path, clock), flush=True)
     return 0
 
 
 def _tune(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
+    clock = _Clock()
     config = _loaded(args)
     if not config.tune.space:
         raise ConfigError("tune.space is empty: add a tune: section to the config, e.g. tune: {space: "
@@ -262,7 +317,7 @@ def _tune(args: argparse.Namespace) -> int:
 
         return tune
 
-    report_path = _call_flow(config, started, load, "pack -> preprocess -> trials -> report")
+    report_path = _call_flow(config, clock, load, "pack -> preprocess -> trials -> report")
     if isinstance(report_path, int):
         return report_path
     sys.stderr.flush()
@@ -271,7 +326,7 @@ def _tune(args: argparse.Namespace) -> int:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    started = time.perf_counter()
+    clock = _Clock()
     config = _loaded(args)
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys is not None else None
 
@@ -281,7 +336,7 @@ def _predict(args: argparse.Namespace) -> int:
         return lambda c: predict(input=args.input, output=args.output, model=args.model, key_columns=keys,
                                  config=c)
 
-    output = _call_flow(config, started, load, f"score {args.input} with {args.model}")
+    output = _call_flow(config, clock, load, f"score {args.input} with {args.model}")
     if isinstance(output, int):
         return output
     sys.stderr.flush()

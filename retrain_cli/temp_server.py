@@ -31,7 +31,7 @@ def server_is_up(api_url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -43,7 +43,7 @@ class TemporaryServer:
     def __init__(self, database_url: str, log_path: Path) -> None:
         self.database_url = database_url
         self.log_path = log_path
-        self.port = _free_port()
+        self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self._proc: subprocess.Popen[bytes] | None = None
 

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from prefect import task
 
 from tasks.artifacts import publish_report
 from training.config import RetrainConfig
-from training.results import Evaluation, PackResult, PrepResult, TrainResult
+from training.results import Evaluation, LaunchPhases, PackResult, PrepResult, TrainResult
 from training.stages import report_stage
 
 __all__ = ["write_report"]
@@ -16,8 +17,12 @@ __all__ = ["write_report"]
 def write_report(
     config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
     evaluation: Evaluation, stage_states: dict[str, str], flow_run_id: str | None = None,
+    stage_ends: dict[str, float] | None = None,
 ) -> str:
-    """Write runs/<run_key>/report.json, report.md and curves.png; publish them as artifacts."""
-    paths = report_stage(config, packed, prep, trained, evaluation, stage_states, flow_run_id)
+    """Write runs/<run_key>/report.json, report.md and curves.png; publish them as artifacts.
+    `stage_ends`: epoch seconds when the flow began ("flow") and each stage ended."""
+    launched = os.environ.get(LaunchPhases.ENV)  # set by `retrain run` around its flow call
+    launch = LaunchPhases.model_validate_json(launched) if launched else None
+    paths = report_stage(config, packed, prep, trained, evaluation, stage_states, flow_run_id, launch, stage_ends)
     publish_report(Path(paths["report"]), Path(paths["curves"]) if paths["curves"] else None)
     return paths["report"]

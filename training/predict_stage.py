@@ -14,7 +14,7 @@ from pathlib import Path
 
 from training.champion import check_champion
 from training.config import RetrainConfig
-from training.data.packing import source_files
+from training.data.sources import source_files
 from training.errors import CheckpointError, DataError
 from training.predict import ScoringModel, load_scoring_model, predict_files, scoring_meta
 from training.results import PredictResult

@@ -8,13 +8,13 @@ or older version wrote (`extra="ignore"`), so a finished run stays finished acro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from training.threads import ThreadPolicy
 
-__all__ = ["Evaluation", "ModelRef", "PackResult", "PredictResult", "PrepResult", "Promotion", "RungResult", "TrainResult", "WarmStart"]
+__all__ = ["Evaluation", "LaunchPhases", "ModelRef", "PackResult", "PredictResult", "PrepResult", "Promotion", "RungResult", "TrainResult", "WarmStart"]
 
 
 class _Result(BaseModel):
@@ -22,6 +22,19 @@ class _Result(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+class LaunchPhases(_Result):
+    """What `retrain run` spent before the flow's first stage, handed to the report through the
+    environment (`ENV`): the flow runs in the CLI's process, but a deployed run has none."""
+
+    ENV: ClassVar[str] = "RETRAIN_LAUNCH_PHASES"
+
+    started_at: float  # epoch seconds when the CLI began
+    config_seconds: float  # arguments and the config file
+    imports_seconds: float  # Prefect and the pipeline's modules
+    server_seconds: float  # the temporary Prefect server's start-up (0 when one was running)
+    flow_called_at: float  # epoch seconds when the flow was called
 
 
 class PackResult(_Result):

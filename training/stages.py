@@ -23,7 +23,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -33,36 +33,37 @@ from training.data.demo import DEMOS, ensure_demo_dataset
 from training.data.dataset_store import DatasetStore
 from training.data.features import (DERIVED_DIR, DERIVED_INDEX, PREPROCESS_VERSION, derived_rels, fit_feature_stats,
                                      preprocess_key, verified_feature_stats, write_derived_arrays)
+from training.data.sources import dataset_fingerprint, source_files
 from training.data.packing import (
     DatasetManifest,
     PackPart,
     PackPlan,
     assemble_shards,
-    dataset_fingerprint,
     pack_part,
     plan_pack,
     require_manifest,
-    source_files,
     split_writers,
     start_pack,
 )
 from training.errors import ConfigError, DataError, RetrainError, StorageError
-from training.champion import Champion, check_champion
 from training.data.features import FeatureStats
-from training.evaluate import compatible, decide_promotion, evaluate_package, other_target, promote
-from training.export import EXPORT_DIR, export_portable, exported_files
 from training.tracking import BackgroundTracker, MlflowTracker, flat_params, register_model, tracker_for
-from training.package import load_package, package_stats
-from training.tasks import higher_is_better, metric_for, reaches
 from training.launch import log_child_event, run_training_process
 from training.job import TrainJob, train_fingerprint
-from training.precision import resolved_numerics
 from training.report_render import render_curves, render_markdown
-from training.results import Evaluation, PackResult, PrepResult, Promotion, TrainResult, WarmStart
+from training.results import Evaluation, LaunchPhases, PackResult, PrepResult, Promotion, TrainResult, WarmStart
 from training.runs import finished_result, run_rel
 from training.storage import read_json, write_json_atomic
 from training.storage_root import CACHE, MODEL, RUN, StorageRoot
+from training.unchanged import record_unchanged
 from training.utilization import utilization_summary
+
+if TYPE_CHECKING:
+    from training.champion import Champion
+
+# The torch-backed modules (champion, evaluate, export, package, precision, tasks) are imported
+# inside the functions that use them: `retrain run` starts the flow without loading torch, and a
+# run's pack and preprocess stages never load it.
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,7 @@ def preprocess_stage(
 
 
 def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
+    from training.precision import resolved_numerics
     numerics = resolved_numerics(config.train.device, config.train.precision)
     parts = ["run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess, bool(config.data.text)),
              train_fingerprint(config, *numerics)]
@@ -233,6 +235,7 @@ class WarmStartPlan:
 def warm_start_plan(config: RetrainConfig, champion: Champion | None,
                     manifest: DatasetManifest | None = None) -> tuple[WarmStartPlan | None, str]:
     """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
+    from training.evaluate import compatible, other_target
     if config.train.init_from != "champion":
         return None, "train.init_from is none"
     if champion is None:
@@ -260,6 +263,10 @@ def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> flo
     """The champion's eval.metric on this run's validation split, for the champion gate (None
     when there is no usable champion that reads these columns and predicts this label).
     Evaluation's work, run before training by the flow."""
+    from training.champion import check_champion
+    from training.evaluate import compatible, evaluate_package, other_target
+    from training.package import package_stats
+    from training.tasks import metric_for
     champion = check_champion(StorageRoot.from_config(config), config.model.factory)
     if champion is None or not champion.usable:
         return None
@@ -333,6 +340,8 @@ def train_stage(
 ) -> TrainResult:
     """Train the run in a child process (or find it finished); `champion_val_metric` is the
     champion gate's bar, measured by `champion_validation_auc` before training."""
+    from training.champion import check_champion
+    from training.tasks import higher_is_better
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
     # Verified before training: a damaged champion is reported in seconds, not after a full run.
@@ -374,6 +383,7 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
     """Run this node's ranks of a multi-node job (`retrain join`): the same data, statistics and
     job as node 0 builds (all content-addressed, from the shared root), under torchrun against
     the same rendezvous. Returns torchrun's exit code."""
+    from training.champion import check_champion
     import subprocess
 
     from training.launch import child_env, worker_command
@@ -397,6 +407,9 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
 
 def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResult) -> Evaluation:
     """The challenger's test metrics and the champion/challenger decision, promoted atomically."""
+    from training.champion import check_champion
+    from training.evaluate import decide_promotion, evaluate_package
+    from training.tasks import metric_for, reaches
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
     run_dir = Path(trained.run_dir)
@@ -464,6 +477,7 @@ def _finished_promotion(root: StorageRoot, run_dir: Path, run_key: str, challeng
     champion: a rerun after an interrupt (say, during the report) reports that promotion,
     instead of finding its own model in place and saying "already the champion". A run whose
     report was written is finished: rerunning it reports that its model is already champion."""
+    from training.champion import check_champion
     if (run_dir / "report.json").exists() or root.fetch(f"{run_rel(run_key)}/report.json") is not None:
         return None
     try:
@@ -481,6 +495,8 @@ def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: Pac
     """The package (with its portable export) first, the pointer last (a reader that finds the
     pointer finds the model); on S3 the pointer is swapped only if it is still the version
     compared against."""
+    from training.evaluate import promote
+    from training.export import EXPORT_DIR, exported_files
     sha = trained.model.sha256
     package = run_dir / "model"
     export_note = _export(package, trusted_factory)
@@ -496,6 +512,8 @@ def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: Pac
 def _export(package: Path, trusted_factory: str | None) -> str | None:
     """The portable export beside the package; why there is none, when there is none. A model
     torch.export cannot trace (a custom factory's Python control flow) is still promoted."""
+    from training.export import export_portable
+    from training.package import load_package
     model, stats, _ = load_package(package, trusted_factory)
     try:
         export_portable(package, model, stats)
@@ -510,6 +528,8 @@ def _champion_metrics(
     champion: Champion | None, dataset_dir: Path, manifest: DatasetManifest, config: RetrainConfig
 ) -> tuple[dict[str, Any] | None, str | None, str | None]:
     """(the champion's test metrics to compare with, how they were obtained, why it is unusable)."""
+    from training.evaluate import compatible, evaluate_package
+    from training.package import package_stats
     if champion is None:
         return None, None, None
     if champion.usable and compatible(package_stats(champion.package), manifest):
@@ -527,6 +547,8 @@ def _champion_metrics(
 def _champion_target(champion: Champion | None, manifest: DatasetManifest) -> str | None:
     """Why the champion predicts something else than this run (None: the same thing, or no
     champion whose statistics can be read)."""
+    from training.evaluate import other_target
+    from training.package import package_stats
     if champion is None or not (champion.usable or champion.recorded_metrics_only):
         return None
     try:
@@ -601,9 +623,13 @@ def cost_report(config: RetrainConfig, packed: PackResult, prep: PrepResult, tra
 def report_stage(
     config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
     evaluation: Evaluation, stage_states: dict[str, str], flow_run_id: str | None = None,
+    launch: LaunchPhases | None = None, stage_ends: dict[str, float] | None = None,
 ) -> dict[str, str]:
     """Write report.json, curves.png and report.md into the run folder; return their paths.
-    `flow_run_id` is the Prefect flow run that wrote it (None outside Prefect)."""
+    `flow_run_id` is the Prefect flow run that wrote it (None outside Prefect); `launch` what
+    `retrain run` spent before the flow (None for a deployed run); `stage_ends` when the flow
+    began ("flow") and each stage ended, in epoch seconds."""
+    started = time.time()
     run_dir = Path(trained.run_dir)
     root = StorageRoot.from_config(config)
     report = _report(config, packed, prep, trained, evaluation, stage_states, flow_run_id)
@@ -618,12 +644,49 @@ def report_stage(
         tracker.save()
     report["files"] = {"report_md": str(run_dir / "report.md"), "curves_png": str(curves) if curves else None}
     report["storage"] = {**packed.storage, "run_uri": root.display(run_rel(trained.run_key))}
+    report["phases"] = _phases(launch, stage_ends or {}, trained, time.time() - started)
     path = run_dir / "report.json"
     write_json_atomic(path, report)
     rel = run_rel(trained.run_key)
     root.publish_all([f"{rel}/report.md"] + ([f"{rel}/curves.png"] if curves else []) + [f"{rel}/report.json"],
                      RUN, trained.run_key)
+    _record_if_repeatable(config, root, packed, trained, evaluation, report, f"{rel}/report.json")
     return {"report": str(path), "markdown": str(run_dir / "report.md"), "curves": str(curves) if curves else ""}
+
+
+def _phases(launch: LaunchPhases | None, ends: dict[str, float], trained: TrainResult,
+            report_seconds: float) -> dict[str, float | None]:
+    """Where a run's wall time went, in seconds, in order: the CLI's share and Prefect's flow
+    run creation (None for a deployed run), each stage as the flow saw it, and within training
+    the child's start-up to its first step. What follows the report (Prefect finishing the flow
+    run, a temporary server's stop, the exit) the CLI prints."""
+    phases: dict[str, float | None] = {"config": None, "imports": None, "server_start": None, "flow_start": None}
+    if launch is not None:
+        phases.update(config=launch.config_seconds, imports=launch.imports_seconds,
+                      server_start=launch.server_seconds,
+                      flow_start=ends["flow"] - launch.flow_called_at if "flow" in ends else None)
+    previous = ends.get("flow")
+    for stage in ("pack", "preprocess", "train", "evaluate"):
+        end = ends.get(stage)
+        phases[stage] = end - previous if end is not None and previous is not None else None
+        previous = end
+    phases["child_start"] = None if trained.already_complete else trained.first_step_latency_seconds
+    phases["report"] = report_seconds
+    return phases
+
+
+def _record_if_repeatable(config: RetrainConfig, root: StorageRoot, packed: PackResult, trained: TrainResult,
+                          evaluation: Evaluation, report: dict[str, Any], report_rel: str) -> None:
+    """Let `retrain run` skip a rerun that would change nothing (`training.unchanged`), unless
+    a rerun would do something: warm-start from the model this run just promoted, judge a
+    champion that was unusable (perhaps repaired since), or record what MLflow missed."""
+    promotion = evaluation.promotion
+    if promotion.promoted and config.train.init_from == "champion":
+        return
+    if promotion.champion_problem is not None or (report.get("tracking") or {}).get("problems"):
+        return
+    champion_after = promotion.challenger_sha256 if promotion.promoted else promotion.champion_sha256
+    record_unchanged(config, root, trained.run_key, packed.fingerprint, packed.source, champion_after, report_rel)
 
 
 def _track_report(tracker: MlflowTracker, config: RetrainConfig, trained: TrainResult, report: dict[str, Any],

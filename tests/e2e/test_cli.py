@@ -45,7 +45,15 @@ def test_second_run_shows_cached_preprocessing_and_the_champion_scores(tmp_path:
     # A running server: the temporary one's start-up is covered by the other CLI tests.
     first = _retrain(args, tmp_path, env=prefect_server.env)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = _retrain(args, tmp_path, env=prefect_server.env)
+    assert "  phases      imports " in first.stdout  # where the time went (report.json's phases)
+    report = json.loads(Path(first.stdout.splitlines()[-1]).read_text())
+    assert report["phases"]["train"] > 0 and report["phases"]["child_start"] > 0
+    # Nothing changed: the finished run's report, without Prefect or a flow run.
+    again = _retrain(args, tmp_path, env=prefect_server.env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "nothing it depends on changed" in again.stderr and "loading Prefect" not in again.stderr
+    assert again.stdout.splitlines()[-1] == first.stdout.splitlines()[-1]
+    second = _retrain([*args, "--force"], tmp_path, env=prefect_server.env)  # the flow, every stage done
     assert second.returncode == 0, second.stderr[-3000:]
     assert "preprocess  Cached" in second.stdout
     assert "already complete" in second.stdout

@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from training.checkpoint import (
+    AsyncCheckpointer,
     CheckpointManifest,
     apply_retention,
     latest_verified_checkpoint,
     list_checkpoints,
     load_checkpoint_state,
     save_checkpoint,
+    step_dir_name,
 )
 
 
@@ -89,3 +91,23 @@ def test_retention_keeps_a_checkpoint_still_being_uploaded(tmp_path: Path) -> No
     uploading.clear()  # its upload ended
     checkpointer.save(CheckpointManifest(40, "run", "cfg", {}), {"step": 40}, protect=set(), blocking=True)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-00000040"]
+
+
+def test_background_saves_reuse_one_copy_and_write_each_saves_values(tmp_path: Path) -> None:
+    """The snapshot buffers are kept between saves (no fresh 100 MB allocation per save), and
+    each checkpoint still holds the values of its own step, never the next step's."""
+    weights = torch.zeros(1000)
+    state = {"model": {"w": weights}, "rng": [torch.arange(3)], "step": 0}
+    checkpointer = AsyncCheckpointer(tmp_path, keep_last=5)
+    copies = []
+    for step in (1, 2, 3):
+        weights.fill_(step)  # training goes on mutating the live tensors
+        state["step"] = step
+        checkpointer.save(CheckpointManifest(step, "run", "cfg", {}), state, set())
+        copies.append(checkpointer._copy["model"]["w"])
+        weights.fill_(-1)  # the step after the save: must not reach the checkpoint being written
+    checkpointer.wait()
+    assert copies[0] is copies[1] is copies[2]  # one buffer, overwritten save after save
+    for step in (1, 2, 3):
+        saved = load_checkpoint_state(tmp_path / step_dir_name(step))
+        assert saved["step"] == step and torch.equal(saved["model"]["w"], torch.full((1000,), float(step)))

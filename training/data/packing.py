@@ -30,10 +30,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from training.config import DataConfig, fingerprint, fingerprinted
+from training.config import DataConfig
 from training.data.labels import LABELS, Classes, MulticlassLabels, train_classes
 from training.data.ragged import OFFSETS, Ragged, Rows, concat_rows, take_rows
 from training.data.shard_cache import is_remote_dataset
+from training.data.sources import PACK_FORMAT_VERSION, dataset_fingerprint, source_files
 from training.data.shards import FIELDS, ShardTarWriter, encode_npy, member_bytes
 from training.errors import DataError, RetrainError, StorageError
 from training.storage import read_json, sha256_file, write_json_atomic
@@ -41,7 +42,6 @@ from training.storage import read_json, sha256_file, write_json_atomic
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "PACK_FORMAT_VERSION",
     "FeatureValidator",
     "feature_arrays",
     "require_manifest",
@@ -57,11 +57,9 @@ __all__ = [
     "DatasetManifest",
     "pack_shards",
     "load_manifest",
-    "source_files",
     "category_hash",
 ]
 
-PACK_FORMAT_VERSION = 1
 SPLITS = ("train", "validation", "test")
 _READ_BATCH_ROWS = 65_536
 MISSING_CATEGORY = 0  # hash reserved for null categories
@@ -136,17 +134,6 @@ def fields_of(vector: list[str], text: list[str] = [], image: list[str] = []) ->
 
 def is_ragged(field_name: str) -> bool:
     return field_name.startswith(("text", "image"))
-
-
-def source_files(source: Path) -> list[Path]:
-    if source.is_dir():
-        files = sorted(p for p in source.rglob("*.parquet") if p.is_file())
-        if not files:
-            raise DataError(f"source directory {source} holds no *.parquet files")
-        return files
-    if not source.exists():
-        raise DataError(f"source {source} does not exist; set data.source to a Parquet file or directory")
-    return [source]
 
 
 def load_manifest(dataset_dir: Path) -> DatasetManifest | None:
@@ -414,15 +401,6 @@ def _iter_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
         yield from pf.iter_batches(batch_size=_READ_BATCH_ROWS, columns=columns)
     except (pa.ArrowInvalid, OSError) as err:
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {err}") from None
-
-
-def dataset_fingerprint(files: list[Path], config: DataConfig) -> tuple[str, list[dict[str, object]]]:
-    sources = [{"name": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files]
-    fp = fingerprint(
-        "dataset", PACK_FORMAT_VERSION, [(s["bytes"], s["sha256"]) for s in sources],
-        fingerprinted(config),  # the fields marked COMPUTED: not the path, not the parallelism
-    )
-    return fp, sources
 
 
 @dataclass(frozen=True)
