@@ -220,7 +220,7 @@ class _Clock:
     """The CLI's own phases (see `LaunchPhases`), and the teardown after the flow returns."""
 
     def __init__(self) -> None:
-        self.started, self.started_at = time.perf_counter(), time.time()
+        self.started = time.perf_counter()
         self.marks: dict[str, float] = {}
         self.last = self.started
 
@@ -230,7 +230,7 @@ class _Clock:
         self.last = now
 
     def launch(self) -> LaunchPhases:
-        return LaunchPhases(started_at=self.started_at, config_seconds=self.marks.get("config", 0.0),
+        return LaunchPhases(config_seconds=self.marks.get("config", 0.0),
                             imports_seconds=self.marks.get("imports", 0.0),
                             server_seconds=self.marks.get("server", 0.0), flow_called_at=time.time())
 
@@ -283,11 +283,10 @@ def _run(args: argparse.Namespace) -> int:
 
         unchanged = find_unchanged(config)
         if unchanged is not None:
-            report = json.loads(unchanged.report.read_text())
             _say(f"run {unchanged.run_key} is finished and nothing it depends on changed (config, code, source "
                  f"data, champion): its report, without running the flow (`--force` runs it); "
                  f"{time.perf_counter() - clock.started:.2f} s")
-            print(_summary(report, str(unchanged.report)), flush=True)
+            print(_summary(unchanged.content, str(unchanged.report)), flush=True)
             return 0
 
     def load() -> Callable[[RetrainConfig], str]:

@@ -30,7 +30,6 @@ class LaunchPhases(_Result):
 
     ENV: ClassVar[str] = "RETRAIN_LAUNCH_PHASES"
 
-    started_at: float  # epoch seconds when the CLI began
     config_seconds: float  # arguments and the config file
     imports_seconds: float  # Prefect and the pipeline's modules
     server_seconds: float  # the temporary Prefect server's start-up (0 when one was running)

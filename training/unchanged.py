@@ -47,6 +47,7 @@ _LIBRARIES = ("torch", "numpy", "pyarrow", "tokenizers", "pillow", "prefect")
 class UnchangedRun:
     run_key: str
     report: Path
+    content: dict[str, Any]  # the report, read once here
 
 
 @lru_cache(maxsize=1)
@@ -102,14 +103,15 @@ def _find(config: RetrainConfig) -> UnchangedRun | None:
     if record is None:
         return None
     report = root.fetch(record["report"])
-    if report is None or json.loads(report.read_text()).get("run_key") != record["run_key"]:
+    content = json.loads(report.read_text()) if report is not None else None
+    if report is None or not isinstance(content, dict) or content.get("run_key") != record["run_key"]:
         return None
     source = Path(record["source"])
     if dataset_fingerprint(source_files(source), config.data)[0] != record["dataset"]:
         return None  # the source's bytes changed: a new dataset
     if _champion_sha(root) != record["champion_sha256"]:
         return None  # promoted or replaced since: the promotion decision would differ
-    return UnchangedRun(run_key=record["run_key"], report=report)
+    return UnchangedRun(run_key=record["run_key"], report=report, content=content)
 
 
 def _champion_sha(root: StorageRoot) -> str | None:
