@@ -30,6 +30,33 @@ def _worker_pids(run_dir: str, rank: int | None = None) -> list[int]:
     return pids
 
 
+def descendant_workers(pid: int) -> list[int]:
+    """Training worker processes started, directly or not, by process `pid`: a study's warm
+    children name only their first job on their command line, so they are found by ancestry."""
+    parents: dict[int, int] = {}
+    workers = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+        if b"training.worker" in cmdline:
+            workers.append(int(entry))
+
+    def under(p: int) -> bool:
+        while p > 1:
+            if p == pid:
+                return True
+            p = parents.get(p, 0)
+        return False
+
+    return [w for w in workers if under(parents.get(w, 0))]
+
+
 def kill_worker_when(run_dir: str, step: int, sig: signal.Signals = signal.SIGKILL, times: int = 1,
                      rank: int | None = None) -> threading.Thread:
     """Background thread: `times` times, wait for a worker of `run_dir` past `step`, send `sig`."""

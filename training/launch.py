@@ -15,13 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +28,7 @@ import training
 from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.attempts import count_attempt
+from training.child import Child, WarmPool
 from training.job import TrainJob
 from training.results import RungResult, TrainResult
 from training.runs import rung_file
@@ -102,15 +101,6 @@ def _rank_errors(error_path: Path) -> list[dict[str, Any]]:
     return found
 
 
-def _read_lines(stream: Any, lines: queue.Queue[str | None]) -> None:
-    try:
-        for line in stream:
-            lines.put(line)
-    except (OSError, ValueError):
-        pass
-    lines.put(None)
-
-
 def log_child_event(event: dict[str, Any]) -> None:
     """The default handler of the child's events: its warnings and errors (`log` events) go to
     this process's logging; progress events are dropped."""
@@ -129,28 +119,22 @@ def _dispatch(line: str, on_event: Callable[[dict[str, Any]], None]) -> None:
     on_event(event)
 
 
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        return  # still running (we are unwinding without having stopped it): not ours to kill
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass  # nothing left in the group
-
-
 def run_training_process(
     job: TrainJob,
     on_event: Callable[[dict[str, Any]], None] = log_child_event,
     on_start: Callable[[subprocess.Popen[str]], None] = lambda proc: None,
+    pool: WarmPool | None = None,
 ) -> TrainResult:
-    """Train `job` in a child process; return its result, or raise Preempted / a RetrainError."""
-    return _outcome(job, *_launch(job, on_event, on_start))
+    """Train `job` in a child process (a warm one from `pool`, when it has one); return its
+    result, or raise Preempted / a RetrainError."""
+    return _outcome(job, *_launch(job, on_event, on_start, pool))
 
 
-def run_rung_process(job: TrainJob, on_event: Callable[[dict[str, Any]], None] = log_child_event) -> RungResult:
+def run_rung_process(job: TrainJob, on_event: Callable[[dict[str, Any]], None] = log_child_event,
+                     pool: WarmPool | None = None) -> RungResult:
     """Train `job` in a child process up to its `pause_at` step (a tuning rung) or its end."""
     assert job.pause_at is not None
-    rc, error_path, reported, distributed = _launch(job, on_event, lambda proc: None)
+    rc, error_path, reported, distributed = _launch(job, on_event, lambda proc: None, pool)
     paused = Path(job.run_dir) / rung_file(job.pause_at)
     if rc == 0 and not (Path(job.run_dir) / "result.json").exists() and paused.exists():
         return RungResult.model_validate_json(paused.read_text())
@@ -158,8 +142,11 @@ def run_rung_process(job: TrainJob, on_event: Callable[[dict[str, Any]], None] =
 
 
 def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
-            on_start: Callable[[subprocess.Popen[str]], None]) -> tuple[int, Path, list[dict[str, Any]], bool]:
-    """Run the child to its exit: (exit code, its error file, the errors it reported, under torchrun)."""
+            on_start: Callable[[subprocess.Popen[str]], None],
+            pool: WarmPool | None) -> tuple[int, Path, list[dict[str, Any]], bool]:
+    """Run the job in a child to its end: (exit code, its error file, the errors it reported,
+    under torchrun). With a pool, a single-process job runs in a warm child when one is idle,
+    and its child goes back to the pool afterwards."""
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     job_path = run_dir / "job.json"
@@ -169,14 +156,19 @@ def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
     count_attempt(run_dir)
     for stale in error_path.parent.glob(error_path.name + ".rank*"):
         stale.unlink(missing_ok=True)
-    env = child_env()
-    if job.config.train.nnodes == 1:
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
-    # Its own process group: when it ends, anything it leaves behind (a DataLoader worker
-    # orphaned by a SIGKILL, torchrun's ranks) is killed with the group, not left running.
     command = worker_command(job, job_path, error_path)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
     distributed = command[1] == "-c"
+    keep = pool if pool is not None and not distributed else None
+    child = keep.take() if keep is not None else None
+    if child is not None and not child.hand(job_path, error_path):
+        child.close()  # it died while idle
+        child = None
+    if child is None:
+        env = child_env()
+        if job.config.train.nnodes == 1:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
+        child = Child(command, env, hold=keep is not None)
+        on_start(child.proc)
     reported: list[dict[str, Any]] = []  # "error" events: the error file may be on a full disk
 
     def on_line(event: dict[str, Any]) -> None:
@@ -185,41 +177,20 @@ def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
         else:
             on_event(event)
 
-    on_start(proc)
+    rc: int | None = None
     try:
-        assert proc.stdout is not None
-        # Orphans inherit the pipe, so its end of file can come long after the process is gone:
-        # lines are read in a thread, and this thread stops once the process has exited.
-        lines: queue.Queue[str | None] = queue.Queue()
-        reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines), daemon=True)
-        reader.start()
-        while True:
-            try:
-                line = lines.get(timeout=0.2)
-            except queue.Empty:
-                if proc.poll() is None:
-                    continue
-                reader.join(timeout=1.0)  # the last lines written before the exit
-                if lines.empty():
-                    break
-                continue
-            if line is None:
-                break
-            _dispatch(line, on_line)
-        rc = proc.wait()
+        rc = child.follow(lambda line: _dispatch(line, on_line))
     except BaseException:
         # The task itself is being stopped (SIGTERM, Ctrl-C, cancellation): let the child write
         # its emergency checkpoint before we go.
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=_TERM_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        child.stop(_TERM_GRACE_SECONDS)
         raise
     finally:
-        _kill_group(proc)
+        child.kill_group()
+    if rc is None:  # idle again: the job ended with exit code 0
+        assert keep is not None
+        keep.give(child)
+        return 0, error_path, reported, distributed
     return rc, error_path, reported, distributed
 
 

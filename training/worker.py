@@ -4,6 +4,9 @@ Exit codes: 0 done, EXIT_PREEMPTED after an emergency checkpoint, EXIT_USER_ERRO
 error written to ERROR.json. Progress events go to stdout as JSON lines, warnings and errors as `log` events among them;
 other logs go to stderr.
 
+Started with `--hold` (a tuning study's warm child, see training.child), it takes further jobs
+on stdin after one that ended with exit code 0.
+
 Under torchrun (WORLD_SIZE > 1) each rank runs this module: it joins the process group (gloo
 on CPU, nccl on CUDA) with `train.ddp_timeout_s` as the collective timeout, and writes its
 errors to ERROR.json.rank<N>. A rank that loses a peer (killed, or a node gone) exits with
@@ -16,11 +19,13 @@ import ctypes
 import json
 import logging
 import os
+import select
 import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+from training.child import HOLD_FLAG, IDLE_EVENT
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.job import TrainJob
 from training.results import RungResult
@@ -103,7 +108,8 @@ def _init_distributed(job: TrainJob) -> tuple[int, int]:
 def main(argv: list[str]) -> int:
     _configure_logging()
     job_path, error_path = Path(argv[0]), Path(argv[1])
-    parent = int(argv[2]) if len(argv) > 2 else None
+    parent = int(argv[2]) if len(argv) > 2 and argv[2] != HOLD_FLAG else None
+    hold = HOLD_FLAG in argv
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
     stop = StopFlag()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -111,13 +117,45 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     if parent is not None and not under_torchrun and os.getppid() != parent:
         stop.request("parent process died")
-    job = TrainJob.load(job_path)
+    polling = False
+    while True:
+        job = TrainJob.load(job_path)
+        poll = job.config.train.spot_notice_url
+        if poll and not polling:
+            start_spot_notice_poller(poll, job.config.train.spot_poll_seconds, stop)
+            polling = True
+        code = _run_job(job, error_path, stop, under_torchrun)
+        if not hold or code != 0:
+            return code
+        _emit({"event": IDLE_EVENT})
+        order = _next_order(stop, parent)
+        if order is None:
+            return 0
+        job_path, error_path = order
+
+
+def _next_order(stop: StopFlag, parent: int | None) -> tuple[Path, Path] | None:
+    """A warm child's next job (see training.child), or None when it should end: end of file
+    on stdin, SIGTERM, or its parent gone."""
+    while not stop.requested and (parent is None or os.getppid() == parent):
+        ready, _, _ = select.select([sys.stdin], [], [], 0.5)
+        if not ready:
+            continue
+        line = sys.stdin.readline()
+        if not line:
+            return None
+        order = json.loads(line)
+        # The job's start-up is billed from the hand-over, as a fresh child's is from its spawn.
+        os.environ["RETRAIN_SPAWN_TIME"] = repr(float(order["spawn_time"]))
+        return Path(order["job"]), Path(order["error"])
+    return None
+
+
+def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bool) -> int:
+    """Train one job; its exit code."""
     rank, world = 0, 1
     if under_torchrun:
         error_path = error_path.with_name(f"{error_path.name}.rank{os.environ.get('RANK', '0')}")
-    poll = job.config.train.spot_notice_url
-    if poll:
-        start_spot_notice_poller(poll, job.config.train.spot_poll_seconds, stop)
     try:
         rank, world = _init_distributed(job)
         result = train(job, stop, _emit, rank=rank, world_size=world)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from training.config import load_config
-from tests.kill import _worker_pids
+from tests.kill import descendant_workers
 
 pytestmark = pytest.mark.slow
 
@@ -123,7 +123,9 @@ def _kill_when(proc: subprocess.Popen[str], root: Path, mid_rung: Any) -> None:
     while time.time() < deadline and proc.poll() is None:
         run = mid_rung(_heartbeats(root))
         if run is not None:
-            for pid in _worker_pids(str(run)):
+            workers = descendant_workers(proc.pid)
+            assert workers, "the study's training child was not found"
+            for pid in workers:
                 os.kill(pid, signal.SIGKILL)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()

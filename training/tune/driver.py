@@ -16,7 +16,7 @@ from training.results import PackResult, PrepResult, RungResult
 from training.storage import write_json_atomic
 from training.storage_root import RUN, StorageRoot
 from training.tune.study import STUDY_DIR, RungWork, Study, study_key
-from training.tune.trial import calibrate, read_calibration
+from training.tune.trial import TRIAL_CHILDREN, calibrate, read_calibration
 
 __all__ = ["open_study", "drive"]
 
@@ -31,6 +31,16 @@ def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                on_event: Callable[[dict[str, Any]], None]) -> Study:
     """The study of this config and data, created or resumed, with this attempt's set-up time
     counted; raises ConfigError before any trial when the budget cannot pay for one rung."""
+    TRIAL_CHILDREN.size = config.tune.concurrency
+    try:
+        return _open_study(config, packed, prep, on_event)
+    except BaseException:
+        TRIAL_CHILDREN.close()  # the calibration's child, kept warm for a study that will not run
+        raise
+
+
+def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
+                on_event: Callable[[dict[str, Any]], None]) -> Study:
     root = StorageRoot.from_config(config)
     key = study_key(config, packed.fingerprint)
     rel = f"{STUDY_DIR}/{key}/calibration.json"
@@ -56,6 +66,16 @@ def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 def drive(study: Study, submit: Callable[[RungWork], Future], first_done: Callable[[list[Future]], Future],
           say: Callable[[str], None] = log.info) -> None:
     """Hand out rungs until none is left; record each outcome as it arrives."""
+    try:
+        _drive(study, submit, first_done, say)
+    finally:
+        TRIAL_CHILDREN.close()
+    if study.stopped_by:
+        say(f"study stopped by its budget: {study.stopped_by}")
+
+
+def _drive(study: Study, submit: Callable[[RungWork], Future], first_done: Callable[[list[Future]], Future],
+           say: Callable[[str], None]) -> None:
     running: dict[Any, RungWork] = {}
     while True:
         while len(running) < study.tune.concurrency:
@@ -75,5 +95,3 @@ def drive(study: Study, submit: Callable[[RungWork], Future], first_done: Callab
         state = "promoted" if frozen.state.name == "RUNNING" else frozen.user_attrs.get("status", outcome.status)
         say(f"trial {work.trial} at step {outcome.step}: val {study.metric} {outcome.value:.4f} -> {state}; "
             f"spent ${study.budget.usd(study.spent_seconds()):.6f} ({study.spent_seconds():.1f} machine-s)")
-    if study.stopped_by:
-        say(f"study stopped by its budget: {study.stopped_by}")

@@ -92,6 +92,15 @@ class StudyBudget:
 
 
 @dataclass(frozen=True)
+class _Observed:
+    """A rung trained this attempt: its steps, their machine seconds, and its start-up."""
+
+    steps: int
+    seconds: float
+    startup: float
+
+
+@dataclass(frozen=True)
 class RungWork:
     """Train trial `trial`'s run towards `step` (rung `rung`); `config` is the trial's, with
     its run capped (budget.max_wall_seconds, operational) so the study cannot overshoot."""
@@ -125,7 +134,7 @@ class Study:
         self.budget = StudyBudget(config)
         self.in_flight: dict[int, float] = {}  # trial number -> the seconds reserved for its rung
         self.stopped_by: str | None = None  # why no more work was handed out, when it was a budget
-        self._observed: list[tuple[int, float]] = []  # (steps, seconds) of rungs trained this attempt
+        self._observed: list[_Observed] = []  # the rungs trained this attempt
 
     # -- spend ----------------------------------------------------------------------------
 
@@ -228,14 +237,17 @@ class Study:
                         price_seconds=price)
 
     def price(self, steps: int) -> float:
-        """A rung's estimated machine seconds: measured this attempt when any rung ran, else
-        from the calibration."""
-        per_step = self.cost.seconds_per_step
-        n = sum(s for s, _ in self._observed)
-        if n:
-            observed = sum(sec for _, sec in self._observed) / n
-            per_step = observed if observed > 0 else per_step  # start-ups vary more than short rungs last
-        return self.cost.startup_seconds + steps * per_step
+        """A rung's estimated machine seconds: measured on this attempt's rungs when any ran,
+        else from the calibration. Most rungs start in a warm child (about 0.01 s, see
+        training.child) rather than a fresh one (the calibration's start-up), so the start-up
+        is the mean of those measured too."""
+        observed = self._observed
+        if not observed:
+            return self.cost.of(steps)
+        n = sum(o.steps for o in observed)
+        per_step = sum(o.seconds for o in observed) / n
+        per_step = per_step if per_step > 0 else self.cost.seconds_per_step  # start-ups vary more than short rungs last
+        return sum(o.startup for o in observed) / len(observed) + steps * per_step
 
     def _reseed(self) -> None:
         """A sampler seeded by the trial number: a resumed study draws what it would have drawn."""
@@ -255,12 +267,13 @@ class Study:
 
         self.in_flight.pop(work.trial, None)
         trial = self.study.get_trials(deepcopy=False)[work.trial]
-        before = trial.user_attrs.get("billed_seconds", 0.0), trial.last_step or 0
-        trained = outcome.step - before[1]
-        if trained > 0 and outcome.billed_seconds > before[0]:
-            self._observed.append((trained, outcome.billed_seconds - before[0] - self.cost.startup_seconds))
+        billed, step = float(trial.user_attrs.get("billed_seconds", 0.0)), trial.last_step or 0
+        started = max(0.0, outcome.startup_seconds - float(trial.user_attrs.get("startup_seconds", 0.0)))
+        if outcome.step > step and outcome.billed_seconds > billed:
+            self._observed.append(_Observed(outcome.step - step, outcome.billed_seconds - billed - started, started))
         live = self._live(work.trial)
         for key, value in (("run_key", outcome.run_key), ("billed_seconds", outcome.billed_seconds),
+                           ("startup_seconds", outcome.startup_seconds),
                            ("steps", outcome.step), ("steps_lost", outcome.steps_lost),
                            ("preemptions", outcome.preemptions), ("status", outcome.status)):
             live.set_user_attr(key, value)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.champion import check_champion
+from training.child import WarmPool
 from training.config import RetrainConfig, TuneConfig
 from training.launch import log_child_event, run_rung_process, run_training_process
 from training.results import PackResult, PrepResult, RungResult
@@ -22,7 +23,11 @@ from training.stages import build_train_job
 from training.storage_root import StorageRoot
 from training.tune.study import STUDY_DIR, RungCost
 
-__all__ = ["Calibration", "calibrate", "rung_stage"]
+__all__ = ["Calibration", "calibrate", "rung_stage", "TRIAL_CHILDREN"]
+
+# The study's training children, kept warm between rungs and trials (see training.child): in
+# this process, sized to tune.concurrency and closed by the driver when the study ends.
+TRIAL_CHILDREN = WarmPool()
 
 
 def rung_stage(config: RetrainConfig, packed: PackResult, prep: PrepResult, step: int,
@@ -36,12 +41,12 @@ def rung_stage(config: RetrainConfig, packed: PackResult, prep: PrepResult, step
     if finished is not None:
         return RungResult.of(finished)
     if step >= config.train.max_steps:
-        return RungResult.of(run_training_process(job, on_event))
+        return RungResult.of(run_training_process(job, on_event, pool=TRIAL_CHILDREN))
     paused = paused_result(job, step)
     if paused is not None:
         return paused
     job.pause_at = step
-    return run_rung_process(job, on_event)
+    return run_rung_process(job, on_event, pool=TRIAL_CHILDREN)
 
 
 @dataclass(frozen=True)
@@ -57,9 +62,9 @@ class Calibration:
 
 def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study: str,
               on_event: Callable[[dict[str, Any]], None] = log_child_event) -> Calibration:
-    """Train the base config for tune.calibration_steps in a child process, in a scratch run
-    folder that is removed afterwards: the measured start-up and seconds per step price every
-    rung until real rungs have been measured."""
+    """Train the base config for tune.calibration_steps in a fresh child process, in a scratch
+    run folder that is removed afterwards: the measured start-up and seconds per step price
+    every rung until real rungs have been measured."""
     steps = min(config.tune.calibration_steps, config.train.max_steps)
     calib = config.model_copy(deep=True, update={"tune": TuneConfig()})  # its rungs would not fit 20 steps
     calib.train.max_steps = steps
@@ -72,7 +77,7 @@ def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study
     shutil.rmtree(scratch, ignore_errors=True)
     job.run_dir, job.run_rel, job.pre_train_seconds = str(scratch), "", 0.0  # local only: thrown away
     try:
-        result = run_training_process(job, on_event)
+        result = run_training_process(job, on_event, pool=TRIAL_CHILDREN)  # its child trains the first rung
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     s = result.seconds
