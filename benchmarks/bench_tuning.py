@@ -3,12 +3,16 @@ best validation AUC that a random search of N full-fidelity trials finds, for
 
 - the reference: that random search (tune.sampler random, tune.pruner none, max_trials N);
 - ASHA as `retrain tune` runs it (TPE + successive halving), with the random search's total
-  spend as its tune.max_usd and up to 3N trials;
+  spend as its tune.max_usd (up to 10N trials: the budget binds);
 
-same demo data, same seed, same search space, and the same machinery (real training children,
-pauses at rungs, calibration and set-up counted). A study reaches the target when one of its
-full-fidelity trials scores at least it; its cost then is everything spent up to that trial.
-Target: ASHA / random <= 0.5.
+same demo data, same seed, same search space, and the same machinery (real training children
+kept warm between rungs and trials, pauses at rungs, calibration and set-up counted). A study
+reaches the target when one of its full-fidelity trials scores at least it; its cost then is
+everything spent up to that trial.
+
+Where a random search finds its best is luck: at its 2nd trial with one seed, its 9th with
+another. So the comparison is repeated for several seeds (each pair of studies shares one) and
+reported per seed and as the ratio of the summed costs. Target: ASHA / random <= 0.5.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from training.tune.trial import rung_stage
 from benchmarks.common import demo_parquet
 
 N = 10
+SEEDS = (0, 1, 2, 3, 4)
+# Rungs 20, 60, 180, 540. Measured with a first rung of 60 too (rungs 60, 180, 540): summed
+# ratio 0.95 against 0.94, the same two seeds missed; so the figures use 20.
+MIN_RESOURCE = 20
 SPACE = {"train.lr": "loguniform(3e-4, 3e-2)", "model.dropout": "uniform(0, 0.4)",
          "model.hidden": "choice([[32], [128, 64], [256, 128]])"}
 
@@ -43,7 +51,7 @@ class _Done:
         return self.outcome
 
 
-def _study(work: Path, source: Path, name: str, tune: dict[str, Any]) -> dict[str, Any]:
+def _study(work: Path, source: Path, name: str, seed: int, tune: dict[str, Any]) -> dict[str, Any]:
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump({
         "storage": {"root": str(work / name)},
@@ -51,7 +59,7 @@ def _study(work: Path, source: Path, name: str, tune: dict[str, Any]) -> dict[st
         "train": {"max_steps": 540, "eval_every": 20, "checkpoint_every": 20, "batch_size": 2048,
                   "warmup_steps": 20, "patience": 0, "num_workers": 0},
         "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
-        "tune": {"space": SPACE, "seed": 0, "min_resource": 20, **tune},
+        "tune": {"space": SPACE, "seed": seed, "min_resource": MIN_RESOURCE, **tune},
     }))
     config = load_config(path)
     packed = pack_stage(config)
@@ -76,20 +84,41 @@ def _cost_to_reach(report: dict[str, Any], target: float) -> float | None:
     return None
 
 
-def run(work: Path) -> dict[str, Any]:
-    source = demo_parquet(work, rows=200_000)
-    random = _study(work, source, "random", {"sampler": "random", "pruner": "none", "max_trials": N})
+def _pair(work: Path, source: Path, seed: int) -> dict[str, Any]:
+    random = _study(work, source, f"random-{seed}", seed, {"sampler": "random", "pruner": "none", "max_trials": N})
     target = max(t["value"] for t in random["trials"] if t["value"] is not None)
-    asha = _study(work, source, "asha", {"max_trials": 3 * N, "max_usd": random["spend"]["usd"]})
+    # The budget binds, not max_trials: ASHA may try as many configurations as the random
+    # search's spend pays for.
+    asha = _study(work, source, f"asha-{seed}", seed, {"max_trials": 10 * N, "max_usd": random["spend"]["usd"]})
     random_cost, asha_cost = _cost_to_reach(random, target), _cost_to_reach(asha, target)
-    ratio = None if asha_cost is None or random_cost is None else asha_cost / random_cost
+    best_at = next(i for i, t in enumerate(random["trials"]) if t["value"] == target)
     return {
+        "seed": seed,
         "target_val_auc": target,
-        "random_search": {"trials": N, "usd_to_reach": random_cost, "usd_total": random["spend"]["usd"]},
+        "random_search": {"trials": N, "best_at_trial": best_at, "usd_to_reach": random_cost,
+                          "usd_total": random["spend"]["usd"]},
         "asha": {"trials": len(asha["trials"]), "usd_to_reach": asha_cost, "usd_total": asha["spend"]["usd"],
                  "best_val_auc": asha["best"]["value"] if asha["best"] else None, "status": asha["status"],
                  "pruned": sum(t["state"] == "pruned" for t in asha["trials"])},
+        "ratio_asha_over_random": None if asha_cost is None or random_cost is None else asha_cost / random_cost,
+    }
+
+
+def run(work: Path) -> dict[str, Any]:
+    source = demo_parquet(work, rows=200_000)
+    pairs = [_pair(work, source, seed) for seed in SEEDS]
+    reached = all(p["asha"]["usd_to_reach"] is not None for p in pairs)
+    # A seed where ASHA never reaches the target counts as its whole spend: a lower bound on its
+    # cost, flagged by "reached": false.
+    asha_sum = sum(p["asha"]["usd_to_reach"] or p["asha"]["usd_total"] for p in pairs)
+    random_sum = sum(p["random_search"]["usd_to_reach"] for p in pairs)
+    ratio = asha_sum / random_sum
+    return {
+        "seeds": pairs,
+        "asha_usd_to_reach_summed": asha_sum,
+        "random_usd_to_reach_summed": random_sum,
         "ratio_asha_over_random": ratio,
+        "asha_reached_every_target": reached,
         "target_ratio": 0.5,
-        "met": ratio is not None and ratio <= 0.5,
+        "met": reached and ratio <= 0.5,
     }

@@ -18,6 +18,7 @@ from benchmarks import (
     bench_loading,
     bench_overhead,
     bench_packing,
+    bench_peers,
     bench_predict,
     bench_preemption,
     bench_s3,
@@ -33,6 +34,7 @@ from benchmarks.common import machine
 SUITE = {
     "packing": bench_packing.run,
     "loading": bench_loading.run,
+    "peers": bench_peers.run,
     "checkpoint": bench_checkpoint.run,
     "preemption": bench_preemption.run,
     "warm_start": bench_warm_start.run,

@@ -1,0 +1,255 @@
+"""First-epoch loading against real peers on the same row blocks.
+
+The project's train shards hold micro-batches of `data.rows_per_member` (4096) rows. Each peer
+gets exactly those blocks, one sample per block, in its own format and with its own default
+settings:
+- WebDataset 1.0.2, its idiomatic reader (`WebDataset(urls).decode()`) over the project's own
+  tar shards (they are WebDataset shards);
+- LitData 0.2.76: written with its `BinaryWriter` (64 MB chunks), read with its
+  `StreamingDataset(shuffle=True)`;
+- MosaicML Streaming 0.13.0: written with its `MDSWriter` (64 MB shards), read with its
+  `StreamingDataset(shuffle=True)`.
+
+Every reader then does the same work per 16 blocks: the project's feature transform (the same
+code, `FeatureTransform.shard`), a shuffle of those rows, and slices of 256 rows as torch
+tensors. The project's loader (`num_workers: 0`) instead shuffles whole shards (about 230k
+rows), and verifies each shard's sha256 against the manifest on first use; the peers verify
+nothing (their defaults). Each reader runs its first epoch in a fresh process (the project's
+first epoch in a process pays its checks once; a peer's index and cache set-up are in its
+time too), in interleaved rounds; figures are medians with every round listed.
+
+The peers are not in the project's lock (Streaming's package imports torchvision, whose PyPI
+build does not load against this CPU torch), so each is installed with `pip --no-deps --target`
+into a folder of its own under the system's temp folder, reused while its pins do not change,
+and run from there. Streaming's top package imports its vision datasets (torchvision); the
+reader loads `streaming.base`, where its writer and dataset live, without that `__init__`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+BATCH = 256
+GROUP = 16  # blocks transformed together, as the project's loader chunks a shard's members
+PEERS: dict[str, list[str]] = {
+    "litdata": ["litdata==0.2.76", "lightning-utilities==0.15.3", "obstore==0.12.1", "filelock", "tifffile"],
+    "streaming": ["mosaicml-streaming==0.13.0", "transformers==4.57.6", "tokenizers==0.22.2",
+                  "huggingface_hub==0.36.2", "safetensors", "regex", "xxhash", "zstd", "python-snappy", "cramjam",
+                  "brotli", "catalogue"],
+}
+READERS = ("project", "webdataset", "litdata", "streaming")
+
+
+def peer_folder(peer: str) -> Path:
+    """`pip install --no-deps --target` of the peer's pins, reused while they are the same."""
+    spec = PEERS[peer]
+    folder = Path(tempfile.gettempdir()) / "retrain-bench-peers" / f"{peer}-{hashlib.sha256(repr(spec).encode()).hexdigest()[:12]}"
+    if not (folder / ".complete").exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(folder), *spec],
+                       check=True)
+        (folder / ".complete").touch()
+    return folder
+
+
+# -- the peers' formats, written from the project's blocks ---------------------------------------
+
+def _blocks(dataset: Path) -> Iterator[dict[str, np.ndarray]]:
+    from training.data.packing import require_manifest
+    from training.data.shards import ShardReader
+
+    manifest = require_manifest(dataset)
+    for info in manifest.shards_of("train"):
+        reader = ShardReader(dataset / info.name)
+        try:
+            for key in reader.keys:
+                yield {k: np.array(v) for k, v in reader.block(key).items()}
+        finally:
+            reader.close()
+
+
+def write_litdata(dataset: Path, out: Path) -> None:
+    from litdata.streaming.writer import BinaryWriter
+
+    writer = BinaryWriter(str(out), chunk_bytes="64MB")
+    for i, block in enumerate(_blocks(dataset)):
+        writer.add_item(i, block)
+    writer.done()
+    writer.merge()
+
+
+def write_streaming(dataset: Path, out: Path) -> None:
+    from streaming.base import MDSWriter
+
+    blocks = _blocks(dataset)
+    first = next(blocks)
+    columns = {k: f"ndarray:{v.dtype.name}" for k, v in first.items()}
+    with MDSWriter(out=str(out), columns=columns, size_limit=64 << 20) as writer:
+        writer.write(first)
+        for block in blocks:
+            writer.write(block)
+
+
+# -- the readers, each in a process of its own -----------------------------------------------------
+
+def _batched(samples: Iterator[dict[str, Any]], transform: Any) -> Iterator[dict[str, Any]]:
+    """The same work after every peer's reader: per GROUP blocks, the project's transform, a
+    shuffle of their rows, then batches of BATCH rows as tensors."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    group: list[dict[str, np.ndarray]] = []
+
+    def flush() -> Iterator[dict[str, Any]]:
+        arrays = transform.shard(group, "peer")
+        perm = rng.permutation(len(arrays["label"]))
+        arrays = {k: np.take(v, perm, axis=0) for k, v in arrays.items()}
+        for lo in range(0, len(perm) - BATCH + 1, BATCH):
+            yield {k: torch.from_numpy(v[lo:lo + BATCH]) for k, v in arrays.items()}
+
+    for sample in samples:
+        group.append({k: np.asarray(sample[k]) for k in ("num", "cat", "label")})
+        if len(group) == GROUP:
+            yield from flush()
+            group = []
+    if group:
+        yield from flush()
+
+
+def _samples(reader: str, dataset: Path, converted: Path) -> Iterator[dict[str, Any]]:
+    if reader == "webdataset":
+        import webdataset as wds
+
+        from training.data.packing import require_manifest
+
+        urls = [str(dataset / info.name) for info in require_manifest(dataset).shards_of("train")]
+        for sample in wds.WebDataset(urls, shardshuffle=len(urls), seed=0).decode():
+            yield {k.removesuffix(".npy"): v for k, v in sample.items() if k.endswith(".npy")}
+    elif reader == "litdata":
+        import litdata
+
+        yield from litdata.StreamingDataset(str(converted), shuffle=True, seed=0)
+    elif reader == "streaming":
+        from streaming.base import StreamingDataset
+
+        yield from StreamingDataset(local=str(converted), shuffle=True, shuffle_seed=0, batch_size=1)
+    else:
+        raise ValueError(reader)
+
+
+def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -> dict[str, float]:
+    """Rows/s of one first epoch, from the reader's set-up (its imports done) to its last batch."""
+    import importlib
+
+    import torch  # noqa: F401 - imports are not loading: done before the clock starts
+
+    from training.data.features import FeatureStats
+
+    importlib.import_module({"project": "training.data.loader", "webdataset": "webdataset", "litdata": "litdata",
+                             "streaming": "streaming.base"}[reader])
+    transform = FeatureStats.from_json(stats.read_text()).transformer()
+    t0 = time.perf_counter()
+    rows = 0
+    if reader == "project":
+        from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+        from training.data.packing import require_manifest
+
+        manifest = require_manifest(dataset)
+        batches = ShardBatches(dataset, manifest, "train", BATCH, transform, seed=0)
+        it = iter(make_train_loader(batches, StreamPosition(), 0, pin_memory=False))
+        for _ in range(batches.batches_per_epoch):
+            rows += int(next(it)[2]["label"].shape[0])
+    else:
+        for batch in _batched(_samples(reader, dataset, converted), transform):
+            rows += int(batch["label"].shape[0])
+    seconds = time.perf_counter() - t0
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds}
+
+
+def _in_process(action: str, peer: str, *paths: Path) -> dict[str, float]:
+    """A write or a first-epoch read in a fresh interpreter, with the peer's folder first on
+    its path."""
+    project = str(Path(__file__).resolve().parent.parent)
+    path = [str(peer_folder(peer))] if peer in PEERS else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, project])}
+    out = subprocess.run([sys.executable, "-c", _CHILD, action, peer, *map(str, paths)], env=env,
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{action} {peer} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+_CHILD = """
+import json, sys, types
+from pathlib import Path
+action, peer = sys.argv[1], sys.argv[2]
+if peer == "streaming":
+    # streaming/__init__.py imports streaming.vision, hence torchvision; its writer and dataset
+    # live in streaming.base, which does not: the package is entered without that __init__.
+    import importlib.util
+    spec = importlib.util.find_spec("streaming")
+    package = types.ModuleType("streaming")
+    package.__path__ = list(spec.submodule_search_locations)
+    sys.modules["streaming"] = package
+from benchmarks import bench_peers as b
+paths = [Path(p) for p in sys.argv[3:]]
+if action == "write":
+    getattr(b, "write_" + peer)(*paths)
+    print("{}")
+else:
+    print(json.dumps(b.read_first_epoch(peer, *paths)))
+"""
+
+
+def run(work: Path, rows: int = 2_000_000, rounds: int = 3) -> dict[str, Any]:
+    from benchmarks.common import demo_parquet
+    from training.config import load_config
+    from training.data.features import fit_feature_stats
+    from training.data.packing import pack_shards
+
+    source = demo_parquet(work, rows)
+    config = load_config()
+    dataset, manifest, _ = pack_shards(source, config.data, work / "datasets")
+    stats_path, _ = fit_feature_stats(dataset, manifest, config.preprocess, work / "pre")
+    converted = {}
+    for peer in PEERS:
+        converted[peer] = work / f"as-{peer}"
+        shutil.rmtree(converted[peer], ignore_errors=True)
+        t0 = time.perf_counter()
+        _in_process("write", peer, dataset, converted[peer])
+        print(f"  {peer}: written in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    rates: dict[str, list[float]] = {reader: [] for reader in READERS}
+    for _ in range(rounds):  # interleaved: drift on a shared box hits every reader alike
+        for reader in READERS:
+            got = _in_process("read", reader, dataset, stats_path, converted.get(reader, work))
+            rates[reader].append(got["rows_per_s"])
+    medians = {reader: statistics.median(r) for reader, r in rates.items()}
+    peers = {reader: m for reader, m in medians.items() if reader != "project"}
+    best = max(peers, key=lambda reader: peers[reader])
+    per_round = [rates["project"][i] / max(rates[p][i] for p in peers) for i in range(rounds)]
+    return {
+        "train_rows": manifest.rows["train"],
+        "rows_per_block": config.data.rows_per_member,
+        "batch": BATCH,
+        "rounds": rounds,
+        "first_epoch_rows_per_s": {reader: round(m) for reader, m in medians.items()},
+        "first_epoch_rows_per_s_rounds": {reader: [round(x) for x in r] for reader, r in rates.items()},
+        "best_peer": best,
+        "ratio_project_over_best_peer": round(medians["project"] / medians[best], 2),
+        "ratio_project_over_best_peer_rounds": [round(x, 2) for x in per_round],
+        "ratio_project_over_each": {p: round(medians["project"] / m, 2) for p, m in peers.items()},
+        "target_ratio": 1.5,
+        "met": medians["project"] / medians[best] >= 1.5,
+    }
