@@ -78,7 +78,7 @@ class Child:
         try:
             self.proc.stdin.write(json.dumps(order) + "\n")
             self.proc.stdin.flush()
-        except (BrokenPipeError, OSError, ValueError):
+        except (OSError, ValueError):  # a broken pipe, or its stdin already closed
             return False
         return True
 
@@ -105,11 +105,7 @@ class Child:
         """SIGTERM (it writes its emergency checkpoint), then SIGKILL after `grace_seconds`."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_seconds)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self._wait_or_kill(grace_seconds)
 
     def close(self) -> None:
         """End a warm child: end of file on its stdin; killed if it does not go."""
@@ -118,12 +114,15 @@ class Child:
                 self.proc.stdin.close()
             except OSError:
                 pass
+        self._wait_or_kill(_CLOSE_GRACE_SECONDS)
+        self.kill_group()
+
+    def _wait_or_kill(self, seconds: float) -> None:
         try:
-            self.proc.wait(timeout=_CLOSE_GRACE_SECONDS)
+            self.proc.wait(timeout=seconds)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.kill_group()
 
     def kill_group(self) -> None:
         """Whatever the exited child left in its process group."""
