@@ -187,7 +187,7 @@ def _servers_of(root: Path) -> list[int]:
 
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: Path, demo_source: Path,
-                                                                    how: str) -> None:
+                                                                    how: str, prefect_server) -> None:
     root = tmp_path / "root"
     args = _sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",
                                                        "train.patience=0"])
@@ -208,8 +208,9 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
     assert not _servers_of(root)  # the temporary server went with it
     if how == "sigterm":
         return
+    # The session's server: a rerun on the temporary one is test_killed_cli_resumes_on_rerun's.
     again = _retrain(_sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",
-                                                                  "train.patience=0"]), tmp_path)
+                                                                  "train.patience=0"]), tmp_path, env=prefect_server.env)
     assert again.returncode == 0, again.stderr[-3000:]
     report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
     assert report["status"] == "completed" and report["resumed_from_steps"]
