@@ -22,8 +22,8 @@ from training.model import Batch, forward_fn
 from training.tasks import Task
 from training.threads import cgroup_quota, usable_cpus
 
-__all__ = ["accelerator_stats", "auto_batch_layout", "choose_num_workers", "BatchSizeSearch", "find_micro_batch",
-           "step_memory_bytes"]
+__all__ = ["accelerator_stats", "auto_batch_layout", "choose_num_workers", "data_and_compute_seconds",
+           "BatchSizeSearch", "find_micro_batch", "step_memory_bytes"]
 
 log = logging.getLogger(__name__)
 STALL_TARGET = 0.02  # below this share of step time spent waiting for data, workers only add IPC
@@ -55,6 +55,29 @@ def choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int]
         return _choose_num_workers(model, task, fetch, device, dtype, worker_seconds, probes)
 
 
+def data_and_compute_seconds(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch],
+                             device: torch.device, dtype: torch.dtype | None, probes: int = 8) -> tuple[float, float]:
+    """Seconds per batch of in-process loading and of a forward/backward pass (on a copy of the
+    model), each timed over `probes` batches after two of warm-up."""
+    with _rng_untouched(device):
+        probe_model = copy.deepcopy(model).to(device).train()
+        batches = [fetch(i) for i in range(2)]  # warm-up: first shard loads, allocator
+        for batch in batches:
+            _fwd_bwd(probe_model, task, batch, dtype, device)
+        t0 = time.perf_counter()
+        batches = [fetch(i) for i in range(2, 2 + probes)]
+        t_data = (time.perf_counter() - t0) / probes
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for batch in batches:
+            probe_model.zero_grad(set_to_none=True)
+            _fwd_bwd(probe_model, task, batch, dtype, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return t_data, (time.perf_counter() - t0) / probes
+
+
 def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch], device: torch.device,
                         dtype: torch.dtype | None, worker_seconds: Callable[[int], float], probes: int
                         ) -> dict[str, Any]:
@@ -67,22 +90,7 @@ def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int
     the training process leaves idle; and only if `worker_seconds(k)`, the measured seconds per
     batch those k workers deliver, beats in-process loading (workers must copy every batch out
     of its shard and hand it over, which in-process loading never does)."""
-    probe_model = copy.deepcopy(model).to(device).train()
-    batches = [fetch(i) for i in range(2)]  # warm-up: first shard loads, allocator
-    for batch in batches:
-        _fwd_bwd(probe_model, task, batch, dtype, device)
-    t0 = time.perf_counter()
-    batches = [fetch(i) for i in range(2, 2 + probes)]
-    t_data = (time.perf_counter() - t0) / probes
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for batch in batches:
-        probe_model.zero_grad(set_to_none=True)
-        _fwd_bwd(probe_model, task, batch, dtype, device)
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    t_compute = (time.perf_counter() - t0) / probes
+    t_data, t_compute = data_and_compute_seconds(model, task, fetch, device, dtype, probes)
     stall = t_data / (t_data + t_compute) if t_data + t_compute > 0 else 0.0
     # A worker helps only on a core the training process leaves idle: on CPU its intra-op
     # threads take torch.get_num_threads() cores (a worker there competes with the step and

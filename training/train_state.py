@@ -49,6 +49,7 @@ class Progress:
     grad_accum: int | None = None
     auto_batch: dict[str, Any] | None = None
     num_workers: int | None = None  # what num_workers="auto" chose at the first start
+    torch_threads: int | None = None  # what torch_threads="auto" chose at the first start
 
     def billed_seconds(self) -> float:
         """Every second the machine was held for this run, lost work and restarts included."""

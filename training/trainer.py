@@ -44,8 +44,8 @@ from training.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.storage import write_json_atomic
 from training.storage_root import MODEL, RUN
 from training.tasks import Task, higher_is_better, metric_for
-from training.threads import apply_thread_policy
-from training.throughput import accelerator_stats, auto_batch_layout, choose_num_workers
+from training.threads import CpuClock, apply_thread_policy
+from training.throughput import accelerator_stats, auto_batch_layout, choose_num_workers, data_and_compute_seconds
 from training.train_state import TrainState
 
 __all__ = ["EVAL_BATCH_SIZE", "Trainer"]
@@ -70,8 +70,10 @@ class Trainer:
         self.rank, self.world_size, self.now = rank, world_size, now_fn
         self.spawn_time = float(os.environ.get("RETRAIN_SPAWN_TIME", time.time()))
         self.run_dir = Path(job.run_dir)
-        # Before anything runs torch: the in-process loader's thread keeps a core (workers, once
-        # decided in _build_loader, are accounted for there).
+        # Set-up is the window in which other processes' load on this machine is measured.
+        self.cpu_clock = CpuClock.read()
+        # Before anything runs torch, a provisional count (the loader keeps a core); decided in
+        # _build_loader once the loader is known.
         self.threads = apply_thread_policy(self.tc.torch_threads, 0)
         self.device = resolve_device(self.tc.device)
         self.precision = resolve_precision(self.tc.precision, self.device)
@@ -168,13 +170,33 @@ class Trainer:
                 self.dtype, lambda k: worker_seconds_per_batch(batches, k, self.rank, self.world_size))
             num_workers = progress.num_workers = self.workers_probe["num_workers"]
         self.num_workers = int(num_workers)
-        if self.num_workers:  # each worker process takes a core the step's threads then leave it
-            self.threads = apply_thread_policy(tc.torch_threads, self.num_workers)
+        self._decide_threads()
         self.loader = make_train_loader(
             self.train_batches, StreamPosition(progress.epoch, progress.batch), self.num_workers,
             pin_memory=self.device.type == "cuda", rank=self.rank, world=self.world_size)
         source: Any = self.loader.dataset if isinstance(self.loader, DataLoader) else self.loader
         self.per_epoch = source.per_epoch  # global batches per epoch
+
+    def _decide_threads(self) -> None:
+        """The run's intra-op threads, from the loader now known and the other processes'
+        load measured over set-up; kept from the first attempt on a resume (same numerics)."""
+        progress, probe = self.state.progress, self.workers_probe
+        decide = self.tc.torch_threads == "auto" and progress.torch_threads is None
+        if probe is not None:
+            t_data, t_compute = probe["data_seconds_per_batch"], probe["compute_seconds_per_batch"]
+        elif decide and self.num_workers == 0:
+            batches = self.train_batches  # the prefetch thread's load, as the workers probe measures it
+            t_data, t_compute = data_and_compute_seconds(
+                self.state.model, self.task, lambda i: batches.batch(0, i % batches.batches_per_epoch), self.device,
+                self.dtype, probes=3)
+        else:
+            t_data, t_compute = 0.0, 0.0
+        loader_busy = round(t_data / t_compute, 4) if t_compute > 0 else None
+        others = CpuClock.read_after(self.cpu_clock).others_busy_since(self.cpu_clock) if decide else 0.0
+        self.threads = apply_thread_policy(self.tc.torch_threads, self.num_workers, others, loader_busy,
+                                           kept=progress.torch_threads)
+        if self.tc.torch_threads == "auto":
+            progress.torch_threads = self.threads.threads
 
     def _compile(self) -> None:
         """torch.compile (warmed up now, outside the step timings) and DDP around the model."""

@@ -1,8 +1,11 @@
-"""The thread policy: `train.torch_threads` from the CPUs the process may use, minus its loader."""
+"""The thread policy: `train.torch_threads` from the CPUs the process may use, less what other
+processes keep busy and what its loader needs."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +14,7 @@ import torch
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.loop import train
-from training.threads import cgroup_quota, decide_threads
+from training.threads import CpuClock, apply_thread_policy, cgroup_quota, decide_threads
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -29,19 +32,53 @@ def testcgroup_quota_is_read_from_v2_then_v1(tmp_path: Path) -> None:
     assert cgroup_quota(v2, (q1, p1)) is None
 
 
-@pytest.mark.parametrize(("quota", "workers", "per_node", "expected"), [
-    (None, 0, 1, 7),   # 8 cores: one for the prefetch thread
-    (None, 3, 1, 5),   # one per worker process
-    (None, 0, 2, 3),   # two ranks share the node
-    (2.5, 0, 1, 1),    # a fractional quota rounds down
-    (1.0, 0, 1, 1),    # never below one
+@pytest.mark.parametrize(("quota", "workers", "per_node", "others", "loader", "expected"), [
+    (None, 0, 1, 0.0, None, 7),   # 8 cores: one for a prefetch thread not measured
+    (None, 0, 1, 0.0, 0.02, 8),   # a prefetch thread busy 2 % of a step keeps no core
+    (None, 0, 1, 0.0, 0.8, 7),    # one busy most of a step does
+    (None, 3, 1, 0.0, None, 5),   # one per worker process
+    (None, 0, 2, 0.0, None, 3),   # two ranks share the node
+    (None, 0, 1, 3.0, 0.02, 5),   # 3 cores busy elsewhere
+    (None, 0, 1, 0.3, 0.02, 8),   # under half a core elsewhere is noise
+    (None, 0, 2, 3.0, 0.02, 4),   # ranks: each other's start-up is not outside load
+    (2.5, 0, 1, 0.0, None, 1),    # a fractional quota rounds down
+    (1.0, 0, 1, 0.0, None, 1),    # never below one
+    (None, 0, 1, 8.0, 0.02, 1),   # nor on a saturated machine
 ])
 def test_auto_shares_the_usable_cpus(monkeypatch: pytest.MonkeyPatch, quota: float | None, workers: int,
-                                     per_node: int, expected: int) -> None:
+                                     per_node: int, others: float, loader: float | None, expected: int) -> None:
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    policy = decide_threads("auto", workers, per_node, quota=quota)
+    policy = decide_threads("auto", workers, per_node, quota=quota, others_busy=others, loader_busy=loader)
     assert policy.threads == expected
     assert policy.usable_cpus == (8.0 if quota is None else quota)
+
+
+def _spin(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_the_clock_counts_other_processes_not_this_one() -> None:
+    start = CpuClock.read()
+    _spin(0.6)  # this process's own work
+    assert CpuClock.read().others_busy_since(start) < 0.5
+    burner = multiprocessing.get_context("spawn").Process(target=_spin, args=(30.0,), daemon=True)
+    burner.start()
+    try:
+        time.sleep(1.0)  # past the child's interpreter start-up
+        start = CpuClock.read()
+        time.sleep(0.6)
+        assert CpuClock.read().others_busy_since(start) > 0.6  # a whole core, less scheduling noise
+    finally:
+        burner.kill()
+        burner.join()
+
+
+def test_a_resume_keeps_the_first_attempts_count_unless_set() -> None:
+    kept = apply_thread_policy("auto", 0, kept=1)
+    assert kept.threads == 1 == torch.get_num_threads() and kept.kept_from_checkpoint
+    assert apply_thread_policy(2, 0, kept=1).threads == 2 == torch.get_num_threads()
 
 
 def test_a_quota_below_the_affinity_mask_wins() -> None:
@@ -54,11 +91,15 @@ def test_a_number_is_taken_as_given() -> None:
 
 
 def test_the_run_sets_and_reports_its_threads(small_config: RetrainConfig) -> None:
-    small_config.train.num_workers = 0
+    """Fetching a batch of the small tabular data takes a sliver of a step, so the prefetch
+    thread keeps no core: the step gets every core other processes leave free."""
     result = train(make_job(small_config, "threads-auto"))
-    assert result.threads is not None and result.threads.setting == "auto"
-    assert result.threads.threads == max(1, AFFINITY - 1) == torch.get_num_threads()
-    small_config.train.torch_threads = 2
-    pinned = train(make_job(small_config, "threads-2"))
-    assert pinned.threads is not None and pinned.threads.threads == 2 == torch.get_num_threads()
+    policy = result.threads
+    assert policy is not None and policy.setting == "auto" and result.num_workers["used"] == 0
+    assert policy.loader_busy is not None and policy.loader_busy < 0.5 and policy.reserved == 0
+    assert policy.threads == decide_threads("auto", 0, others_busy=policy.others_busy, loader_busy=0.0).threads
+    assert policy.threads == torch.get_num_threads()
+    small_config.train.torch_threads = 1
+    pinned = train(make_job(small_config, "threads-1"))
+    assert pinned.threads is not None and pinned.threads.threads == 1 == torch.get_num_threads()
     assert pinned.model.sha256 == result.model.sha256  # the thread count changes speed only
