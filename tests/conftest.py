@@ -57,8 +57,10 @@ def small_overrides(root: Path, source: Path) -> list[str]:
         "train.checkpoint_every=20",
         "train.warmup_steps=5",
         "train.retry_delay_seconds=0",
-        # Explicit: tests choose their workers (the auto probe has its own tests).
+        # Explicit: tests choose their workers and threads (the auto probes have their own
+        # tests; auto's load measurement waits up to 0.25 s at each start).
         "train.num_workers=0",
+        "train.torch_threads=1",
         "model.hidden=[32, 16]",
         "model.embedding_dim=4",
     ]

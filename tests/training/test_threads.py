@@ -93,6 +93,7 @@ def test_a_number_is_taken_as_given() -> None:
 def test_the_run_sets_and_reports_its_threads(small_config: RetrainConfig) -> None:
     """Fetching a batch of the small tabular data takes a sliver of a step, so the prefetch
     thread keeps no core: the step gets every core other processes leave free."""
+    small_config.train.torch_threads = "auto"
     result = train(make_job(small_config, "threads-auto"))
     policy = result.threads
     assert policy is not None and policy.setting == "auto" and result.num_workers["used"] == 0
