@@ -213,7 +213,7 @@ else:
 """
 
 
-def run(work: Path, rows: int = 2_000_000, rounds: int = 3) -> dict[str, Any]:
+def run(work: Path, rows: int = 2_000_000, rounds: int = 5) -> dict[str, Any]:
     from benchmarks.common import demo_parquet
     from training.config import load_config
     from training.data.features import fit_feature_stats
