@@ -68,7 +68,8 @@ def _choose_server(config: RetrainConfig) -> tuple[str | None, TemporaryServer |
     server = TemporaryServer(database, state / "server.log")
     server.start()
     os.environ[TEMPORARY_SERVER_ENV] = server.api_url
-    _say(f"temporary Prefect server up after {time.perf_counter() - t0:.1f} s at {server.api_url}")
+    seeded = f" (its database copied from {server.seeded_from})" if server.seeded_from else ""
+    _say(f"temporary Prefect server up after {time.perf_counter() - t0:.1f} s at {server.api_url}{seeded}")
     return server.api_url, server
 
 

@@ -93,6 +93,7 @@ class TemporaryServer:
         self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self._proc: subprocess.Popen[bytes] | None = None
+        self.seeded_from: Path | None = None  # the empty database copy this one started as
 
     def start(self, timeout: float = 120.0) -> None:
         database = _sqlite_file(self.database_url)
@@ -100,7 +101,7 @@ class TemporaryServer:
         keep_copy = database is not None and not database.exists()
         if keep_copy and database is not None and empty.exists() and _is_migrated(empty):
             _copy_database(empty, database)
-            keep_copy = False
+            keep_copy, self.seeded_from = False, empty
         self._launch(timeout)
         if keep_copy and database is not None:
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -185,12 +186,33 @@ def _servers_of(root: Path) -> list[int]:
     return pids
 
 
+def _empty_copy() -> Path:
+    """The migrated empty database the first temporary server in this PREFECT_HOME kept."""
+    import prefect
+
+    return Path(os.environ["PREFECT_HOME"]) / f"retrain-empty-server-{prefect.__version__}.db"
+
+
+def _started_from_the_empty_copy(stderr: str, had_copy: bool) -> None:
+    """A new root's temporary server starts from the empty copy when there is one, and keeps
+    one when there is not; the copy holds no runs, whatever ran on the servers made from it."""
+    copy = _empty_copy()
+    assert (f"(its database copied from {copy})" in stderr) == had_copy, stderr[-3000:]
+    assert copy.exists()
+    with sqlite3.connect(f"file:{copy}?mode=ro", uri=True) as db:
+        (runs,) = db.execute("SELECT count(*) FROM flow_run").fetchone()
+        (version,) = db.execute("SELECT count(*) FROM alembic_version").fetchone()
+    db.close()
+    assert runs == 0 and version == 1
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: Path, demo_source: Path,
                                                                     how: str, prefect_server) -> None:
     root = tmp_path / "root"
     args = _sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",
                                                        "train.patience=0"])
+    had_copy = _empty_copy().exists()
     proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300
@@ -207,6 +229,7 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
     assert "Traceback" not in err, err[-3000:]
     assert not _servers_of(root)  # the temporary server went with it
     if how == "sigterm":
+        _started_from_the_empty_copy(err, had_copy)
         return
     # The session's server: a rerun on the temporary one is test_killed_cli_resumes_on_rerun's.
     again = _retrain(_sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",

@@ -68,7 +68,8 @@ def _pause(server: PrefectServer, deployment_id: str) -> bool:
     return True
 
 
-INTERVAL_ANCHOR = datetime(2026, 1, 1, 0, 0, 7, tzinfo=timezone.utc)  # its runs fall at :07, :22, :37, :52
+INTERVAL_ANCHOR = datetime(2026, 1, 1, 0, 0, 7, tzinfo=timezone.utc)  # every 10 s from :07, never :00
+INTERVAL_SECONDS = {7, 17, 27, 37, 47, 57}
 
 
 def test_the_server_creates_scheduled_runs_and_a_worker_completes_one(
@@ -76,24 +77,24 @@ def test_the_server_creates_scheduled_runs_and_a_worker_completes_one(
         demo_source: Path) -> None:
     pool = _pool(deployed)
     # The repo's deployment with an every-minute cron in the same explicit timezone, and a
-    # 15-second interval off the whole minute: the worker completes whichever run comes first,
+    # 10-second interval off the whole minute: the worker completes whichever run comes first,
     # so the test does not wait up to a minute for the cron's next whole minute.
     deployer.variant("retrain-every-minute", _small(tmp_path / "root", demo_source, "train.max_steps=20"), pool,
                      schedules=[{"cron": "* * * * *", "timezone": "Europe/Berlin", "active": True},
-                                {"interval": 15, "anchor_date": INTERVAL_ANCHOR.isoformat(), "timezone": "UTC",
+                                {"interval": 10, "anchor_date": INTERVAL_ANCHOR.isoformat(), "timezone": "UTC",
                                  "active": True}])
     dep = deployment(deployed, "retrain-every-minute")
 
     def of_both_schedules() -> list[dict] | None:
         runs = flow_runs_of(deployed, dep["id"])
         seconds = {datetime.fromisoformat(r["expected_start_time"]).second for r in runs}
-        return runs if 0 in seconds and seconds & {7, 22, 37, 52} else None
+        return runs if 0 in seconds and seconds & INTERVAL_SECONDS else None
 
     # Nobody creates runs here but the server's scheduler.
     runs = wait_for(of_both_schedules, 150, "the scheduler to create flow runs of both schedules", 1)
     assert all(r["state"]["type"] == "SCHEDULED" and r["auto_scheduled"] for r in runs)
     seconds = {datetime.fromisoformat(r["expected_start_time"]).second for r in runs}
-    assert seconds <= {0, 7, 22, 37, 52}  # on the minute as the cron says, or on the interval
+    assert seconds <= {0} | INTERVAL_SECONDS  # on the minute as the cron says, or on the interval
     worker = start_worker(pool)
     first = min(runs, key=lambda r: r["expected_start_time"])
     _wait_final(deployed, first["id"], 240, worker)

@@ -1,53 +1,40 @@
-"""The CLI's temporary Prefect server: a new storage root starts from a migrated, empty copy of
-the first temporary server's database instead of running Prefect's migrations again."""
+"""The empty database copy of the CLI's temporary Prefect server: copied whole through SQLite's
+backup API, and used only when intact and migrated. (That a new root's server starts from it,
+and that it holds no runs, is tested through the CLI: tests/e2e/test_cli.py.)"""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-import pytest
-
-from retrain_cli import temp_server
-from retrain_cli.temp_server import TemporaryServer
-
-pytestmark = pytest.mark.slow
+from retrain_cli.temp_server import _copy_database, _is_migrated
 
 
-def _tables(path: Path) -> set[str]:
+def _database(path: Path, migrated: bool) -> Path:
     with sqlite3.connect(path) as db:
-        names = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        db.execute("PRAGMA journal_mode=WAL")  # as Prefect's server keeps its database
+        db.execute("CREATE TABLE alembic_version (version_num TEXT)")
+        if migrated:
+            db.execute("INSERT INTO alembic_version VALUES ('abc123')")
+        db.execute("CREATE TABLE flow_run (id TEXT)")
     db.close()
-    return names
+    return path
 
 
-def _count(path: Path, table: str) -> int:
-    with sqlite3.connect(path) as db:
-        (n,) = db.execute(f"SELECT count(*) FROM {table}").fetchone()
+def test_the_copy_is_whole_and_stands_alone(tmp_path: Path) -> None:
+    source = _database(tmp_path / "server.db", migrated=True)
+    target = tmp_path / "home" / "empty.db"
+    _copy_database(source, target)
+    assert _is_migrated(target)
+    assert not list(target.parent.glob("*.partial-*"))
+    with sqlite3.connect(target) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)  # no -wal beside it to go stale
     db.close()
-    return int(n)
 
 
-def test_a_new_root_starts_from_the_empty_migrated_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    empty = tmp_path / "home" / "empty.db"
-    monkeypatch.setattr(temp_server, "_empty_database_copy", lambda: empty)
-    first = TemporaryServer(f"sqlite+aiosqlite:///{tmp_path / 'a' / 'server.db'}", tmp_path / "a" / "server.log")
-    first.start()
-    try:
-        assert empty.exists() and "alembic_version" in _tables(empty) and "flow_run" in _tables(empty)
-        assert _count(empty, "flow_run") == 0
-    finally:
-        first.stop()
-    # Marked, so the next database shows where it came from.
-    with sqlite3.connect(empty) as db:
-        db.execute("CREATE TABLE copied_from_the_empty_database (x INTEGER)")
-    db.close()
-    second_db = tmp_path / "b" / "server.db"
-    second = TemporaryServer(f"sqlite+aiosqlite:///{second_db}", tmp_path / "b" / "server.log")
-    second.start()
-    second.stop()
-    assert "copied_from_the_empty_database" in _tables(second_db)
-    # A damaged copy is not used: the server would migrate from scratch and keep a new copy.
-    assert temp_server._is_migrated(empty)
-    empty.write_bytes(b"not a database")
-    assert not temp_server._is_migrated(empty)
+def test_a_damaged_or_unmigrated_copy_is_not_used(tmp_path: Path) -> None:
+    assert not _is_migrated(_database(tmp_path / "new.db", migrated=False))
+    damaged = tmp_path / "damaged.db"
+    damaged.write_bytes(b"not a database")
+    assert not _is_migrated(damaged)
+    assert not _is_migrated(tmp_path / "missing.db")
