@@ -26,7 +26,7 @@ from pathlib import Path
 
 from training.errors import RetrainError
 
-__all__ = ["TemporaryServer", "server_is_up"]
+__all__ = ["TemporaryServer", "copy_database", "empty_database_copy", "is_migrated", "seed_database", "server_is_up"]
 
 
 def server_is_up(api_url: str, timeout: float = 0.5) -> bool:
@@ -48,7 +48,7 @@ def _sqlite_file(database_url: str) -> Path | None:
     return Path(database_url[len(prefix):]) if database_url.startswith(prefix) else None
 
 
-def _empty_database_copy() -> Path:
+def empty_database_copy() -> Path:
     """Where the migrated, empty database of this Prefect version is kept."""
     import prefect
     from prefect.settings import get_current_settings
@@ -56,7 +56,7 @@ def _empty_database_copy() -> Path:
     return Path(get_current_settings().home) / f"retrain-empty-server-{prefect.__version__}.db"
 
 
-def _copy_database(source: Path, target: Path) -> None:
+def copy_database(source: Path, target: Path) -> None:
     """A consistent copy through SQLite's backup API (the source may be open in WAL mode),
     written beside the target and renamed into place: a reader never sees half of it."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +72,7 @@ def _copy_database(source: Path, target: Path) -> None:
         partial.unlink(missing_ok=True)
 
 
-def _is_migrated(path: Path) -> bool:
+def is_migrated(path: Path) -> bool:
     """An intact database that Prefect's migrations have run on."""
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
@@ -82,6 +82,16 @@ def _is_migrated(path: Path) -> bool:
         return bool(migrated)
     except sqlite3.Error:
         return False
+
+
+def seed_database(target: Path) -> Path | None:
+    """Put the empty database copy at `target` when there is an intact, migrated one: a server
+    started on it skips Prefect's migrations. The copy used, or None."""
+    empty = empty_database_copy()
+    if not is_migrated(empty):
+        return None
+    copy_database(empty, target)
+    return empty
 
 
 class TemporaryServer:
@@ -97,15 +107,13 @@ class TemporaryServer:
 
     def start(self, timeout: float = 120.0) -> None:
         database = _sqlite_file(self.database_url)
-        empty = _empty_database_copy()
-        keep_copy = database is not None and not database.exists()
-        if keep_copy and database is not None and empty.exists() and _is_migrated(empty):
-            _copy_database(empty, database)
-            keep_copy, self.seeded_from = False, empty
+        fresh = database is not None and not database.exists()
+        if fresh and database is not None:
+            self.seeded_from = seed_database(database)
         self._launch(timeout)
-        if keep_copy and database is not None:
-            try:
-                _copy_database(database, empty)
+        if fresh and database is not None and self.seeded_from is None:
+            try:  # the first on this machine: keep its database, migrated and without runs
+                copy_database(database, empty_database_copy())
             except (OSError, sqlite3.Error):
                 pass  # only a later run's start-up is slower
 

@@ -15,11 +15,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import httpx
-import prefect
 import pytest
 import yaml
 
-from retrain_cli.temp_server import _copy_database, _is_migrated
+from retrain_cli.temp_server import seed_database
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,9 +61,7 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
     server = PrefectServer(home, _free_port())
     # The CLI's empty database copy, when an earlier test's temporary server kept one: the
     # server then skips its migrations (about 9 s here). Without it, it migrates as usual.
-    empty = Path(os.environ["PREFECT_HOME"]) / f"retrain-empty-server-{prefect.__version__}.db"
-    if _is_migrated(empty):
-        _copy_database(empty, home / "prefect.db")
+    seed_database(home / "prefect.db")
     log = open(home / "server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(server.port)],

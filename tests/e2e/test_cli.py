@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from retrain_cli.temp_server import empty_database_copy
 from tests.conftest import small_overrides
 from tests.kill import _worker_pids
 
@@ -186,17 +187,10 @@ def _servers_of(root: Path) -> list[int]:
     return pids
 
 
-def _empty_copy() -> Path:
-    """The migrated empty database the first temporary server in this PREFECT_HOME kept."""
-    import prefect
-
-    return Path(os.environ["PREFECT_HOME"]) / f"retrain-empty-server-{prefect.__version__}.db"
-
-
 def _started_from_the_empty_copy(stderr: str, had_copy: bool) -> None:
     """A new root's temporary server starts from the empty copy when there is one, and keeps
     one when there is not; the copy holds no runs, whatever ran on the servers made from it."""
-    copy = _empty_copy()
+    copy = empty_database_copy()
     assert (f"(its database copied from {copy})" in stderr) == had_copy, stderr[-3000:]
     assert copy.exists()
     with sqlite3.connect(f"file:{copy}?mode=ro", uri=True) as db:
@@ -212,7 +206,7 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
     root = tmp_path / "root"
     args = _sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",
                                                        "train.patience=0"])
-    had_copy = _empty_copy().exists()
+    had_copy = empty_database_copy().exists()
     proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.time() + 300

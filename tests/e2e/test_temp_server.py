@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from retrain_cli.temp_server import _copy_database, _is_migrated
+from retrain_cli.temp_server import copy_database, is_migrated
 
 
 def _database(path: Path, migrated: bool) -> Path:
@@ -24,8 +24,8 @@ def _database(path: Path, migrated: bool) -> Path:
 def test_the_copy_is_whole_and_stands_alone(tmp_path: Path) -> None:
     source = _database(tmp_path / "server.db", migrated=True)
     target = tmp_path / "home" / "empty.db"
-    _copy_database(source, target)
-    assert _is_migrated(target)
+    copy_database(source, target)
+    assert is_migrated(target)
     assert not list(target.parent.glob("*.partial-*"))
     with sqlite3.connect(target) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)  # no -wal beside it to go stale
@@ -33,8 +33,8 @@ def test_the_copy_is_whole_and_stands_alone(tmp_path: Path) -> None:
 
 
 def test_a_damaged_or_unmigrated_copy_is_not_used(tmp_path: Path) -> None:
-    assert not _is_migrated(_database(tmp_path / "new.db", migrated=False))
+    assert not is_migrated(_database(tmp_path / "new.db", migrated=False))
     damaged = tmp_path / "damaged.db"
     damaged.write_bytes(b"not a database")
-    assert not _is_migrated(damaged)
-    assert not _is_migrated(tmp_path / "missing.db")
+    assert not is_migrated(damaged)
+    assert not is_migrated(tmp_path / "missing.db")

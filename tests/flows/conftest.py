@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -12,21 +11,17 @@ import pytest
 def prefect_harness() -> Iterator[None]:
     """One Prefect test server for every flow test (it takes 15-22 s to start here, most of it
     migrating a new database)."""
-    import prefect
     import prefect.testing.utilities as harness
     from prefect.testing.utilities import prefect_test_harness
 
-    from retrain_cli.temp_server import _copy_database, _is_migrated
+    from retrain_cli.temp_server import seed_database
 
     # The harness puts its database in a fresh mkdtemp() folder. When an earlier test's
     # temporary server kept the CLI's empty database copy, the folder gets that copy first and
     # the harness's server skips the migrations (about 9 s here); otherwise it migrates as usual.
-    empty = Path(os.environ["PREFECT_HOME"]) / f"retrain-empty-server-{prefect.__version__}.db"
-
     def seeded_temp_dir() -> str:
         folder = tempfile.mkdtemp()
-        if _is_migrated(empty):
-            _copy_database(empty, Path(folder) / "prefect-test.db")
+        seed_database(Path(folder) / "prefect-test.db")
         return folder
 
     original = harness.mkdtemp
