@@ -254,7 +254,8 @@ class TrainConfig(_Section):
     )
     torch_threads: int | Literal["auto"] = Field(
         "auto", description='Intra-op threads of the training process, or "auto": the CPUs it may use (affinity, '
-        "container quota), shared among a node's processes, minus one per loader thread or worker.", json_schema_extra=OPERATIONAL
+        "container quota) less the cores other processes keep busy, shared among a node's processes, minus one per "
+        "DataLoader worker and one for the prefetch thread when it is measured busy; kept across resumes.", json_schema_extra=OPERATIONAL
     )
     loader_cache_mb: float = Field(
         512.0, ge=0, description="RAM for transformed train shards kept from one epoch to the next, per process "
