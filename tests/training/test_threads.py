@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -59,20 +60,27 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def test_the_clock_counts_other_processes_not_this_one() -> None:
+def _others_over(seconds: float, work: Callable[[float], None]) -> float:
     start = CpuClock.read()
-    _spin(0.6)  # this process's own work
-    assert CpuClock.read().others_busy_since(start) < 0.5
+    work(seconds)
+    return CpuClock.read().others_busy_since(start)
+
+
+def test_the_clock_counts_other_processes_not_this_one() -> None:
+    """Against what the rest of the machine is doing anyway (the suite may share it), measured
+    just before: this process's own spinning adds nothing, a burner process about a core."""
+    baseline = _others_over(0.6, time.sleep)
+    assert _others_over(0.6, _spin) < baseline + 0.5
     burner = multiprocessing.get_context("spawn").Process(target=_spin, args=(30.0,), daemon=True)
     burner.start()
     try:
         time.sleep(1.0)  # past the child's interpreter start-up
-        start = CpuClock.read()
-        time.sleep(0.6)
-        assert CpuClock.read().others_busy_since(start) > 0.6  # a whole core, less scheduling noise
+        burned = _others_over(0.6, time.sleep)
     finally:
         burner.kill()
         burner.join()
+    # A whole core less scheduling noise, or all but a sliver of a machine already busy.
+    assert burned > min(baseline + 0.6, AFFINITY - 0.4)
 
 
 def test_a_resume_keeps_the_first_attempts_count_unless_set() -> None:
