@@ -27,11 +27,10 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from training.data.features import FeatureTransform
-from training.data.packing import DatasetManifest, ShardInfo
+from training.data.packing import DatasetManifest
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader
 from training.errors import DataError
-from training.storage import sha256_file
 
 Arrays = dict[str, np.ndarray]
 Batch = dict[str, torch.Tensor]  # "num", "cat", "label" (and "vec", "tok", "ntok", "pix"): one batch's rows
@@ -47,11 +46,6 @@ MAX_BLOCK_BATCHES = 64
 class StreamPosition:
     epoch: int = 0
     batch: int = 0
-
-
-def _verify_shard(path: Path, info: ShardInfo) -> None:
-    if sha256_file(path) != info.sha256:
-        raise DataError(f"shard {path}: sha256 does not match the dataset manifest (corrupt); run the same command again: the pack stage finds it and packs the dataset again")
 
 
 class ShardBatches:
@@ -171,9 +165,8 @@ class ShardBatches:
         this object's state; the caller records the result."""
         info = self.shards[i]
         path, downloaded = local_shard(self.dataset_dir, info.name, info.bytes, info.sha256)
-        if not downloaded and i not in self._verified:
-            _verify_shard(path, info)  # once per process: never train on a corrupt shard
-        reader = ShardReader(path)
+        # Checked once per process (a download is checked as it lands): never train on a corrupt shard.
+        reader = ShardReader(path, None if downloaded or i in self._verified else info.sha256)
         try:
             blocks = [reader.block(key) for key in reader.keys]
             rows = sum(len(block["label"]) for block in blocks)
