@@ -5,6 +5,7 @@ honour."""
 
 from __future__ import annotations
 
+import sysconfig
 from importlib import metadata
 from pathlib import Path
 
@@ -32,10 +33,18 @@ def _pins() -> dict[str, Version]:
     return pins
 
 
+def _installed() -> list[metadata.Distribution]:
+    """The distributions installed in this environment's site-packages. Not every one on
+    sys.path: importing setuptools (torch.compile's C++ build does) appends its `_vendor`
+    folder, whose vendored copies (jaraco.text, tomli, ...) nobody installed."""
+    paths = sysconfig.get_paths()
+    return list(metadata.distributions(path=sorted({paths["purelib"], paths["platlib"]})))
+
+
 def test_every_installed_distribution_is_pinned_in_the_lock() -> None:
     pins = _pins()
     unpinned, wrong = [], []
-    for dist in metadata.distributions():
+    for dist in _installed():
         name = canonicalize_name(dist.metadata["Name"])
         if name in _NOT_LOCKED:
             continue
@@ -54,6 +63,6 @@ def test_no_cuda_stack_on_a_machine_without_a_gpu() -> None:
 
     if torch.cuda.is_available():
         return  # a GPU machine may carry it
-    cuda = sorted(canonicalize_name(d.metadata["Name"]) for d in metadata.distributions()
+    cuda = sorted(canonicalize_name(d.metadata["Name"]) for d in _installed()
                   if canonicalize_name(d.metadata["Name"]).startswith(("nvidia-", "triton")))
     assert not cuda, f"CUDA packages on a machine without a GPU: {cuda}"
