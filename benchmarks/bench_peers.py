@@ -150,8 +150,10 @@ def _samples(reader: str, dataset: Path, converted: Path) -> Iterator[dict[str, 
 
 
 def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -> dict[str, float]:
-    """Rows/s of one first epoch, from the reader's set-up (its imports done) to its last batch."""
+    """Rows/s of one first epoch, from the reader's set-up (its imports done) to its last batch,
+    and the process's CPU seconds (user, system) and minor page faults over it."""
     import importlib
+    import resource
 
     import torch  # noqa: F401 - imports are not loading: done before the clock starts
 
@@ -160,6 +162,7 @@ def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -
     importlib.import_module({"project": "training.data.loader", "webdataset": "webdataset", "litdata": "litdata",
                              "streaming": "streaming.base"}[reader])
     transform = FeatureStats.from_json(stats.read_text()).transformer()
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     rows = 0
     if reader == "project":
@@ -175,7 +178,10 @@ def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -
         for batch in _batched(_samples(reader, dataset, converted), transform):
             rows += int(batch["label"].shape[0])
     seconds = time.perf_counter() - t0
-    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return {"rows": rows, "seconds": seconds, "rows_per_s": rows / seconds,
+            "user_s": usage.ru_utime - usage0.ru_utime, "system_s": usage.ru_stime - usage0.ru_stime,
+            "minor_faults": usage.ru_minflt - usage0.ru_minflt}
 
 
 def _in_process(action: str, peer: str, *paths: Path) -> dict[str, float]:
@@ -231,10 +237,12 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 5) -> dict[str, Any]:
         _in_process("write", peer, dataset, converted[peer])
         print(f"  {peer}: written in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     rates: dict[str, list[float]] = {reader: [] for reader in READERS}
+    usage: dict[str, list[dict[str, float]]] = {reader: [] for reader in READERS}
     for _ in range(rounds):  # interleaved: drift on a shared box hits every reader alike
         for reader in READERS:
             got = _in_process("read", reader, dataset, stats_path, converted.get(reader, work))
             rates[reader].append(got["rows_per_s"])
+            usage[reader].append(got)
     medians = {reader: statistics.median(r) for reader, r in rates.items()}
     peers = {reader: m for reader, m in medians.items() if reader != "project"}
     best = max(peers, key=lambda reader: peers[reader])
@@ -246,6 +254,11 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 5) -> dict[str, Any]:
         "rounds": rounds,
         "first_epoch_rows_per_s": {reader: round(m) for reader, m in medians.items()},
         "first_epoch_rows_per_s_rounds": {reader: [round(x) for x in r] for reader, r in rates.items()},
+        # Where each reader's time goes, medians over the rounds: CPU seconds in user code and in
+        # the kernel (page faults on new memory are most of the latter), and minor page faults.
+        "first_epoch_cpu_medians": {reader: {key: round(statistics.median(u[key] for u in runs), 3)
+                                             for key in ("user_s", "system_s", "minor_faults")}
+                                    for reader, runs in usage.items()},
         "best_peer": best,
         "ratio_project_over_best_peer": round(medians["project"] / medians[best], 2),
         "ratio_project_over_best_peer_rounds": [round(x, 2) for x in per_round],
