@@ -45,6 +45,32 @@ def test_seek_equals_sequential_reading(packed) -> None:
             assert torch.equal(a[2][k], b[2][k])
 
 
+def test_an_epochs_batches_do_not_depend_on_what_was_kept(packed) -> None:
+    """A shard is kept in the order of the epoch that loaded it. Epoch 1 is the same whether its
+    shards come from epoch 0's kept arrays, are loaded straight into epoch 1's order, or are
+    never kept; and it is what the module docstring defines: shards permuted by (seed, epoch),
+    rows by (seed, epoch, shard), then consecutive slices."""
+    d, manifest, stats = packed
+
+    def epoch(batches: ShardBatches, e: int) -> dict[str, np.ndarray]:
+        got = [batches.batch(e, i) for i in range(batches.batches_per_epoch)]
+        return {k: np.concatenate([b[k].numpy() for b in got]) for k in ("num", "cat", "label")}
+
+    after_epoch0 = ShardBatches(d, manifest, "train", 100, stats.transformer(), seed=3)
+    epoch(after_epoch0, 0)
+    assert len(after_epoch0._base) == len(after_epoch0.shards)  # all kept, in epoch 0's order
+    variants = [epoch(after_epoch0, 1), epoch(ShardBatches(d, manifest, "train", 100, stats.transformer(), seed=3), 1),
+                epoch(ShardBatches(d, manifest, "train", 100, stats.transformer(), seed=3, cache_bytes=0), 1)]
+    in_file_order = ShardBatches(d, manifest, "train", 100, stats.transformer(), shuffle=False)
+    shards = np.random.default_rng([3, 1, 0]).permutation(len(in_file_order.shards))
+    parts = [(in_file_order._shard_arrays(int(i)), np.random.default_rng([3, 1, 1, int(i)]).permutation(
+        in_file_order.shards[int(i)].rows)) for i in shards]
+    n = after_epoch0.batches_per_epoch * 100
+    expected = {k: np.concatenate([arrays[k][rows] for arrays, rows in parts])[:n] for k in ("num", "cat", "label")}
+    for got in variants:
+        assert all(np.array_equal(got[k], expected[k]) for k in expected)
+
+
 def test_workers_deliver_the_single_process_order(packed) -> None:
     d, manifest, stats = packed
     batches = ShardBatches(d, manifest, "train", 128, stats.transformer(), seed=1)
