@@ -46,8 +46,7 @@ def test_seek_equals_sequential_reading(packed) -> None:
 
 
 def test_an_epochs_batches_do_not_depend_on_what_was_kept(packed) -> None:
-    """A shard is kept in the order of the epoch that loaded it. Epoch 1 is the same whether its
-    shards come from epoch 0's kept arrays, are loaded straight into epoch 1's order, or are
+    """Epoch 1 is the same whether its shards were kept from epoch 0, are loaded for it, or are
     never kept; and it is what the module docstring defines: shards permuted by (seed, epoch),
     rows by (seed, epoch, shard), then consecutive slices."""
     d, manifest, stats = packed
@@ -58,7 +57,7 @@ def test_an_epochs_batches_do_not_depend_on_what_was_kept(packed) -> None:
 
     after_epoch0 = ShardBatches(d, manifest, "train", 100, stats.transformer(), seed=3)
     epoch(after_epoch0, 0)
-    assert len(after_epoch0._base) == len(after_epoch0.shards)  # all kept, in epoch 0's order
+    assert len(after_epoch0._base) == len(after_epoch0.shards)  # all kept
     variants = [epoch(after_epoch0, 1), epoch(ShardBatches(d, manifest, "train", 100, stats.transformer(), seed=3), 1),
                 epoch(ShardBatches(d, manifest, "train", 100, stats.transformer(), seed=3, cache_bytes=0), 1)]
     in_file_order = ShardBatches(d, manifest, "train", 100, stats.transformer(), shuffle=False)

@@ -20,7 +20,7 @@ import logging
 import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -110,17 +110,15 @@ class FeatureTransform:
         self.derived_dir = derived_dir
         self._derived_index: dict[str, list[Any]] | None = None
 
-    def shard(self, blocks: list[Arrays], shard_name: str,
-              empty: Callable[[tuple[int, ...], Any], np.ndarray] = np.empty) -> Arrays:
+    def shard(self, blocks: list[Arrays], shard_name: str) -> Arrays:
         """A whole shard's micro-batches transformed, rows in file order: num, cat, label, vec,
         and tok/ntok (token ids and lengths, per text column) and pix (per image column).
-        `empty(shape, dtype)` gives the tabular arrays' memory (the loader's is reused).
 
         Once per shard rather than once per batch (per-call numpy overhead was 58% of a 256-row
         batch's time in a profile), over chunks of 16 members concatenated: called per member,
         its fixed cost per call was a third of the shard's load time (42 ms vs 30 ms a shard)."""
         rows = sum(len(block["num"]) for block in blocks)  # data being scored has no label
-        out = {k: empty((rows, *v.shape[1:]), np.float32 if k == "num" else v.dtype)
+        out = {k: np.empty((rows, *v.shape[1:]), dtype=np.float32 if k == "num" else v.dtype)
                for k, v in blocks[0].items() if k in ("num", "cat", "label", "vec")}
         lo = 0
         for start in range(0, len(blocks), _CHUNK_MEMBERS):

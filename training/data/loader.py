@@ -15,20 +15,17 @@ single-process order and the run is bit-identical whatever `num_workers` is.
 
 from __future__ import annotations
 
-import itertools
-import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training.data.allocator import keep_freed_memory
 from training.data.features import FeatureTransform
 from training.data.packing import DatasetManifest
 from training.data.shard_cache import local_shard
@@ -36,9 +33,6 @@ from training.data.shards import ShardReader
 from training.errors import DataError
 
 Arrays = dict[str, np.ndarray]
-# A shard kept in memory: its transformed arrays, and where each file row is in them (None: in
-# file order). Kept in the order of the epoch that loaded it: that epoch needs no second copy.
-Kept = tuple[Arrays, Optional[np.ndarray]]
 Batch = dict[str, torch.Tensor]  # "num", "cat", "label" (and "vec", "tok", "ntok", "pix"): one batch's rows
 
 __all__ = ["Batch", "ShardBatches", "StreamPosition", "TrainStream", "WorkerStream", "iter_split", "make_train_loader",
@@ -52,34 +46,6 @@ MAX_BLOCK_BATCHES = 64
 class StreamPosition:
     epoch: int = 0
     batch: int = 0
-
-
-def _kept_bytes(kept: Kept) -> int:
-    arrays, position = kept
-    return sum(a.nbytes for a in arrays.values()) + (0 if position is None else position.nbytes)
-
-
-class _Scratch(threading.local):
-    """Arrays a thread reuses from shard to shard: a shard transformed there is gathered into
-    the epoch's order at once, and new arrays would cost page faults every time."""
-
-    def __init__(self) -> None:
-        self.buffers: list[np.ndarray] = []
-
-    def allocator(self) -> Callable[[tuple[int, ...], Any], np.ndarray]:
-        """`empty(shape, dtype)` handing out this thread's buffers in turn, each grown as needed.
-        Its arrays are valid until this thread's next allocator hands the same buffers out."""
-        turn = itertools.count()
-
-        def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-            i, nbytes = next(turn), int(np.prod(shape)) * np.dtype(dtype).itemsize
-            if i == len(self.buffers):
-                self.buffers.append(np.empty(0, np.uint8))
-            if self.buffers[i].nbytes < nbytes:
-                self.buffers[i] = np.empty(nbytes, np.uint8)
-            return self.buffers[i][:nbytes].view(dtype).reshape(shape)
-
-        return empty
 
 
 class ShardBatches:
@@ -114,26 +80,21 @@ class ShardBatches:
                 f"split '{split}' has {self.rows} rows, fewer than one batch of {batch_size}; lower train.batch_size"
             )
         self.cache_bytes = cache_bytes
-        keep_freed_memory()  # this process loads shards: its freed arrays are reused, not unmapped
-        self._base: OrderedDict[int, Kept] = OrderedDict()  # transformed shards, LRU
+        self._base: OrderedDict[int, Arrays] = OrderedDict()  # transformed shards, rows in file order, LRU
         self._base_bytes = 0
         self._epoch: OrderedDict[tuple[int, int], Arrays] = OrderedDict()  # (epoch, shard): rows in that epoch's order
         self._verified: set[int] = set()
         self._epoch_order: tuple[int, np.ndarray, np.ndarray] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.prefetch_shards = max(1, prefetch_shards)
-        self._pending: dict[tuple[int, int], Future[tuple[Kept | None, Arrays]]] = {}
+        self._pending: dict[tuple[int, int], Future[tuple[Arrays | None, Arrays]]] = {}
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
         self._current: tuple[int, int, int, Arrays] | None = None
-        self._scratch = _Scratch()
 
     def __getstate__(self) -> dict[str, object]:
         # Copied into DataLoader workers: without loaded shards, the prefetch thread or its result.
         return {**self.__dict__, "_base": OrderedDict(), "_base_bytes": 0, "_epoch": OrderedDict(), "_executor": None,
-                "_pending": {}, "_current": None, "_scratch": None}
-
-    def __setstate__(self, state: dict[str, object]) -> None:
-        self.__dict__.update(state, _scratch=_Scratch())
+                "_pending": {}, "_current": None}
 
     @staticmethod
     def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
@@ -141,33 +102,27 @@ class ShardBatches:
         while len(cache) > size:
             cache.popitem(last=False)
 
-    def _keep(self, i: int, kept: Kept) -> None:
+    def _keep(self, i: int, arrays: Arrays) -> None:
         """Keep transformed shard `i` for later epochs while `cache_bytes` allows (least recently
         used out first): a kept shard is only shuffled again, not read and transformed."""
-        size = _kept_bytes(kept)
+        size = sum(a.nbytes for a in arrays.values())
         if size > self.cache_bytes or i in self._base:
             return
-        self._base[i] = kept
+        self._base[i] = arrays
         self._base_bytes += size
         while self._base_bytes > self.cache_bytes:
             _, old = self._base.popitem(last=False)
-            self._base_bytes -= _kept_bytes(old)
-
-    def _kept(self, i: int) -> Kept | None:
-        kept = self._base.get(i)
-        if kept is not None:
-            self._base.move_to_end(i)
-        return kept
+            self._base_bytes -= sum(a.nbytes for a in old.values())
 
     def _shard_arrays(self, i: int) -> Arrays:
         """Shard `i` transformed, rows in file order."""
-        kept = self._kept(i)
-        if kept is not None and kept[1] is None:
-            return kept[0]
-        arrays = self._load_shard(i, np.empty)
+        arrays = self._base.get(i)
+        if arrays is not None:
+            self._base.move_to_end(i)
+            return arrays
+        arrays = self._load_shard(i)
         self._verified.add(i)
-        if kept is None:
-            self._keep(i, (arrays, None))
+        self._keep(i, arrays)
         return arrays
 
     def _epoch_arrays(self, epoch: int, i: int) -> Arrays:
@@ -184,43 +139,30 @@ class ShardBatches:
         if arrays is not None:
             return arrays
         pending = self._pending.pop(key, None)
-        loaded, arrays = pending.result() if pending is not None else self._prepare(epoch, i, self._kept(i))
-        if loaded is not None:
-            self._verified.add(i)
-            self._keep(i, loaded)
+        if pending is not None:
+            base, arrays = pending.result()  # usually done already
+            if base is not None:
+                self._verified.add(i)
+                self._keep(i, base)
+        else:
+            arrays = self._permuted(self._shard_arrays(i), epoch, i)
         self._remember(self._epoch, key, arrays, 2)  # a batch spans at most two shards
         return arrays
 
-    def _row_order(self, epoch: int, i: int) -> np.ndarray:
-        """The file rows of shard `i` in `epoch`'s order."""
-        return np.random.default_rng([self.seed, epoch, 1, i]).permutation(self.shards[i].rows)
+    def _permuted(self, base: Arrays, epoch: int, i: int) -> Arrays:
+        perm = np.random.default_rng([self.seed, epoch, 1, i]).permutation(self.shards[i].rows)
+        return {name: np.take(values, perm, axis=0) for name, values in base.items()}
 
-    def _prepare(self, epoch: int, i: int, kept: Kept | None) -> tuple[Kept | None, Arrays]:
-        """On the prefetch thread: (the shard to keep if it had to be loaded, its rows in
-        `epoch`'s order).
+    def _prepare(self, epoch: int, i: int, base: Arrays | None) -> tuple[Arrays | None, Arrays]:
+        """On the prefetch thread: (the shard if it had to be loaded, its rows in `epoch`'s order)."""
+        loaded = None
+        if base is None:
+            base = loaded = self._load_shard(i)
+        return loaded, self._permuted(base, epoch, i)
 
-        A shard is loaded straight into `epoch`'s order, and kept so: it is transformed into this
-        thread's scratch arrays, reused from shard to shard, and gathered from there once, where
-        it used to be kept in file order and gathered into a second new copy. New memory is
-        faulted in and zeroed by the kernel, which made the project's first epoch spend twice a
-        peer's system CPU (peers benchmark); with this and `keep_freed_memory`, the demo's first
-        epoch took 220 ms against 269 ms (medians of 10 interleaved fresh-process runs, see
-        training/data/allocator.py). A later epoch gathers from the kept arrays through the
-        position of each file row in them."""
-        order = self._row_order(epoch, i)
-        if kept is None:
-            scratch = self._load_shard(i, self._scratch.allocator())
-            arrays = {name: np.take(values, order, axis=0) for name, values in scratch.items()}
-            position = np.empty(len(order), np.int32 if len(order) < 2**31 else np.int64)
-            position[order] = np.arange(len(order))
-            return (arrays, position), arrays
-        kept_arrays, kept_position = kept
-        rows = order if kept_position is None else kept_position[order]
-        return None, {name: np.take(values, rows, axis=0) for name, values in kept_arrays.items()}
-
-    def _load_shard(self, i: int, empty: Callable[[tuple[int, ...], Any], np.ndarray]) -> Arrays:
-        """Shard `i`, verified and transformed, its arrays from `empty(shape, dtype)`. Runs on the
-        prefetch thread too, so it only reads this object's state; the caller records the result."""
+    def _load_shard(self, i: int) -> Arrays:
+        """Shard `i`, verified and transformed. Runs on the prefetch thread too, so it only reads
+        this object's state; the caller records the result."""
         info = self.shards[i]
         path, downloaded = local_shard(self.dataset_dir, info.name, info.bytes, info.sha256)
         # Checked once per process (a download is checked as it lands): never train on a corrupt shard.
@@ -230,7 +172,7 @@ class ShardBatches:
             rows = sum(len(block["label"]) for block in blocks)
             if rows != info.rows or not blocks:
                 raise DataError(f"shard {path}: holds {rows} rows, manifest says {info.rows}")
-            out = self.transform.shard(blocks, info.name, empty)
+            out = self.transform.shard(blocks, info.name)
         finally:
             blocks = []  # the views go before the mapping is closed
             reader.close()
