@@ -236,13 +236,11 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 5) -> dict[str, Any]:
         t0 = time.perf_counter()
         _in_process("write", peer, dataset, converted[peer])
         print(f"  {peer}: written in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    rates: dict[str, list[float]] = {reader: [] for reader in READERS}
     usage: dict[str, list[dict[str, float]]] = {reader: [] for reader in READERS}
     for _ in range(rounds):  # interleaved: drift on a shared box hits every reader alike
         for reader in READERS:
-            got = _in_process("read", reader, dataset, stats_path, converted.get(reader, work))
-            rates[reader].append(got["rows_per_s"])
-            usage[reader].append(got)
+            usage[reader].append(_in_process("read", reader, dataset, stats_path, converted.get(reader, work)))
+    rates = {reader: [u["rows_per_s"] for u in runs] for reader, runs in usage.items()}
     medians = {reader: statistics.median(r) for reader, r in rates.items()}
     peers = {reader: m for reader, m in medians.items() if reader != "project"}
     best = max(peers, key=lambda reader: peers[reader])
