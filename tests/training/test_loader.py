@@ -97,8 +97,36 @@ def test_corrupt_shard_is_refused(packed) -> None:
     data[2000] ^= 0xFF
     shard.write_bytes(bytes(data))
     batches = ShardBatches(d, manifest, "train", 64, stats.transformer(), shuffle=False)
-    with pytest.raises(DataError, match="sha256 does not match"):
+    with pytest.raises(DataError, match="xxh3_128 does not match"):
         batches.batch(0, 0)
+
+
+def test_a_manifest_from_before_xxh3_is_checked_with_sha256(packed) -> None:
+    """Datasets packed before the loader checked with xxh3_128 have only each shard's sha256:
+    they are still checked, with it, and the packer records both hashes of the same bytes."""
+    import hashlib
+    import json
+
+    import xxhash
+
+    from training.data.packing import DatasetManifest
+
+    d, manifest, stats = packed
+    info = manifest.shards_of("train")[0]
+    content = (d / info.name).read_bytes()
+    assert info.sha256 == hashlib.sha256(content).hexdigest()
+    assert info.xxh3_128 == xxhash.xxh3_128(content).hexdigest()
+    raw = json.loads(manifest.to_json())
+    for shard in raw["shards"]:
+        del shard["xxh3_128"]
+    old = DatasetManifest.from_json(json.dumps(raw))
+    assert old.shards[0].checksum.algorithm == "sha256"
+    ShardBatches(d, old, "train", 64, stats.transformer(), shuffle=False).batch(0, 0)  # intact: it matches
+    data = bytearray(content)
+    data[2000] ^= 0xFF
+    (d / info.name).write_bytes(bytes(data))
+    with pytest.raises(DataError, match="sha256 does not match"):
+        ShardBatches(d, old, "train", 64, stats.transformer(), shuffle=False).batch(0, 0)
 
 
 def test_a_corrupt_shard_met_on_the_prefetch_thread_stops_the_stream(packed) -> None:
@@ -112,7 +140,7 @@ def test_a_corrupt_shard_met_on_the_prefetch_thread_stops_the_stream(packed) -> 
     data[-20000] ^= 0xFF
     (d / victim.name).write_bytes(bytes(data))
     served = 0
-    with pytest.raises(DataError, match=f"shard .*{victim.name}: sha256 does not match"):
+    with pytest.raises(DataError, match=f"shard .*{victim.name}: xxh3_128 does not match"):
         for _epoch, _index, batch in make_train_loader(batches, StreamPosition(), 0, False):
             served += len(batch["label"])
     assert served <= int(starts[1])  # nothing past the first shard

@@ -5,8 +5,9 @@ Position in the stream is `(epoch, batch)`. Batch `b` of an epoch covers rows
 each shard by (seed, epoch, shard). Resuming is arithmetic on the manifest's row counts: it seeks
 straight to the saved position, reads nothing it skips, and costs the same at any step.
 
-Each shard is read, checked against its sha256, transformed and put in that epoch's row order
-once, on background threads a shard or two ahead of the loop; a batch is then a slice of it.
+Each shard is read, checked against the manifest's checksum, transformed and put in that epoch's
+row order once, on background threads a shard or two ahead of the loop; a batch is then a slice
+of it.
 
 With `num_workers=k`, worker `w` produces blocks `w, w+k, w+2k, ...` of consecutive global
 batches; the DataLoader interleaves workers round-robin, so the batches arrive in exactly the
@@ -166,7 +167,7 @@ class ShardBatches:
         info = self.shards[i]
         path, downloaded = local_shard(self.dataset_dir, info.name, info.bytes, info.sha256)
         # Checked once per process (a download is checked as it lands): never train on a corrupt shard.
-        reader = ShardReader(path, None if downloaded or i in self._verified else info.sha256)
+        reader = ShardReader(path, None if downloaded or i in self._verified else info.checksum)
         try:
             blocks = [reader.block(key) for key in reader.keys]
             rows = sum(len(block["label"]) for block in blocks)
@@ -189,8 +190,13 @@ class ShardBatches:
         upcoming = self._upcoming(epoch, k, self.prefetch_shards)
         for key in [key for key in self._pending if key not in upcoming]:
             self._pending.pop(key).cancel()  # the stream jumped (a resume, a probe): not needed
+        loading = {i for _, i in self._pending if i not in self._base}
         for key in upcoming:
             if key in self._epoch or key in self._pending:
+                continue
+            if key[1] in loading:
+                # Being read for an earlier epoch (at an epoch's end, the next epoch may start
+                # with the shard the last one ends with): once kept, it is only shuffled again.
                 continue
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=self.prefetch_shards, thread_name_prefix="shard-prefetch")

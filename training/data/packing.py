@@ -35,7 +35,7 @@ from training.data.labels import LABELS, Classes, MulticlassLabels, train_classe
 from training.data.ragged import OFFSETS, Ragged, Rows, concat_rows, take_rows
 from training.data.shard_cache import is_remote_dataset
 from training.data.sources import PACK_FORMAT_VERSION, dataset_fingerprint, source_files
-from training.data.shards import FIELDS, ShardTarWriter, encode_npy, member_bytes
+from training.data.shards import FIELDS, Checksum, ShardTarWriter, WrittenShard, encode_npy, member_bytes
 from training.errors import DataError, RetrainError, StorageError
 from training.storage import read_json, sha256_file, write_json_atomic
 
@@ -72,6 +72,11 @@ class ShardInfo:
     rows: int
     bytes: int
     sha256: str
+    xxh3_128: str = ""  # the loader's check; "" in manifests written before it (checked with sha256)
+
+    @property
+    def checksum(self) -> Checksum:
+        return Checksum("xxh3_128", self.xxh3_128) if self.xxh3_128 else Checksum("sha256", self.sha256)
 
 
 @dataclass
@@ -308,7 +313,7 @@ class _SplitWriter:
         self.shards: list[ShardInfo] = []
         self.member_index = 0
         self._writer: ShardTarWriter | None = None
-        self._closing: list[tuple[str, int, Future[tuple[int, str]]]] = []
+        self._closing: list[tuple[str, int, Future[WrittenShard]]] = []
         self._executor: ThreadPoolExecutor | None = None
         self._rows_in_shard = 0
         self.rows = 0
@@ -374,8 +379,8 @@ class _SplitWriter:
         if self._writer is not None:
             self._close_shard()
         for name, rows, done in self._closing:
-            size, sha256 = done.result()
-            self.shards.append(ShardInfo(name, self.split, rows, size, sha256))
+            written = done.result()
+            self.shards.append(ShardInfo(name, self.split, rows, written.bytes, written.sha256, written.xxh3_128))
         self._closing = []
         self._stop_thread()
 
