@@ -19,6 +19,7 @@ from typing import Any, Callable
 from retrain_cli.temp_server import TemporaryServer, server_is_up
 from retrain_cli.tune_summary import tune_summary
 from training.config import RetrainConfig, load_config
+from training.report_render import savings
 from training.results import LaunchPhases
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 
@@ -203,7 +204,7 @@ def _summary(report: dict[str, Any], path: str, clock: _Clock | None = None) -> 
     lines.append(
         f"  cost        ${cost['total_usd']:.4f} on {cost['instance_type']} ({cost['market']}), "
         f"{cost['gpu_hours']:.3f} GPU-h; naive on-demand run ${cost['naive']['total_usd']:.4f}, "
-        f"saved ${cost['savings_usd']:.4f}"
+        f"{savings(cost['savings_usd'], 'it')}"
     )
     lines.append(f"  bottleneck  {util['verdict']} (data stall {util['data_stall_fraction']:.1%})")
     if report.get("stop_reason"):

@@ -52,6 +52,14 @@ def _usd(x: float) -> str:
     return f"${x:,.4f}" if x < 1 else f"${x:,.2f}"
 
 
+def savings(usd: float, against: str) -> str:
+    """"saved $x against ...", or what the run cost more: never "saved $-0.0000" (an on-demand
+    run's saving is 0 up to float rounding)."""
+    if round(usd, 4) == 0:
+        return f"saved $0.0000 against {against}"
+    return f"saved {_usd(usd)} against {against}" if usd > 0 else f"cost {_usd(-usd)} more than {against}"
+
+
 def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = True) -> str:
     cost = report["cost"]
     naive, restart = cost["naive"], cost["naive_restarting"]
@@ -83,8 +91,8 @@ def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = T
         f"{_usd(naive['storage_usd'])} | {_usd(restart['storage_usd'])} |",
         f"| total | {_usd(cost['total_usd'])} | {_usd(naive['total_usd'])} | {_usd(restart['total_usd'])} |",
         "",
-        f"Saved {_usd(cost['savings_usd'])} against the naive on-demand run, and "
-        f"{_usd(cost['savings_vs_restarting_usd'])} against the naive run on this market.",
+        f"This run {savings(cost['savings_usd'], 'the naive on-demand run')}, and "
+        f"{savings(cost['savings_vs_restarting_usd'], 'the naive run on this market')}.",
         "",
         "| stage | $ |",
         "|---|---|",

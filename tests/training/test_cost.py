@@ -115,3 +115,13 @@ def test_shipped_price_table_is_sourced_and_sane() -> None:
     # GCP entries are host + GPUs (the catalog's two rows), not the host alone ($0.74/h).
     assert DEFAULT_PRICES["a2-highgpu-1g"]["on_demand_per_hour"] == pytest.approx(0.73948 + 2.93391)
     assert DEFAULT_PRICES["a2-highgpu-8g"]["gpus"] == 8
+
+
+def test_a_saving_is_never_shown_as_a_negative_zero() -> None:
+    """An on-demand run's saving against the naive on-demand run is 0 up to float rounding: the
+    demo's summary once read "saved $-0.0000"."""
+    from training.report_render import savings
+
+    assert savings(-3e-9, "it") == "saved $0.0000 against it"
+    assert savings(0.01234, "it") == "saved $0.0123 against it"
+    assert savings(-2.5, "it") == "cost $2.50 more than it"
