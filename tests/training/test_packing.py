@@ -276,5 +276,7 @@ def test_a_damaged_reused_dataset_is_packed_again_with_a_warning(
         again = pack_stage(small_config)
     assert not again.reused and again.fingerprint == first.fingerprint
     assert "packing it again from the Parquet source" in caplog.text
+    if damage == "flipped-byte":
+        assert f"shard {shard.name} does not match its xxh3_128" in caplog.text  # the fast check found it
     assert json.loads((dataset / "manifest.json").read_text()) == manifest  # the same bytes as before
     assert not [p for p in dataset.parent.iterdir() if ".damaged-" in p.name or ".partial-" in p.name]

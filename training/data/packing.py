@@ -37,7 +37,7 @@ from training.data.shard_cache import is_remote_dataset
 from training.data.sources import PACK_FORMAT_VERSION, dataset_fingerprint, source_files
 from training.data.shards import FIELDS, Checksum, ShardTarWriter, WrittenShard, encode_npy, member_bytes
 from training.errors import DataError, RetrainError, StorageError
-from training.storage import read_json, sha256_file, write_json_atomic
+from training.storage import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -473,8 +473,9 @@ def _first_damaged_shard(dataset_dir: Path, manifest: DatasetManifest) -> str | 
         verified = {}
     current = _stamps(dataset_dir, manifest)
     for shard in manifest.shards:
-        if verified.get(shard.name) != current[shard.name] and sha256_file(dataset_dir / shard.name) != shard.sha256:
-            return f"dataset {dataset_dir}: shard {shard.name} does not match its sha256 in the manifest (corrupt)"
+        checksum = shard.checksum
+        if verified.get(shard.name) != current[shard.name] and not checksum.matches_file(dataset_dir / shard.name):
+            return f"dataset {dataset_dir}: shard {shard.name} does not match its {checksum.algorithm} in the manifest (corrupt)"
     if current != verified:
         try:
             write_json_atomic(record_path, current)
