@@ -52,7 +52,27 @@ class PrefectServer:
         return out
 
     def api(self) -> httpx.Client:
-        return httpx.Client(base_url=self.api_url, timeout=30)
+        return httpx.Client(base_url=self.api_url, timeout=30, transport=_RetryingTransport())
+
+
+class _RetryingTransport(httpx.HTTPTransport):
+    """Retries 503 and 429 as Prefect's own client does. The server answers 503 while its SQLite
+    database is locked by another writer: a clean-clone CI run (two xdist workers, workers and
+    flows writing to the same server) failed once on `create_flow_run` that way."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        for attempt in range(8):
+            response = super().handle_request(request)
+            if response.status_code not in (429, 503) or attempt == 7:
+                return response
+            response.read()
+            response.close()
+            try:
+                wait = float(response.headers.get("Retry-After", ""))
+            except ValueError:
+                wait = 0.0
+            time.sleep(min(max(wait, 0.25 * 2**attempt), 5.0))
+        raise AssertionError("unreachable")
 
 
 @pytest.fixture(scope="session")
