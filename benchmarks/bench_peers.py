@@ -13,7 +13,7 @@ settings:
 Every reader then does the same work per 16 blocks: the project's feature transform (the same
 code, `FeatureTransform.shard`), a shuffle of those rows, and slices of 256 rows as torch
 tensors. The project's loader (`num_workers: 0`) instead shuffles whole shards (about 230k
-rows), and verifies each shard's sha256 against the manifest on first use; the peers verify
+rows), and verifies each shard's xxh3_128 against the manifest on first use; the peers verify
 nothing (their defaults). Each reader runs its first epoch in a fresh process (the project's
 first epoch in a process pays its checks once; a peer's index and cache set-up are in its
 time too), in interleaved rounds; figures are medians with every round listed. Each read is
