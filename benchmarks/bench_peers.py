@@ -188,23 +188,20 @@ def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -
             "minor_faults": usage.ru_minflt - usage0.ru_minflt}
 
 
-def touch_new_memory(megabytes: int = 168) -> dict[str, float]:
-    """Milliseconds and system CPU seconds to fault in `megabytes` of new arrays in this (fresh)
-    process: what the machine charges for memory a process touches first. On the 2-core VM this
-    moved 10x from run to run, and the project's first epoch, which grows its process by about
-    170 MB, moved with it."""
-    import resource
-
-    usage0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+def touch_new_memory(megabytes: int = 168) -> float:
+    """Milliseconds to fault in `megabytes` of new arrays in this (fresh) process: what the
+    machine charges for memory a process touches first. On the 2-core VM this moved 10x from run
+    to run, and the project's first epoch, which grows its process by about 170 MB, moved with it."""
+    t0 = time.perf_counter()
     arrays = [np.ones(14 << 20 >> 3) for _ in range(megabytes // 14)]
-    seconds, usage = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF)
+    seconds = time.perf_counter() - t0
     del arrays
-    return {"ms": seconds * 1000, "system_s": usage.ru_stime - usage0.ru_stime}
+    return seconds * 1000
 
 
-def _in_process(action: str, peer: str, *paths: Path) -> dict[str, float]:
-    """A write or a first-epoch read in a fresh interpreter, with the peer's folder first on
-    its path."""
+def _in_process(action: str, peer: str, *paths: Path) -> Any:
+    """A write, a memory touch or a first-epoch read in a fresh interpreter, with the peer's
+    folder first on its path."""
     project = str(Path(__file__).resolve().parent.parent)
     path = [str(peer_folder(peer))] if peer in PEERS else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, project])}
@@ -264,7 +261,7 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 5) -> dict[str, Any]:
             usage[reader].append(_in_process("read", reader, dataset, stats_path, converted.get(reader, work)))
             # The same read again, just after another fresh process faulted in 168 MB: on this VM
             # that leaves memory the host has backed for the next process (see touch_new_memory).
-            touches[reader].append(round(_in_process("touch", "project")["ms"]))
+            touches[reader].append(round(_in_process("touch", "project")))
             primed[reader].append(_in_process("read", reader, dataset, stats_path, converted.get(reader, work)))
     rates = {reader: [u["rows_per_s"] for u in runs] for reader, runs in usage.items()}
     medians = {reader: statistics.median(r) for reader, r in rates.items()}
