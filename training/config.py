@@ -552,9 +552,11 @@ class TuneConfig(_Section):
                             "the same trial).", json_schema_extra=OPERATIONAL)
     sampler: Literal["tpe", "random"] = Field("tpe", description="Optuna sampler: TPE (the first 10 trials are "
                                               "random), or random search.", json_schema_extra=COMPUTED)
-    pruner: Literal["asha", "none"] = Field(
-        "asha", description="asha: asynchronous successive halving (Optuna's SuccessiveHalvingPruner) over optimizer "
-        "steps; none: every trial trains to train.max_steps.", json_schema_extra=COMPUTED)
+    pruner: Literal["asha", "optuna_sh", "none"] = Field(
+        "asha", description="asha: asynchronous successive halving over optimizer steps as Li et al. define it (a "
+        "trial waits at its rung until it is in the top 1/reduction_factor of the trials that reached it); "
+        "optuna_sh: Optuna's SuccessiveHalvingPruner (decides as a trial reports; the first trials of a rung go on "
+        "unconditionally); none: every trial trains to train.max_steps.", json_schema_extra=COMPUTED)
     min_resource: int | None = Field(
         None, gt=0, description="Optimizer steps of the first rung; rungs are min_resource x reduction_factor^k, "
         "then train.max_steps. A multiple of train.eval_every. Empty: train.max_steps / reduction_factor^2, rounded "

@@ -92,6 +92,9 @@ def _drive(study: Study, submit: Callable[[RungWork], Future], first_done: Calla
         outcome = done.result()
         study.record(work, outcome)
         frozen = study.study.get_trials(deepcopy=False)[work.trial]
-        state = "promoted" if frozen.state.name == "RUNNING" else frozen.user_attrs.get("status", outcome.status)
+        if frozen.state.name == "RUNNING":
+            state = "waiting at its rung" if study.deferred else "promoted"
+        else:
+            state = frozen.user_attrs.get("status", outcome.status)
         say(f"trial {work.trial} at step {outcome.step}: val {study.metric} {outcome.value:.4f} -> {state}; "
             f"spent ${study.budget.usd(study.spent_seconds()):.6f} ({study.spent_seconds():.1f} machine-s)")

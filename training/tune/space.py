@@ -171,7 +171,7 @@ def check_space(config: RetrainConfig) -> None:
     if t.min_resource is not None and (t.min_resource % every or t.min_resource >= last):
         raise SpaceError(f"tune.min_resource ({t.min_resource}) must be a multiple of train.eval_every ({every}) "
                          f"and below train.max_steps ({last}): a trial reports at validated steps")
-    if t.pruner == "asha" and len(config.rungs()) < 2:
-        raise SpaceError(f"tune.pruner asha needs at least two rungs: train.max_steps ({last}) is too short for "
+    if t.pruner != "none" and len(config.rungs()) < 2:
+        raise SpaceError(f"tune.pruner {t.pruner} needs at least two rungs: train.max_steps ({last}) is too short for "
                          f"train.eval_every ({every}) x tune.reduction_factor ({t.reduction_factor}); set "
                          "tune.min_resource or tune.pruner: none")

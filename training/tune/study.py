@@ -1,19 +1,30 @@
 """A budgeted, multi-fidelity study: Optuna decides, the pipeline trains, the journal remembers.
 
 A trial is a normal resumable training run (its own run key: the sampled keys are COMPUTED)
-trained towards its rungs. At each rung the run pauses with a checkpoint, the study reports
-the best validation metric so far to Optuna, and the pruner (asynchronous successive halving)
-says whether it goes on; going on resumes the run from that checkpoint, bit for bit. So a
-trial pruned at a rung has spent exactly its rungs, and one promoted to the top is the same
-run as a plain `retrain run` of its config.
+trained towards its rungs. At each rung the run pauses with a checkpoint and the study reports
+the best validation metric so far to Optuna; going on later resumes the run from that
+checkpoint, bit for bit. So a trial stopped at a rung has spent exactly its rungs, and one
+promoted to the top is the same run as a plain `retrain run` of its config.
+
+Who goes on (tune.pruner):
+- `asha`: ASHA as Li et al. (2020, Algorithm 2) define it. A trial waits at its rung; whenever
+  a slot is free, the best waiting trial in the top 1/reduction_factor of every trial that
+  reached its rung (highest rung first) is promoted, otherwise a new trial starts. Once no new
+  trial can start (max_trials), the best waiting trial of a rung is promotable too, so a small
+  study still ends with a full-fidelity trial. Trials still waiting when the study ends are
+  closed as pruned at their rung.
+- `optuna_sh`: Optuna's SuccessiveHalvingPruner, which decides as a trial reports: it goes on
+  at once if it is in the top 1/reduction_factor of its rung so far. The first trials of a rung
+  go on unconditionally; `benchmarks/bench_tuning_replay.py` measures what that costs.
 
 Everything that shapes the study's future is in the journal (`training.tune.journal`): the
-trials and their parameters, rung values, pruning decisions (Optuna's `completed_rung_*`
-system attributes plus our `decided` mark), and each trial's spend. A study killed at any
-moment and run again:
-- resumes trials left RUNNING (from their run's checkpoint, never from scratch) before it
-  asks for new ones; one never stays RUNNING, because the study ends only when none is left;
-- re-applies a decision the kill cut off (Optuna's pruner is deterministic in the journal);
+trials and their parameters, rung values, where each trial was sent (`sent_to`), the
+optuna_sh pruner's decisions (Optuna's `completed_rung_*` system attributes plus our `decided`
+mark), and each trial's spend. A study killed at any moment and run again:
+- resumes trials interrupted on their way to a rung (from their run's checkpoint, never from
+  scratch) before anything else; none stays RUNNING, because the study ends only when none is;
+- re-applies a decision the kill cut off (both rules are deterministic in the journal: a
+  promotion is recorded, as `sent_to`, before its rung is handed out);
 - samples new trials with a seed derived from the trial number, so TPE draws what it would
   have drawn uninterrupted;
 - carries the spend on: each trial's spend is its run's billed seconds, which count restarts
@@ -27,7 +38,7 @@ import json
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from training.config import RetrainConfig, fingerprint, fingerprinted
 from training.cost import SECONDS_PER_HOUR
@@ -38,7 +49,7 @@ from training.tasks import higher_is_better, metric_for
 from training.tune.journal import PublishedJournal
 from training.tune.space import Dimension, apply_params, parse_space
 
-__all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "study_key", "STUDY_DIR"]
+__all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "STUDY_DIR"]
 
 log = logging.getLogger(__name__)
 STUDY_DIR = "tune"
@@ -48,8 +59,26 @@ def study_key(config: RetrainConfig, dataset_fingerprint: str) -> str:
     """What defines a study: the data, everything a trial computes besides its sampled keys,
     the metric, and the search (space, sampler, pruner, rungs, seed). Budgets, max_trials and
     concurrency are not part of it: raising them continues the same study."""
+    # "asha" decided like optuna_sh until session 13: its studies get a new key rather than
+    # continuing under another rule.
+    rule = {"promotion": "deferred"} if config.tune.pruner == "asha" else {}
     return fingerprint("tune", dataset_fingerprint, fingerprinted(config), {"eval.metric": config.eval.metric},
-                       fingerprinted(config.tune))
+                       fingerprinted(config.tune), rule)
+
+
+def asha_pick(reached: Sequence[Sequence[tuple[float, int]]], waiting: Callable[[int, int], bool],
+              reduction_factor: int, can_start: bool) -> tuple[int, int] | None:
+    """Li et al.'s ASHA promotion (2020, Algorithm 2). `reached[k]` holds (score, trial) for
+    every trial that reached rung k (the rungs below the top; lower scores rank first). From
+    the highest rung down, the first trial in the top len // reduction_factor of its rung (at
+    least the best one once no new trial can start) that is `waiting(trial, k)` there: that
+    (trial, k) goes on; None: start a new trial. The replay benchmark decides with it too."""
+    for k in range(len(reached) - 1, -1, -1):
+        ranked = sorted(reached[k])
+        for _, trial in ranked[:len(ranked) // reduction_factor or (0 if can_start else 1)]:
+            if waiting(trial, k):
+                return trial, k
+    return None
 
 
 @dataclass(frozen=True)
@@ -126,8 +155,10 @@ class Study:
         self.root = StorageRoot.from_config(config)
         self.metric = metric_for(config.data.task, config.eval.metric)
         self.maximize = higher_is_better(config.data.task, self.metric)
-        pruner = (optuna.pruners.NopPruner() if self.tune.pruner == "none" else optuna.pruners.SuccessiveHalvingPruner(
-            min_resource=self.rungs[0], reduction_factor=self.tune.reduction_factor, min_early_stopping_rate=0))
+        self.deferred = self.tune.pruner == "asha"  # promotions decided here, not by an Optuna pruner
+        pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=self.rungs[0], min_early_stopping_rate=0,
+                                                         reduction_factor=self.tune.reduction_factor)
+                  if self.tune.pruner == "optuna_sh" else optuna.pruners.NopPruner())
         storage = optuna.storages.JournalStorage(PublishedJournal(self.root, f"{self.rel}/journal.log"))
         self.study = optuna.create_study(study_name=self.key, storage=storage, pruner=pruner, load_if_exists=True,
                                          direction="maximize" if self.maximize else "minimize")
@@ -191,7 +222,17 @@ class Study:
             work = self._continue(frozen)
             if work is not None:
                 return work
-        if len(self.study.get_trials(deepcopy=False)) >= self.tune.max_trials or self.stopped_by is not None:
+        if self.deferred and self.stopped_by is None:
+            work = self._promotion()
+            if work is not None:
+                return work
+        work = self._new_trial()
+        if work is None and self.deferred and not self.in_flight:
+            self._close_waiting()
+        return work
+
+    def _new_trial(self) -> RungWork | None:
+        if not self._can_start() or self.stopped_by is not None:
             return None
         price = self.price(self.rungs[0])
         if price > self.remaining_seconds():
@@ -203,11 +244,19 @@ class Study:
         trial.set_user_attr("params", json.dumps(params, sort_keys=True))
         return self._work(trial.number, params, 0, price)
 
+    def _can_start(self) -> bool:
+        return len(self.study.get_trials(deepcopy=False)) < self.tune.max_trials
+
     def _continue(self, frozen: Any) -> RungWork | None:
+        """A RUNNING trial's next rung when it has one to train now: interrupted on its way to
+        a rung, or (optuna_sh) promoted by the pruner."""
         from optuna.trial import TrialState
 
         last = frozen.last_step
-        if last is not None and frozen.user_attrs.get("decided") != last and self._pruned(frozen.number, last):
+        if self.deferred:
+            if int(frozen.user_attrs.get("sent_to", self.rungs[0])) <= (last or 0):
+                return None  # waiting at its rung for a promotion (_promotion)
+        elif last is not None and frozen.user_attrs.get("decided") != last and self._pruned(frozen.number, last):
             return None
         if last is not None and last >= self.rungs[-1]:  # its end was reported, its completion cut off
             self.study.tell(frozen.number, frozen.intermediate_values[last])
@@ -233,8 +282,49 @@ class Study:
             config = config.model_copy(update={"budget": config.budget.model_copy(
                 update={"max_wall_seconds": cap if own is None else min(own, cap)})})
         self.in_flight[number] = price
+        if trial.user_attrs.get("sent_to") != self.rungs[rung]:
+            self._live(number).set_user_attr("sent_to", self.rungs[rung])  # journaled before it trains
         return RungWork(trial=number, params=params, config=config, step=self.rungs[rung], rung=rung,
                         price_seconds=price)
+
+    def _promotion(self) -> RungWork | None:
+        """ASHA's promotion (`asha_pick`) over the journal's trials."""
+        from optuna.trial import TrialState
+
+        trials = {t.number: t for t in self.study.get_trials(deepcopy=False)}
+        sign = -1.0 if self.maximize else 1.0
+        reached = [[(sign * t.intermediate_values[step], t.number) for t in trials.values()
+                    if step in t.intermediate_values] for step in self.rungs[:-1]]
+
+        def waiting(number: int, rung: int) -> bool:
+            frozen, step = trials[number], self.rungs[rung]
+            return (frozen.state == TrialState.RUNNING and number not in self.in_flight and frozen.last_step == step
+                    and int(frozen.user_attrs.get("sent_to", step)) == step)
+
+        pick = asha_pick(reached, waiting, self.tune.reduction_factor, self._can_start())
+        return None if pick is None else self._promote(trials[pick[0]], pick[1])
+
+    def _promote(self, frozen: Any, rung: int) -> RungWork | None:
+        from optuna.trial import TrialState
+
+        price = self.price(self.rungs[rung + 1] - self.rungs[rung])
+        if price > self.remaining_seconds():
+            # A promotion the budget cannot pay ends the study: cheaper work (a new trial, a
+            # lower rung) could not reach full fidelity either.
+            self.stopped_by = f"{self.budget.binding()}: trial {frozen.number}'s next rung would not be paid for"
+            self._live(frozen.number).set_user_attr("status", "budget")
+            self.study.tell(frozen.number, state=TrialState.PRUNED)
+            return None
+        return self._work(frozen.number, json.loads(frozen.user_attrs["params"]), rung + 1, price)
+
+    def _close_waiting(self) -> None:
+        """The study hands out nothing more: trials still waiting at a rung end there, pruned
+        (never left RUNNING)."""
+        from optuna.trial import TrialState
+
+        for frozen in self.trials(TrialState.RUNNING):
+            self._live(frozen.number).set_user_attr("status", "pruned")
+            self.study.tell(frozen.number, state=TrialState.PRUNED)
 
     def price(self, steps: int) -> float:
         """A rung's estimated machine seconds: measured on this attempt's rungs when any ran,
@@ -280,7 +370,8 @@ class Study:
         if outcome.status == "paused":
             if outcome.step not in trial.intermediate_values:
                 live.report(outcome.value, outcome.step)
-            self._pruned(work.trial, outcome.step)
+            if not self.deferred:
+                self._pruned(work.trial, outcome.step)
         elif outcome.status == "budget_stopped":
             self.study.tell(work.trial, state=TrialState.PRUNED)
         else:  # completed or early_stopped: the run is finished, at full fidelity for its schedule
