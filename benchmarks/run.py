@@ -27,6 +27,7 @@ from benchmarks import (
     bench_startup,
     bench_transformer,
     bench_tuning,
+    bench_tuning_replay,
     bench_warm_start,
 )
 from benchmarks.common import machine
@@ -44,6 +45,7 @@ SUITE = {
     "scaling": bench_scaling.run,
     "transformer": bench_transformer.run,
     "tuning": bench_tuning.run,
+    "tuning_replay": bench_tuning_replay.run,
     "predict": bench_predict.run,
     "startup": bench_startup.run,
 }
