@@ -34,13 +34,13 @@ from benchmarks.common import demo_parquet
 
 # The reference case: at most 40 trials. With N = 10 the random search reaches its best
 # after 5.5 full trials on average, and no schedule replayed on 200 real learning curves gets
-# below 0.82x of that (benchmarks/bench_tuning_replay.py); with N = 40 the target is a better
+# below 0.85x of that (benchmarks/bench_tuning_replay.py); with N = 40 the target is a better
 # AUC, worth exploring many configurations cheaply for.
 N = 40
 SEEDS = (0, 1, 2, 3, 4)
 # Rungs 20, 40, 80, 160, 320, 540: the cheapest schedule for ASHA at N = 40 in a first replay
-# on 150 curves (0.475x); the 200-curve replay puts it at 0.46x, first rungs of 40 or 60 steps
-# at 0.41x. Sessions 9-12 ran rungs 20, 60, 180, 540 with N = 10 and Optuna's pruner: 0.94-1.07x.
+# on 150 curves (0.475x); the 200-curve replay puts it at 0.50x, first rungs of 40 or 60 steps
+# at 0.43-0.45x. Sessions 9-12 ran rungs 20, 60, 180, 540 with N = 10 and Optuna's pruner: 0.94-1.07x.
 MIN_RESOURCE = 20
 REDUCTION_FACTOR = 2
 # A learning rate over four decades, as a search usually starts (Optuna's own examples draw
