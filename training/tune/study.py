@@ -212,8 +212,9 @@ class Study:
         return sorted(self.study.get_trials(deepcopy=False, states=states or None), key=lambda t: t.number)
 
     def next_work(self) -> RungWork | None:
-        """The next rung to train: an unfinished trial's (oldest first), else a new trial's first
-        rung; None when max_trials is reached or the budget cannot pay for the next rung."""
+        """The next rung to train: an interrupted trial's (oldest first), else (asha) a
+        promotion, else a new trial's first rung; None when there is none the budget and
+        max_trials allow (asha then closes the trials still waiting)."""
         from optuna.trial import TrialState
 
         for frozen in self.trials(TrialState.RUNNING):
