@@ -251,8 +251,6 @@ class Study:
     def _continue(self, frozen: Any) -> RungWork | None:
         """A RUNNING trial's next rung when it has one to train now: interrupted on its way to
         a rung, or (optuna_sh) promoted by the pruner."""
-        from optuna.trial import TrialState
-
         last = frozen.last_step
         if self.deferred:
             if int(frozen.user_attrs.get("sent_to", self.rungs[0])) <= (last or 0):
@@ -262,11 +260,17 @@ class Study:
         if last is not None and last >= self.rungs[-1]:  # its end was reported, its completion cut off
             self.study.tell(frozen.number, frozen.intermediate_values[last])
             return None
-        rung = 0 if last is None else next(i for i, step in enumerate(self.rungs) if step > last)
-        price = self.price(self.rungs[rung] - (last or 0))
+        return self._go_on(frozen, 0 if last is None else next(i for i, step in enumerate(self.rungs) if step > last))
+
+    def _go_on(self, frozen: Any, rung: int) -> RungWork | None:
+        """The trial's work towards `rung`, if the budget pays for it. If not, the study stops
+        (cheaper work, a new trial or a lower rung, could not reach full fidelity either) and the
+        trial ends where it stands, like a pruned one: its last rung value stays known to the
+        sampler, and it never waits RUNNING for a budget that may not come."""
+        from optuna.trial import TrialState
+
+        price = self.price(self.rungs[rung] - (frozen.last_step or 0))
         if price > self.remaining_seconds():
-            # Ends here, like a pruned trial: its last rung value stays known to the sampler,
-            # and it never waits RUNNING for a budget that may not come.
             self.stopped_by = f"{self.budget.binding()}: trial {frozen.number}'s next rung would not be paid for"
             self._live(frozen.number).set_user_attr("status", "budget")
             self.study.tell(frozen.number, state=TrialState.PRUNED)
@@ -303,20 +307,7 @@ class Study:
                     and int(frozen.user_attrs.get("sent_to", step)) == step)
 
         pick = asha_pick(reached, waiting, self.tune.reduction_factor, self._can_start())
-        return None if pick is None else self._promote(trials[pick[0]], pick[1])
-
-    def _promote(self, frozen: Any, rung: int) -> RungWork | None:
-        from optuna.trial import TrialState
-
-        price = self.price(self.rungs[rung + 1] - self.rungs[rung])
-        if price > self.remaining_seconds():
-            # A promotion the budget cannot pay ends the study: cheaper work (a new trial, a
-            # lower rung) could not reach full fidelity either.
-            self.stopped_by = f"{self.budget.binding()}: trial {frozen.number}'s next rung would not be paid for"
-            self._live(frozen.number).set_user_attr("status", "budget")
-            self.study.tell(frozen.number, state=TrialState.PRUNED)
-            return None
-        return self._work(frozen.number, json.loads(frozen.user_attrs["params"]), rung + 1, price)
+        return None if pick is None else self._go_on(trials[pick[0]], pick[1] + 1)
 
     def _close_waiting(self) -> None:
         """The study hands out nothing more: trials still waiting at a rung end there, pruned
