@@ -70,6 +70,41 @@ def test_an_epochs_batches_do_not_depend_on_what_was_kept(packed) -> None:
         assert all(np.array_equal(got[k], expected[k]) for k in expected)
 
 
+def test_each_shard_is_loaded_once_when_the_next_epoch_starts_with_the_last_one(packed, monkeypatch) -> None:
+    """Prefetching reads ahead across the epoch boundary: a shard that ends one epoch and starts
+    the next is read, checked and transformed once, then only put in the new epoch's order."""
+    d, manifest, stats = packed
+    seed = next(s for s in range(200) if (lambda b: b._shard_order(0)[-1] == b._shard_order(1)[0])(
+        ShardBatches(d, manifest, "train", 64, stats.transformer(), seed=s)))
+    loads: list[int] = []
+    load = ShardBatches._load_shard
+    monkeypatch.setattr(ShardBatches, "_load_shard", lambda self, i, *a: loads.append(i) or load(self, i, *a))
+    batches = ShardBatches(d, manifest, "train", 64, stats.transformer(), seed=seed)
+    _, starts = batches._order(0)
+    resume_at = -(-int(starts[-3]) // 64)  # a resume in the shard before the last: the window then spans both epochs
+    for e, first in ((0, resume_at), (1, 0)):
+        for i in range(first, batches.batches_per_epoch):
+            batches.batch(e, i)
+    assert sorted(loads) == list(range(len(batches.shards)))
+
+
+def test_transform_into_held_buffers_gives_the_same_rows(packed) -> None:
+    """The loader's prefetch threads transform each shard into buffers they keep (new memory is
+    paid once, not per shard): the rows are the same as a fresh transform's."""
+    from training.data.shards import ShardReader
+
+    d, manifest, stats = packed
+    transform, buffers = stats.transformer(), {}
+    for info in manifest.shards_of("train")[:2]:
+        reader = ShardReader(d / info.name)
+        blocks = [reader.block(key) for key in reader.keys]
+        fresh, held = transform.shard(blocks, info.name), transform.shard(blocks, info.name, buffers)
+        assert fresh.keys() == held.keys() and all(np.array_equal(fresh[k], held[k]) for k in fresh)
+        assert all(np.shares_memory(held[k], buffers[k]) for k in held)
+        del blocks
+        reader.close()
+
+
 def test_workers_deliver_the_single_process_order(packed) -> None:
     d, manifest, stats = packed
     batches = ShardBatches(d, manifest, "train", 128, stats.transformer(), seed=1)
@@ -161,3 +196,4 @@ def test_feature_transform(packed) -> None:
     x, c = t(num, cat)
     assert np.all(x == 0)  # nulls are imputed with the mean
     assert c[0, 0] == 0 and np.all(c[0, 1:] == 1)
+

@@ -6,7 +6,7 @@ each shard by (seed, epoch, shard). Resuming is arithmetic on the manifest's row
 straight to the saved position, reads nothing it skips, and costs the same at any step.
 
 Each shard is read, checked against the manifest's checksum, transformed and put in that epoch's
-row order once, on background threads a shard or two ahead of the loop; a batch is then a slice
+row order once, on background threads a few shards ahead of the loop; a batch is then a slice
 of it.
 
 With `num_workers=k`, worker `w` produces blocks `w, w+k, w+2k, ...` of consecutive global
@@ -16,6 +16,7 @@ single-process order and the run is bit-identical whatever `num_workers` is.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -41,6 +42,20 @@ __all__ = ["Batch", "ShardBatches", "StreamPosition", "TrainStream", "WorkerStre
 
 BLOCK_BYTES = 8 << 20  # what a worker hands over at once
 MAX_BLOCK_BATCHES = 64
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A transformed shard held for later epochs."""
+
+    arrays: Arrays
+    # With rows in the order of the epoch it was loaded for: file row r is at row inverse[r].
+    # None: in file order (an unshuffled split).
+    inverse: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
 
 
 @dataclass(frozen=True)
@@ -81,21 +96,28 @@ class ShardBatches:
                 f"split '{split}' has {self.rows} rows, fewer than one batch of {batch_size}; lower train.batch_size"
             )
         self.cache_bytes = cache_bytes
-        self._base: OrderedDict[int, Arrays] = OrderedDict()  # transformed shards, rows in file order, LRU
+        self._base: OrderedDict[int, _Kept] = OrderedDict()  # transformed shards, LRU
         self._base_bytes = 0
         self._epoch: OrderedDict[tuple[int, int], Arrays] = OrderedDict()  # (epoch, shard): rows in that epoch's order
         self._verified: set[int] = set()
         self._epoch_order: tuple[int, np.ndarray, np.ndarray] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.prefetch_shards = max(1, prefetch_shards)
-        self._pending: dict[tuple[int, int], Future[tuple[Arrays | None, Arrays]]] = {}
+        self._pending: dict[tuple[int, int], Future[tuple[_Kept | None, Arrays]]] = {}
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
         self._current: tuple[int, int, int, Arrays] | None = None
+        # Each prefetch thread's buffers for a shard in file order, before it is put in an
+        # epoch's order: reused from shard to shard (see `_prepare`).
+        self._thread_buffers = threading.local()
 
     def __getstate__(self) -> dict[str, object]:
         # Copied into DataLoader workers: without loaded shards, the prefetch thread or its result.
         return {**self.__dict__, "_base": OrderedDict(), "_base_bytes": 0, "_epoch": OrderedDict(), "_executor": None,
-                "_pending": {}, "_current": None}
+                "_pending": {}, "_current": None, "_thread_buffers": None}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._thread_buffers = threading.local()
 
     @staticmethod
     def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any, size: int) -> None:
@@ -103,27 +125,27 @@ class ShardBatches:
         while len(cache) > size:
             cache.popitem(last=False)
 
-    def _keep(self, i: int, arrays: Arrays) -> None:
+    def _keep(self, i: int, kept: _Kept) -> None:
         """Keep transformed shard `i` for later epochs while `cache_bytes` allows (least recently
-        used out first): a kept shard is only shuffled again, not read and transformed."""
-        size = sum(a.nbytes for a in arrays.values())
-        if size > self.cache_bytes or i in self._base:
+        used out first): a kept shard is only put in another order, not read and transformed."""
+        if kept.nbytes > self.cache_bytes or i in self._base:
             return
-        self._base[i] = arrays
-        self._base_bytes += size
+        self._base[i] = kept
+        self._base_bytes += kept.nbytes
         while self._base_bytes > self.cache_bytes:
             _, old = self._base.popitem(last=False)
-            self._base_bytes -= sum(a.nbytes for a in old.values())
+            self._base_bytes -= old.nbytes
 
     def _shard_arrays(self, i: int) -> Arrays:
-        """Shard `i` transformed, rows in file order."""
-        arrays = self._base.get(i)
-        if arrays is not None:
+        """Shard `i` transformed, rows in file order (for unshuffled reading)."""
+        kept = self._base.get(i)
+        if kept is not None:
+            assert kept.inverse is None, "a shuffled stream's shards are kept in an epoch's order"
             self._base.move_to_end(i)
-            return arrays
+            return kept.arrays
         arrays = self._load_shard(i)
         self._verified.add(i)
-        self._keep(i, arrays)
+        self._keep(i, _Kept(arrays))
         return arrays
 
     def _epoch_arrays(self, epoch: int, i: int) -> Arrays:
@@ -140,30 +162,42 @@ class ShardBatches:
         if arrays is not None:
             return arrays
         pending = self._pending.pop(key, None)
-        if pending is not None:
-            base, arrays = pending.result()  # usually done already
-            if base is not None:
-                self._verified.add(i)
-                self._keep(i, base)
-        else:
-            arrays = self._permuted(self._shard_arrays(i), epoch, i)
+        kept = self._base.get(i)
+        loaded, arrays = pending.result() if pending is not None else self._prepare(epoch, i, kept)  # usually done
+        if loaded is not None:
+            self._verified.add(i)
+            self._keep(i, loaded)
+        elif kept is not None:
+            self._base.move_to_end(i)
         self._remember(self._epoch, key, arrays, 2)  # a batch spans at most two shards
         return arrays
 
-    def _permuted(self, base: Arrays, epoch: int, i: int) -> Arrays:
-        perm = np.random.default_rng([self.seed, epoch, 1, i]).permutation(self.shards[i].rows)
-        return {name: np.take(values, perm, axis=0) for name, values in base.items()}
+    def _permutation(self, epoch: int, i: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch, 1, i]).permutation(self.shards[i].rows)
 
-    def _prepare(self, epoch: int, i: int, base: Arrays | None) -> tuple[Arrays | None, Arrays]:
-        """On the prefetch thread: (the shard if it had to be loaded, its rows in `epoch`'s order)."""
-        loaded = None
-        if base is None:
-            base = loaded = self._load_shard(i)
-        return loaded, self._permuted(base, epoch, i)
+    def _prepare(self, epoch: int, i: int, kept: _Kept | None) -> tuple[_Kept | None, Arrays]:
+        """On a prefetch thread: (the shard to keep if it had to be loaded, its rows in `epoch`'s order).
 
-    def _load_shard(self, i: int) -> Arrays:
-        """Shard `i`, verified and transformed. Runs on the prefetch thread too, so it only reads
-        this object's state; the caller records the result."""
+        A shard loaded now is kept in this epoch's order, not in file order: in the first epoch
+        that is one shard-sized copy fewer (new memory, whose first touch is most of a first
+        epoch's system time on a VM), and a later epoch's order is one gather from it all the same."""
+        perm = self._permutation(epoch, i)
+        if kept is None:
+            buffers = getattr(self._thread_buffers, "arrays", None)
+            if buffers is None:
+                buffers = self._thread_buffers.arrays = {}
+            arrays = _take(self._load_shard(i, buffers), perm)
+            inverse = np.empty(len(perm), dtype=np.int32)  # 4 bytes a row: a later epoch's gather costs 0.5 ms, not 5
+            inverse[perm] = np.arange(len(perm), dtype=np.int32)
+            return _Kept(arrays, inverse), arrays
+        if kept.inverse is not None:
+            perm = kept.inverse[perm].astype(np.intp)  # np.take converts an int32 index itself, more slowly
+        return None, _take(kept.arrays, perm)
+
+    def _load_shard(self, i: int, buffers: Arrays | None = None) -> Arrays:
+        """Shard `i`, verified and transformed (into `buffers`, see `FeatureTransform.shard`).
+        Runs on the prefetch threads too, so it only reads this object's state; the caller
+        records the result."""
         info = self.shards[i]
         path, downloaded = local_shard(self.dataset_dir, info.name, info.bytes, info.sha256)
         # Checked once per process (a download is checked as it lands): never train on a corrupt shard.
@@ -173,21 +207,27 @@ class ShardBatches:
             rows = sum(len(block["label"]) for block in blocks)
             if rows != info.rows or not blocks:
                 raise DataError(f"shard {path}: holds {rows} rows, manifest says {info.rows}")
-            out = self.transform.shard(blocks, info.name)
+            out = self.transform.shard(blocks, info.name, buffers)
         finally:
             blocks = []  # the views go before the mapping is closed
             reader.close()
         return out
 
-    def _prefetch(self, epoch: int, k: int) -> None:
-        """Start preparing the `prefetch_shards` shards after position `k` of `epoch`'s order on
-        background threads, so the step that first needs one does not wait for its read,
-        checksum, transform and gather. Those run in C (hashlib, numpy, Arrow) with the GIL
+    def _prefetch(self, epoch: int, k: int, with_current: bool = False) -> None:
+        """Start preparing the shards after position `k` of `epoch`'s order (and the one at `k`
+        too if `with_current`), `prefetch_shards` at once, on background threads, so the step
+        that first needs one does not wait for its read, checksum, transform and gather. Those run in C (hashlib, numpy, Arrow) with the GIL
         released: they overlap the training step, and use spare cores in parallel (a GPU box
         has them; a fast accelerator consumes a shard in well under its preparation time)."""
         if not self.shuffle:
             return
-        upcoming = self._upcoming(epoch, k, self.prefetch_shards)
+        # Two shards more than threads: a thread that finishes early starts the next shard
+        # instead of idling until the loop reaches the one before it (a fast loop outruns
+        # preparation, and one slow shard held a thread idle 20 ms of a 140 ms first epoch). In
+        # a first epoch the shards read ahead are kept anyway while they fit in `cache_bytes`.
+        upcoming = self._upcoming(epoch, k, self.prefetch_shards + 2)
+        if with_current:
+            upcoming.insert(0, (epoch, int(self._shard_order(epoch)[k])))
         for key in [key for key in self._pending if key not in upcoming]:
             self._pending.pop(key).cancel()  # the stream jumped (a resume, a probe): not needed
         loading = {i for _, i in self._pending if i not in self._base}
@@ -200,7 +240,10 @@ class ShardBatches:
                 continue
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=self.prefetch_shards, thread_name_prefix="shard-prefetch")
-            self._pending[key] = self._executor.submit(self._prepare, *key, self._base.get(key[1]))
+            kept = self._base.get(key[1])
+            if kept is None:
+                loading.add(key[1])
+            self._pending[key] = self._executor.submit(self._prepare, *key, kept)
 
     def _upcoming(self, epoch: int, k: int, n: int) -> list[tuple[int, int]]:
         """The next `n` (epoch, shard) after position `k` of `epoch`'s shard order."""
@@ -252,6 +295,9 @@ class ShardBatches:
         order, starts = self._order(epoch)
         parts: list[Arrays] = []
         k = int(np.searchsorted(starts, lo, side="right") - 1)
+        # This shard and the next few go to the prefetch threads together: at a cold start (or
+        # a resume) the shards after it are prepared while it is, not only once it is done.
+        self._prefetch(epoch, k, with_current=True)
         while lo < hi:
             shard = int(order[k])
             take_hi = min(hi, int(starts[k + 1]))
@@ -332,6 +378,10 @@ class BlockStream(IterableDataset):
             flat = {k: _concat_shared([batch[k] for batch in batches]) for k in batches[0]}
             yield first, shapes, flat
             b += workers
+
+
+def _take(arrays: Arrays, index: np.ndarray) -> Arrays:
+    return {name: np.take(values, index, axis=0) for name, values in arrays.items()}
 
 
 def _concat_shared(tensors: list[torch.Tensor]) -> torch.Tensor:
