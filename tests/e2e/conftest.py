@@ -56,13 +56,21 @@ class PrefectServer:
 
 
 class _RetryingTransport(httpx.HTTPTransport):
-    """Retries 503 and 429 as Prefect's own client does. The server answers 503 while its SQLite
-    database is locked by another writer: a clean-clone CI run (two xdist workers, workers and
-    flows writing to the same server) failed once on `create_flow_run` that way."""
+    """Retries 503 and 429, and a read that timed out, as Prefect's own client does. The server
+    answers 503 while its SQLite database is locked by another writer: a clean-clone CI run (two
+    xdist workers, workers and flows writing to the same server) failed once on
+    `create_flow_run` that way. A dev-venv suite run failed once polling a flow run's state: the
+    server sent nothing for 30 s while two flow runs wrote to it."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         for attempt in range(7):
-            response = super().handle_request(request)
+            try:
+                response = super().handle_request(request)
+            except httpx.ReadTimeout:
+                if request.method != "GET":
+                    raise  # a write may have landed: not repeated blindly
+                time.sleep(min(0.25 * 2**attempt, 5.0))
+                continue
             if response.status_code not in (429, 503):
                 return response
             response.read()
