@@ -13,14 +13,16 @@ settings:
 Every reader then does the same work per 16 blocks: the project's feature transform (the same
 code, `FeatureTransform.shard`), a shuffle of those rows, and slices of 256 rows as torch
 tensors. The project's loader (`num_workers: 0`) instead shuffles whole shards (about 230k
-rows), and verifies each shard's xxh3_128 against the manifest on first use; the peers verify
-nothing (their defaults). Each reader runs its first epoch in a fresh process (the project's
+rows) on its two prefetch threads (its default; the peers read in one thread, theirs), and
+verifies each shard's xxh3_128 against the manifest on first use; the peers verify nothing
+(their defaults). CPU seconds are reported beside the rates, so a gain that only comes from
+the second core shows. Each reader runs its first epoch in a fresh process (the project's
 first epoch in a process pays its checks once; a peer's index and cache set-up are in its
 time too), in interleaved rounds; figures are medians with every round listed. Each read is
 then repeated just after another fresh process has faulted in 168 MB of new arrays ("primed"):
 on a VM that hands freed memory back to its host, the price of new memory moves from run to
-run, and the project's first epoch (which grows its process by about 170 MB) moves with it.
-The target is judged on the unprimed reads.
+run, and the project's first epoch (which grows its process by about 170 MB: the shards it
+keeps for later epochs) moves with it. The target is judged on the unprimed reads.
 
 The peers are not in the project's lock (Streaming's package imports torchvision, whose PyPI
 build does not load against this CPU torch), so each is installed with `pip --no-deps --target`
