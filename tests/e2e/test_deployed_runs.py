@@ -173,7 +173,9 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
         demo_source: Path) -> None:
     pool = _pool(deployed)
     root = tmp_path / "root"
-    deployer.variant("retrain-spot", _small(root, demo_source, "train.max_steps=400", "train.eval_every=40",
+    # 2400 steps: the SIGTERM lands a poll after step 80's checkpoint, and the run must still be
+    # training then (with 400 steps, a clean-clone CI run finished training first).
+    deployer.variant("retrain-spot", _small(root, demo_source, "train.max_steps=2400", "train.eval_every=400",
                                             "train.checkpoint_every=40", "train.patience=0"), pool)
     run_id = _run(deployed, "retrain-spot", {})
     worker = start_worker(pool)
@@ -189,7 +191,7 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
     _wait_final(deployed, run_id, 420, worker)
     (report_path,) = root.glob("runs/*/report.json")
     report = json.loads(report_path.read_text())
-    assert report["steps"] == 400
+    assert report["steps"] == 2400
     assert report["preemptions"] >= 1
     assert report["resumed_from_steps"] and report["resumed_from_steps"][0] >= 80  # not from step 0
     with deployed.api() as api:

@@ -103,7 +103,10 @@ def test_time_based_checkpoint_intervals(small_config: RetrainConfig, interval: 
     small_config.train.max_steps = 200
     small_config.train.eval_every = 100
     small_config.train.checkpoint_every = interval
-    small_config.train.mean_seconds_between_preemptions = 0.5  # tiny, so auto saves often here
+    # Tiny, so auto saves often here: its interval is sqrt(2 x save cost x this), and the save
+    # cost is measured at step 100's save, so steps 100-200 must outlast one interval (with 0.5,
+    # about 0.1-0.2 s, a clean-clone CI run trained them faster than that once).
+    small_config.train.mean_seconds_between_preemptions = 0.005
     result = train(make_job(small_config))
     described = result.checkpoint_interval
     assert described["mode"] == ("auto" if interval == "auto" else "seconds")
@@ -111,7 +114,7 @@ def test_time_based_checkpoint_intervals(small_config: RetrainConfig, interval: 
     # more saves than the validation-triggered ones (steps 100 and 200)
     assert result.checkpoints_saved > 2
     if interval == "auto":
-        expected = (2 * described["save_cost_seconds"] * 0.5) ** 0.5
+        expected = (2 * described["save_cost_seconds"] * 0.005) ** 0.5
         assert described["seconds"] == pytest.approx(expected)
 
 
