@@ -215,22 +215,20 @@ class ShardBatches:
             reader.close()
         return out
 
-    def _prefetch(self, epoch: int, k: int, with_current: bool = False) -> None:
-        """Start preparing the shards after position `k` of `epoch`'s order (and the one at `k`
-        too if `with_current`), `prefetch_shards` at once, on background threads, so the step
-        that first needs one does not wait for its read, checksum, transform and gather. Those
-        run in C (hashlib, numpy, Arrow) with the GIL released: they overlap the training step,
-        and use spare cores in parallel (a GPU box has them; a fast accelerator consumes a
-        shard in well under its preparation time)."""
+    def _prefetch(self, epoch: int, k: int) -> None:
+        """Start preparing the shard at position `k` of `epoch`'s order and the ones after it,
+        `prefetch_shards` at once, on background threads, so the step that first needs one does
+        not wait for its read, checksum, transform and gather. Those run in C (hashlib, numpy,
+        Arrow) with the GIL released: they overlap the training step, and use spare cores in
+        parallel (a GPU box has them; a fast accelerator consumes a shard in well under its
+        preparation time)."""
         if not self.shuffle:
             return
         # Two shards more than threads: a thread that finishes early starts the next shard
         # instead of idling until the loop reaches the one before it (a fast loop outruns
         # preparation, and one slow shard held a thread idle 20 ms of a 140 ms first epoch). In
         # a first epoch the shards read ahead are kept anyway while they fit in `cache_bytes`.
-        upcoming = self._upcoming(epoch, k, self.prefetch_shards + 2)
-        if with_current:
-            upcoming.insert(0, (epoch, int(self._shard_order(epoch)[k])))
+        upcoming = [(epoch, int(self._shard_order(epoch)[k])), *self._upcoming(epoch, k, self.prefetch_shards + 2)]
         for key in [key for key in self._pending if key not in upcoming]:
             self._pending.pop(key).cancel()  # the stream jumped (a resume, a probe): not needed
         loading = {i for _, i in self._pending if i not in self._base}
@@ -300,7 +298,7 @@ class ShardBatches:
         k = int(np.searchsorted(starts, lo, side="right") - 1)
         # This shard and the next few go to the prefetch threads together: at a cold start (or
         # a resume) the shards after it are prepared while it is, not only once it is done.
-        self._prefetch(epoch, k, with_current=True)
+        self._prefetch(epoch, k)
         while lo < hi:
             shard = int(order[k])
             take_hi = min(hi, int(starts[k + 1]))
@@ -309,7 +307,6 @@ class ShardBatches:
             parts.append({name: v[a:b] for name, v in arrays.items()})
             lo = take_hi
             k += 1
-        self._prefetch(epoch, k - 1)
         if len(parts) == 1:
             # The next shards are on their way: later batches of this one take the fast path above.
             self._current = (epoch, int(starts[k - 1]), int(starts[k]), arrays)
