@@ -51,3 +51,8 @@ class SchemaLinear(nn.Module):
 
 def schema_linear(schema: ModelSchema, config: object) -> nn.Module:
     return SchemaLinear(schema)
+
+
+def raises(schema: ModelSchema, config: object) -> nn.Module:
+    """A factory with a bug of the user's: it raises while building."""
+    raise ValueError("no such layer: 'Linaer'")

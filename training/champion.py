@@ -50,14 +50,14 @@ def check_champion(root: StorageRoot, trusted_factory: str | None) -> Champion |
     if found is None:
         return None
     try:
-        pointer = read_champion(root.local / "models")
+        pointer = read_champion(root.path("models"))
     except StorageError as err:  # not JSON
-        return _unusable({}, root.local / "models", f"its pointer is unreadable: {err}", etag=etag)
+        return _unusable({}, root.path("models"), f"its pointer is unreadable: {err}", etag=etag)
     if pointer is None:
         return None
     if not isinstance(pointer, dict) or not isinstance(pointer.get("sha256"), str) or not _hex64(pointer["sha256"]):
-        return _unusable({}, root.local / "models", "its pointer models/champion names no valid sha256", etag=etag)
-    package = champion_package(root.local / "models", pointer)
+        return _unusable({}, root.path("models"), "its pointer models/champion names no valid sha256", etag=etag)
+    package = champion_package(root.path("models"), pointer)
     for name in ("model.json", "model.pt"):
         rel = f"models/{pointer['sha256']}/{name}"
         if root.fetch(rel) is None:

@@ -185,7 +185,7 @@ class CheckpointUploader:
                 raise StorageError(f"{remote.uri(rel)}/{name} is not on S3 at {meta['bytes']} bytes after its upload")
         remote.upload_file(f"{rel}/{_MANIFEST}", path / _MANIFEST, tags)  # last: now it is complete
         checkpoints[step][_MANIFEST] = (path / _MANIFEST).stat().st_size
-        ledger = self.root.local / self.run_rel / "attempts.jsonl"
+        ledger = self.root.path(f"{self.run_rel}/attempts.jsonl")
         if ledger.exists():
             remote.upload_file(f"{self.run_rel}/attempts.jsonl", ledger, self.root.tags(RUN, self.run_key))
         self.uploaded.append(step)

@@ -3,6 +3,7 @@
     RetrainError            base: a problem the user can fix; the CLI prints it as one line
     ├── ConfigError         the config file, a --set override or a flow parameter is invalid
     ├── DataError           the source Parquet or a packed shard is unusable
+    │   └── DamagedShard    a packed shard does not hold what packing writes: packed again
     ├── StorageError        the storage root cannot be read or written
     ├── CheckpointError     a checkpoint is missing, corrupt or belongs to another run
     └── Preempted           the training process was stopped from outside (spot notice,
@@ -17,6 +18,7 @@ __all__ = [
     "RetrainError",
     "ConfigError",
     "DataError",
+    "DamagedShard",
     "StorageError",
     "CheckpointError",
     "Preempted",
@@ -40,6 +42,19 @@ class ConfigError(RetrainError):
 
 class DataError(RetrainError):
     """The source data or a packed shard is invalid."""
+
+
+class DamagedShard(DataError):
+    """A packed shard's content is not what packing writes (its hash may still match a manifest
+    written by the same hand). The dataset is derived data: it is packed again."""
+
+    def __init__(self, path: object, problem: str | None = None) -> None:
+        if problem is not None:
+            message = (f"shard {path} is damaged: {problem}; run the same command again: the pack stage packs "
+                       "the dataset again")
+        else:
+            message = str(path)  # rebuilt from its message (crossing from the training process)
+        super().__init__(message)
 
 
 class StorageError(RetrainError):

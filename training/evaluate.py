@@ -7,8 +7,10 @@ between the two writes leaves the old champion in place and an unreferenced pack
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,8 @@ from training.model import forward_fn
 from training.package import load_package, meta_sha256
 from training.storage import read_json, write_json_atomic
 from training.tasks import Task, higher_is_better, is_better, reaches
+
+log = logging.getLogger(__name__)
 
 __all__ = ["evaluate_package", "predict_split", "read_champion", "decide_promotion", "promote", "compatible",
            "other_target", "EVAL_BATCH"]
@@ -125,7 +129,14 @@ def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str,
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(package_dir, tmp)
         os.replace(tmp, target) if not target.exists() else shutil.rmtree(tmp)
-    write_json_atomic(models_root / "champion", {**record, "sha256": sha256, "meta_sha256": meta_sha256(target),
+    pointer = models_root / "champion"
+    if pointer.is_dir() and not pointer.is_symlink():
+        # A folder where the pointer belongs (found unusable before this promotion): it must not
+        # block every later one. Set aside, not deleted: it is somebody's.
+        aside = models_root / f"champion.not-a-pointer-{uuid.uuid4().hex[:8]}"
+        pointer.rename(aside)
+        log.warning("models/champion was a folder, not a pointer; moved to %s", aside)
+    write_json_atomic(pointer, {**record, "sha256": sha256, "meta_sha256": meta_sha256(target),
                                                  "uri": uri or str(target / "model.pt")})
     return target
 

@@ -218,4 +218,7 @@ def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[dict[str, 
             if cls is not Preempted:
                 raise cls(raw["message"])
         raise Preempted(f"training job {job.run_key} lost a rank (torchrun exit code {rc}); resuming on retry")
-    raise RuntimeError(f"training process for run {job.run_key} failed with exit code {rc}; see its log above")
+    bug = next((raw for raw in [*reported, *_rank_errors(error_path)] if raw.get("type") == "Bug"), None)
+    detail = f": {bug['message']}" if bug else f" with exit code {rc}"
+    raise RuntimeError(f"training process for run {job.run_key} failed{detail} (a bug: its traceback is in the "
+                       "training log above)")

@@ -163,7 +163,12 @@ def build_model(config: ModelConfig, schema: ModelSchema) -> nn.Module:
     if legacy and (schema.vector or schema.text or schema.image):
         raise ConfigError(f"model.factory: '{config.factory}' has the old form fn(n_numeric, cardinalities, config), "
                           "which cannot see data.vector, data.text or data.image columns; write it as fn(schema, config)")
-    model = fn(len(schema.numeric), schema.cardinalities, config) if legacy else fn(schema, config)
+    try:
+        model = fn(len(schema.numeric), schema.cardinalities, config) if legacy else fn(schema, config)
+    except Exception as err:  # the user's code: whatever it raises is theirs to fix
+        first = str(err).splitlines()[0][:300] if str(err) else ""
+        raise ConfigError(f"model.factory '{config.factory}' raised {type(err).__name__}: {first}; fix the "
+                          "factory (its traceback is in the training log)") from err
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model.factory: '{config.factory}' returned {type(model).__name__}, expected a torch.nn.Module")
     if legacy:

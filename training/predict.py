@@ -38,7 +38,7 @@ from training.config import DataConfig
 from training.data.features import FeatureStats, FeatureTransform
 from training.data.packing import FeatureValidator, feature_arrays
 from training.data.ragged import OFFSETS, Ragged
-from training.errors import CheckpointError, DataError
+from training.errors import CheckpointError, ConfigError, DataError
 from training.evaluate import EVAL_BATCH
 from training.model import forward_fn
 from training.package import load_package, meta_sha256
@@ -244,6 +244,7 @@ def predict_files(files: list[Path], scoring: ScoringModel, output: Path, keys: 
                   ) -> PredictResult:
     """Score `files` into the Parquet file `output` (see the module docstring)."""
     t0 = time.perf_counter()
+    _check_output(output, files)
     keys, meta = scoring_meta(files, scoring, keys)
     if output.exists() and _already_done(output, meta):
         rows = pq.ParquetFile(output).metadata.num_rows
@@ -258,6 +259,17 @@ def predict_files(files: list[Path], scoring: ScoringModel, output: Path, keys: 
         tmp.unlink(missing_ok=True)
     return PredictResult(output=str(output), rows=rows, model_sha256=scoring.sha256, skipped=False,
                          seconds=time.perf_counter() - t0, key_columns=keys)
+
+
+def _check_output(output: Path, files: list[Path]) -> None:
+    """The output must be a file that is not one of the inputs: scores never replace the data
+    they were computed from, and a folder is not replaced by a file."""
+    if output.is_dir():
+        raise ConfigError(f"--output {output} is a folder; name the Parquet file to write, e.g. {output / 'scores.parquet'}")
+    target = output.resolve()
+    clash = next((f for f in files if f.resolve() == target), None)
+    if clash is not None:
+        raise ConfigError(f"--output {output} is the input file {clash}; write the scores to another file")
 
 
 def _schema(path: Path) -> pa.Schema:

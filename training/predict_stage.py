@@ -44,7 +44,7 @@ def resolve_model(config: RetrainConfig, model: str) -> ScoringModel:
         for name in ("model.json", "model.pt"):
             if root.fetch(f"models/{model}/{name}") is None:
                 raise CheckpointError(f"no promoted model {model[:12]} at {root.display(f'models/{model}')}")
-        return load_scoring_model(root.local / "models" / model, trusted, expected_sha256=model)
+        return load_scoring_model(root.path(f"models/{model}"), trusted, expected_sha256=model)
     package = Path(model).expanduser()
     if not (package / "model.json").is_file():
         raise CheckpointError(f"--model {model}: neither 'champion', a 64-hex model sha256, nor a package folder "

@@ -6,14 +6,25 @@ so a machine that finds it on S3 finds the model too.
 
 from __future__ import annotations
 
+import logging
+import shutil
+import uuid
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from training.job import TrainJob
 from training.results import RungResult, TrainResult
+from training.errors import StorageError
 from training.storage import read_json
 from training.storage_root import StorageRoot
 
-__all__ = ["fetch_finished_run", "finished_result", "paused_result", "run_rel", "rung_file"]
+__all__ = ["RUN_FOLDERS", "fetch_finished_run", "finished_result", "paused_result", "run_rel", "rung_file"]
+
+log = logging.getLogger(__name__)
+
+# What a run writes into: its folder, its checkpoints, its model package, its tuning rungs.
+RUN_FOLDERS = ("checkpoints", "model", "rungs")
 
 
 def run_rel(run_key: str) -> str:
@@ -34,8 +45,18 @@ def finished_result(job: TrainJob) -> TrainResult | None:
     """The run's result when it already finished (on this machine or, for an s3:// root, any)."""
     if job.config.storage.is_s3 and job.run_rel:
         fetch_finished_run(StorageRoot.from_config(job.config), job.run_rel)
-    finished = read_json(Path(job.run_dir) / "result.json")
-    return None if finished is None else TrainResult.model_validate({**finished, "already_complete": True})
+    path = Path(job.run_dir) / "result.json"
+    try:
+        finished = read_json(path)
+        return None if finished is None else TrainResult.model_validate({**finished, "already_complete": True})
+    except (StorageError, ValidationError, TypeError) as err:
+        # Derived from the checkpoints, which are verified: set it aside and let training
+        # finish the run again from its newest checkpoint (no step is trained twice).
+        aside = path.with_name(f"result.json.damaged-{uuid.uuid4().hex[:8]}")
+        path.rename(aside) if not path.is_dir() else shutil.rmtree(path)
+        log.warning("%s is damaged (%s); set aside as %s, the run is finished again from its checkpoints", path,
+                    str(err).splitlines()[0], aside.name)
+        return None
 
 
 def rung_file(step: int) -> str:

@@ -39,20 +39,21 @@ from training.data.packing import (
     PackPart,
     PackPlan,
     assemble_shards,
+    forget_verification,
     pack_part,
     plan_pack,
     require_manifest,
     split_writers,
     start_pack,
 )
-from training.errors import ConfigError, DataError, RetrainError, StorageError
+from training.errors import ConfigError, DamagedShard, DataError, RetrainError, StorageError
 from training.data.features import FeatureStats
 from training.tracking import BackgroundTracker, MlflowTracker, flat_params, register_model, tracker_for
 from training.launch import log_child_event, run_training_process
 from training.job import TrainJob, train_fingerprint
 from training.report_render import render_curves, render_markdown
 from training.results import Evaluation, LaunchPhases, PackResult, PrepResult, Promotion, TrainResult, WarmStart
-from training.runs import finished_result, run_rel
+from training.runs import RUN_FOLDERS, finished_result, run_rel
 from training.storage import read_json, write_json_atomic
 from training.storage_root import CACHE, MODEL, RUN, StorageRoot
 from training.unchanged import record_unchanged
@@ -194,16 +195,16 @@ def preprocess_stage(
     # Fitted before, on any machine, and still matching its checksum: reuse it.
     root.fetch(rel)
     root.fetch(check_rel)
-    existing = verified_feature_stats(root.local / rel)
+    existing = verified_feature_stats(root.path(rel))
     derived = derived_rels(rel_dir, manifest) if manifest.text or manifest.image else []
     if existing is not None and derived and root.fetch(derived[-1]) is not None:
         for derived_rel in derived[:-1]:  # token ids and pixels: fetched whole, checked as they load
             root.fetch(derived_rel)
-    reused = existing is not None and (not derived or (root.local / derived[-1]).exists())
+    reused = existing is not None and (not derived or root.path(derived[-1]).exists())
     if existing is not None and reused:
-        stats_path, stats = root.local / rel, existing  # verified once, not again inside the fit
+        stats_path, stats = root.path(rel), existing  # verified once, not again inside the fit
     else:
-        stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root.local / "preprocess")
+        stats_path, stats = fit_feature_stats(Path(dataset_dir), manifest, config, root.path("preprocess"))
     if not reused:
         # The derived arrays' index, then the statistics, then their checksum: each marks what
         # precedes it complete.
@@ -303,7 +304,7 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         # with text or image columns the folder is per dataset too: another dataset's arrays
         # (same shard names) must never be read for this one.
         per_dataset = f"-{packed.fingerprint[:16]}" if manifest.text or manifest.image else ""
-        stats_path = root.local / "preprocess" / f"champion-{init_sha[:16]}{per_dataset}" / "feature_stats.json"
+        stats_path = root.path(f"preprocess/champion-{init_sha[:16]}{per_dataset}/feature_stats.json")
         if not stats_path.exists():
             write_json_atomic(stats_path, warm.stats)
         _derive_for(Path(packed.dataset_dir), manifest, FeatureStats(**warm.stats), stats_path.parent)
@@ -312,8 +313,11 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
             root.fetch(rel)
     run_key = run_key_for(config, packed.fingerprint, init_sha)
     rate, gpus = config.cost.rate()
+    rel = run_rel(run_key)
+    for sub in RUN_FOLDERS:  # links out of the root are refused before anything is written there
+        root.path(f"{rel}/{sub}")
     job = TrainJob(
-        run_key=run_key, run_dir=str(root.local / run_rel(run_key)), run_rel=run_rel(run_key),
+        run_key=run_key, run_dir=str(root.path(rel)), run_rel=rel,
         dataset_dir=packed.dataset_dir, stats_path=str(stats_path), config=config,
         init_weights=warm.weights if warm else None, init_sha256=init_sha, rate_per_hour=rate, gpus=gpus,
         pre_train_seconds=packed.seconds + prep.seconds,
@@ -348,7 +352,11 @@ def train_stage(
     champion = check_champion(root, config.model.factory)
     job, warm_start = build_train_job(config, packed, prep, champion, champion_val_metric)
     # A finished run needs no child process (and no 3 s of torch start-up).
-    result = finished_result(job) or _train_tracked(config, job, on_event)
+    try:
+        result = finished_result(job) or _train_tracked(config, job, on_event)
+    except DamagedShard:
+        forget_verification(Path(packed.dataset_dir))  # the next pack checks every shard, finds it, repacks
+        raise
     return result.model_copy(update={
         "run_dir": job.run_dir,
         "run_uri": root.display(job.run_rel),
@@ -500,11 +508,11 @@ def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: Pac
     sha = trained.model.sha256
     package = run_dir / "model"
     export_note = _export(package, trusted_factory)
-    promote(root.local / "models", package, sha,
+    promote(root.path("models"), package, sha,
             {"run_key": trained.run_key, "metrics": metrics, "dataset": packed.fingerprint,
              "export": export_note or f"models/{sha}/{EXPORT_DIR}/model.pt2"},
             uri=root.display(f"models/{sha}/model.pt"))
-    files = ["model.pt", "model.json", *exported_files(root.local / "models" / sha)]
+    files = ["model.pt", "model.json", *exported_files(root.path(f"models/{sha}"))]
     root.publish_all([f"models/{sha}/{name}" for name in files], MODEL, trained.run_key)
     return root.publish_if_unchanged("models/champion", MODEL, trained.run_key, champion.etag if champion else None)
 

@@ -14,7 +14,7 @@ from typing import Any
 from training.errors import StorageError
 
 __all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json", "HashingWriter", "sha256_file",
-           "is_plain_name", "process_alive"]
+           "is_plain_name", "inside", "process_alive"]
 
 
 def is_plain_name(name: object) -> bool:
@@ -22,6 +22,24 @@ def is_plain_name(name: object) -> bool:
     it to a folder must never leave that folder (`../x`, `/etc/x`, `a/b`, NUL)."""
     return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
             and "\0" not in name)
+
+
+def inside(base: Path, rel: str, what: str = "storage root") -> Path:
+    """`base / rel`, refused unless it stays inside `base`: every component of `rel` must be a
+    plain name (names come from manifests and records that whoever can write the root also
+    writes), and no symbolic link on the way may lead out of `base` (a linked `runs/<key>` or
+    `checkpoints/` would otherwise receive the run's files wherever it points)."""
+    parts = rel.split("/")
+    if not all(is_plain_name(part) for part in parts):
+        raise StorageError(f"{rel!r} is not a path inside the {what} {base}; a manifest or record naming it is "
+                           "damaged or tampered with")
+    path = base.joinpath(*parts)
+    resolved = path.resolve()  # follows the links of the components that exist
+    real_base = base.resolve()
+    if resolved != real_base and real_base not in resolved.parents:
+        raise StorageError(f"{path} leads to {resolved}, outside the {what} {real_base} (a symbolic link); "
+                           "remove the link: files under the root are never written through one")
+    return path
 
 
 def sha256_file(path: Path) -> str:
@@ -82,12 +100,20 @@ def write_json_atomic(path: Path, value: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
+    """The JSON value in `path`; None when there is no such file. A file that is not UTF-8 JSON,
+    or a folder in its place, is one StorageError naming it."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         return None
     except json.JSONDecodeError as err:
         raise StorageError(f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+    except UnicodeDecodeError as err:
+        raise StorageError(f"{path} is not valid JSON (a byte that is not UTF-8 at offset {err.start})") from None
+    except IsADirectoryError:
+        raise StorageError(f"{path} is a folder where a JSON file belongs") from None
+    except OSError as err:
+        raise StorageError(f"cannot read {path}: {err.strerror or err}") from None
 
 
 def process_alive(pid: int) -> bool:

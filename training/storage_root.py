@@ -25,7 +25,7 @@ from typing import Any
 
 from training.config import LifecycleConfig, StorageConfig
 from training.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
-from training.storage import write_atomic
+from training.storage import inside, write_atomic
 
 __all__ = ["StorageRoot", "local_dir_for", "lifecycle_rules", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
 
@@ -113,7 +113,8 @@ class StorageRoot:
         return self.remote is not None
 
     def path(self, rel: str) -> Path:
-        return self.local / rel
+        """The local path of `rel`: inside the root, or a StorageError (`training.storage.inside`)."""
+        return inside(self.local, rel)
 
     def display(self, rel: str) -> str:
         """Where `rel` lives, for reports and logs: its s3:// URI or its local path."""
@@ -139,7 +140,7 @@ class StorageRoot:
     def publish(self, rel: str, cls: str, run: str | None = None) -> None:
         if self.remote is None:
             return
-        self.remote.upload_file(rel, self.local / rel, self.tags(cls, run))
+        self.remote.upload_file(rel, self.path(rel), self.tags(cls, run))
 
     def publish_all(self, rels: list[str], cls: str, run: str | None = None) -> None:
         for rel in rels:
@@ -148,7 +149,7 @@ class StorageRoot:
     def fetch(self, rel: str, fresh: bool = False) -> Path | None:
         """The local path of `rel`, downloaded when missing (or always, with `fresh`); None when
         it exists nowhere. Content-addressed objects never change, so their local copy is good."""
-        local = self.local / rel
+        local = self.path(rel)
         if self.remote is None or (local.exists() and not fresh):
             return local if local.exists() else None
         head = self.remote.head(rel)
@@ -162,7 +163,7 @@ class StorageRoot:
         """A small mutable object (the champion pointer), fresh, with its S3 ETag: the version a
         later `publish_if_unchanged` swaps from. Locally the ETag is None (the root's lock
         serializes writers)."""
-        local = self.local / rel
+        local = self.path(rel)
         if self.remote is None:
             return (local if local.exists() else None), None
         got = self.remote.get_versioned(rel)
@@ -177,7 +178,7 @@ class StorageRoot:
         None): compare-and-swap. False when another writer changed it first."""
         if self.remote is None:
             return True
-        data = (self.local / rel).read_bytes()
+        data = self.path(rel).read_bytes()
         return self.remote.put_bytes(rel, data, self.tags(cls, run), if_absent=etag is None, if_match=etag)
 
     def environment_summary(self) -> dict[str, Any]:

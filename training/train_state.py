@@ -19,6 +19,8 @@ import torch
 from training.config import RetrainConfig
 from training.early_stopping import EarlyStopping
 from training.model import ModelSchema, build_model
+from training.memory_fit import check_model_fits
+from training.errors import ConfigError
 from training.rng import capture_rng, restore_rng
 
 __all__ = ["Progress", "TrainState", "lr_lambda"]
@@ -43,6 +45,7 @@ class Progress:
     save_cost_seconds: float | None = None  # moving average of measured save cost
     restart_to_first_step_seconds: list[float] = field(default_factory=list)
     stop_reason: str | None = None
+    stopped: str | None = None  # the status of a run that stopped before max_steps (see training.stopping)
     # The micro-batch layout is decided once, at the run's first start, and kept across
     # resumes: the data position counts global micro-batches of this size.
     micro_batch: int | None = None  # rows per global micro-batch (all processes)
@@ -105,7 +108,12 @@ class TrainState:
                higher_is_better: bool = True) -> TrainState:
         """A fresh state for `config` (the model is initialised from the current torch RNG)."""
         tc = config.train
-        model = build_model(config.model, schema).to(device)
+        check_model_fits(config, schema, device)
+        try:
+            model = build_model(config.model, schema).to(device)
+        except (MemoryError, torch.OutOfMemoryError) as err:
+            raise ConfigError(f"the model does not fit in {device.type} memory ({type(err).__name__}); lower "
+                              "model.hidden, model.embedding_dim or preprocess.max_vocab") from None
         optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc.warmup_steps, tc.max_steps))
         # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.

@@ -227,10 +227,10 @@ class Trainer:
         progress, max_steps = self.state.progress, self.tc.max_steps
         batches = iter(self.loader)
         self.state.model.train()
-        status = "completed"
+        status = progress.stopped or "completed"
         self._last = self.now()
         pause_at = self.job.pause_at
-        while progress.step < max_steps:
+        while progress.step < max_steps and progress.stopped is None:
             if pause_at is not None and progress.step >= pause_at:
                 return self._pause(batches)  # a tuning rung: the study decides whether to go on
             # One process decides alone; under DDP every rank acts on the flag they agreed on at
@@ -313,6 +313,8 @@ class Trainer:
         save_now = self.schedule.due(progress) or improved or status != "completed" or progress.step == tc.max_steps
         if self.world_size > 1:
             self.stop_agreed, status, save_now = agree_across_ranks(self.stop.requested, status, save_now, self.rank)
+        if status != "completed":
+            progress.stopped = status  # in the final checkpoint: a run finished again from it stops at once
         if save_now:
             self.save()
         self._last = self.now()  # checkpoint and eval time are accounted separately

@@ -81,7 +81,7 @@ def record_unchanged(config: RetrainConfig, root: StorageRoot, run_key: str, dat
     """Record a finished run for `find_unchanged`; `champion_after` is the champion's sha256 as
     the run's promotion decision left it (None: no champion)."""
     rel = _rel(config)
-    write_json_atomic(root.local / rel, {"run_key": run_key, "dataset": dataset, "source": source,
+    write_json_atomic(root.path(rel), {"run_key": run_key, "dataset": dataset, "source": source,
                                          "champion_sha256": champion_after, "report": report_rel})
     root.publish(rel, RUN, run_key)
 

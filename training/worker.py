@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from training.child import HOLD_FLAG, IDLE_EVENT
-from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
+from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.job import TrainJob
 from training.results import RungResult
 from training.loop import StopFlag, train
@@ -158,7 +158,14 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
         error_path = error_path.with_name(f"{error_path.name}.rank{os.environ.get('RANK', '0')}")
     try:
         rank, world = _init_distributed(job)
-        result = train(job, stop, _emit, rank=rank, world_size=world)
+        try:
+            result = train(job, stop, _emit, rank=rank, world_size=world)
+        except MemoryError as err:  # torch.OutOfMemoryError is a RuntimeError: see _out_of_memory
+            raise _out_of_memory(job, err) from err
+        except RuntimeError as err:
+            if "out of memory" not in str(err).lower():
+                raise
+            raise _out_of_memory(job, err) from err
     except Preempted as err:
         logging.getLogger("training").warning("preempted: %s", err)
         return EXIT_PREEMPTED
@@ -176,8 +183,12 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
             logging.getLogger("training").warning("rank %d lost a peer: %s", rank, str(err).splitlines()[0])
             error_path.write_text(json.dumps({"type": "Preempted", "message": f"rank {rank} lost a peer"}))
             return EXIT_PREEMPTED
-        if world > 1:  # a bug: not to be retried as if a rank had been preempted
+        # A bug: its traceback follows on stderr; the parent names it (and never retries it as
+        # if a rank had been preempted).
+        try:
             error_path.write_text(json.dumps({"type": "Bug", "message": f"{type(err).__name__}: {err}".splitlines()[0]}))
+        except OSError:
+            pass
         raise
     if world > 1:
         import torch.distributed as dist
@@ -187,6 +198,13 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
         _emit({"event": "done", "status": result.status,
                "steps": result.step if isinstance(result, RungResult) else result.steps})
     return 0
+
+
+def _out_of_memory(job: TrainJob, err: BaseException) -> ConfigError:
+    tc = job.config.train
+    return ConfigError(f"training ran out of memory ({type(err).__name__}) at train.batch_size {tc.batch_size}; lower "
+                       "train.batch_size (train.grad_accum keeps the effective batch), model.hidden, or set "
+                       "train.auto_batch_size: true")
 
 
 def _exit_distributed(code: int) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from training.data.packing import DatasetManifest
 from training.data.shard_cache import REMOTE_MARKER
+from training.errors import DataError
 from training.storage import write_atomic, write_json_atomic
 from training.storage_root import SHARD_CACHE, StorageRoot
 
@@ -27,7 +28,7 @@ class DatasetStore:
         self.root = root
 
     def local_root(self) -> Path:
-        path = self.root.local / "datasets"
+        path = self.root.path("datasets")
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -71,9 +72,9 @@ class DatasetStore:
         if data is None:
             return None
         try:
-            manifest = DatasetManifest.from_json(data.decode())
-        except (ValueError, TypeError, KeyError) as err:
-            log.warning("%s has an unreadable manifest (%s): packing again", remote.uri(rel), err)
+            manifest = DatasetManifest.from_json(data, remote.uri(f"{rel}/manifest.json"))
+        except DataError as err:
+            log.warning("%s; packing the dataset again", err)
             return None
         present = remote.list(rel + "/")
         missing = [s.name for s in manifest.shards if present.get(f"{rel}/{s.name}") != s.bytes]
@@ -81,7 +82,7 @@ class DatasetStore:
             # Expired by the lifecycle rule, or deleted: the dataset is rebuildable, so rebuild it.
             log.warning("%s lacks %d of its shards (e.g. %s): packing again", remote.uri(rel), len(missing), missing[0])
             return None
-        dataset_dir = self.root.local / rel
+        dataset_dir = self.root.path(rel)
         dataset_dir.mkdir(parents=True, exist_ok=True)
         self._mark_remote(dataset_dir, rel)
         write_atomic(dataset_dir / "manifest.json", data)  # last, as on S3

@@ -35,14 +35,15 @@ from training.data.labels import LABELS, Classes, MulticlassLabels, train_classe
 from training.data.ragged import OFFSETS, Ragged, Rows, concat_rows, take_rows
 from training.data.shard_cache import is_remote_dataset
 from training.data.sources import PACK_FORMAT_VERSION, dataset_fingerprint, source_files
-from training.data.shards import FIELDS, Checksum, ShardTarWriter, WrittenShard, encode_npy, member_bytes
+from training.data.shards import FIELDS, Checksum, ShardReader, ShardTarWriter, WrittenShard, encode_npy, member_bytes
 from training.errors import DataError, RetrainError, StorageError
-from training.storage import read_json, write_json_atomic
+from training.storage import is_plain_name, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "FeatureValidator",
+    "forget_verification",
     "feature_arrays",
     "require_manifest",
     "PackPart",
@@ -122,10 +123,23 @@ class DatasetManifest:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> DatasetManifest:
-        raw = json.loads(text)
-        raw["shards"] = [ShardInfo(**s) for s in raw["shards"]]
-        return cls(**raw)
+    def from_json(cls, text: str | bytes, where: str = "dataset manifest") -> DatasetManifest:
+        """The manifest in `text`, or one DataError naming `where`. Whoever can write the storage
+        root writes manifests too: every shard name must be a plain `.tar` file name, so that
+        joining it to the dataset folder never leaves that folder (sizes and hashes cannot
+        help, the same hand writes them)."""
+        try:
+            raw = json.loads(text)
+            raw["shards"] = [ShardInfo(**s) for s in raw["shards"]]
+            manifest = cls(**raw)
+        except (ValueError, TypeError, KeyError) as err:  # UnicodeDecodeError is a ValueError
+            raise DataError(f"{where} is unreadable ({type(err).__name__}: {err})") from None
+        for shard in manifest.shards:
+            if not (is_plain_name(shard.name) and shard.name.endswith(".tar") and shard.split in SPLITS
+                    and isinstance(shard.rows, int) and isinstance(shard.bytes, int)):
+                raise DataError(f"{where} lists a shard that is not a file of the dataset ({shard.name!r}, split "
+                                f"{shard.split!r}): damaged or tampered with")
+        return manifest
 
 
 def fields_of(vector: list[str], text: list[str] = [], image: list[str] = []) -> tuple[str, ...]:  # noqa: B006
@@ -146,7 +160,11 @@ def load_manifest(dataset_dir: Path) -> DatasetManifest | None:
     path = dataset_dir / "manifest.json"
     if not path.exists():
         return None
-    manifest = DatasetManifest.from_json(path.read_text())
+    try:
+        text = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"{path} is unreadable ({err.strerror or err}); delete {dataset_dir} to pack it again") from None
+    manifest = DatasetManifest.from_json(text, str(path))
     if is_remote_dataset(dataset_dir):
         return manifest  # shards come from S3 on demand, through the shard cache
     for shard in manifest.shards:
@@ -199,10 +217,14 @@ class FeatureValidator:
 
     def check_schema(self, path: Path, schema: pa.Schema, with_label: bool = True) -> None:
         c = self.config
-        missing = [n for n in [*([c.label] if with_label else []), *c.numeric, *c.categorical, *c.vector, *c.text,
-                               *c.image] if n not in schema.names]
+        wanted = [*([c.label] if with_label else []), *c.numeric, *c.categorical, *c.vector, *c.text, *c.image]
+        missing = [n for n in wanted if n not in schema.names]
         if missing:
             raise DataError(f"{path}: missing column(s) {missing}; present: {schema.names}")
+        repeated = [n for n in wanted if schema.names.count(n) > 1]
+        if repeated:
+            raise DataError(f"{path}: column '{repeated[0]}' appears {schema.names.count(repeated[0])} times in the "
+                            "file's schema; give each column a distinct name")
         if with_label and c.task == "multiclass":
             MulticlassLabels.check_type(path, c.label, schema.field(c.label).type)
         for name in c.vector:
@@ -442,6 +464,12 @@ def _verified_record(dataset_dir: Path) -> Path:
     return dataset_dir.with_name(f".{dataset_dir.name}.verified.json")
 
 
+def forget_verification(dataset_dir: Path) -> None:
+    """Make the next pack stage check every shard of the dataset again (a reader found one
+    damaged that its record said was verified)."""
+    _verified_record(dataset_dir).unlink(missing_ok=True)
+
+
 def _reusable(final_dir: Path) -> DatasetManifest | None:
     """A packed dataset's manifest when every shard still matches it. A damaged dataset is
     derived data and its Parquet source is at hand: it is removed (with a warning) and packed
@@ -473,9 +501,18 @@ def _first_damaged_shard(dataset_dir: Path, manifest: DatasetManifest) -> str | 
         verified = {}
     current = _stamps(dataset_dir, manifest)
     for shard in manifest.shards:
+        if verified.get(shard.name) == current[shard.name]:
+            continue
         checksum = shard.checksum
-        if verified.get(shard.name) != current[shard.name] and not checksum.matches_file(dataset_dir / shard.name):
+        if not checksum.matches_file(dataset_dir / shard.name):
             return f"dataset {dataset_dir}: shard {shard.name} does not match its {checksum.algorithm} in the manifest (corrupt)"
+        reader = ShardReader(dataset_dir / shard.name)
+        try:
+            reader.check_members()  # a hash proves the bytes are the manifest's, not that packing wrote them
+        except DataError as err:
+            return str(err)
+        finally:
+            reader.close()
     if current != verified:
         try:
             write_json_atomic(record_path, current)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from training.errors import StorageError
+from training.storage import inside
 
 __all__ = ["REMOTE_MARKER", "local_shard", "evict", "is_remote_dataset"]
 
@@ -44,7 +45,7 @@ def _marker(dataset_dir: Path) -> dict[str, Any] | None:
 def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> tuple[Path, bool]:
     """(local path of shard `name`, whether it was just downloaded), downloading it first if
     this dataset lives on S3. A download is checked against `sha256` as it streams."""
-    path = dataset_dir / name
+    path = inside(dataset_dir, name, "dataset folder")  # the manifest that named it checked it too
     try:
         if path.stat().st_size == size:
             os.utime(path)  # recently used: evicted last

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from training.errors import DataError, StorageError
+from training.errors import DamagedShard, DataError, StorageError
 
 __all__ = ["Checksum", "ShardTarWriter", "ShardReader", "WrittenShard", "encode_npy", "FIELDS", "member_bytes"]
 
@@ -35,6 +35,7 @@ FIELDS = ("num", "cat", "label")
 # Parsed .npy headers, by their bytes.
 _HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype, int]] = {}
 _BLOCK = 512
+_NUMERIC_KINDS = "biuf"  # bool, signed, unsigned, float: all a shard member may hold
 _CORRUPT = ("shard {path}: {algorithm} does not match the dataset manifest (corrupt); run the same command again: "
             "the pack stage finds it and packs the dataset again")
 
@@ -235,20 +236,40 @@ class ShardReader:
         if parsed is None:
             # numpy parses the header with ast.literal_eval, 30 us a member; members of one
             # dataset share a few distinct headers, so each is parsed once per process.
-            header = io.BytesIO(raw)
+            parsed = self._parse_header(name, raw)
+            if len(_HEADERS) > 1024:
+                _HEADERS.clear()
+            _HEADERS[raw] = parsed
+        shape, fortran, dtype, header_size = parsed
+        data_offset = m.offset + header_size
+        count = int(np.prod(shape)) if shape else 1
+        if header_size + count * dtype.itemsize > m.size:
+            raise DamagedShard(self.path, f"member {name} holds fewer bytes than its header declares")
+        arr = np.frombuffer(self._mm, dtype=dtype, count=count, offset=data_offset)
+        return arr.reshape(shape, order="F" if fortran else "C")
+
+    def _parse_header(self, name: str, raw: bytes) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+        """(shape, fortran order, dtype, header bytes) of a member's .npy header. Packing writes
+        plain numbers only: an object dtype (which numpy would unpickle) or a header that does
+        not parse is a damaged shard."""
+        header = io.BytesIO(raw)
+        try:
             version = np.lib.format.read_magic(header)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(header)
             else:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(header)
-            parsed = _HEADERS[raw] = (shape, fortran, dtype, header.tell())
-            if len(_HEADERS) > 1024:
-                _HEADERS.clear()
-        shape, fortran, dtype, header_size = parsed
-        data_offset = m.offset + header_size
-        count = int(np.prod(shape)) if shape else 1
-        arr = np.frombuffer(self._mm, dtype=dtype, count=count, offset=data_offset)
-        return arr.reshape(shape, order="F" if fortran else "C")
+        except (ValueError, SyntaxError, TypeError) as err:
+            raise DamagedShard(self.path, f"member {name} has an unreadable .npy header ({err})") from None
+        if dtype.hasobject or dtype.kind not in _NUMERIC_KINDS or any(d < 0 for d in shape):
+            raise DamagedShard(self.path, f"member {name} holds {dtype} values, not numbers")
+        return shape, fortran, dtype, header.tell()
+
+    def check_members(self) -> None:
+        """Parse every member's header (a DamagedShard if one is not a plain numeric array)."""
+        for name in self._members:
+            if name.endswith(".npy"):
+                self._array(name)
 
     def block(self, key: str) -> dict[str, np.ndarray]:
         return {field: self._array(f"{key}.{field}.npy") for field in self.fields}

@@ -44,7 +44,7 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     root = StorageRoot.from_config(config)
     key = study_key(config, packed.fingerprint)
     rel = f"{STUDY_DIR}/{key}/calibration.json"
-    path = root.fetch(rel) or root.local / rel
+    path = root.fetch(rel) or root.path(rel)
     calibration = read_calibration(path)
     fresh = calibration is None
     if calibration is None:

@@ -24,7 +24,7 @@ __all__ = ["PublishedJournal"]
 class PublishedJournal(BaseJournalBackend):
     def __init__(self, root: StorageRoot, rel: str) -> None:
         self.root, self.rel = root, rel
-        path = root.local / rel
+        path = root.path(rel)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._adopt_remote(path)
         # An fcntl-free lock: the file may sit on a network file system.

@@ -1,0 +1,164 @@
+"""The storage root is a trust boundary: whoever can write it (a bucket policy, a shared folder)
+must not be able to make a training machine write outside it, or read back anything but data.
+
+Each test plants what an attacker or a careless operator could, then runs the stage that reads it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+
+from tests.conftest import s3_overrides, small_overrides
+from tests.training.helpers import make_job
+from training.config import RetrainConfig, load_config
+from training.data.shards import ShardReader, ShardTarWriter
+from training.errors import DamagedShard, StorageError
+from training.stages import pack_stage, preprocess_stage, train_stage
+from training.storage import inside
+
+
+def test_inside_refuses_names_and_links_that_leave_the_folder(tmp_path: Path) -> None:
+    base = tmp_path / "root"
+    (base / "runs").mkdir(parents=True)
+    assert inside(base, "runs/abc/checkpoints") == base / "runs" / "abc" / "checkpoints"
+    for rel in ("../x", "runs/../../x", "/etc/passwd", "runs//x", "runs/a\\..\\b", "a\0b", ""):
+        with pytest.raises(StorageError, match="not a path inside"):
+            inside(base, rel)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (base / "runs" / "linked").symlink_to(outside)
+    with pytest.raises(StorageError, match="symbolic link"):
+        inside(base, "runs/linked/checkpoints")
+    (base / "runs" / "inner").symlink_to(base / "runs")  # a link that stays inside is the user's business
+    assert inside(base, "runs/inner/x") == base / "runs" / "inner" / "x"
+
+
+def _escape_name(depth: int, target: Path) -> str:
+    return "../" * depth + str(target).lstrip("/")
+
+
+def test_a_tampered_manifest_on_s3_cannot_write_outside_the_working_copy(
+        s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def config_for(machine: str) -> RetrainConfig:
+        return load_config(overrides=[*small_overrides(tmp_path / "unused", demo_source),
+                                      *s3_overrides(s3_bucket, s3_server, tmp_path / machine / "copy")])
+
+    first = pack_stage(config_for("machine-a"))
+    rel = f"team/retrain/datasets/{first.fingerprint}"
+    raw = boto3.client("s3", endpoint_url=s3_server)
+    manifest = json.loads(raw.get_object(Bucket=s3_bucket, Key=f"{rel}/manifest.json")["Body"].read())
+    victim = tmp_path / "victim" / "x.tar"
+    victim.parent.mkdir()
+    body = b"planted by whoever can write the bucket" * 100
+    evil = _escape_name(12, victim)
+    manifest["shards"][0].update(name=evil, bytes=len(body), sha256=hashlib.sha256(body).hexdigest(), xxh3_128="")
+    raw.put_object(Bucket=s3_bucket, Key=f"{rel}/{evil}", Body=body)
+    raw.put_object(Bucket=s3_bucket, Key=f"{rel}/manifest.json", Body=json.dumps(manifest).encode())
+
+    config = config_for("machine-b")
+    with caplog.at_level(logging.WARNING):
+        packed = pack_stage(config)  # a fresh machine: it finds the dataset on S3, then reads its shards
+        prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
+                                config.storage.model_dump(mode="json"))
+        trained = train_stage(config, packed, prep)
+    assert not victim.exists()
+    assert "lists a shard that is not a file of the dataset" in caplog.text and "packing the dataset again" in caplog.text
+    assert not packed.reused and trained.status in ("completed", "early_stopped")
+    repaired = json.loads(raw.get_object(Bucket=s3_bucket, Key=f"{rel}/manifest.json")["Body"].read())
+    assert all("/" not in s["name"] for s in repaired["shards"])  # the repack replaced the tampered manifest
+
+
+def test_a_local_manifest_naming_a_file_outside_is_packed_again(
+        small_config: RetrainConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    first = pack_stage(small_config)
+    dataset = Path(first.dataset_dir)
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    outside = tmp_path / "outside.tar"
+    shard = manifest["shards"][0]
+    outside.write_bytes((dataset / shard["name"]).read_bytes())  # the right size and hashes: only the name is wrong
+    shard["name"] = os.path.relpath(outside, dataset)
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    with caplog.at_level(logging.WARNING):
+        again = pack_stage(small_config)
+    assert not again.reused and "lists a shard that is not a file of the dataset" in caplog.text
+    verified = json.loads((dataset.parent / f".{dataset.name}.verified.json").read_text())
+    assert all("/" not in name for name in verified)
+
+
+@pytest.mark.parametrize("linked", ["run", "checkpoints"])
+def test_a_run_folder_linked_out_of_the_root_is_refused(small_config: RetrainConfig, tmp_path: Path,
+                                                        linked: str) -> None:
+    packed = pack_stage(small_config)
+    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess.model_dump(mode="json"),
+                            small_config.storage.root)
+    run_dir = Path(make_job(small_config).run_dir)
+    target = tmp_path / "not-the-root"
+    target.mkdir()
+    if linked == "run":
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.symlink_to(target)
+    else:
+        run_dir.mkdir(parents=True)
+        (run_dir / "checkpoints").symlink_to(target)
+    with pytest.raises(StorageError, match="outside the storage root .* remove the link"):
+        train_stage(small_config, packed, prep)
+    assert list(target.iterdir()) == []
+
+
+def test_an_unchanged_run_record_on_s3_naming_a_path_outside_writes_nothing_there(
+        s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path) -> None:
+    from training.unchanged import _rel, find_unchanged
+
+    config = load_config(overrides=[*small_overrides(tmp_path / "unused", demo_source),
+                                    *s3_overrides(s3_bucket, s3_server, tmp_path / "machine" / "copy")])
+    victim = tmp_path / "victim" / "report.json"
+    victim.parent.mkdir()
+    evil = _escape_name(12, victim)
+    raw = boto3.client("s3", endpoint_url=s3_server)
+    raw.put_object(Bucket=s3_bucket, Key=f"team/retrain/{evil}", Body=json.dumps({"run_key": "k"}).encode())
+    record = {"run_key": "k", "dataset": "d", "source": str(demo_source), "champion_sha256": None, "report": evil}
+    raw.put_object(Bucket=s3_bucket, Key=f"team/retrain/{_rel(config)}", Body=json.dumps(record).encode())
+    assert find_unchanged(config) is None
+    assert not victim.exists()
+
+
+def _object_member(name: str) -> bytes:
+    """A .npy member with an object dtype: numpy would unpickle it."""
+    header = {"descr": "|O", "fortran_order": False, "shape": (2,)}
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    return buf.getvalue() + b"\0" * 16
+
+
+def test_a_shard_with_an_object_member_is_damaged_and_packed_again(
+        small_config: RetrainConfig, caplog: pytest.LogCaptureFixture) -> None:
+    first = pack_stage(small_config)
+    dataset = Path(first.dataset_dir)
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    entry = manifest["shards"][0]
+    shard = dataset / entry["name"]
+    reader = ShardReader(shard)
+    keys, fields = reader.keys, reader.fields
+    reader.close()
+    writer = ShardTarWriter(shard)
+    for key in keys:
+        for field in fields:
+            writer.add(f"{key}.{field}.npy", _object_member(field))
+    written = writer.close().result()
+    # The manifest rewritten by the same hand: its hashes match the damaged shard.
+    entry.update(bytes=written.bytes, sha256=written.sha256, xxh3_128=written.xxh3_128)
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DamagedShard, match="holds object values, not numbers"):
+        ShardReader(shard).block(keys[0])
+    with caplog.at_level(logging.WARNING):
+        again = pack_stage(small_config)
+    assert not again.reused and "not numbers" in caplog.text
