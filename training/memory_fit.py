@@ -18,7 +18,7 @@ from training.config import RetrainConfig
 from training.errors import ConfigError
 from training.model import ModelSchema, build_model
 
-__all__ = ["available_bytes", "training_bytes", "check_model_fits"]
+__all__ = ["available_bytes", "training_bytes", "check_model_fits", "check_space_fits"]
 
 # Weights, gradients and AdamW's exp_avg and exp_avg_sq, each as large as the weights.
 _COPIES_PER_PARAMETER = 4
@@ -73,6 +73,14 @@ def training_bytes(model: torch.nn.Module, batch_rows: int, widths: list[int]) -
     return params, param_bytes * _COPIES_PER_PARAMETER + activations
 
 
+def _needed(config: RetrainConfig, schema: ModelSchema) -> tuple[int, int]:
+    """(parameters, bytes) of training `config`'s built-in model."""
+    with torch.device("meta"):
+        model = build_model(config.model, schema)
+    rows = config.train.batch_size // config.train.world_size
+    return training_bytes(model, rows, list(config.model.hidden))
+
+
 def check_model_fits(config: RetrainConfig, schema: ModelSchema, device: torch.device,
                      keys: str = "model.hidden, model.embedding_dim or preprocess.max_vocab") -> None:
     """Raise ConfigError when training `config`'s built-in model would not fit in `device`'s
@@ -83,12 +91,29 @@ def check_model_fits(config: RetrainConfig, schema: ModelSchema, device: torch.d
     available = available_bytes(device)
     if available is None:
         return
-    with torch.device("meta"):
-        model = build_model(config.model, schema)
-    rows = config.train.batch_size // config.train.world_size
-    params, needed = training_bytes(model, rows, list(config.model.hidden))
+    params, needed = _needed(config, schema)
     if needed > available * _HEADROOM:
         raise ConfigError(
             f"the model does not fit in memory: {params:,} parameters need about {needed / 1e9:.1f} GB to train "
-            f"(weights, gradients and optimizer state at batch {rows}) and {device.type} has "
-            f"{available / 1e9:.1f} GB free; lower {keys} (model.hidden is {config.model.hidden})")
+            f"(weights, gradients and optimizer state at batch {config.train.batch_size // config.train.world_size}) "
+            f"and {device.type} has {available / 1e9:.1f} GB free; lower {keys} (model.hidden is {config.model.hidden})")
+
+
+def check_space_fits(config: RetrainConfig, schema: ModelSchema, device: torch.device) -> None:
+    """Every trial of `tune.space` must fit: each dimension at each of its extremes, and the
+    largest extreme of every dimension together. A ConfigError names the key to narrow."""
+    from training.tune.space import apply_params, parse_space
+
+    if config.model.factory is not None:
+        return
+    largest: dict[str, object] = {}
+    for dim in parse_space(config.tune.space):
+        sized = []
+        for value in dim.extremes():
+            trial = apply_params(config, {dim.key: value})
+            check_model_fits(trial, schema, device, keys=f"tune.space.{dim.key} (its value {value!r})")
+            sized.append((_needed(trial, schema)[1], value))
+        largest[dim.key] = max(sized, key=lambda pair: pair[0])[1]
+    if len(largest) > 1:
+        check_model_fits(apply_params(config, largest), schema, device,
+                         keys=f"the largest values of tune.space together ({largest})")

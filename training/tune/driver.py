@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from training.config import RetrainConfig
@@ -41,6 +42,7 @@ def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 
 def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                 on_event: Callable[[dict[str, Any]], None]) -> Study:
+    _check_space_fits(config, prep)
     root = StorageRoot.from_config(config)
     key = study_key(config, packed.fingerprint)
     rel = f"{STUDY_DIR}/{key}/calibration.json"
@@ -61,6 +63,17 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                     "price" if study.budget.rate == 0 else "GPUs")
     study.check_first_rung()
     return study
+
+
+def _check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
+    """Before any trial: the largest model the space can sample fits this machine's memory."""
+    from training.data.features import FeatureStats
+    from training.memory_fit import check_space_fits
+    from training.model import ModelSchema
+    from training.precision import resolve_device
+
+    stats = FeatureStats.from_json(Path(prep.stats_path).read_text())
+    check_space_fits(config, ModelSchema.of(stats), resolve_device(config.train.device))
 
 
 def drive(study: Study, submit: Callable[[RungWork], Future], first_done: Callable[[list[Future]], Future],
