@@ -21,10 +21,16 @@ from training.results import Evaluation
 if TYPE_CHECKING:  # the retrain flow imports this module: no Optuna for it
     from training.tune.report import TuneReport
 
-__all__ = ["publish_promotion", "publish_report", "publish_tune_report", "TrainingProgress", "PROMOTED_EVENT"]
+__all__ = ["announce_run_completed", "publish_promotion", "publish_report", "publish_tune_report", "TrainingProgress",
+           "PROMOTED_EVENT", "RUN_COMPLETED_EVENT"]
 
 # Hang an Automation on this (README, "Notify on promotion"): resource id retrain.model.<sha256>.
 PROMOTED_EVENT = "retrain.model.promoted"
+# Emitted by every retrain flow run as its last act: resource id retrain.run.<run_key>, related to
+# the flow run and its deployment. The predict deployment's trigger listens for it: Prefect's own
+# flow-run state events of a run its scheduler created reach triggers only after their 15-minute
+# look-back (the scheduler stores no Scheduled event for it), this one at once.
+RUN_COMPLETED_EVENT = "retrain.run.completed"
 
 
 def in_run() -> bool:
@@ -91,6 +97,24 @@ def publish_report(report_path: Path, curves: Path | None) -> None:
     )
     create_markdown_artifact(render_markdown(report, curves, embed=True), key="run-report",
                              description=f"Report of run {report['run_key']}")
+
+
+def announce_run_completed(report_path: Path) -> None:
+    """The project's own completion event (see RUN_COMPLETED_EVENT)."""
+    if not in_run():
+        return
+    report = json.loads(report_path.read_text())
+    promotion = report["promotion"]
+    emit_event(
+        event=RUN_COMPLETED_EVENT,
+        resource={"prefect.resource.id": f"retrain.run.{report['run_key']}",
+                  "prefect.resource.name": report["run_key"]},
+        payload={"run_key": report["run_key"], "status": report["status"], "report": str(report_path),
+                 "metric": report["metric"], "value": report["metrics"].get(report["metric"]),
+                 "model_sha256": report["model"]["sha256"], "promoted": promotion["promoted"],
+                 "champion_sha256": promotion["challenger_sha256"] if promotion["promoted"]
+                 else promotion.get("champion_sha256")},
+    )
 
 
 def publish_tune_report(report: TuneReport, png_bytes: bytes) -> None:

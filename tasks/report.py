@@ -5,7 +5,7 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.artifacts import publish_report
+from tasks.artifacts import announce_run_completed, publish_report
 from training.config import RetrainConfig
 from training.results import Evaluation, LaunchPhases, PackResult, PrepResult, TrainResult
 from training.stages import report_stage
@@ -25,4 +25,5 @@ def write_report(
     launch = LaunchPhases.model_validate_json(launched) if launched else None
     paths = report_stage(config, packed, prep, trained, evaluation, stage_states, flow_run_id, launch, stage_ends)
     publish_report(Path(paths["report"]), Path(paths["curves"]) if paths["curves"] else None)
+    announce_run_completed(Path(paths["report"]))
     return paths["report"]

@@ -54,7 +54,8 @@ def flow_run_id() -> str | None:
 
 
 def flow_run_name() -> str:
-    """`<data source>-<date>`, e.g. `clicks-2026-11-28`: what was trained, and when."""
+    """`<data source>-<date>-<time>-<id>`, e.g. `clicks-2026-11-28-0300-3f2a`: what was trained,
+    when, and which run (two runs started in the same minute differ in the flow run id's head)."""
     params = runtime.flow_run.parameters or {}
     config = params.get("config")
     source = None
@@ -63,7 +64,8 @@ def flow_run_name() -> str:
     elif isinstance(config, dict):
         source = (config.get("data") or {}).get("source")
     stem = Path(str(source).rstrip("/")).stem if source else "demo"
-    return f"{stem}-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d-%H%M}"
+    run_id = str(runtime.flow_run.id or "")
+    return f"{stem}-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d-%H%M}-{run_id[:4] or 'local'}"
 
 
 def writer_limit_name(storage: StorageConfig) -> str:

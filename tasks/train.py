@@ -8,10 +8,18 @@ from prefect import task
 from tasks.artifacts import TrainingProgress
 from tasks.policies import forward_child_event, retry_only_preemptions, task_logger
 from training.config import RetrainConfig
+from training.errors import Preempted
 from training.results import PackResult, PrepResult, TrainResult
 from training.stages import train_stage
 
 __all__ = ["train_model"]
+
+
+def _where(saved: list[dict[str, Any]]) -> str:
+    if not saved:
+        return " before its first checkpoint (nothing saved to resume from)"
+    kind = "emergency checkpoint" if saved[0].get("emergency") else "checkpoint"
+    return f" at step {saved[0]['step']}: {kind} written"
 
 
 @task(name="train", retry_condition_fn=retry_only_preemptions)
@@ -22,7 +30,11 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     progress = TrainingProgress(config.train.max_steps)
     first: list[tuple[float, int]] = []  # (time, step) of the first validation this attempt: the ETA's origin
 
+    saved: list[dict[str, Any]] = []  # the last checkpoint event: where a stop left the run
+
     def log_event(event: dict[str, Any]) -> None:
+        if event["event"] == "checkpoint":
+            saved[:] = [event]
         if event["event"] == "validation":
             progress.update(event["step"])
             now, step = time.monotonic(), event["step"]
@@ -39,7 +51,16 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 
     logger.info("starting the training process: up to %d steps, a progress line every %d steps",
                 config.train.max_steps, config.train.eval_every)
-    trained = train_stage(config, packed, prep, log_event, champion_val_metric)
+    try:
+        trained = train_stage(config, packed, prep, log_event, champion_val_metric)
+    except Preempted:
+        logger.warning("preempted%s; retrying resumes from it", _where(saved))
+        raise
+    except BaseException as err:
+        if saved and saved[0].get("emergency"):  # this process is being stopped (SIGTERM: a spot reclaim)
+            logger.warning("stopped by %s%s; the rescheduled flow run resumes from it", type(err).__name__,
+                           _where(saved))
+        raise
     progress.update(config.train.max_steps)  # finished, whether completed or stopped early
     if trained.already_complete:
         logger.info("run %s was already complete: nothing to train", trained.run_key)

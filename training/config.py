@@ -111,19 +111,19 @@ class DataConfig(_Section):
         "values of the train split); regression: a float label, standardised on the train split.",
         json_schema_extra=COMPUTED_SINCE)
     label: str = Field("clicked", description="Label column (its values: see data.task).", json_schema_extra=COMPUTED)
-    numeric: list[str] = Field(default_factory=lambda: list(DEMO_NUMERIC), description="Numeric feature columns.", json_schema_extra=COMPUTED)
+    numeric: list[str] = Field(list(DEMO_NUMERIC), description="Numeric feature columns.", json_schema_extra=COMPUTED)
     categorical: list[str] = Field(
-        default_factory=lambda: list(DEMO_CATEGORICAL), description="Categorical feature columns (any type).", json_schema_extra=COMPUTED
+        list(DEMO_CATEGORICAL), description="Categorical feature columns (any type).", json_schema_extra=COMPUTED
     )
     vector: list[str] = Field(
-        default_factory=list, description="Fixed-size list<float> columns (e.g. precomputed embeddings), fed as is.",
+        [], description="Fixed-size list<float> columns (e.g. precomputed embeddings), fed as is.",
         json_schema_extra=COMPUTED_SINCE)
     text: list[str] = Field(
-        default_factory=list, description="String columns. Preprocessing fits a BPE tokenizer on the train split "
+        [], description="String columns. Preprocessing fits a BPE tokenizer on the train split "
         "and stores token ids; the built-in model reads them with a transformer encoder.",
         json_schema_extra=COMPUTED_SINCE)
     image: list[str] = Field(
-        default_factory=list, description="Binary columns holding encoded PNG or JPEG images. Preprocessing decodes "
+        [], description="Binary columns holding encoded PNG or JPEG images. Preprocessing decodes "
         "and resizes them once (preprocess.image_size); the built-in model reads them with a small CNN.",
         json_schema_extra=COMPUTED_SINCE)
     validation_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the validation split.", json_schema_extra=COMPUTED)
@@ -167,7 +167,7 @@ class ModelConfig(_Section):
         description='User model as "package.module:function" called with (schema, config) (the deprecated form '
         "(n_numeric, cardinalities, config) still works); empty: the built-in model.", json_schema_extra=COMPUTED
     )
-    hidden: list[int] = Field(default_factory=lambda: [128, 64], description="Hidden layer widths of the MLP.", json_schema_extra=COMPUTED)
+    hidden: list[int] = Field([128, 64], description="Hidden layer widths of the MLP.", json_schema_extra=COMPUTED)
     embedding_dim: int = Field(16, gt=0, description="Embedding width per categorical column.", json_schema_extra=COMPUTED)
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout after each hidden layer.", json_schema_extra=COMPUTED)
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory: "
@@ -176,7 +176,7 @@ class ModelConfig(_Section):
     text_layers: int = Field(2, ge=1, description="data.text: pre-norm transformer blocks.", json_schema_extra=COMPUTED_SINCE)
     text_heads: int = Field(4, ge=1, description="data.text: attention heads (text_dim must divide by it).",
                             json_schema_extra=COMPUTED_SINCE)
-    image_channels: list[int] = Field(default_factory=lambda: [32, 64], description="data.image: channels of each "
+    image_channels: list[int] = Field([32, 64], description="data.image: channels of each "
                                       "conv block of the CNN (each block halves the resolution).",
                                       json_schema_extra=COMPUTED_SINCE)
     attention: Literal["auto", "math", "flash", "efficient", "cudnn"] = Field(
@@ -395,22 +395,22 @@ class CostConfig(_Section):
     instance_type: str = Field("local-cpu", description="The instance type this run runs on (a key of cost.prices).", json_schema_extra=OPERATIONAL)
     market: Literal["on_demand", "spot"] = Field("on_demand", description="Market this run is billed on.", json_schema_extra=OPERATIONAL)
     prices: dict[str, InstancePrice] = Field(
-        default_factory=lambda: {k: InstancePrice(**v) for k, v in DEFAULT_PRICES.items()},
+        {k: InstancePrice(**v) for k, v in DEFAULT_PRICES.items()},
         description="Instance type -> GPUs and $/h; entries given here are merged over the defaults.", json_schema_extra=OPERATIONAL
     )
     storage_per_gb_month: dict[str, float] = Field(
-        default_factory=lambda: dict(DEFAULT_STORAGE_PRICES), description="$/GB-month per storage class.", json_schema_extra=OPERATIONAL
+        dict(DEFAULT_STORAGE_PRICES), description="$/GB-month per storage class.", json_schema_extra=OPERATIONAL
     )
     storage_class: dict[str, str] = Field(
-        default_factory=lambda: {"shards": "STANDARD", "checkpoints": "STANDARD", "models": "STANDARD"},
+        {"shards": "STANDARD", "checkpoints": "STANDARD", "models": "STANDARD"},
         description="Storage class per object class (shards, checkpoints, models).", json_schema_extra=OPERATIONAL
     )
     retention_days: dict[str, float] = Field(
-        default_factory=lambda: {"shards": 30.0, "checkpoints": 7.0, "models": 365.0},
+        {"shards": 30.0, "checkpoints": 7.0, "models": 365.0},
         description="Days each object class is kept, for the storage estimate.", json_schema_extra=OPERATIONAL
     )
     tags: dict[str, str] = Field(
-        default_factory=dict, description="Cost-allocation tags (e.g. team, project, owner) for the report and objects.", json_schema_extra=OPERATIONAL
+        {}, description="Cost-allocation tags (e.g. team, project, owner) for the report and objects.", json_schema_extra=OPERATIONAL
     )
 
     @field_validator("prices", mode="before")
@@ -546,7 +546,7 @@ class TuneConfig(_Section):
     """`retrain tune`: a budgeted search over model.* and train.* keys (ignored by `retrain run`)."""
 
     space: dict[str, str] = Field(
-        default_factory=dict, description='Search space: dotted model.* or train.* key -> "loguniform(1e-4, 1e-2)", '
+        {}, description='Search space: dotted model.* or train.* key -> "loguniform(1e-4, 1e-2)", '
         '"uniform(0, 0.5)", "int(1, 4)", "logint(16, 256)" or "choice([a, b])".', json_schema_extra=COMPUTED)
     max_trials: int = Field(20, ge=1, le=10_000, description="Trials at most (an interrupted trial resumed is "
                             "the same trial).", json_schema_extra=OPERATIONAL)

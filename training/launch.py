@@ -12,6 +12,7 @@ Prefect task's retry (one code path for every kind of preemption) resumes the jo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -182,8 +183,11 @@ def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
         rc = child.follow(lambda line: _dispatch(line, on_line))
     except BaseException:
         # The task itself is being stopped (SIGTERM, Ctrl-C, cancellation): let the child write
-        # its emergency checkpoint before we go.
+        # its emergency checkpoint before we go, and pass on what it said meanwhile (the
+        # checkpoint's event is how the caller can tell where it stopped).
         child.stop(_TERM_GRACE_SECONDS)
+        with contextlib.suppress(Exception):
+            child.follow(lambda line: _dispatch(line, on_line))
         raise
     finally:
         child.kill_group()

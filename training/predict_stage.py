@@ -71,13 +71,17 @@ def _download_inputs(config: RetrainConfig, uri: str, into: Path) -> list[Path]:
     return files
 
 
+# What names the input to score: the CLI's option, or the predict flow's (and deployment's) parameter.
+INPUT_SETTING = "--input (the predict flow's `input` parameter)"
+
+
 def predict_stage(config: RetrainConfig, source: str, output: str, model: str = "champion",
                   keys: list[str] | None = None) -> PredictResult:
     """Score `source` with `model` into `output` (see `training.predict`)."""
     scoring = resolve_model(config, model)
     with tempfile.TemporaryDirectory(prefix="retrain-predict-") as tmp:
         files = (_download_inputs(config, source, Path(tmp) / "in") if source.startswith("s3://")
-                 else source_files(Path(source).expanduser()))
+                 else source_files(Path(source).expanduser(), INPUT_SETTING))
         if not output.startswith("s3://"):
             return predict_files(files, scoring, Path(output).expanduser(), keys)
         return _predict_to_s3(config, files, scoring, output, keys, Path(tmp) / "out")

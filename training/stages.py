@@ -462,18 +462,29 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
                             champion_problem=champion.problem if champion else None),
         seconds=time.perf_counter() - t0,
     )
-    _register(config, trained, promoted)
+    # "Already the champion" (a rerun that trained nothing) holds the champion alias as surely as a promotion.
+    _register(config, trained, promoted or (champion is not None and champion.usable
+                                            and champion.sha256 == challenger_sha))
     write_json_atomic(run_dir / "evaluation.json", evaluation.to_json())
     root.publish(f"{run_rel(trained.run_key)}/evaluation.json", RUN, trained.run_key)
     return evaluation
 
 
-def _register(config: RetrainConfig, trained: TrainResult, promoted: bool) -> None:
-    """The model in the MLflow registry, its aliases following the champion pointer (tracking on)."""
+def _register(config: RetrainConfig, trained: TrainResult, is_champion: bool) -> None:
+    """The model in the MLflow registry, its aliases following the champion pointer (tracking on).
+    A run that finished before tracking saw it (a rerun that trains nothing, tracking turned on
+    since) gets its MLflow run here, whole: its config and every validation."""
     run_dir = Path(trained.run_dir)
     tracker = tracker_for(config, trained.run_key, run_dir)
-    if tracker is not None:
-        register_model(tracker, run_dir / "model", trained.model.sha256, promoted)
+    if tracker is None:
+        return
+    if tracker.run_id(flat_params(config)) is not None:
+        logged = tracker.logged_steps("train_loss")
+        for entry in trained.history:
+            if int(entry["step"]) not in logged:
+                tracker.log_metrics({k: v for k, v in entry.items() if k == "train_loss" or k.startswith("val_")},
+                                    int(entry["step"]), "validation metrics")
+    register_model(tracker, run_dir / "model", trained.model.sha256, is_champion)
 
 
 _PROMOTION_ATTEMPTS = 3
@@ -653,11 +664,15 @@ def report_stage(
     report["files"] = {"report_md": str(run_dir / "report.md"), "curves_png": str(curves) if curves else None}
     report["storage"] = {**packed.storage, "run_uri": root.display(run_rel(trained.run_key))}
     report["phases"] = _phases(launch, stage_ends or {}, trained, time.time() - started)
+    # One report per flow run (a rerun of the same run key is another flow run: it must not
+    # overwrite the record of the first), and report.json the latest of them.
+    rel = run_rel(trained.run_key)
+    own = f"reports/{flow_run_id or time.strftime('local-%Y%m%dT%H%M%S', time.gmtime(started))}.json"
+    write_json_atomic(run_dir / own, report)
     path = run_dir / "report.json"
     write_json_atomic(path, report)
-    rel = run_rel(trained.run_key)
-    root.publish_all([f"{rel}/report.md"] + ([f"{rel}/curves.png"] if curves else []) + [f"{rel}/report.json"],
-                     RUN, trained.run_key)
+    root.publish_all([f"{rel}/report.md"] + ([f"{rel}/curves.png"] if curves else [])
+                     + [f"{rel}/{own}", f"{rel}/report.json"], RUN, trained.run_key)
     _record_if_repeatable(config, root, packed, trained, evaluation, report, f"{rel}/report.json")
     return {"report": str(path), "markdown": str(run_dir / "report.md"), "curves": str(curves) if curves else ""}
 

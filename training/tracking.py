@@ -176,9 +176,10 @@ class MlflowTracker:
         return {int(m.step) for m in history or []}
 
 
-def register_model(tracker: MlflowTracker, package_dir: Path, sha256: str, promoted: bool) -> None:
+def register_model(tracker: MlflowTracker, package_dir: Path, sha256: str, is_champion: bool) -> None:
     """The package as a version of `tracking.registered_model` (once per run, a retry finds it),
-    `challenger` on it, and `champion` when the pipeline's champion pointer moved to it."""
+    `challenger` on it, and `champion` when the pipeline's champion pointer names it (moved
+    there by this run, or there already)."""
     run_id = tracker.run_id()
     if run_id is None:
         tracker.save()
@@ -210,7 +211,7 @@ def register_model(tracker: MlflowTracker, package_dir: Path, sha256: str, promo
     tracker.notes.model_version = version
     if tracker.do("the challenger alias", lambda c: c.set_registered_model_alias(name, "challenger", version)):
         _add_alias(tracker, "challenger")
-    if promoted:
+    if is_champion:
         _move_champion(tracker, name, version)
     tracker.save()
 

@@ -178,6 +178,22 @@ class Deployer:
         self.deploy(spec, name)
 
 
+    def predict_after(self, retrain_deployment: str, pool: str, config: dict, input: str, output: str) -> str:
+        """The repo's `predict` deployment (its trigger as shipped) for runs of
+        `retrain_deployment`, in `pool`; returns its name."""
+        spec = yaml.safe_load((ROOT / "deployments" / "prefect.yaml").read_text())
+        base = next(d for d in spec["deployments"] if d["name"] == "predict")
+        (trigger,) = base["triggers"]
+        trigger = {**trigger, "match_related": {**trigger["match_related"], "prefect.resource.name": retrain_deployment}}
+        name = f"predict-after-{retrain_deployment}"
+        dep = {**base, "name": name, "parameters": {"input": input, "output": output, "config": config},
+               "triggers": [trigger], "work_pool": {**base["work_pool"], "name": pool}}
+        spec.pop("definitions", None)
+        spec["deployments"] = [dep]
+        self.deploy(spec, name)
+        return name
+
+
 @pytest.fixture(scope="session")
 def deployer(prefect_server: PrefectServer, tmp_path_factory: pytest.TempPathFactory) -> Deployer:
     scratch = tmp_path_factory.mktemp("ci")

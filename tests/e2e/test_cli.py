@@ -125,7 +125,8 @@ def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
 
 
 def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
-    overrides = small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=400", "train.checkpoint_every=10"]
+    overrides = small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=3000", "train.eval_every=1000",
+                                                                    "train.checkpoint_every=10"]
     args = _sets(overrides)
     proc = subprocess.Popen(
         [sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -203,8 +204,11 @@ def _started_from_the_empty_copy(stderr: str, had_copy: bool) -> None:
 def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: Path, demo_source: Path,
                                                                     how: str, prefect_server) -> None:
     root = tmp_path / "root"
-    args = _sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",
-                                                       "train.patience=0"])
+    # Long enough that the interrupt lands while it trains, however loaded the machine: it is
+    # sent once the first checkpoint exists, and what follows it takes a few seconds at most.
+    overrides = small_overrides(root, demo_source) + ["train.max_steps=3000", "train.eval_every=1000",
+                                                      "train.checkpoint_every=10", "train.patience=0"]
+    args = _sets(overrides)
     had_copy = empty_database_copy().exists()
     proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -225,8 +229,7 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
         _started_from_the_empty_copy(err, had_copy)
         return
     # The session's server: a rerun on the temporary one is test_killed_cli_resumes_on_rerun's.
-    again = _retrain(_sets(small_overrides(root, demo_source) + ["train.max_steps=400", "train.checkpoint_every=10",
-                                                                  "train.patience=0"]), tmp_path, env=prefect_server.env)
+    again = _retrain(args, tmp_path, env=prefect_server.env)
     assert again.returncode == 0, again.stderr[-3000:]
     report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
     assert report["status"] == "completed" and report["resumed_from_steps"]

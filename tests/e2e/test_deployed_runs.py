@@ -95,9 +95,16 @@ def test_the_server_creates_scheduled_runs_and_a_worker_completes_one(
     assert all(r["state"]["type"] == "SCHEDULED" and r["auto_scheduled"] for r in runs)
     seconds = {datetime.fromisoformat(r["expected_start_time"]).second for r in runs}
     assert seconds <= {0} | INTERVAL_SECONDS  # on the minute as the cron says, or on the interval
+    # Scoring after retraining, as shipped: a run the scheduler created must set it off at
+    # once, not after the triggers service's 15-minute look-back.
+    predict = deployer.predict_after("retrain-every-minute", pool, _small(tmp_path / "root", demo_source),
+                                     str(demo_source), str(tmp_path / "scores.parquet"))
     worker = start_worker(pool)
     first = min(runs, key=lambda r: r["expected_start_time"])
-    _wait_final(deployed, first["id"], 240, worker)
+    finished = _wait_final(deployed, first["id"], 240, worker)
+    scoring = wait_for(lambda: flow_runs_of(deployed, deployment(deployed, predict, flow="predict")["id"]), 120,
+                       "the predict run that the completed scheduled run triggers")
+    assert scoring and finished["state"]["type"] == "COMPLETED"
     # Stop it scheduling more. Under the suite's load the server's SQLite can be busy for a
     # moment (it answered 503 once), which is not what this test is about: try a few times.
     wait_for(lambda: _pause(deployed, dep["id"]), 60, "the server to pause the deployment")
@@ -198,6 +205,11 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
         response = api.get("/flow_run_states/", params={"flow_run_id": run_id})
         names = [s["type"] for s in response.json()]
     assert "SCHEDULED" in names[1:] and "CRASHED" not in names, names
+    # The project's own account of it, in the run's log (the UI).
+    with deployed.api() as api:
+        logs = api.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200}).json()
+    said = [log["message"] for log in logs if "emergency checkpoint written" in log["message"]]
+    assert said and "the rescheduled flow run resumes from it" in said[0], [log["message"] for log in logs][-30:]
 
 
 def test_the_documented_promotion_automation_sends_its_notification(deployed: PrefectServer, tmp_path: Path) -> None:

@@ -28,6 +28,9 @@ def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> N
     schema = retrain["parameter_openapi_schema"]
     assert schema["properties"]["config"]["$ref"] == "#/definitions/RetrainConfig"
     assert "Optimizer steps at most." in json.dumps(schema["definitions"]["TrainConfig"])
+    # Lists with defaults show them in the UI's form (a default_factory has none in the schema).
+    assert schema["definitions"]["ModelConfig"]["properties"]["hidden"]["default"] == [128, 64]
+    assert schema["definitions"]["DataConfig"]["properties"]["numeric"]["default"][0] == "price"
 
     incremental = deployment(deployed, "retrain-incremental")
     assert incremental["schedules"][0]["active"] is False
@@ -50,8 +53,23 @@ def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> N
     (linked,) = [a for a in automations
                  if any(action.get("deployment_id") == predict["id"] for action in a["actions"])]
     trigger = linked["trigger"]
-    assert trigger["expect"] == ["prefect.flow-run.Completed"]
-    assert trigger["match_related"] == {"prefect.resource.role": "deployment", "prefect.resource.name": "retrain"}
+    assert trigger["expect"] == ["retrain.run.completed"]  # the pipeline's own event: see test_deployed_runs
+    assert trigger["match_related"] == {"prefect.resource.role": "deployment",
+                                        "prefect.resource.name": ["retrain", "retrain-incremental"]}
+
+
+def test_a_deploy_without_the_repository_fails_naming_the_variable(deployer, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    checkout = tmp_path / "checkout"
+    subprocess.run(["git", "clone", "-q", deployer.repository.as_uri(), str(checkout)], check=True)
+    env = {k: v for k, v in deployer.server.env.items() if k != "RETRAIN_GIT_REPOSITORY"}
+    out = subprocess.run([sys.executable, "-m", "prefect", "deploy", "--all", "--no-prompt", "--prefect-file",
+                          "deployments/prefect.yaml"], env=env, cwd=checkout, capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode != 0
+    assert "RETRAIN_GIT_REPOSITORY is not set" in out.stdout + out.stderr, (out.stdout + out.stderr)[-3000:]
 
 
 def test_deployments_clone_the_code_and_reschedule_on_sigterm(deployed: PrefectServer) -> None:

@@ -72,8 +72,17 @@ def test_flow_runs_then_reuses_everything(small_config: RetrainConfig) -> None:
     assert second["promotion"] == first["promotion"]
 
     # A finished run run again: no new promotion.
-    third = _report(retrain(small_config))
+    third_state = retrain(small_config, return_state=True)
+    third = _report(third_state.result())
     assert not third["promotion"]["promoted"] and "already the champion" in third["promotion"]["reason"]
+    # Each flow run keeps its own report (report.json is the latest), under a name of its own.
+    reports = [json.loads(p.read_text()) for p in (Path(_run_dir(small_config)) / "reports").glob("*.json")]
+    ids = {r["prefect_flow_run_id"] for r in reports}
+    assert len(reports) == 3 and ids == {first["prefect_flow_run_id"], second["prefect_flow_run_id"],
+                                         third["prefect_flow_run_id"]}
+    with get_client(sync_client=True) as client:
+        names = {client.read_flow_run(s.state_details.flow_run_id).name for s in (state, third_state)}
+    assert len(names) == 2, names
 
 
 def _run_dir(config: RetrainConfig) -> str:

@@ -96,6 +96,27 @@ def test_a_killed_and_resumed_run_is_one_mlflow_run_then_aliases_follow_the_cham
     assert second["tracking"]["aliases"] == ["challenger"]
 
 
+def test_a_rerun_that_trains_nothing_records_the_whole_run_and_the_champion_alias(
+        mlflow_url: str, tmp_path: Path, demo_source: Path) -> None:
+    """Trained and promoted without tracking, then rerun with it: nothing is trained, and the
+    MLflow run still holds the config and every validation, and its version the champion alias."""
+    from tests.conftest import small_overrides
+
+    untracked = load_config(overrides=[*small_overrides(tmp_path / "root", demo_source), "train.max_steps=40"])
+    first = json.loads(Path(retrain(untracked)).read_text())
+    assert first["promotion"]["promoted"] and first.get("tracking") is None
+    tracked = _config(tmp_path / "root", demo_source, mlflow_url, "train.max_steps=40",
+                      "tracking.registered_model=rerun-model")
+    again = json.loads(Path(retrain(tracked)).read_text())
+    assert again["stages"]["train"]["already_complete"] and again["run_key"] == first["run_key"]
+    (run,) = _runs_of(mlflow_url, again["run_key"])
+    client = _client(mlflow_url)
+    assert run.data.params["train.max_steps"] == "40"
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_auc")] == [20, 40]
+    champion = client.get_model_version_by_alias("rerun-model", "champion")
+    assert champion.run_id == run.info.run_id and again["tracking"]["aliases"] == ["challenger", "champion"]
+
+
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -145,7 +166,7 @@ def test_a_champion_alias_someone_else_set_is_not_moved(mlflow_url: str, tmp_pat
     (package / "model.json").write_text("{}")
     tracker = MlflowTracker(TrackingConfig(mlflow_uri=mlflow_url, registered_model=name), mlflow_url, "k" * 16,
                             tmp_path / "run")
-    register_model(tracker, package, "0" * 64, promoted=True)
+    register_model(tracker, package, "0" * 64, is_champion=True)
     assert client.get_model_version_by_alias(name, "champion").version == theirs.version
     assert tracker.notes.aliases == ["challenger"]
     (problem,) = tracker.notes.problems

@@ -15,14 +15,17 @@ __all__ = ["PACK_FORMAT_VERSION", "dataset_fingerprint", "source_files"]
 PACK_FORMAT_VERSION = 1
 
 
-def source_files(source: Path) -> list[Path]:
+def source_files(source: Path, setting: str = "data.source") -> list[Path]:
+    """The Parquet files of `source` (a file, or a folder searched recursively), in name order;
+    `setting` is what the user sets to name another one (for the error)."""
     if source.is_dir():
         files = sorted(p for p in source.rglob("*.parquet") if p.is_file())
         if not files:
-            raise DataError(f"source directory {source} holds no *.parquet files")
+            raise DataError(f"source directory {source} holds no *.parquet files; set {setting} to a Parquet file or "
+                            "a folder of them")
         return files
     if not source.exists():
-        raise DataError(f"source {source} does not exist; set data.source to a Parquet file or directory")
+        raise DataError(f"source {source} does not exist; set {setting} to a Parquet file or directory")
     return [source]
 
 
