@@ -11,7 +11,7 @@ from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block, backoff
 from tasks.preprocess import preprocess_dataset
 from tasks.report import write_report
-from tasks.runtime import effective_config, flow_run_id, flow_run_name, one_writer_per_root
+from tasks.runtime import check_restarts, effective_config, flow_run_id, flow_run_name, one_writer_per_root
 from tasks.train import train_model
 from training.config import RetrainConfig
 
@@ -23,6 +23,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
     """Retrain the model on the configured data; returns the path of the run's report.json."""
     ended = {"flow": time.time()}  # when each stage ended, for the report's phases
     config = effective_config(config)
+    check_restarts(config)
     apply_credentials_block(config.storage)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)

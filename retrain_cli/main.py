@@ -132,6 +132,10 @@ def _parser() -> argparse.ArgumentParser:
                          help="comma-separated input columns to copy into the output (default: all)")
     predict.add_argument("--config", type=Path, help="YAML config: its storage.root holds the champion")
     predict.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    automations = sub.add_parser("automations", help="install the shipped Prefect automations (reschedule crashed spot "
+                                 "runs, mark silent ones crashed) on the configured server; idempotent")
+    automations.add_argument("--dir", type=Path, default=Path("deployments/automations"),
+                             help="folder of automation YAML files (default: deployments/automations)")
     join = sub.add_parser("join", help="run this node's training processes of a multi-node run (train.nnodes > 1)")
     join.add_argument("--config", type=Path, help="the same YAML config as the flow run")
     join.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -144,6 +148,14 @@ def _join(args: argparse.Namespace) -> int:
 
     config = _loaded(args)
     return join_training(config, args.node_rank)
+
+
+def _automations(args: argparse.Namespace) -> int:
+    from retrain_cli.automations import install_automations
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    install_automations(args.dir, lambda line: print(line, flush=True))
+    return 0
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -386,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_terminated)  # unwind (stop the training child, the server)
     try:
-        commands = {"plan": _plan, "join": _join, "run": _run, "tune": _tune, "predict": _predict}
+        commands = {"plan": _plan, "join": _join, "run": _run, "tune": _tune, "predict": _predict,
+                    "automations": _automations}
         return commands[args.command](args)
     except Preempted as err:
         print(f"retrain: preempted, retries exhausted: {err}; run the same command again to resume", file=sys.stderr)

@@ -15,11 +15,12 @@ from prefect import runtime
 
 from tasks.policies import task_logger
 from training.config import RetrainConfig, StorageConfig, merge_over
+from training.errors import Preempted
 from training.root_lock import hold_root
 from training.s3_lease import hold_s3_root
 from training.storage_root import StorageRoot, local_dir_for
 
-__all__ = ["effective_config", "flow_run_id", "flow_run_name", "one_writer_per_root", "writer_limit_name",
+__all__ = ["check_restarts", "effective_config", "flow_run_id", "flow_run_name", "one_writer_per_root", "writer_limit_name",
            "TEMPORARY_SERVER_ENV"]
 
 # Set by `retrain run` to the API URL of the temporary server it started for itself: a server
@@ -47,6 +48,21 @@ def effective_config(config: RetrainConfig) -> RetrainConfig:
     if merged != config:
         task_logger().info("run parameters merged over deployment %s's config", runtime.deployment.name)
     return merged
+
+
+def check_restarts(config: RetrainConfig) -> None:
+    """A flow run started again (rescheduled after a reclaim, or after a crash by the shipped
+    automation) resumes; past `train.max_restarts` restarts it fails instead, so a run that
+    keeps dying cannot be rescheduled for ever."""
+    starts = int(runtime.flow_run.run_count or 1)
+    if starts <= 1:
+        return
+    limit = config.train.max_restarts
+    if starts - 1 > limit:
+        raise Preempted(f"this flow run was started {starts} times; train.max_restarts ({limit}) allows {limit} "
+                        "restarts: it is failed rather than rescheduled again (a new run resumes from its checkpoint)")
+    task_logger().warning("flow run started again (restart %d of at most %d): every stage resumes from what is stored",
+                          starts - 1, limit)
 
 
 def flow_run_id() -> str | None:
@@ -120,8 +136,9 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
     """Hold the root while packing, training, evaluating and promoting: a second run on the same
     root waits until the first is done.
 
-    - Across machines and deployments on a shared Prefect server: the global concurrency limit
-      named after the root (a dead holder frees it when its lease lapses).
+    - Across machines and deployments on a shared Prefect server, for a local root (a shared
+      filesystem): the global concurrency limit named after the root (a dead holder frees it
+      when its lease lapses).
     - On this machine, for a local root, whatever server: an fcntl lock in the root, which a
       dead holder frees at once (training.root_lock).
     - For an S3 root, whatever server and machine: a lease object written with S3's conditional
@@ -131,7 +148,10 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
 
     log = task_logger()
     with ExitStack() as held:
-        if _server_is_shared():
+        # An s3:// root is held by its S3 lease alone: it spans machines and servers, and a new
+        # attempt of a run whose machine was lost takes it over at once, where a Prefect slot
+        # held by the lost attempt would keep it waiting for the slot's lease to lapse.
+        if not storage.is_s3 and _server_is_shared():
             name = writer_limit_name(storage)
             _ensure_limit(name)
             slot = {"occupy": 1, "strict": True, "lease_duration": _LEASE_SECONDS,
@@ -146,7 +166,8 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
         if storage.is_s3:
             remote = StorageRoot(storage).remote
             assert remote is not None
-            held.enter_context(hold_s3_root(remote, on_wait=log.warning))
+            owner = runtime.flow_run.id
+            held.enter_context(hold_s3_root(remote, on_wait=log.warning, owner=str(owner) if owner else None))
         else:
             held.enter_context(hold_root(local_dir_for(storage), on_wait=log.warning))
         yield

@@ -279,6 +279,10 @@ class TrainConfig(_Section):
     spot_poll_seconds: float = Field(5.0, gt=0, description="Seconds between spot-notice polls.", json_schema_extra=OPERATIONAL)
     max_retries: int = Field(3, ge=0, description="Times the train task is retried after a preemption.", json_schema_extra=OPERATIONAL)
     retry_delay_seconds: float = Field(10.0, ge=0, description="First retry delay; doubles each retry.", json_schema_extra=OPERATIONAL)
+    max_restarts: int = Field(
+        5, ge=0, description="Times a deployed flow run is started again after its machine was reclaimed or lost (a "
+        "SIGTERM reschedule, or the shipped automation rescheduling a crashed run) before it fails.",
+        json_schema_extra=OPERATIONAL)
     nproc_per_node: int = Field(1, ge=1, description="Training processes per node; above 1 the loop runs under torchrun with DDP.", json_schema_extra=OPERATIONAL)
     nnodes: int = Field(1, ge=1, description="Nodes of a multi-node run (each runs this task with the same rdzv settings).", json_schema_extra=OPERATIONAL)
     rdzv_endpoint: str | None = Field(

@@ -45,8 +45,9 @@ def _precondition_failed(err: Exception) -> bool:
 
 
 class S3Lease:
-    def __init__(self, store: S3Store, ttl_seconds: float = 120.0, poll_seconds: float = 5.0) -> None:
-        self.store, self.ttl, self.poll = store, ttl_seconds, poll_seconds
+    def __init__(self, store: S3Store, ttl_seconds: float = 120.0, poll_seconds: float = 5.0,
+                 owner: str | None = None) -> None:
+        self.store, self.ttl, self.poll, self.owner = store, ttl_seconds, poll_seconds, owner
         self.key = store.key(LEASE_KEY)
         self.token = uuid.uuid4().hex
         self.etag: str | None = None
@@ -55,7 +56,7 @@ class S3Lease:
         self._renewer: threading.Thread | None = None
 
     def _body(self) -> bytes:
-        return json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(),
+        return json.dumps({"token": self.token, "host": socket.gethostname(), "pid": os.getpid(), "owner": self.owner,
                            "ttl_seconds": self.ttl, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}).encode()
 
     def _put(self, **condition: str) -> bool:
@@ -98,6 +99,11 @@ class S3Lease:
     def _stale(self, body: dict[str, Any], age: float) -> bool:
         ttl = body.get("ttl_seconds", self.ttl)
         if age > (ttl if isinstance(ttl, (int, float)) else self.ttl):
+            return True
+        # Left by an earlier attempt of this very flow run: the orchestrator starts a run again
+        # only once its previous attempt is over (its container was stopped or lost), so the new
+        # attempt takes over at once rather than wait out the time to live.
+        if self.owner is not None and body.get("owner") == self.owner:
             return True
         # Left by a process of this machine that is gone: a crash's rerun takes it at once.
         pid = body.get("pid")
@@ -157,8 +163,10 @@ class S3Lease:
 
 @contextmanager
 def hold_s3_root(store: S3Store, on_wait: Callable[[str], None] = lambda message: None,
-                 ttl_seconds: float = 120.0) -> Iterator[S3Lease]:
-    lease = S3Lease(store, ttl_seconds)
+                 ttl_seconds: float = 120.0, owner: str | None = None) -> Iterator[S3Lease]:
+    """Hold the root's lease while the body runs; `owner` (a flow run id) lets a later attempt of
+    the same run take over what an earlier, dead attempt held."""
+    lease = S3Lease(store, ttl_seconds, owner=owner)
     lease.acquire(on_wait)
     try:
         yield lease

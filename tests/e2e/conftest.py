@@ -152,17 +152,22 @@ class Deployer:
         self.scratch = scratch
         self.env = {"RETRAIN_GIT_REPOSITORY": repository.as_uri(), "RETRAIN_GIT_BRANCH": BRANCH}
 
-    def deploy(self, spec: dict | None = None, name: str | None = None) -> None:
-        """Deploy deployments/prefect.yaml (all of it), or `spec` (a prefect.yaml as a dict)."""
+    def deploy(self, spec: dict | None = None, name: str | None = None, files: dict[str, Path] | None = None,
+               env: dict[str, str] | None = None, timeout: float = 240) -> None:
+        """Deploy deployments/prefect.yaml (all of it), or `spec` (a prefect.yaml as a dict);
+        `files` are copied into the checkout first (relative path -> source), `env` is added to
+        the deploy's environment."""
         checkout = Path(tempfile.mkdtemp(prefix="ci-checkout-", dir=self.scratch))
         subprocess.run(["git", "clone", "-q", "--branch", BRANCH, self.repository.as_uri(), str(checkout)], check=True)
+        for rel, source in (files or {}).items():
+            shutil.copy(source, checkout / rel)
         prefect_file = "deployments/prefect.yaml"
         if spec is not None:
             prefect_file = f"deployments/{name}.yaml"
             (checkout / prefect_file).write_text(yaml.safe_dump(spec, sort_keys=False))
-        env = {**self.server.env, **self.env}
+        env = {**self.server.env, **self.env, **(env or {})}
         out = subprocess.run([sys.executable, "-m", "prefect", "deploy", "--all", "--no-prompt", "--prefect-file",
-                              prefect_file], env=env, cwd=checkout, capture_output=True, text=True, timeout=240)
+                              prefect_file], env=env, cwd=checkout, capture_output=True, text=True, timeout=timeout)
         shutil.rmtree(checkout)  # as a hosted runner does: runs must not need it
         assert out.returncode == 0, f"prefect deploy failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
 

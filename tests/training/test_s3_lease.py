@@ -104,3 +104,21 @@ def test_a_lease_from_another_machine_expires_by_the_servers_clock_and_renewal_k
     finally:
         lease.release()
     assert store.get_bytes(LEASE_KEY) is None
+
+
+def test_a_later_attempt_of_the_same_flow_run_takes_over_at_once_another_run_waits(
+        s3_server: str, s3_bucket: str) -> None:
+    store = _store(s3_bucket, s3_server)
+    # An attempt on a machine that is gone (another host: its pid tells nothing) held the root.
+    store.client.put_object(Bucket=s3_bucket, Key=store.key(LEASE_KEY), Body=json.dumps(
+        {"host": "lost-node", "pid": 1, "owner": "flow-run-1", "ttl_seconds": 600}).encode())
+    other = S3Lease(store, ttl_seconds=600, poll_seconds=0.1, owner="flow-run-2")
+    assert not other._stale(*other._current()[1:])  # another run waits for it
+    waits: list[str] = []
+    same = S3Lease(store, ttl_seconds=600, poll_seconds=0.1, owner="flow-run-1")
+    same.acquire(waits.append)
+    try:
+        assert waits == []  # taken over without waiting out the 600 s
+        assert json.loads(store.get_bytes(LEASE_KEY))["token"] == same.token
+    finally:
+        same.release()

@@ -1,0 +1,154 @@
+"""A spot reclaim as ECS and Kubernetes do it, on one machine: the shipped image and docker
+deployment, a real docker worker, moto's S3 server as the storage root.
+
+- `docker stop -t 30` mid-training (SIGTERM, a grace, SIGKILL): the emergency checkpoint reaches
+  S3, the run goes AwaitingRetry, the worker starts a new container with an empty disk, and it
+  resumes from S3 to the weights of a run that was never interrupted.
+- `docker kill` (no signal to act on, as when a node vanishes): the worker reports the run
+  Crashed, the shipped automation reschedules it, and a new container resumes from the last
+  periodic checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from tests.containers.conftest import Deployed, image_bytes
+from tests.containers.spot import RunOnS3, containers_of, docker, first_resumed_step_after, watch_heartbeat
+from tests.e2e.conftest import PrefectServer, Worker, deployment, flow_run, wait_for
+from training.config import load_config
+
+pytestmark = [pytest.mark.container, pytest.mark.slow]
+
+RESULTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "containers.json"
+
+
+def _overrides(endpoint: str, bucket: str, prefix: str) -> list[str]:
+    # The built-in demo data (generated in each new container from its seed, byte for byte),
+    # trained long enough that the reclaim lands while it trains, whatever the machine's load.
+    return [f"storage.root=s3://{bucket}/{prefix}", f"storage.endpoint_url={endpoint}", "storage.heartbeat_seconds=0.2",
+            "storage.multipart_mb=5", "train.max_steps=4000", "train.eval_every=1000", "train.checkpoint_every=50",
+            "train.batch_size=128", "train.warmup_steps=5", "train.patience=0", "train.retry_delay_seconds=0",
+            "train.num_workers=0", "train.torch_threads=1", "model.hidden=[32, 16]", "model.embedding_dim=4"]
+
+
+def _reference_sha(endpoint: str, bucket: str) -> str:
+    """The same config trained here without interruption, under a prefix of its own."""
+    from training.stages import pack_stage, preprocess_stage, train_stage
+
+    config = load_config(overrides=_overrides(endpoint, bucket, "reference"))
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
+                            config.storage.model_dump(mode="json"))
+    return train_stage(config, packed, prep).model.sha256
+
+
+def _run(server: PrefectServer, name: str) -> str:
+    with server.api() as api:
+        dep = deployment(server, name)
+        response = api.post(f"/deployments/{dep['id']}/create_flow_run", json={})
+        response.raise_for_status()
+        return str(response.json()["id"])
+
+
+def _final(server: PrefectServer, run_id: str, worker: Worker, timeout: float) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        run = flow_run(server, run_id)
+        return run if run["state"]["type"] in ("COMPLETED", "FAILED", "CANCELLED") else None
+
+    try:
+        run = wait_for(done, timeout, f"flow run {run_id} to finish", 2)
+    except AssertionError:
+        raise AssertionError(f"{flow_run(server, run_id)['state']}\n{worker.log_path.read_text()[-6000:]}") from None
+    assert run["state"]["type"] == "COMPLETED", f"{run['state']}\n{worker.log_path.read_text()[-6000:]}"
+    return run
+
+
+def _record(key: str, value: Any) -> None:
+    RESULTS.parent.mkdir(exist_ok=True)
+    found = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    RESULTS.write_text(json.dumps({**found, key: value}, indent=1, sort_keys=True))
+
+
+def _reclaim_and_resume(server: PrefectServer, deployed: Deployed, start_worker: Callable[[str], Worker],
+                        s3_server: str, s3_bucket: str, reclaim: Callable[[str], None]) -> dict[str, Any]:
+    prefix = f"spot-{uuid.uuid4().hex[:6]}"
+    config = load_config(overrides=_overrides(s3_server, s3_bucket, prefix)).model_dump(mode="json")
+    name = deployed.deploy(f"retrain-{prefix}", config)
+    run = RunOnS3(s3_server, s3_bucket, prefix)
+    samples: list[tuple[float, int]] = []
+    finished = threading.Event()
+    watcher = threading.Thread(target=watch_heartbeat, args=(run, finished.is_set, samples), daemon=True)
+    run_id = _run(server, name)
+    worker = start_worker(deployed.pool)
+    watcher.start()
+    try:
+        wait_for(lambda: len(run.complete_checkpoints()) >= 2, 600, "two checkpoints on S3", 0.2)
+        (first,) = wait_for(lambda: [c for c in containers_of(run_id) if c["running"]], 60, "the flow run's container")
+        reclaimed_at = time.time()
+        reclaim(first["id"])
+        _final(server, run_id, worker, 900)
+    finally:
+        finished.set()
+        watcher.join(5)
+    containers = containers_of(run_id)
+    assert len(containers) >= 2 and containers[0]["id"] == first["id"]  # a new container finished the run
+    report = run.json("/report.json")
+    assert report is not None
+    return {"report": report, "containers": containers, "samples": samples, "reclaimed_at": reclaimed_at,
+            "state_names": _state_names(server, run_id)}
+
+
+def _state_names(server: PrefectServer, run_id: str) -> list[str]:
+    with server.api() as api:
+        return [s["name"] for s in api.get("/flow_run_states/", params={"flow_run_id": run_id}).json()]
+
+
+@pytest.mark.timeout(3600)
+def test_a_stopped_container_resumes_from_s3_in_a_new_one(prefect_server: PrefectServer, deployed_image: Deployed,
+                                                          start_worker: Callable[[str], Worker], s3_server: str,
+                                                          s3_bucket: str) -> None:
+    outcome = _reclaim_and_resume(prefect_server, deployed_image, start_worker, s3_server, s3_bucket,
+                                  lambda cid: docker("stop", "-t", "30", cid, timeout=120))
+    report, containers = outcome["report"], outcome["containers"]
+    assert containers[0]["exit_code"] == 0  # it went by itself, within the grace: no SIGKILL
+    assert "AwaitingRetry" in outcome["state_names"] and "Crashed" not in outcome["state_names"]
+    assert report["preemptions"] == 1 and report["status"] == "completed" and report["steps"] == 4000
+    (resumed,) = report["resumed_from_steps"]
+    assert resumed > 0 and report["steps_lost"] == 0  # the emergency checkpoint is where it stopped
+    assert report["model"]["sha256"] == _reference_sha(s3_server, s3_bucket)
+    assert deployed_image.image is not None
+    _record("image", {"name": deployed_image.image, "bytes": image_bytes(deployed_image.image)})
+    _record("stop_to_first_resumed_step_seconds",
+            first_resumed_step_after(outcome["samples"], outcome["reclaimed_at"], resumed))
+
+
+@pytest.mark.timeout(3600)
+def test_a_killed_container_is_rescheduled_by_the_automation_and_resumes(
+        prefect_server: PrefectServer, deployed_image: Deployed, start_worker: Callable[[str], Worker],
+        s3_server: str, s3_bucket: str) -> None:
+    installed = subprocess.run([sys.executable, "-m", "retrain_cli.main", "automations"], env=prefect_server.env,
+                               cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    assert "automation retrain-reschedule-crashed-runs" in installed.stdout
+    outcome = _reclaim_and_resume(prefect_server, deployed_image, start_worker, s3_server, s3_bucket,
+                                  lambda cid: docker("kill", cid, timeout=60))
+    report, containers = outcome["report"], outcome["containers"]
+    assert containers[0]["exit_code"] == 137  # SIGKILL: nothing ran after it
+    names = outcome["state_names"]
+    assert "Crashed" in names and "AwaitingRetry" in names[names.index("Crashed"):], names
+    assert report["preemptions"] == 1 and report["status"] == "completed" and report["steps"] == 4000
+    (resumed,) = report["resumed_from_steps"]
+    assert resumed % 50 == 0 and report["steps_lost"] >= 0  # from a periodic checkpoint
+    assert report["model"]["sha256"] == _reference_sha(s3_server, s3_bucket)
+    _record("kill_to_first_resumed_step_seconds",
+            first_resumed_step_after(outcome["samples"], outcome["reclaimed_at"], resumed))
