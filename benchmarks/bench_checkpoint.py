@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import demo_parquet, signal_at_step, train_job
-from training.checkpoint import (
+from training.trainer.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
     latest_verified_checkpoint,
@@ -22,8 +22,8 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.errors import Preempted
-from training.launch import run_training_process
-from training.model import TabularMLP
+from training.trainer.launch import run_training_process
+from training.model.network import TabularMLP
 
 ROUNDS = 7
 WIDE = [2048, 2048, 2048]  # ~8.4M parameters: model + AdamW moments ~ 100 MB
@@ -40,7 +40,7 @@ def _state() -> dict[str, Any]:
 def _import_floor() -> float:
     """A bare interpreter importing torch and the loop: the floor of any restart."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, training.loop"], check=True)
+    subprocess.run([sys.executable, "-c", "import torch, training.trainer.loop"], check=True)
     return time.perf_counter() - t0
 
 

@@ -20,9 +20,9 @@ from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches
 from training.data.packing import load_manifest
-from training.loop import train
-from training.train_state import lr_lambda as _lr_lambda
-from training.model import ModelSchema, build_model
+from training.trainer.loop import train
+from training.trainer.state import lr_lambda as _lr_lambda
+from training.model.network import ModelSchema, build_model
 
 STEPS = 1500
 DEFAULT_THREADS = torch.get_num_threads()

@@ -49,11 +49,11 @@ def _read_all(dataset_dir: Path) -> float:
 def run(work: Path) -> dict[str, Any]:
     import boto3
 
-    from training.checkpoint import AsyncCheckpointer, CheckpointManifest, save_checkpoint
-    from training.checkpoint_upload import CheckpointUploader
+    from training.trainer.checkpoint import AsyncCheckpointer, CheckpointManifest, save_checkpoint
+    from training.trainer.checkpoint_sync import CheckpointUploader
     from training.config import load_config
-    from training.stages import pack_stage
-    from training.storage_root import StorageRoot
+    from training.pipeline.stages import pack_stage
+    from training.storage.root import StorageRoot
 
     server, endpoint = _server()
     try:

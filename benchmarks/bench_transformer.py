@@ -25,9 +25,9 @@ from training.config import load_config
 from training.data.features import DERIVED_DIR, fit_feature_stats
 from training.data.loader import ShardBatches
 from training.data.packing import pack_shards
-from training.model import ModelSchema, build_model
-from training.tasks import Task
-from training.throughput import find_micro_batch, step_memory_bytes
+from training.model.network import ModelSchema, build_model
+from training.model.objectives import Task
+from training.trainer.throughput import find_micro_batch, step_memory_bytes
 
 DOCS = 24_000
 WORDS_PER_DOC = 160  # every document fills max_tokens: eager and compiled steps see the same length

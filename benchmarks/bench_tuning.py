@@ -23,10 +23,10 @@ from typing import Any
 import yaml
 
 from training.config import load_config
-from training.results import RungResult
-from training.stages import pack_stage, preprocess_stage
+from training.trainer.results import RungResult
+from training.pipeline.stages import pack_stage, preprocess_stage
 from training.tune.driver import drive, open_study
-from training.tune.report import build_report
+from training.tune.study_report import build_report
 from training.tune.study import RungWork
 from training.tune.trial import rung_stage
 

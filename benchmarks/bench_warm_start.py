@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from training.config import load_config
 from training.data.demo import ensure_demo_dataset
-from training.stages import evaluate_stage, pack_stage, preprocess_stage, train_stage
+from training.pipeline.stages import evaluate_stage, pack_stage, preprocess_stage, train_stage
 
 
 def _run(overrides: list[str]) -> dict[str, Any]:

@@ -44,8 +44,8 @@ def demo_parquet(work: Path, rows: int) -> Path:
 def train_job(work: Path, name: str, overrides: list[str]):
     """A packed, preprocessed training job under `work`, as the flow would build it."""
     from training.config import load_config
-    from training.job import TrainJob
-    from training.stages import pack_stage, preprocess_stage, run_key_for
+    from training.trainer.job import TrainJob
+    from training.pipeline.stages import pack_stage, preprocess_stage, run_key_for
 
     config = load_config(overrides=[f"storage.root={work}", *overrides])
     packed = pack_stage(config)

@@ -19,8 +19,8 @@ from typing import Any, Callable
 from retrain_cli.temp_server import TemporaryServer, server_is_up
 from retrain_cli.tune_summary import tune_summary
 from training.config import RetrainConfig, load_config
-from training.report_render import savings
-from training.results import LaunchPhases
+from training.pipeline.report_markdown import savings
+from training.trainer.results import LaunchPhases
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 
 __all__ = ["main"]
@@ -58,7 +58,7 @@ def _choose_server(config: RetrainConfig) -> tuple[str | None, TemporaryServer |
         _say(f"using the Prefect server already running at {local}")
         return local, None
     from tasks.runtime import TEMPORARY_SERVER_ENV
-    from training.storage_root import local_dir_for
+    from training.storage.root import local_dir_for
 
     state = local_dir_for(config.storage) / "prefect"
     database = next((os.environ[name] for name in _DB_SETTINGS if os.environ.get(name)),
@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _join(args: argparse.Namespace) -> int:
-    from training.stages import join_training
+    from training.pipeline.stages import join_training
 
     config = _loaded(args)
     return join_training(config, args.node_rank)
@@ -159,7 +159,7 @@ def _automations(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from training.plan import plan_run
+    from training.pipeline.plan_stage import plan_run
 
     config = _loaded(args)
     types = args.instance_types.split(",") if args.instance_types else sorted(config.cost.prices)
@@ -293,7 +293,7 @@ def _run(args: argparse.Namespace) -> int:
     clock = _Clock()
     config = _loaded(args)
     if not args.force:
-        from training.unchanged import find_unchanged
+        from training.pipeline.unchanged import find_unchanged
 
         unchanged = find_unchanged(config)
         if unchanged is not None:
@@ -366,8 +366,8 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def _interrupted(config: RetrainConfig, err: BaseException) -> int:
-    from training.checkpoint import step_of
-    from training.storage_root import local_dir_for
+    from training.trainer.checkpoint import step_of
+    from training.storage.root import local_dir_for
 
     ctrl_c = isinstance(err, KeyboardInterrupt)
     newest = max(local_dir_for(config.storage).glob("runs/*/checkpoints/step-*[0-9]"),

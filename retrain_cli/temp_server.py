@@ -130,7 +130,7 @@ class TemporaryServer:
         }
         env.pop("PREFECT_API_URL", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        from training.launch import with_parent_death_signal
+        from training.trainer.launch import with_parent_death_signal
 
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(

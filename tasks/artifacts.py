@@ -16,10 +16,10 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.events import emit_event
 
-from training.results import Evaluation
+from training.trainer.results import Evaluation
 
 if TYPE_CHECKING:  # the retrain flow imports this module: no Optuna for it
-    from training.tune.report import TuneReport
+    from training.tune.study_report import TuneReport
 
 __all__ = ["announce_run_completed", "publish_promotion", "publish_report", "publish_tune_report", "TrainingProgress",
            "PROMOTED_EVENT", "RUN_COMPLETED_EVENT"]
@@ -71,7 +71,7 @@ def publish_promotion(evaluation: Evaluation) -> None:
 def publish_report(report_path: Path, curves: Path | None) -> None:
     if not in_run():
         return
-    from training.report_render import render_markdown
+    from training.pipeline.report_markdown import render_markdown
 
     report = json.loads(report_path.read_text())
     cost = report["cost"]

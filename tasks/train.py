@@ -9,8 +9,8 @@ from tasks.artifacts import TrainingProgress
 from tasks.policies import forward_child_event, retry_only_preemptions, task_logger
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.results import PackResult, PrepResult, TrainResult
-from training.stages import train_stage
+from training.trainer.results import PackResult, PrepResult, TrainResult
+from training.pipeline.stages import train_stage
 
 __all__ = ["train_model"]
 

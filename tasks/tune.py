@@ -16,9 +16,9 @@ from tasks.report import write_report as write_run_report
 from tasks.runtime import flow_run_id
 from tasks.train import train_model
 from training.config import RetrainConfig
-from training.results import PackResult, PrepResult, RungResult
+from training.trainer.results import PackResult, PrepResult, RungResult
 from training.tune.driver import drive, open_study
-from training.tune.report import TuneReport, write_report
+from training.tune.study_report import TuneReport, write_report
 from training.tune.space import apply_params
 from training.tune.study import RungWork
 

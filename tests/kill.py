@@ -21,7 +21,7 @@ def _worker_pids(run_dir: str, rank: int | None = None) -> list[int]:
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if rank is not None else []
         except OSError:
             continue
-        if b"training.worker" not in cmdline or not any(run_dir.encode() in part for part in cmdline):
+        if b"training.trainer.worker" not in cmdline or not any(run_dir.encode() in part for part in cmdline):
             continue
         if rank is not None and (f"RANK={rank}".encode() not in environ or b"TORCHELASTIC_RUN_ID" not in b" ".join(
                 e[:19] for e in environ)):
@@ -44,7 +44,7 @@ def descendant_workers(pid: int) -> list[int]:
         except OSError:
             continue
         parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-        if b"training.worker" in cmdline:
+        if b"training.trainer.worker" in cmdline:
             workers.append(int(entry))
 
     def under(p: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.model import ModelSchema
+from training.model.network import ModelSchema
 
 
 class _WrongShape(nn.Module):

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from training.errors import ConfigError
-from training.prices import DEFAULT_PRICES, DEFAULT_STORAGE_PRICES
+from training.cost.prices import DEFAULT_PRICES, DEFAULT_STORAGE_PRICES
 
 __all__ = [
     "TrackingConfig",
@@ -42,7 +42,7 @@ __all__ = [
     "DEMO_CATEGORICAL",
 ]
 
-# The metrics of each data.task (their code: training.tasks), the first one the default.
+# The metrics of each data.task (their code: training.model.objectives), the first one the default.
 TASK_METRICS: dict[str, tuple[str, ...]] = {
     "binary": ("auc", "logloss", "accuracy"),
     "multiclass": ("accuracy", "macro_f1", "logloss"),

@@ -43,7 +43,7 @@ def _overrides(endpoint: str, bucket: str, prefix: str) -> list[str]:
 
 def _reference_sha(endpoint: str, bucket: str) -> str:
     """The same config trained here without interruption, under a prefix of its own."""
-    from training.stages import pack_stage, preprocess_stage, train_stage
+    from training.pipeline.stages import pack_stage, preprocess_stage, train_stage
 
     config = load_config(overrides=_overrides(endpoint, bucket, "reference"))
     packed = pack_stage(config)

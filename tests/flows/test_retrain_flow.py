@@ -14,7 +14,7 @@ from flows.retrain import retrain
 from tests.kill import kill_worker_when
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.stages import pack_stage, run_key_for
+from training.pipeline.stages import pack_stage, run_key_for
 
 
 def _report(path: str) -> dict:

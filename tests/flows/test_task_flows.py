@@ -83,7 +83,7 @@ def test_multiclass_then_regression_flows(tmp_path: Path, demo_source: Path) -> 
 
 def test_a_text_and_image_flow_trains_stores_tokens_and_packages_the_tokenizer(tmp_path: Path) -> None:
     from tests.shipped_data import write_digit_images
-    from training.package import package_stats
+    from training.model.package import package_stats
 
     root = tmp_path / "root"
     config = _config(root, write_digit_images(tmp_path / "digits.parquet"), [

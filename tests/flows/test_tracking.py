@@ -17,9 +17,9 @@ from flows.retrain import retrain
 from tests.kill import kill_worker_when
 from tests.mlflow_server import MlflowServer
 from training.config import RetrainConfig, load_config
-from training.stages import pack_stage, run_key_for
-from training.storage_root import StorageRoot
-from training.tracking import TAG_RUN_KEY
+from training.pipeline.stages import pack_stage, run_key_for
+from training.storage.root import StorageRoot
+from training.pipeline.tracking import TAG_RUN_KEY
 
 pytest.importorskip("mlflow")
 MODEL = "retrain-model"
@@ -154,7 +154,7 @@ def test_the_mlflow_ui_shows_the_run_and_the_champion_alias(mlflow_url: str) -> 
 
 def test_a_champion_alias_someone_else_set_is_not_moved(mlflow_url: str, tmp_path: Path) -> None:
     from training.config import TrackingConfig
-    from training.tracking import MlflowTracker, register_model
+    from training.pipeline.tracking import MlflowTracker, register_model
 
     client = _client(mlflow_url)
     name = "shared-model"
@@ -177,7 +177,7 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: Mlf
                                                              demo_source: Path) -> None:
     """The stage functions the flow's tasks call (no Prefect: it adds nothing to this), with the
     server killed at step 50 of 300. Last in this file: the module's server dies here."""
-    from training.stages import evaluate_stage, preprocess_stage, report_stage, train_stage
+    from training.pipeline.stages import evaluate_stage, preprocess_stage, report_stage, train_stage
 
     server = mlflow_server
     config = _config(tmp_path / "root", demo_source, server.url, "train.max_steps=300")

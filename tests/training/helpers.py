@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from training.config import RetrainConfig
-from training.job import TrainJob
-from training.storage_root import StorageRoot
-from training.stages import pack_stage, preprocess_stage, run_key_for
+from training.trainer.job import TrainJob
+from training.storage.root import StorageRoot
+from training.pipeline.stages import pack_stage, preprocess_stage, run_key_for
 
 
 def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
@@ -31,7 +31,7 @@ def assert_resumes_bit_identically(config: RetrainConfig, stop_at: int = 50) -> 
     import pytest
 
     from training.errors import Preempted
-    from training.loop import StopFlag, train
+    from training.trainer.loop import StopFlag, train
 
     reference = train(make_job(config, "reference"))
     job = make_job(config, "interrupted")
@@ -55,7 +55,7 @@ def assert_resumes_bit_identically_after_a_sigkill(config: RetrainConfig, kill_a
 
     from tests.training.test_preemption import _signal_at_step
     from training.errors import Preempted
-    from training.launch import run_training_process
+    from training.trainer.launch import run_training_process
 
     reference = run_training_process(make_job(config, "reference"))
     job = make_job(config, "killed")

@@ -9,7 +9,7 @@ import pytest
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.loop import StopFlag, train
+from training.trainer.loop import StopFlag, train
 
 
 def _fake_clock(tick: float = 0.01):
@@ -90,7 +90,7 @@ def test_budget_survives_a_real_sigkill(budget_config: RetrainConfig) -> None:
     import signal
 
     from tests.training.test_preemption import _signal_at_step
-    from training.launch import run_training_process
+    from training.trainer.launch import run_training_process
 
     budget_config.budget.max_wall_seconds = 12.0
     budget_config.cost.tags = {"team": "ranking"}

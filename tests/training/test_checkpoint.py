@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.checkpoint import (
+from training.trainer.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
     apply_retention,
@@ -81,7 +81,7 @@ def test_states_load_without_executing_code(tmp_path: Path) -> None:
 def test_retention_keeps_a_checkpoint_still_being_uploaded(tmp_path: Path) -> None:
     """On a slow link later checkpoints are saved while one uploads; deleting it under the
     upload could leave S3 without any checkpoint for as long as the link stays slow."""
-    from training.checkpoint import AsyncCheckpointer
+    from training.trainer.checkpoint import AsyncCheckpointer
 
     uploading = {10}
     checkpointer = AsyncCheckpointer(tmp_path, keep_last=1, in_use=lambda: set(uploading))

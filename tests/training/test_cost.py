@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from training.config import load_config
-from training.cost import compute_cost, naive_counterfactual, plan_instances, restarting_counterfactual, storage_cost
+from training.cost.bill import compute_cost, naive_counterfactual, plan_instances, restarting_counterfactual, storage_cost
 from training.errors import ConfigError
 
 
@@ -104,7 +104,7 @@ def test_price_table_entries_merge_and_are_validated(tmp_path) -> None:
 
 
 def test_shipped_price_table_is_sourced_and_sane() -> None:
-    from training.prices import DEFAULT_PRICES, PRICE_SOURCE
+    from training.cost.prices import DEFAULT_PRICES, PRICE_SOURCE
 
     assert "skypilot-catalog" in PRICE_SOURCE and "2026" in PRICE_SOURCE
     for name, entry in DEFAULT_PRICES.items():
@@ -120,7 +120,7 @@ def test_shipped_price_table_is_sourced_and_sane() -> None:
 def test_a_saving_is_never_shown_as_a_negative_zero() -> None:
     """An on-demand run's saving against the naive on-demand run is 0 up to float rounding: the
     demo's summary once read "saved $-0.0000"."""
-    from training.report_render import savings
+    from training.pipeline.report_markdown import savings
 
     assert savings(-3e-9, "it") == "saved $0.0000 against it"
     assert savings(0.01234, "it") == "saved $0.0123 against it"

@@ -13,7 +13,7 @@ from tests.kill import kill_worker_when
 from tests.training.helpers import make_job
 from training.config import load_config
 from training.errors import Preempted
-from training.launch import run_training_process
+from training.trainer.launch import run_training_process
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_sigterm_to_one_rank_gives_one_consistent_emergency_checkpoint(demo_sour
     kill_worker_when(job.run_dir, 33, signal.SIGTERM, rank=1)
     with pytest.raises(Preempted):
         run_training_process(job)
-    from training.checkpoint import latest_verified_checkpoint
+    from training.trainer.checkpoint import latest_verified_checkpoint
 
     path, manifest = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")
     assert manifest.emergency and manifest.step >= 33  # both ranks stopped at the step they agreed on

@@ -9,10 +9,10 @@ import pytest
 
 from tests.conftest import small_filesystem
 from tests.training.helpers import make_job
-from training.checkpoint import latest_verified_checkpoint
+from training.trainer.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import StorageError
-from training.launch import run_training_process
+from training.trainer.launch import run_training_process
 
 
 def _fill(disk: Path) -> Path:

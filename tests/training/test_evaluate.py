@@ -8,9 +8,9 @@ import pytest
 
 from tests.training.helpers import make_job
 from training.config import EvalConfig, RetrainConfig
-from training.evaluate import decide_promotion, promote, read_champion
-from training.loop import train
-from training.stages import evaluate_stage, pack_stage
+from training.model.evaluation import decide_promotion, promote, read_champion
+from training.trainer.loop import train
+from training.pipeline.stages import evaluate_stage, pack_stage
 
 
 def test_decisions() -> None:
@@ -63,7 +63,7 @@ def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(
     models = Path(small_config.storage.root) / "models"
     before = (models / "champion").read_bytes()
 
-    import training.evaluate as ev
+    import training.model.evaluation as ev
 
     def crash(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt("killed between package copy and pointer swap")
@@ -88,8 +88,8 @@ def _flip_a_byte(path: Path, offset: int = -64) -> None:
 def test_a_damaged_champion_is_found_before_training_and_never_blocks_retraining(
     small_config: RetrainConfig, damage: str
 ) -> None:
-    from training.champion import check_champion
-    from training.storage_root import StorageRoot
+    from training.pipeline.champion import check_champion
+    from training.storage.root import StorageRoot
 
     packed, good = _trained(small_config, "good")
     assert evaluate_stage(small_config, packed, good).promotion.promoted
@@ -122,8 +122,8 @@ def test_a_damaged_champion_is_found_before_training_and_never_blocks_retraining
 
 def test_a_factory_named_by_storage_is_never_imported(small_config: RetrainConfig, tmp_path: Path) -> None:
     """Anyone who can write the root could name any importable callable in model.json."""
-    from training.champion import check_champion
-    from training.storage_root import StorageRoot
+    from training.pipeline.champion import check_champion
+    from training.storage.root import StorageRoot
 
     packed, good = _trained(small_config, "good")
     evaluate_stage(small_config, packed, good)
@@ -158,10 +158,10 @@ def test_promotion_on_s3_is_a_compare_and_swap(
 ) -> None:
     """Two machines evaluate at once: the one whose comparison is stale must not overwrite the
     champion promoted a moment earlier (seen: 0.8366 overwrote 0.8410)."""
-    import training.stages as stages
+    import training.pipeline.stages as stages
     from tests.conftest import s3_overrides
     from training.config import load_config
-    from training.storage_root import StorageRoot
+    from training.storage.root import StorageRoot
 
     packed, better = _trained(small_config, "better")
     small_config.train.max_steps = 3  # barely trained: worse

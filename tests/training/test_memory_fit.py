@@ -7,8 +7,8 @@ import torch
 
 from training.config import load_config
 from training.errors import ConfigError
-from training.memory_fit import available_bytes, check_model_fits, check_space_fits
-from training.model import ModelSchema
+from training.model.memory_fit import available_bytes, check_model_fits, check_space_fits
+from training.model.network import ModelSchema
 
 SCHEMA = ModelSchema(task="binary", n_outputs=1, numeric=["a", "b"], categorical=["c"], cardinalities=[50])
 CPU = torch.device("cpu")

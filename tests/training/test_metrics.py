@@ -53,7 +53,7 @@ def test_multiclass_and_regression_metrics_equal_scikit_learn(seed: int) -> None
 
 def test_metric_names_of_the_config_are_those_of_the_tasks() -> None:
     from training.config import TASK_METRICS
-    from training.tasks import TASKS
+    from training.model.objectives import TASKS
 
     assert {name: tuple(t.metrics) for name, t in TASKS.items()} == TASK_METRICS
     assert all(TASK_METRICS[name][0] == t.default_metric for name, t in TASKS.items())

@@ -17,11 +17,11 @@ from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.data.packing import _split_of_rows, load_manifest
 from training.errors import CheckpointError, DataError
-from training.evaluate import evaluate_package
-from training.loop import train
-from training.package import meta_sha256
-from training.predict import load_scoring_model, predict_files
-from training.tasks import BinaryTask
+from training.model.evaluation import evaluate_package
+from training.trainer.loop import train
+from training.model.package import meta_sha256
+from training.model.batch_scoring import load_scoring_model, predict_files
+from training.model.objectives import BinaryTask
 
 
 @pytest.fixture
@@ -44,9 +44,9 @@ def test_scoring_the_test_split_gives_the_evaluation_metrics_exactly(trained, tm
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     config, package, dataset_dir = trained
     # Small batches and read chunks: many of both, misaligned with the file's row groups.
-    monkeypatch.setattr("training.evaluate.EVAL_BATCH", 128)
-    monkeypatch.setattr("training.predict.SCORE_BATCH", 128)
-    monkeypatch.setattr("training.predict.READ_ROWS", 384)
+    monkeypatch.setattr("training.model.evaluation.EVAL_BATCH", 128)
+    monkeypatch.setattr("training.model.batch_scoring.SCORE_BATCH", 128)
+    monkeypatch.setattr("training.model.batch_scoring.READ_ROWS", 384)
     expected = evaluate_package(package, dataset_dir, load_manifest(dataset_dir), None)
     source = _test_split(config, tmp_path / "test.parquet")
     result = predict_files([source], load_scoring_model(package, None), tmp_path / "scores.parquet")
@@ -120,7 +120,7 @@ def test_bad_input_is_one_line_naming_the_file_and_column(trained, tmp_path: Pat
 
 
 def test_no_champion_yet_is_one_line(small_config: RetrainConfig) -> None:
-    from training.predict_stage import resolve_model
+    from training.pipeline.predict_stage import resolve_model
 
     with pytest.raises(CheckpointError, match=r"no champion yet at .*models/champion: run `retrain run`"):
         resolve_model(small_config, "champion")
@@ -143,7 +143,7 @@ def test_the_export_loads_without_the_project_and_scores_as_the_package(trained,
     import sys
 
     from training.data.packing import category_hash
-    from training.export import export_portable
+    from training.model.export import export_portable
 
     config, package, _ = trained
     scoring = load_scoring_model(package, None)
@@ -170,7 +170,7 @@ def test_an_s3_prefix_scored_into_an_s3_key_and_a_rerun_is_a_no_op(trained, tmp_
                                                                    s3_bucket: str) -> None:
     import boto3
 
-    from training.predict_stage import predict_stage
+    from training.pipeline.predict_stage import predict_stage
 
     config, package, _ = trained
     config.storage.endpoint_url = s3_server

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from tests.training.helpers import make_job
-from training.results import TrainResult
-from training.checkpoint import latest_verified_checkpoint
+from training.trainer.results import TrainResult
+from training.trainer.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.launch import run_training_process
-from training.job import TrainJob
+from training.trainer.launch import run_training_process
+from training.trainer.job import TrainJob
 
 
 def _heartbeat_step(job: TrainJob, since: float = 0.0) -> int:
@@ -257,7 +257,7 @@ def test_a_second_process_on_a_run_in_training_is_refused_and_the_first_is_unhar
 
 
 def test_retention_removes_only_dead_writers_temp_folders(tmp_path: Path) -> None:
-    from training.checkpoint import apply_retention
+    from training.trainer.checkpoint import apply_retention
 
     alive = subprocess.Popen(["sleep", "60"])
     dead = subprocess.Popen(["true"])

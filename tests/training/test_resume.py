@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from training.attempts import count_attempt
-from training.checkpoint import CheckpointManifest, save_checkpoint
+from training.trainer.attempts import count_attempt
+from training.trainer.checkpoint import CheckpointManifest, save_checkpoint
 from training.config import load_config
 from training.errors import CheckpointError
-from training.heartbeat import Heartbeat
-from training.job import TrainJob
-from training.resume import ResumeBook
-from training.train_state import Progress
+from training.trainer.heartbeat import Heartbeat
+from training.trainer.job import TrainJob
+from training.trainer.resume import ResumeBook
+from training.trainer.state import Progress
 
 FINGERPRINT = "fp-1"
 

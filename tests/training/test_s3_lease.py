@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from training.s3 import S3Settings, S3Store
-from training.s3_lease import LEASE_KEY, S3Lease, hold_s3_root
+from training.storage.s3 import S3Settings, S3Store
+from training.storage.lease import LEASE_KEY, S3Lease, hold_s3_root
 
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from training.s3 import S3Settings, S3Store
-    from training.s3_lease import hold_s3_root
+    from training.storage.s3 import S3Settings, S3Store
+    from training.storage.lease import hold_s3_root
     store = S3Store(S3Settings(bucket=sys.argv[1], prefix="team", endpoint_url=sys.argv[2]))
     events = Path(sys.argv[3])
     with hold_s3_root(store, on_wait=lambda m: None, ttl_seconds=float(sys.argv[4])):

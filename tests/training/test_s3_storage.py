@@ -10,11 +10,11 @@ import boto3
 import pytest
 
 from tests.conftest import S3_SECRET, s3_overrides, small_overrides
-from training.checkpoint_upload import remote_checkpoints
+from training.trainer.checkpoint_sync import remote_checkpoints
 from training.config import StorageConfig, load_config
 from training.errors import StorageError
-from training.s3 import CLASS_TAG, S3Settings, S3Store
-from training.storage_root import StorageRoot
+from training.storage.s3 import CLASS_TAG, S3Settings, S3Store
+from training.storage.root import StorageRoot
 
 
 def _store(bucket: str, endpoint: str, **kw: object) -> S3Store:
@@ -201,7 +201,7 @@ def test_config_rejects_bad_storage_settings():
 
 def test_shard_cache_streams_shards_on_demand_within_its_size_limit(s3_bucket, s3_server, demo_source, tmp_path):
     """Pack on one machine, train on another whose shard cache holds only a few shards."""
-    from training.stages import pack_stage
+    from training.pipeline.stages import pack_stage
 
     s3 = s3_overrides(s3_bucket, s3_server, tmp_path / "machine-a")
     config = load_config(overrides=small_overrides(tmp_path / "unused", demo_source) + s3)
@@ -249,7 +249,7 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
 
     from tests.training.helpers import make_job
     from training.errors import Preempted
-    from training.launch import run_training_process
+    from training.trainer.launch import run_training_process
 
     # 300 steps, not 60: the S3 heartbeat (every 0.1 s) must publish a step past 10 before
     # training ends. On an idle CI machine steps 10-60 took under 0.1 s, no heartbeat went out,
@@ -317,7 +317,7 @@ def test_a_checkpoint_manifest_on_s3_naming_a_path_outside_is_refused(s3_bucket,
     import json
     import logging
 
-    from training.checkpoint_upload import restore_newer_checkpoint
+    from training.trainer.checkpoint_sync import restore_newer_checkpoint
 
     config = load_config(overrides=s3_overrides(s3_bucket, s3_server, tmp_path / "machine" / "copy"))
     root = StorageRoot.from_config(config)

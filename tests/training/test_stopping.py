@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from training.config import load_config
-from training.early_stopping import EarlyStopping
-from training.stopping import Budget, StopPolicy, champion_gate
-from training.train_state import Progress
+from training.trainer.early_stopping import EarlyStopping
+from training.trainer.stopping import Budget, StopPolicy, champion_gate
+from training.trainer.state import Progress
 
 
 def _progress(step: int, train_seconds: float, history: list[float] | None = None) -> Progress:

@@ -17,9 +17,9 @@ from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
 from training.data.packing import pack_shards, require_manifest
 from training.errors import ConfigError, DataError
-from training.evaluate import evaluate_package
-from training.loop import train
-from training.results import TrainResult
+from training.model.evaluation import evaluate_package
+from training.trainer.loop import train
+from training.trainer.results import TrainResult
 
 MULTICLASS = ["data.task=multiclass", "data.label=segment", "data.vector=[embedding]"]
 REGRESSION = ["data.task=regression", "data.label=basket_value"]

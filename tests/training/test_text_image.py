@@ -24,10 +24,10 @@ from training.data.packing import (assemble_shards, pack_part, pack_shards, plan
                                    start_pack)
 from training.data.ragged import Ragged
 from training.data.text import fit_tokenizer
-from training.encoders import ImageEncoder, TextEncoder
+from training.model.encoders import ImageEncoder, TextEncoder
 from training.errors import ConfigError, DataError
-from training.evaluate import evaluate_package
-from training.loop import train
+from training.model.evaluation import evaluate_package
+from training.trainer.loop import train
 
 TEXT = ["data.label=positive", "data.text=[review]", "data.numeric=[]", "data.categorical=[]",
         "preprocess.vocab_size=400", "preprocess.max_tokens=24", "model.text_dim=32", "model.text_layers=1",
@@ -246,7 +246,7 @@ def test_token_ids_are_published_with_the_statistics_and_reused_by_a_fresh_machi
     """Preprocess on machine A with an s3:// root; machine B (an empty local copy) reuses the
     statistics and fetches the stored token ids, identical, instead of fitting again."""
     from tests.conftest import s3_overrides
-    from training.stages import pack_stage, preprocess_stage
+    from training.pipeline.stages import pack_stage, preprocess_stage
 
     def stages(machine: str) -> tuple[Path, bool]:
         config = _config(tmp_path, reviews_source, [*TEXT, *s3_overrides(s3_bucket, s3_server, tmp_path / machine)])
@@ -270,8 +270,8 @@ def test_scoring_texts_and_images_gives_the_evaluation_metrics_exactly(tmp_path:
 
     from tests.training.helpers import make_job
     from training.data.packing import _split_of_rows
-    from training.predict import load_scoring_model, predict_files
-    from training.tasks import Task
+    from training.model.batch_scoring import load_scoring_model, predict_files
+    from training.model.objectives import Task
 
     config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
     config.train.max_steps = 50
@@ -301,8 +301,8 @@ def test_the_export_of_a_text_and_image_model_scores_as_predict(tmp_path: Path, 
     from tests.training.helpers import make_job
     from training.data.images import decode_images
     from training.data.text import TextEncoder as Tokens
-    from training.export import export_portable
-    from training.predict import load_scoring_model, predict_files
+    from training.model.export import export_portable
+    from training.model.batch_scoring import load_scoring_model, predict_files
 
     config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
     config.train.max_steps = 20

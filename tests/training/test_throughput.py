@@ -12,11 +12,11 @@ import torch
 
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
-from training.loop import train
+from training.trainer.loop import train
 from training.data.features import FeatureStats
-from training.model import TabularMLP
-from training.tasks import BinaryTask
-from training.throughput import choose_num_workers, find_micro_batch, step_memory_bytes
+from training.model.network import TabularMLP
+from training.model.objectives import BinaryTask
+from training.trainer.throughput import choose_num_workers, find_micro_batch, step_memory_bytes
 
 CPU = torch.device("cpu")
 BINARY = BinaryTask(FeatureStats([], [], [], [], []))
@@ -100,7 +100,7 @@ def test_micro_batch_search_finds_the_largest_fitting_divisor() -> None:
 
 
 def test_auto_batch_size_keeps_the_effective_batch_under_a_simulated_limit(small_config: RetrainConfig) -> None:
-    from training.model import ModelSchema, build_model
+    from training.model.network import ModelSchema, build_model
 
     small_config.train.auto_batch_size = True
     small_config.train.max_steps = 20

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from training.config import load_config
-from training.model import ModelSchema
-from training.train_state import Progress, TrainState
+from training.model.network import ModelSchema
+from training.trainer.state import Progress, TrainState
 
 
 def _state(seed: int) -> TrainState:

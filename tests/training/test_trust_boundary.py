@@ -22,8 +22,8 @@ from tests.training.helpers import make_job
 from training.config import RetrainConfig, load_config
 from training.data.shards import ShardReader, ShardTarWriter
 from training.errors import DamagedShard, StorageError
-from training.stages import pack_stage, preprocess_stage, train_stage
-from training.storage import inside
+from training.pipeline.stages import pack_stage, preprocess_stage, train_stage
+from training.storage.files import inside
 
 
 def test_inside_refuses_names_and_links_that_leave_the_folder(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_a_run_folder_linked_out_of_the_root_is_refused(small_config: RetrainCon
 
 def test_an_unchanged_run_record_on_s3_naming_a_path_outside_writes_nothing_there(
         s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path) -> None:
-    from training.unchanged import _rel, find_unchanged
+    from training.pipeline.unchanged import _rel, find_unchanged
 
     config = load_config(overrides=[*small_overrides(tmp_path / "unused", demo_source),
                                     *s3_overrides(s3_bucket, s3_server, tmp_path / "machine" / "copy")])

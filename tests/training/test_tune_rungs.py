@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from training.config import RetrainConfig
-from training.loop import train
-from training.results import RungResult, TrainResult
+from training.trainer.loop import train
+from training.trainer.results import RungResult, TrainResult
 
 from tests.training.helpers import make_job
 

@@ -1,4 +1,4 @@
-"""`training.unchanged`: a finished run is found again only while nothing its outcome depends on
+"""`training.pipeline.unchanged`: a finished run is found again only while nothing its outcome depends on
 has changed (config, source bytes, champion, code), and never when a rerun would do something."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 from tests.conftest import small_overrides
 from training.config import RetrainConfig, load_config
 from training.data.sources import dataset_fingerprint, source_files
-from training.stages import evaluate_stage, pack_stage, preprocess_stage, report_stage, train_stage
-from training.unchanged import find_unchanged
+from training.pipeline.stages import evaluate_stage, pack_stage, preprocess_stage, report_stage, train_stage
+from training.pipeline.unchanged import find_unchanged
 
 
 def _run_all(config: RetrainConfig) -> Path:
@@ -77,7 +77,7 @@ def test_a_damaged_champion_or_a_missing_report_is_not_unchanged(tmp_path: Path,
 
 
 def test_the_cli_finds_it_without_loading_prefect_torch_or_pyarrow() -> None:
-    code = ("import sys, retrain_cli.main, training.unchanged; "
+    code = ("import sys, retrain_cli.main, training.pipeline.unchanged; "
             "print(sorted(m for m in ('torch', 'prefect', 'pyarrow', 'boto3') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parents[2])

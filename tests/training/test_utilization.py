@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from training.utilization import utilization_summary
+from training.cost.utilization import utilization_summary
 
 _BUSY = {"train": 10.0, "data_wait": 0.1, "compute": 9.0, "checkpoint": 0.2, "eval": 0.5}
 

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from training.config import RetrainConfig
-from training.stages import evaluate_stage, pack_stage, preprocess_stage, train_stage
+from training.pipeline.stages import evaluate_stage, pack_stage, preprocess_stage, train_stage
 
 
 def _run(config: RetrainConfig) -> dict:

@@ -13,8 +13,8 @@ from pathlib import Path
 from training.data.packing import DatasetManifest
 from training.data.shard_cache import REMOTE_MARKER
 from training.errors import DataError
-from training.storage import write_atomic, write_json_atomic
-from training.storage_root import SHARD_CACHE, StorageRoot
+from training.storage.files import write_atomic, write_json_atomic
+from training.storage.root import SHARD_CACHE, StorageRoot
 
 __all__ = ["DatasetStore"]
 

@@ -34,7 +34,7 @@ from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader, encode_npy
 from training.data.text import TextEncoder, fit_tokenizer, tokenizers_version
 from training.errors import DataError
-from training.storage import read_json, sha256_file, write_atomic, write_json_atomic
+from training.storage.files import read_json, sha256_file, write_atomic, write_json_atomic
 
 __all__ = ["PREPROCESS_VERSION", "FeatureStats", "FeatureTransform", "fit_feature_stats", "preprocess_key",
            "verified_feature_stats", "checksum_path", "derived_rels", "write_derived_arrays", "DERIVED_DIR",

@@ -2,7 +2,7 @@
 shards, and what every split must hold.
 
 One small class per task (`data.task`), found in `LABELS`; a new task is a new entry here and
-one in `training.tasks` (its loss, predictions and metrics), not a branch through the packer.
+one in `training.model.objectives` (its loss, predictions and metrics), not a branch through the packer.
 
     binary       0/1 (integer, float or boolean)   stored as float32 0.0/1.0
     multiclass   integers or strings               stored as int64 index into `classes`

@@ -37,7 +37,7 @@ from training.data.shard_cache import is_remote_dataset
 from training.data.sources import PACK_FORMAT_VERSION, dataset_fingerprint, source_files
 from training.data.shards import FIELDS, Checksum, ShardReader, ShardTarWriter, WrittenShard, encode_npy, member_bytes
 from training.errors import DataError, RetrainError, StorageError
-from training.storage import is_plain_name, read_json, write_json_atomic
+from training.storage.files import is_plain_name, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from training.errors import StorageError
-from training.storage import inside
+from training.storage.files import inside
 
 __all__ = ["REMOTE_MARKER", "local_shard", "evict", "is_remote_dataset"]
 
@@ -55,7 +55,7 @@ def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> tuple[P
     marker = _marker(dataset_dir)
     if marker is None:
         raise StorageError(f"shard {path} is missing; delete {dataset_dir} to repack the dataset")
-    from training.s3 import S3Settings, S3Store
+    from training.storage.s3 import S3Settings, S3Store
 
     key = json.dumps(marker["settings"], sort_keys=True)
     store = _stores.get(key)

@@ -1,6 +1,6 @@
 """What a dataset is made from: the source's Parquet files and the fingerprint of their bytes
 and of the data config, which names the packed dataset. Kept free of pyarrow so `retrain run`
-can tell an unchanged rerun before it loads the pipeline (see `training.unchanged`)."""
+can tell an unchanged rerun before it loads the pipeline (see `training.pipeline.unchanged`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from training.config import DataConfig, fingerprint, fingerprinted
 from training.errors import DataError
-from training.storage import sha256_file
+from training.storage.files import sha256_file
 
 __all__ = ["PACK_FORMAT_VERSION", "dataset_fingerprint", "source_files"]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from training.config import RetrainConfig
-from training.results import PackResult, PrepResult, RungResult
-from training.storage import write_json_atomic
-from training.storage_root import RUN, StorageRoot
+from training.trainer.results import PackResult, PrepResult, RungResult
+from training.storage.files import write_json_atomic
+from training.storage.root import RUN, StorageRoot
 from training.tune.study import STUDY_DIR, RungWork, Study, study_key
 from training.tune.trial import TRIAL_CHILDREN, calibrate, read_calibration
 
@@ -68,9 +68,9 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 def _check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
     """Before any trial: the largest model the space can sample fits this machine's memory."""
     from training.data.features import FeatureStats
-    from training.memory_fit import check_space_fits
-    from training.model import ModelSchema
-    from training.precision import resolve_device
+    from training.model.memory_fit import check_space_fits
+    from training.model.network import ModelSchema
+    from training.trainer.precision import resolve_device
 
     stats = FeatureStats.from_json(Path(prep.stats_path).read_text())
     check_space_fits(config, ModelSchema.of(stats), resolve_device(config.train.device))

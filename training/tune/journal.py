@@ -15,8 +15,8 @@ from typing import Any
 
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalFileOpenLock
 
-from training.storage import write_atomic
-from training.storage_root import RUN, StorageRoot
+from training.storage.files import write_atomic
+from training.storage.root import RUN, StorageRoot
 
 __all__ = ["PublishedJournal"]
 

@@ -41,11 +41,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from training.config import RetrainConfig, fingerprint, fingerprinted
-from training.cost import SECONDS_PER_HOUR
+from training.cost.bill import SECONDS_PER_HOUR
 from training.errors import ConfigError
-from training.results import RungResult
-from training.storage_root import StorageRoot
-from training.tasks import higher_is_better, metric_for
+from training.trainer.results import RungResult
+from training.storage.root import StorageRoot
+from training.model.objectives import higher_is_better, metric_for
 from training.tune.journal import PublishedJournal
 from training.tune.space import Dimension, apply_params, parse_space
 
@@ -321,7 +321,7 @@ class Study:
     def price(self, steps: int) -> float:
         """A rung's estimated machine seconds: measured on this attempt's rungs when any ran,
         else from the calibration. Most rungs start in a warm child (about 0.01 s, see
-        training.child) rather than a fresh one (the calibration's start-up), so the start-up
+        training.trainer.child) rather than a fresh one (the calibration's start-up), so the start-up
         is the mean of those measured too."""
         observed = self._observed
         if not observed:

@@ -13,19 +13,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from training.champion import check_champion
-from training.child import WarmPool
+from training.pipeline.champion import check_champion
+from training.trainer.child import WarmPool
 from training.config import RetrainConfig, TuneConfig
-from training.launch import log_child_event, run_rung_process, run_training_process
-from training.results import PackResult, PrepResult, RungResult
-from training.runs import finished_result, paused_result
-from training.stages import build_train_job
-from training.storage_root import StorageRoot
+from training.trainer.launch import log_child_event, run_rung_process, run_training_process
+from training.trainer.results import PackResult, PrepResult, RungResult
+from training.trainer.runs import finished_result, paused_result
+from training.pipeline.stages import build_train_job
+from training.storage.root import StorageRoot
 from training.tune.study import STUDY_DIR, RungCost
 
 __all__ = ["Calibration", "calibrate", "rung_stage", "TRIAL_CHILDREN"]
 
-# The study's training children, kept warm between rungs and trials (see training.child): in
+# The study's training children, kept warm between rungs and trials (see training.trainer.child): in
 # this process, sized to tune.concurrency and closed by the driver when the study ends.
 TRIAL_CHILDREN = WarmPool()
 

@@ -1,0 +1,195 @@
+"""The built-in model (an MLP over standardised numerics, categorical embeddings, vector
+columns, and the encoders of text and image columns, with a head per task), user model
+factories and their calling conventions, and the content hash of a model's weights."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from training.config import ModelConfig
+from training.data.features import FeatureStats
+from training.data.text import TextEncoder as Tokens
+from training.model.encoders import ImageEncoder, TextEncoder
+from training.errors import ConfigError
+
+__all__ = ["Batch", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
+           "weights_sha256"]
+
+
+Batch = dict[str, torch.Tensor]
+Forward = Callable[[Batch], torch.Tensor]
+_LEGACY = "_retrain_legacy_forward"  # set on models whose forward is (x_num, x_cat)
+
+
+@dataclass(frozen=True)
+class ModelSchema:
+    """What a model factory is told about the data: the columns by kind, their sizes, and the
+    task's outputs. Batches hold "num" (standardised numerics, float32), "cat" (vocabulary
+    indices, int64; index 0 is unknown), "vec" (the vector columns side by side, float32),
+    "tok" (token ids, uint16 or int32, (rows, texts, max_tokens); 0 is padding, each text starts
+    with [CLS]), "ntok" (tokens per text, (rows, texts)), "pix" (uint8 RGB pixels,
+    (rows, images, 3, image_size, image_size)) and "label"."""
+
+    task: str
+    n_outputs: int
+    numeric: list[str]
+    categorical: list[str]
+    cardinalities: list[int]
+    vector: list[str] = field(default_factory=list)
+    vector_dims: list[int] = field(default_factory=list)
+    classes: list[Any] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    vocab_size: int = 0
+    max_tokens: int = 0
+    image: list[str] = field(default_factory=list)
+    image_size: int = 0
+    image_mean: list[float] = field(default_factory=list)  # per RGB channel, 0-255 scale (train split)
+    image_std: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, stats: FeatureStats) -> ModelSchema:
+        n_outputs = len(stats.classes) if stats.task == "multiclass" else 1
+        vocab_size = Tokens(stats.tokenizer, stats.max_tokens).vocab_size if stats.text else 0
+        return cls(stats.task, n_outputs, list(stats.numeric), list(stats.categorical), stats.cardinalities,
+                   list(stats.vector), list(stats.vector_dims), list(stats.classes), list(stats.text), vocab_size,
+                   stats.max_tokens, list(stats.image), stats.image_size, list(stats.image_mean),
+                   list(stats.image_std))
+
+
+class ColumnsNet(nn.Module):
+    """The built-in model: embeddings for categorical columns, numerics and vectors as they
+    are, an MLP over all of them, and a head of the task's width. Over numeric and categorical
+    columns alone its parameters are those of the earlier TabularMLP, so packages and
+    checkpoints written before it load into it."""
+
+    def __init__(self, schema: ModelSchema, hidden: list[int], embedding_dim: int = 16, dropout: float = 0.0,
+                 gradient_checkpointing: bool = False, config: ModelConfig | None = None) -> None:
+        super().__init__()
+        config = config or ModelConfig()
+        self.embeddings = nn.ModuleList(nn.Embedding(c, embedding_dim) for c in schema.cardinalities)
+        width = len(schema.numeric) + embedding_dim * len(schema.cardinalities) + sum(schema.vector_dims)
+        self.text_encoder: TextEncoder | None = None
+        self.image_encoder: ImageEncoder | None = None
+        if schema.text:
+            self.text_encoder = TextEncoder(schema.vocab_size, schema.max_tokens, config.text_dim, config.text_layers,
+                                            config.text_heads, config.attention, gradient_checkpointing)
+            width += config.text_dim * len(schema.text)
+        if schema.image:
+            self.image_encoder = ImageEncoder(config.image_channels, schema.image_mean, schema.image_std)
+            width += self.image_encoder.width * len(schema.image)
+        blocks = []
+        for h in hidden:
+            blocks.append(nn.Sequential(nn.Linear(width, h), nn.ReLU(), nn.Dropout(dropout)))
+            width = h
+        self.blocks = nn.ModuleList(blocks)
+        self.head = nn.Linear(width, schema.n_outputs)
+        self.gradient_checkpointing = gradient_checkpointing
+        self.uses_vectors = bool(schema.vector)
+
+    def forward(self, batch: Batch) -> torch.Tensor:
+        x_cat = batch["cat"]
+        parts = [batch["num"]] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
+        if self.uses_vectors:
+            parts.append(batch["vec"])
+        if self.text_encoder is not None:
+            parts.append(self.text_encoder(batch["tok"], batch["ntok"]))
+        if self.image_encoder is not None:
+            parts.append(self.image_encoder(batch["pix"]))
+        x = torch.cat(parts, dim=1)
+        for i, block in enumerate(self.blocks):
+            # Recompute every other block in backward: about half the activation memory for
+            # about a third more compute on those blocks.
+            if self.gradient_checkpointing and self.training and i % 2 == 0:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        out = self.head(x)
+        return out.squeeze(-1) if out.shape[-1] == 1 else out
+
+
+class TabularMLP(ColumnsNet):
+    """The binary MLP over numerics and categoricals, called as model(x_num, x_cat)."""
+
+    def __init__(self, n_numeric: int, cardinalities: list[int], hidden: list[int], embedding_dim: int = 16,
+                 dropout: float = 0.0, gradient_checkpointing: bool = False) -> None:
+        schema = ModelSchema("binary", 1, [f"n{i}" for i in range(n_numeric)],
+                             [f"c{i}" for i in range(len(cardinalities))], list(cardinalities))
+        super().__init__(schema, hidden, embedding_dim, dropout, gradient_checkpointing)
+        setattr(self, _LEGACY, True)
+
+    def forward(self, x_num: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward({"num": x_num, "cat": x_cat})
+
+
+def _load_factory(spec: str) -> Callable[..., nn.Module]:
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ConfigError(f"model.factory: cannot import module '{module_name}' ({err})") from None
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"model.factory: '{module_name}' has no callable '{attr}'")
+    return fn
+
+
+def _is_legacy_factory(fn: Callable[..., nn.Module]) -> bool:
+    """fn(n_numeric, cardinalities, config), the form before fn(schema, config)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) == 3
+
+
+def build_model(config: ModelConfig, schema: ModelSchema) -> nn.Module:
+    """The configured model. A user factory is called as fn(schema, config) and its model as
+    model(batch); a factory of the older form fn(n_numeric, cardinalities, config) still
+    works, its model called as model(x_num, x_cat)."""
+    if config.factory is None:
+        return ColumnsNet(schema, config.hidden, config.embedding_dim, config.dropout, config.gradient_checkpointing,
+                          config)
+    fn = _load_factory(config.factory)
+    legacy = _is_legacy_factory(fn)
+    if legacy and (schema.vector or schema.text or schema.image):
+        raise ConfigError(f"model.factory: '{config.factory}' has the old form fn(n_numeric, cardinalities, config), "
+                          "which cannot see data.vector, data.text or data.image columns; write it as fn(schema, config)")
+    try:
+        model = fn(len(schema.numeric), schema.cardinalities, config) if legacy else fn(schema, config)
+    except Exception as err:  # the user's code: whatever it raises is theirs to fix
+        first = str(err).splitlines()[0][:300] if str(err) else ""
+        raise ConfigError(f"model.factory '{config.factory}' raised {type(err).__name__}: {first}; fix the "
+                          "factory (its traceback is in the training log)") from err
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model.factory: '{config.factory}' returned {type(model).__name__}, expected a torch.nn.Module")
+    if legacy:
+        setattr(model, _LEGACY, True)
+    return model
+
+
+def forward_fn(module: nn.Module, like: nn.Module | None = None) -> Forward:
+    """`module` called on a batch, in the calling convention of the model it wraps (`like`:
+    DDP and torch.compile wrappers do not carry the model's attributes)."""
+    if getattr(like if like is not None else module, _LEGACY, False):
+        return lambda batch: module(batch["num"], batch["cat"])
+    return module
+
+
+def weights_sha256(state_dict: Mapping[str, torch.Tensor]) -> str:
+    """sha256 over names, dtypes, shapes and raw bytes: equal weights give equal hashes,
+    whatever container or file format they were saved in."""
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()

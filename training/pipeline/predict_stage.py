@@ -1,0 +1,107 @@
+"""The predict stage: which model (the champion, a promoted sha, or a package folder), which
+input (a Parquet file, a directory, or an s3:// prefix) and where the scores go (a local path
+or an s3:// key). The scoring itself is `training.model.batch_scoring`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from training.pipeline.champion import check_champion
+from training.config import RetrainConfig
+from training.data.sources import source_files
+from training.errors import CheckpointError, DataError
+from training.model.batch_scoring import ScoringModel, load_scoring_model, predict_files, scoring_meta
+from training.trainer.results import PredictResult
+from training.storage.s3 import S3Store, parse_s3_uri
+from training.storage.root import StorageRoot, settings_for
+
+__all__ = ["predict_stage", "resolve_model"]
+
+_SHA = re.compile(r"[0-9a-f]{64}")
+
+
+def resolve_model(config: RetrainConfig, model: str) -> ScoringModel:
+    """`champion`, a promoted model's sha256 (`models/<sha>/` under the storage root) or a
+    package folder, loaded and verified."""
+    trusted = config.model.factory
+    if model == "champion":
+        root = StorageRoot.from_config(config)
+        champion = check_champion(root, trusted)
+        if champion is None:
+            raise CheckpointError(f"no champion yet at {root.display('models/champion')}: run `retrain run` until "
+                                  "a model is promoted, or pass --model with a model sha256 or package folder")
+        if not champion.usable:
+            raise CheckpointError(f"the champion {champion.sha256[:12]} cannot be used: {champion.problem}")
+        return load_scoring_model(champion.package, trusted, champion.pointer.get("meta_sha256"), champion.sha256)
+    if _SHA.fullmatch(model):
+        root = StorageRoot.from_config(config)
+        for name in ("model.json", "model.pt"):
+            if root.fetch(f"models/{model}/{name}") is None:
+                raise CheckpointError(f"no promoted model {model[:12]} at {root.display(f'models/{model}')}")
+        return load_scoring_model(root.path(f"models/{model}"), trusted, expected_sha256=model)
+    package = Path(model).expanduser()
+    if not (package / "model.json").is_file():
+        raise CheckpointError(f"--model {model}: neither 'champion', a 64-hex model sha256, nor a package folder "
+                              "holding model.json")
+    return load_scoring_model(package, trusted)
+
+
+def _s3_store(config: RetrainConfig, uri: str) -> S3Store:
+    bucket, prefix = parse_s3_uri(uri)
+    base = settings_for(config.storage.model_copy(update={"root": f"s3://{bucket}"}))
+    return S3Store(type(base)(**{**base.to_json(), "prefix": prefix}))
+
+
+def _download_inputs(config: RetrainConfig, uri: str, into: Path) -> list[Path]:
+    """Every *.parquet under an s3:// prefix, downloaded in name order (verified sizes)."""
+    store = _s3_store(config, uri)
+    listed = {rel: size for rel, size in store.list("").items() if rel.endswith(".parquet")}
+    if not listed:
+        raise DataError(f"{uri}: no *.parquet objects under this prefix")
+    files = []
+    for i, rel in enumerate(sorted(listed)):
+        # Numbered so name order stays the input order; the object's name is kept for messages.
+        files.append(store.download_file(rel, into / f"{i:06d}-{Path(rel).name}", size=listed[rel]))
+    return files
+
+
+# What names the input to score: the CLI's option, or the predict flow's (and deployment's) parameter.
+INPUT_SETTING = "--input (the predict flow's `input` parameter)"
+
+
+def predict_stage(config: RetrainConfig, source: str, output: str, model: str = "champion",
+                  keys: list[str] | None = None) -> PredictResult:
+    """Score `source` with `model` into `output` (see `training.model.batch_scoring`)."""
+    scoring = resolve_model(config, model)
+    with tempfile.TemporaryDirectory(prefix="retrain-predict-") as tmp:
+        files = (_download_inputs(config, source, Path(tmp) / "in") if source.startswith("s3://")
+                 else source_files(Path(source).expanduser(), INPUT_SETTING))
+        if not output.startswith("s3://"):
+            return predict_files(files, scoring, Path(output).expanduser(), keys)
+        return _predict_to_s3(config, files, scoring, output, keys, Path(tmp) / "out")
+
+
+def _predict_to_s3(config: RetrainConfig, files: list[Path], scoring: ScoringModel, output: str,
+                   keys: list[str] | None, scratch: Path) -> PredictResult:
+    """Scored locally, then one PUT (S3 shows the whole object or none of it), tagged with what
+    it holds: a rerun that finds the same tags does nothing."""
+    t0 = time.perf_counter()
+    bucket_uri, key = output.rsplit("/", 1)
+    store = _s3_store(config, bucket_uri)
+    keys, meta = scoring_meta(files, scoring, keys)
+    # S3 tag values hold 256 characters: each piece of the Parquet metadata as its sha256.
+    tags = {k.decode().replace("retrain.", "retrain-"): hashlib.sha256(v).hexdigest() for k, v in meta.items()}
+    found = store.tags_of(key) if store.head(key) is not None else {}
+    if found and all(found.get(k) == v for k, v in tags.items()):
+        return PredictResult(output=output, rows=int(found.get("retrain-rows", 0)), model_sha256=scoring.sha256,
+                             skipped=True, seconds=time.perf_counter() - t0, key_columns=keys)
+    result = predict_files(files, scoring, scratch / Path(key).name, keys)
+    store.upload_file(key, Path(result.output), tags={**tags, "retrain-rows": str(result.rows)})
+    shutil.rmtree(scratch, ignore_errors=True)
+    return result.model_copy(update={"output": output})

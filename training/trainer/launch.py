@@ -1,0 +1,228 @@
+"""Run the training loop in a child process and map how it ended to the error hierarchy.
+
+A child process, not a thread: a hard kill of the child (OOM killer, SIGKILL) leaves the task
+process alive to report `Preempted`, and the task's retry starts a fresh child that resumes
+from the last verified checkpoint.
+
+With `train.nproc_per_node` or `train.nnodes` above 1 the child is PyTorch's own launcher,
+`python -m torch.distributed.run` (torchrun), which starts one `training.trainer.worker` per rank. It
+runs with `--max-restarts 0`: when a rank dies torchrun stops the others and exits, and the
+Prefect task's retry (one code path for every kind of preemption) resumes the job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import training
+from training import errors
+from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
+from training.trainer.attempts import count_attempt
+from training.trainer.child import Child, WarmPool
+from training.trainer.job import TrainJob
+from training.trainer.results import RungResult, TrainResult
+from training.trainer.runs import rung_file
+
+__all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
+
+_TERM_GRACE_SECONDS = 60.0
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun may prefix rank output lines
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    project_root = str(Path(training.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (project_root, env.get("PYTHONPATH")) if p)
+    env["RETRAIN_SPAWN_TIME"] = repr(time.time())
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: int = 0) -> list[str]:
+    worker = ["-m", "training.trainer.worker", str(job_path), str(error_path), str(os.getpid())]
+    tc = job.config.train
+    nproc, nnodes = tc.nproc_per_node, tc.nnodes
+    if nproc * nnodes == 1:
+        return [sys.executable, *worker]
+    common = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
+              "--max-restarts=0", "--monitor-interval=0.5"]
+    if nnodes == 1:
+        # One node: the rendezvous and gloo stay on loopback.
+        rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_loopback_port()}",
+                      f"--rdzv-id={tc.rdzv_id or job.run_key}"]
+    else:
+        # Static rendezvous with fixed node ranks: the flow's own node is node 0, so global
+        # rank 0 (checkpoints, result.json, the model) runs where the flow reads them;
+        # `retrain join --node-rank N` starts the others against the same endpoint.
+        host, _, port = str(tc.rdzv_endpoint).rpartition(":")
+        rendezvous = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
+    # torchrun has no parent-death signal: if the task process dies, SIGTERM it so that it
+    # stops its ranks (which then write their emergency checkpoint), instead of an orphan job.
+    return with_parent_death_signal([*common, *rendezvous, *worker])
+
+
+def with_parent_death_signal(argv: list[str]) -> list[str]:
+    """`argv` run so that it gets SIGTERM when the process that started it dies (Linux
+    PR_SET_PDEATHSIG, set in a tiny exec wrapper; elsewhere the wrapper only execs)."""
+    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *argv]
+
+
+_EXEC_WITH_PDEATHSIG = (
+    "import ctypes, os, sys\n"
+    "try:\n    ctypes.CDLL('libc.so.6').prctl(1, 15)\nexcept OSError:\n    pass\n"
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
+def _rank_errors(error_path: Path) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(error_path.parent.glob(error_path.name + "*")):
+        try:
+            found.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+        path.unlink(missing_ok=True)
+    return found
+
+
+def log_child_event(event: dict[str, Any]) -> None:
+    """The default handler of the child's events: its warnings and errors (`log` events) go to
+    this process's logging; progress events are dropped."""
+    if event.get("event") == "log":
+        level = logging.getLevelName(str(event.get("level", "WARNING")))
+        logging.getLogger("training.trainer.child").log(level if isinstance(level, int) else logging.WARNING,
+                                                "%s", event.get("message", ""))
+
+
+def _dispatch(line: str, on_event: Callable[[dict[str, Any]], None]) -> None:
+    try:
+        event = json.loads(_RANK_PREFIX.sub("", line, count=1))
+    except json.JSONDecodeError:
+        sys.stderr.write(line)  # a user model printing to stdout: pass it through
+        return
+    on_event(event)
+
+
+def run_training_process(
+    job: TrainJob,
+    on_event: Callable[[dict[str, Any]], None] = log_child_event,
+    on_start: Callable[[subprocess.Popen[str]], None] = lambda proc: None,
+    pool: WarmPool | None = None,
+) -> TrainResult:
+    """Train `job` in a child process (a warm one from `pool`, when it has one); return its
+    result, or raise Preempted / a RetrainError."""
+    return _outcome(job, *_launch(job, on_event, on_start, pool))
+
+
+def run_rung_process(job: TrainJob, on_event: Callable[[dict[str, Any]], None] = log_child_event,
+                     pool: WarmPool | None = None) -> RungResult:
+    """Train `job` in a child process up to its `pause_at` step (a tuning rung) or its end."""
+    assert job.pause_at is not None
+    rc, error_path, reported, distributed = _launch(job, on_event, lambda proc: None, pool)
+    paused = Path(job.run_dir) / rung_file(job.pause_at)
+    if rc == 0 and not (Path(job.run_dir) / "result.json").exists() and paused.exists():
+        return RungResult.model_validate_json(paused.read_text())
+    return RungResult.of(_outcome(job, rc, error_path, reported, distributed))
+
+
+def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
+            on_start: Callable[[subprocess.Popen[str]], None],
+            pool: WarmPool | None) -> tuple[int, Path, list[dict[str, Any]], bool]:
+    """Run the job in a child to its end: (exit code, its error file, the errors it reported,
+    under torchrun). With a pool, a single-process job runs in a warm child when one is idle,
+    and its child goes back to the pool afterwards."""
+    run_dir = Path(job.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    job_path = run_dir / "job.json"
+    error_path = run_dir / f"error-{os.getpid()}.json"
+    error_path.unlink(missing_ok=True)
+    job.save(job_path)
+    count_attempt(run_dir)
+    for stale in error_path.parent.glob(error_path.name + ".rank*"):
+        stale.unlink(missing_ok=True)
+    command = worker_command(job, job_path, error_path)
+    distributed = command[1] == "-c"
+    keep = pool if pool is not None and not distributed else None
+    child = keep.take() if keep is not None else None
+    if child is not None and not child.hand(job_path, error_path):
+        child.close()  # it died while idle
+        child = None
+    if child is None:
+        env = child_env()
+        if job.config.train.nnodes == 1:
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
+        child = Child(command, env, hold=keep is not None)
+        on_start(child.proc)
+    reported: list[dict[str, Any]] = []  # "error" events: the error file may be on a full disk
+
+    def on_line(event: dict[str, Any]) -> None:
+        if event.get("event") == "error":
+            reported.append(event)
+        else:
+            on_event(event)
+
+    rc: int | None = None
+    try:
+        rc = child.follow(lambda line: _dispatch(line, on_line))
+    except BaseException:
+        # The task itself is being stopped (SIGTERM, Ctrl-C, cancellation): let the child write
+        # its emergency checkpoint before we go, and pass on what it said meanwhile (the
+        # checkpoint's event is how the caller can tell where it stopped).
+        child.stop(_TERM_GRACE_SECONDS)
+        with contextlib.suppress(Exception):
+            child.follow(lambda line: _dispatch(line, on_line))
+        raise
+    finally:
+        child.kill_group()
+    if rc is None:  # idle again: the job ended with exit code 0
+        assert keep is not None
+        keep.give(child)
+        return 0, error_path, reported, distributed
+    return rc, error_path, reported, distributed
+
+
+def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[dict[str, Any]], distributed: bool) -> TrainResult:
+    """The finished child's result, or the error its exit code and error reports say."""
+    if rc == 0:
+        return TrainResult.model_validate_json((Path(job.run_dir) / "result.json").read_text())
+    if rc == EXIT_PREEMPTED:
+        raise Preempted(f"training process for run {job.run_key} was preempted and checkpointed")
+    if rc < 0:
+        name = signal.Signals(-rc).name
+        raise Preempted(f"training process for run {job.run_key} was killed by {name}")
+    if rc == EXIT_USER_ERROR and (reported or error_path.exists()):
+        raw = reported[-1] if reported else json.loads(error_path.read_text())
+        error_path.unlink(missing_ok=True)
+        cls = getattr(errors, raw["type"], RetrainError)
+        raise cls(raw["message"])
+    if distributed:
+        # torchrun exits 1 whatever its ranks did: their error files say what happened. A user
+        # error on any rank wins; otherwise a rank was killed or lost its peers: a preemption.
+        for raw in reported + _rank_errors(error_path):
+            if raw["type"] == "Bug":
+                raise RuntimeError(f"training job {job.run_key} failed on a rank: {raw['message']}; see its log above")
+            cls = getattr(errors, raw["type"], RetrainError)
+            if cls is not Preempted:
+                raise cls(raw["message"])
+        raise Preempted(f"training job {job.run_key} lost a rank (torchrun exit code {rc}); resuming on retry")
+    bug = next((raw for raw in [*reported, *_rank_errors(error_path)] if raw.get("type") == "Bug"), None)
+    detail = f": {bug['message']}" if bug else f" with exit code {rc}"
+    raise RuntimeError(f"training process for run {job.run_key} failed{detail} (a bug: its traceback is in the "
+                       "training log above)")

@@ -1,0 +1,145 @@
+"""Everything that shapes the future of a run, in one object that saves and loads in one call.
+
+`TrainState` holds the model, optimizer, LR scheduler, grad scaler, early stopping and the run's
+`Progress` (step, data position, history, time and cost accumulators, batch layout); its
+`state_dict()` adds every RNG. A checkpoint is exactly `TrainState.state_dict()`, and a resume is
+exactly `load_state_dict()`, so a killed run resumes bit-identical to an uninterrupted one
+(deterministic mode, same hardware). The parts are listed once, in `_parts()`: a piece of state
+added there is saved and restored, and one left out of it is in neither.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Protocol
+
+import torch
+
+from training.config import RetrainConfig
+from training.trainer.early_stopping import EarlyStopping
+from training.model.network import ModelSchema, build_model
+from training.model.memory_fit import check_model_fits
+from training.errors import ConfigError
+from training.trainer.rng import capture_rng, restore_rng
+
+__all__ = ["Progress", "TrainState", "lr_lambda"]
+
+_SECONDS = ("train", "data_wait", "compute", "checkpoint", "eval", "lost", "startup", "pre_train")
+
+
+@dataclass
+class Progress:
+    """Counters that survive resumes: where the run is, what it has spent, what it decided once."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    resumed_from_steps: list[int] = field(default_factory=list)
+    preemptions: int = 0
+    steps_lost: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_SECONDS, 0.0))
+    checkpoints_saved: int = 0
+    last_save_train_seconds: float = 0.0
+    save_cost_seconds: float | None = None  # moving average of measured save cost
+    restart_to_first_step_seconds: list[float] = field(default_factory=list)
+    stop_reason: str | None = None
+    stopped: str | None = None  # the status of a run that stopped before max_steps (see training.trainer.stopping)
+    # The micro-batch layout is decided once, at the run's first start, and kept across
+    # resumes: the data position counts global micro-batches of this size.
+    micro_batch: int | None = None  # rows per global micro-batch (all processes)
+    grad_accum: int | None = None
+    auto_batch: dict[str, Any] | None = None
+    num_workers: int | None = None  # what num_workers="auto" chose at the first start
+    torch_threads: int | None = None  # what torch_threads="auto" chose at the first start
+
+    def billed_seconds(self) -> float:
+        """Every second the machine was held for this run, lost work and restarts included."""
+        s = self.seconds
+        return s["pre_train"] + s["startup"] + s["train"] + s["eval"] + s["checkpoint"] + s["lost"]
+
+    def record_save_cost(self, stall: float) -> None:
+        self.seconds["checkpoint"] += stall
+        previous = self.save_cost_seconds
+        self.save_cost_seconds = stall if previous is None else 0.7 * previous + 0.3 * stall
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)  # a deep copy: later steps cannot change a checkpoint being written
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        known = {f.name for f in fields(self)}
+        for name, value in state.items():
+            if name in known:
+                setattr(self, name, value)
+        # A checkpoint from before an accumulator existed starts that accumulator at zero.
+        self.seconds = {**dict.fromkeys(_SECONDS, 0.0), **self.seconds}
+
+
+class _Stateful(Protocol):
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any, /) -> Any: ...
+
+
+def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
+    """Linear warm-up, then cosine down to 10% of the peak learning rate at `total`."""
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+class TrainState:
+    """The model and everything the optimisation carries, as one checkpointable unit."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, scaler: torch.amp.GradScaler,
+                 stopper: EarlyStopping, progress: Progress | None = None) -> None:
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.stopper = stopper
+        self.progress = progress or Progress()
+
+    @classmethod
+    def create(cls, config: RetrainConfig, schema: ModelSchema, device: torch.device, precision: str,
+               higher_is_better: bool = True) -> TrainState:
+        """A fresh state for `config` (the model is initialised from the current torch RNG)."""
+        tc = config.train
+        check_model_fits(config, schema, device)
+        try:
+            model = build_model(config.model, schema).to(device)
+        except (MemoryError, torch.OutOfMemoryError) as err:
+            raise ConfigError(f"the model does not fit in {device.type} memory ({type(err).__name__}); lower "
+                              "model.hidden, model.embedding_dim or preprocess.max_vocab") from None
+        optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc.warmup_steps, tc.max_steps))
+        # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.
+        scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+        return cls(model, optimizer, scheduler, scaler,
+                   EarlyStopping(tc.patience, tc.min_delta, higher_is_better=higher_is_better))
+
+    def _parts(self) -> dict[str, _Stateful]:
+        # The checkpoint's keys. "run" is the Progress (its name in every checkpoint so far).
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
+                "scaler": self.scaler, "early_stopping": self.stopper, "run": self.progress}
+
+    def state_dict(self, rng: dict[str, Any] | None = None,
+                   rng_per_rank: list[Any] | None = None) -> dict[str, Any]:
+        """The whole state; `rng` defaults to this process's generators, `rng_per_rank` (under
+        DDP) holds every rank's, gathered by the caller."""
+        state = {name: part.state_dict() for name, part in self._parts().items()}
+        state["rng"] = rng if rng is not None else capture_rng()
+        if rng_per_rank is not None:
+            state["rng_per_rank"] = rng_per_rank
+        return state
+
+    def load_state_dict(self, state: dict[str, Any], rank: int = 0, world_size: int = 1) -> None:
+        """Restore every part and the RNGs: each rank its own generators when the world size is
+        unchanged, rank 0's for all otherwise."""
+        for name, part in self._parts().items():
+            part.load_state_dict(state[name])
+        per_rank = state.get("rng_per_rank")
+        restore_rng(per_rank[rank] if per_rank is not None and len(per_rank) == world_size else state["rng"])

@@ -1,0 +1,147 @@
+"""When a run stops before `train.max_steps`, and why: the stopping policy in one place.
+
+- a stop request (SIGTERM, a spot notice) is a `StopFlag`, checked after each optimizer step;
+- budgets (`budget.max_wall_seconds`, `max_usd`, `max_gpu_hours`) on held machine time;
+- the plateau (early stopping's patience);
+- the champion gate: a run that cannot beat the champion by `eval.min_delta` stops early;
+- under DDP, one tiny all-reduce per step makes every rank act on the same decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from training.config import BudgetConfig, RetrainConfig, metric_name
+from training.trainer.early_stopping import EarlyStopping
+from training.trainer.state import Progress
+
+__all__ = ["CONTINUE", "STATUSES", "Budget", "Decision", "StopFlag", "StopPolicy", "agree_across_ranks", "champion_gate"]
+
+STATUSES = ("completed", "budget_stopped", "early_stopped")  # "completed": not stopped early
+
+
+class StopFlag:
+    """Set from a signal handler or the spot-notice poller; checked after each optimizer step."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+
+class Budget:
+    """The run's spending limits in seconds, dollars and GPU-hours of held machine time."""
+
+    def __init__(self, config: BudgetConfig, rate_per_hour: float, gpus: int) -> None:
+        self.config, self.rate, self.gpus = config, rate_per_hour, gpus
+        self.active = any(v is not None for v in (config.max_wall_seconds, config.max_usd, config.max_gpu_hours))
+
+    def exceeded(self, progress: Progress, next_steps: int) -> str | None:
+        """Why a limit is (or, after `next_steps` more steps and a validation, would be) crossed."""
+        if not self.active:
+            return None  # checked every step: no work when there is nothing to check
+        spent = progress.billed_seconds()
+        seconds = progress.seconds
+        per_step = (seconds["train"] + seconds["checkpoint"]) / max(1, progress.step)
+        per_eval = seconds["eval"] / max(1, len(progress.history))
+        projected = spent + (per_step * next_steps + per_eval if next_steps else 0.0)
+        c = self.config
+        checks = [
+            ("budget.max_wall_seconds", c.max_wall_seconds, 1.0, "s"),
+            ("budget.max_usd", c.max_usd, self.rate / 3600.0, "$"),
+            ("budget.max_gpu_hours", c.max_gpu_hours, self.gpus / 3600.0, "GPU-h"),
+        ]
+        for key, limit, per_second, unit in checks:
+            if limit is None or per_second == 0:
+                continue
+            if projected * per_second > limit:
+                return (f"{key}={limit:g}: {spent * per_second:.4g} {unit} spent, "
+                        f"{projected * per_second:.4g} {unit} after the next interval")
+        return None
+
+
+def champion_gate(history: list[dict[str, Any]], champion_value: float | None, min_delta: float,
+                  max_steps: int, metric: str = "auc", higher_is_better: bool = True) -> str | None:
+    """Stop when even an optimistic linear extrapolation of the last three validations cannot
+    reach the champion's validation metric improved by min_delta by max_steps."""
+    if champion_value is None or len(history) < 3:
+        return None
+    sign = 1.0 if higher_is_better else -1.0  # the extrapolation runs on "higher is better" scores
+    recent = history[-3:]
+    steps = np.array([h["step"] for h in recent], dtype=np.float64)
+    scores = sign * np.array([h[f"val_{metric}"] for h in recent], dtype=np.float64)
+    slope = float(np.polyfit(steps, scores, 1)[0])
+    best = max(sign * h[f"val_{metric}"] for h in history)
+    reachable = best + max(0.0, slope) * (max_steps - steps[-1])
+    needed = sign * champion_value + min_delta
+    if reachable < needed:
+        return (f"champion gate: validation {metric_name(metric)} trend reaches at {'most' if sign > 0 else 'least'} "
+                f"{sign * reachable:.4f} by step {max_steps}, the champion needs {sign * needed:.4f}")
+    return None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy decided after a step. `validate_first`: stopping on a step that was not
+    validated, so the model must be validated before the run ends (the best must be known)."""
+
+    status: str = "completed"
+    reason: str | None = None
+    validate_first: bool = False
+
+
+CONTINUE = Decision()  # the answer on almost every step: one shared object, none built per step
+
+
+class StopPolicy:
+    """Budgets, plateau and champion gate, decided on rank 0 after each step."""
+
+    def __init__(self, config: RetrainConfig, rate_per_hour: float, gpus: int,
+                 champion_value: float | None, metric: str = "auc", higher_is_better: bool = True) -> None:
+        self.budget = Budget(config.budget, rate_per_hour, gpus)
+        self.train, self.gate = config.train, config.budget.champion_gate
+        self.min_delta_vs_champion = config.eval.min_delta
+        self.champion_value = champion_value
+        self.metric, self.higher_is_better = metric, higher_is_better
+
+    def decide(self, progress: Progress, stopper: EarlyStopping, validated: bool) -> Decision:
+        tc = self.train
+        # Budgets: at a validation, stop if the next interval would cross a limit; at any step,
+        # stop once a limit is crossed (a step far slower than the average so far).
+        over = self.budget.exceeded(progress, tc.eval_every if validated else 0)
+        if over is not None:
+            return Decision("budget_stopped", over, validate_first=not validated)
+        if not validated:
+            return CONTINUE
+        if stopper.should_stop:
+            return Decision("early_stopped", f"no validation {metric_name(self.metric)} gain > {tc.min_delta} in {tc.patience} validations")
+        if self.gate:
+            gated = champion_gate(progress.history, self.champion_value, self.min_delta_vs_champion, tc.max_steps,
+                                  self.metric, self.higher_is_better)
+            if gated is not None:
+                return Decision("early_stopped", gated)
+        return CONTINUE
+
+
+def agree_across_ranks(stop_requested: bool, status: str, save_now: bool, rank: int) -> tuple[bool, str, bool]:
+    """(stop requested anywhere, rank 0's status, rank 0's save decision) on every rank.
+
+    Rank 0 decides (validation, budgets and time-based schedules are its alone); every rank
+    contributes its stop request. One tiny all-reduce per step keeps them in step."""
+    import torch
+    import torch.distributed as dist
+
+    leader = rank == 0
+    flags = torch.tensor([int(stop_requested), STATUSES.index(status) if leader else 0, int(save_now and leader)],
+                         dtype=torch.int64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return bool(flags[0]), STATUSES[int(flags[1])], bool(flags[2])

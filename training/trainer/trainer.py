@@ -1,0 +1,474 @@
+"""The Trainer: set-up in the constructor, then `fit()` over `train_step`, `validate` and `save`.
+
+What lives elsewhere, each in one file:
+- the checkpointed state (model, optimizer, scheduler, scaler, early stopping, progress, RNGs):
+  `training.trainer.state`;
+- when to stop (budgets, plateau, champion gate, the DDP agreement): `training.trainer.stopping`;
+- where to resume and what the last attempt lost (S3 restore, heartbeat, ledger): `training.trainer.resume`;
+- when to checkpoint: `training.trainer.checkpoint_schedule`; how: `training.trainer.checkpoint`;
+- the exported model package: `training.model.package`.
+
+Rank-aware through `rank`/`world_size` and free of module state, so it runs under torchrun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from training.trainer.attempts import append_attempt
+from training.trainer.checkpoint import AsyncCheckpointer, CheckpointManifest, load_checkpoint_state, step_dir_name
+from training.trainer.checkpoint_schedule import CheckpointSchedule
+from training.data.features import DERIVED_DIR, FeatureStats
+from training.data.loader import ShardBatches, StreamPosition, make_train_loader, worker_seconds_per_batch
+from training.data.packing import require_manifest
+from training.errors import Preempted, RetrainError
+from training.model.evaluation import predict_split
+from training.trainer.job import TrainJob, train_fingerprint
+from training.model.network import Batch, ModelSchema, forward_fn
+from training.model.package import export_model_package, load_warm_start
+from training.trainer.precision import autocast_dtype, measure_fp32_slowdown, resolve_device, resolve_precision
+from training.trainer.resume import ResumeBook
+from training.trainer.results import RungResult, TrainResult
+from training.trainer.runs import rung_file
+from training.trainer.rng import capture_rng, configure_determinism, seed_everything
+from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
+from training.storage.files import write_json_atomic
+from training.storage.root import MODEL, RUN
+from training.model.objectives import Task, higher_is_better, metric_for
+from training.trainer.threads import CpuClock, apply_thread_policy
+from training.trainer.throughput import accelerator_stats, auto_batch_layout, choose_num_workers, data_and_compute_seconds
+from training.trainer.state import TrainState
+
+__all__ = ["EVAL_BATCH_SIZE", "Trainer"]
+
+log = logging.getLogger(__name__)
+EVAL_BATCH_SIZE = 8192
+Emit = Callable[[dict[str, Any]], None]
+
+
+def _quiet(event: dict[str, Any]) -> None:
+    """Progress is rank 0's to report."""
+
+
+class Trainer:
+    """One attempt at one run: builds everything, resumes, trains, exports."""
+
+    def __init__(self, job: TrainJob, stop: StopFlag | None = None, emit: Emit = _quiet, rank: int = 0,
+                 world_size: int = 1, now_fn: Callable[[], float] = time.perf_counter) -> None:
+        self.job, self.config, self.tc = job, job.config, job.config.train
+        self.stop = stop or StopFlag()
+        self.emit_any_rank, self.emit = emit, (emit if rank == 0 else _quiet)
+        self.rank, self.world_size, self.now = rank, world_size, now_fn
+        self.spawn_time = float(os.environ.get("RETRAIN_SPAWN_TIME", time.time()))
+        self.run_dir = Path(job.run_dir)
+        # Set-up is the window in which other processes' load on this machine is measured.
+        self.cpu_clock = CpuClock.read()
+        # Before anything runs torch, a provisional count (the loader keeps a core); decided in
+        # _build_loader once the loader is known.
+        self.threads = apply_thread_policy(self.tc.torch_threads, 0)
+        self.device = resolve_device(self.tc.device)
+        self.precision = resolve_precision(self.tc.precision, self.device)
+        self.dtype = autocast_dtype(self.precision)
+        self.fingerprint = train_fingerprint(self.config, self.device.type, self.precision)
+        seed_everything(self.tc.seed)
+        configure_determinism(self.tc.deterministic, self.device)
+        self.dataset_dir = Path(job.dataset_dir)
+        self.manifest = require_manifest(self.dataset_dir)
+        self.stats = FeatureStats.from_json(Path(job.stats_path).read_text())
+        # Token ids and pixels stored by preprocessing beside the statistics (see features.py).
+        self.transform = self.stats.transformer(Path(job.stats_path).parent / DERIVED_DIR)
+        self.task = Task.of(self.stats)
+        self.metric = metric_for(self.stats.task, self.config.eval.metric)
+        higher = higher_is_better(self.stats.task, self.metric)
+        self.val_batches = ShardBatches(self.dataset_dir, self.manifest, "validation", EVAL_BATCH_SIZE,
+                                        self.transform, shuffle=False, drop_last=False)
+        self.state = TrainState.create(self.config, ModelSchema.of(self.stats), self.device, self.precision, higher)
+        self.book = ResumeBook(job, rank, world_size, self.spawn_time)
+        self._resume()
+        uploader = self.book.uploader
+        self.checkpointer = AsyncCheckpointer(self.run_dir / "checkpoints", self.tc.keep_last,
+                                              on_published=uploader.submit if uploader else None,
+                                              in_use=uploader.in_flight if uploader else set)
+        self.book.make_resume_point_durable()
+        self.schedule = CheckpointSchedule(*self.tc.checkpoint_interval(), self.tc.mean_seconds_between_preemptions)
+        self._decide_layout()
+        self._build_loader()
+        self._compile()
+        self.policy = StopPolicy(self.config, job.rate_per_hour, job.gpus, job.champion_val_metric, self.metric, higher)
+        if self.book.resumed_step is None:
+            self.state.progress.seconds["pre_train"] = job.pre_train_seconds  # once per run, not per attempt
+        self.profiler = None
+        if self.tc.profile:
+            from training.trainer.profiling import StepProfiler
+
+            self.profiler = StepProfiler(self.run_dir / "profile", self.device)
+        self.stop_agreed = False  # under DDP: the stop request all ranks agreed on last step
+        self.rows_seen = 0
+        self.first_step_latency: float | None = None
+        self.saved_step: int | None = None
+        self._last = 0.0
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _resume(self) -> None:
+        """Load the newest checkpoint of this run, or warm-start a fresh one; then account."""
+        self.book.restore_remote()
+        saved = self.book.latest_checkpoint(self.fingerprint)
+        if saved is not None:
+            self.state.load_state_dict(saved, self.rank, self.world_size)
+            log.info("resuming from %s (step %d)", self.book.resumed_from, self.state.progress.step)
+            self.emit({"event": "resumed", "step": self.state.progress.step, "checkpoint": str(self.book.resumed_from)})
+        elif self.job.init_weights is not None:
+            load_warm_start(self.state.model, Path(self.job.init_weights), self.job.init_sha256)
+        self.book.account(self.state.progress)
+
+    def _decide_layout(self) -> None:
+        """The micro-batch layout, decided at the run's first start and kept in the checkpoint,
+        so a resume batches identically."""
+        progress, tc = self.state.progress, self.tc
+        if progress.micro_batch is None:
+            progress.micro_batch, progress.grad_accum = tc.batch_size, tc.grad_accum
+            train_rows = sum(s.rows for s in self.manifest.shards_of("train"))
+            if train_rows < progress.micro_batch:
+                # Small data trains with the defaults, as in peers: one batch is the whole split.
+                progress.micro_batch = max(self.world_size, train_rows // self.world_size * self.world_size)
+                log.warning("the train split has %d rows, fewer than train.batch_size %d: training with batches "
+                            "of %d rows (the whole split)", train_rows, tc.batch_size, progress.micro_batch)
+            if tc.auto_batch_size:
+                progress.micro_batch, progress.grad_accum, progress.auto_batch = auto_batch_layout(
+                    self.state.model, self.task, tc, self.val_batches.batch(0, 0), self.device, self.dtype,
+                    self.world_size)
+        self.grad_accum = int(progress.grad_accum or tc.grad_accum)
+
+    def _build_loader(self) -> None:
+        """The endless train stream from the saved data position; `num_workers: auto` is probed
+        at the run's first start only."""
+        progress, tc = self.state.progress, self.tc
+        assert progress.micro_batch is not None  # decided by _decide_layout
+        # The global micro-batch is split across the processes; the node's ranks share its cache.
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        self.train_batches = ShardBatches(self.dataset_dir, self.manifest, "train",
+                                          progress.micro_batch // self.world_size, self.transform, seed=tc.seed,
+                                          cache_bytes=int(tc.loader_cache_mb * 1e6) // local_world)
+        self.workers_probe = None
+        num_workers = tc.num_workers
+        if num_workers == "auto" and progress.num_workers is not None:
+            num_workers = progress.num_workers
+        elif num_workers == "auto":
+            batches = self.train_batches
+            self.workers_probe = choose_num_workers(
+                self.state.model, self.task, lambda i: batches.batch(0, i % batches.batches_per_epoch), self.device,
+                self.dtype, lambda k: worker_seconds_per_batch(batches, k, self.rank, self.world_size))
+            num_workers = progress.num_workers = self.workers_probe["num_workers"]
+        self.num_workers = int(num_workers)
+        self._decide_threads()
+        self.loader = make_train_loader(
+            self.train_batches, StreamPosition(progress.epoch, progress.batch), self.num_workers,
+            pin_memory=self.device.type == "cuda", rank=self.rank, world=self.world_size)
+        source: Any = self.loader.dataset if isinstance(self.loader, DataLoader) else self.loader
+        self.per_epoch = source.per_epoch  # global batches per epoch
+
+    def _decide_threads(self) -> None:
+        """The run's intra-op threads, from the loader now known and the other processes'
+        load measured over set-up; kept from the first attempt on a resume (same numerics)."""
+        progress, probe = self.state.progress, self.workers_probe
+        decide = self.tc.torch_threads == "auto" and progress.torch_threads is None
+        if probe is not None:
+            t_data, t_compute = probe["data_seconds_per_batch"], probe["compute_seconds_per_batch"]
+        elif decide and self.num_workers == 0:
+            batches = self.train_batches  # the prefetch thread's load, as the workers probe measures it
+            t_data, t_compute = data_and_compute_seconds(
+                self.state.model, self.task, lambda i: batches.batch(0, i % batches.batches_per_epoch), self.device,
+                self.dtype, probes=3)
+        else:
+            t_data, t_compute = 0.0, 0.0
+        loader_busy = round(t_data / t_compute, 4) if t_compute > 0 else None
+        others = CpuClock.read_after(self.cpu_clock).others_busy_since(self.cpu_clock) if decide else 0.0
+        self.threads = apply_thread_policy(self.tc.torch_threads, self.num_workers, others, loader_busy,
+                                           kept=progress.torch_threads)
+        if self.tc.torch_threads == "auto":
+            progress.torch_threads = self.threads.threads
+
+    def _compile(self) -> None:
+        """torch.compile (warmed up now, outside the step timings) and DDP around the model."""
+        model = self.state.model
+        self.compile_seconds = None
+        compiled: torch.nn.Module = model
+        if self.tc.compile:
+            t0 = time.perf_counter()
+            compiled = torch.compile(model)  # type: ignore[assignment]
+            with torch.no_grad(), torch.random.fork_rng():
+                batch = self.train_batches.batch(0, 0)
+                forward_fn(compiled, model)({k: v[:2].to(self.device) for k, v in batch.items()})
+            if self.num_workers:
+                self.train_batches.release()
+            self.compile_seconds = time.perf_counter() - t0
+        self.ddp = None
+        if self.world_size > 1:
+            # After the resume: every rank loaded the same checkpoint, and DDP checks it by
+            # broadcasting rank 0's parameters. Gradients are averaged in buckets during backward.
+            self.ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=self.tc.ddp_bucket_mb)
+        self.forward = forward_fn(self.ddp if self.ddp is not None else compiled, model)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult | RungResult | None:
+        """Train to the end or an early stop (or to `job.pause_at`); the result on rank 0, None on
+        the other ranks. Raises `Preempted` after an emergency checkpoint when asked to stop."""
+        progress, max_steps = self.state.progress, self.tc.max_steps
+        batches = iter(self.loader)
+        self.state.model.train()
+        status = progress.stopped or "completed"
+        self._last = self.now()
+        pause_at = self.job.pause_at
+        while progress.step < max_steps and progress.stopped is None:
+            if pause_at is not None and progress.step >= pause_at:
+                return self._pause(batches)  # a tuning rung: the study decides whether to go on
+            # One process decides alone; under DDP every rank acts on the flag they agreed on at
+            # the end of the last step, so all of them stop at the same step.
+            if self.stop_agreed if self.world_size > 1 else self.stop.requested:
+                self._preempt(batches)
+            if self.checkpointer.failed:
+                self.checkpointer.wait()  # raises the save's error: steps past a failed save would be lost
+            loss = self.train_step(batches)
+            status = self._after_step(loss)
+            if status != "completed":
+                log.info("stopping at step %d: %s", progress.step, progress.stop_reason)
+                break
+        self._release(batches)
+        self.emit_any_rank({"event": "rank_done", "rank": self.rank, "rows": self.rows_seen, "step": progress.step})
+        return self._finish(status) if self.rank == 0 else None
+
+    def train_step(self, batches: Iterator[Any]) -> torch.Tensor:
+        """One optimizer step over `grad_accum` micro-batches; the step's summed loss."""
+        state, progress, now, seconds = self.state, self.state.progress, self.now, self.state.progress.seconds
+        device, ddp, grad_accum = self.device, self.ddp, self.grad_accum
+        state.optimizer.zero_grad(set_to_none=True)
+        loss_sum: torch.Tensor | None = None
+        for micro in range(grad_accum):
+            t_wait = now()
+            epoch, index, batch = next(batches)
+            if device.type != "cpu":
+                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            t_compute = now()
+            seconds["data_wait"] += t_compute - t_wait
+            self.rows_seen += int(batch["label"].shape[0])
+            # Under DDP only the last micro-batch all-reduces: the others accumulate locally.
+            sync = ddp.no_sync() if ddp is not None and micro < grad_accum - 1 else contextlib.nullcontext()
+            with sync:
+                loss = self._loss(batch)
+                state.scaler.scale(loss).backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+            seconds["compute"] += now() - t_compute
+        assert loss_sum is not None  # grad_accum >= 1: at least one micro-batch ran
+        progress.epoch, progress.batch = divmod(epoch * self.per_epoch + index + 1, self.per_epoch)
+        if self.tc.grad_clip > 0:
+            state.scaler.unscale_(state.optimizer)
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.tc.grad_clip)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.scheduler.step()
+        progress.step += 1
+        t_end = now()
+        seconds["train"] += t_end - self._last
+        self._last = t_end
+        self.book.heartbeat.write(progress.step, seconds["train"])
+        if self.profiler is not None:
+            self.profiler.step()
+        if self.first_step_latency is None:
+            self.first_step_latency = time.time() - self.spawn_time
+            if self.book.resumed_step is not None:
+                progress.restart_to_first_step_seconds.append(self.first_step_latency)
+        return loss_sum
+
+    def _loss(self, batch: Batch) -> torch.Tensor:
+        # Divided by the accumulation steps, so the summed gradient is a mean.
+        loss = self.task.forward_loss(self.forward, batch, self.device, self.dtype)
+        return loss / self.grad_accum if self.grad_accum > 1 else loss
+
+    def _after_step(self, loss_sum: torch.Tensor) -> str:
+        """Validate when due, decide whether to stop, agree across ranks, checkpoint when due."""
+        progress, tc, leader = self.state.progress, self.tc, self.rank == 0
+        improved = False
+        validated = progress.step % tc.eval_every == 0 or progress.step == tc.max_steps
+        if validated and self.world_size > 1:
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the global batch's loss, as with one process
+        if validated and leader:
+            improved = self.validate(float(loss_sum))
+        decision = self.policy.decide(progress, self.state.stopper, validated) if leader else CONTINUE
+        if decision.validate_first:
+            improved = self.validate(float(loss_sum))  # the best model must be validated before we stop
+        status = decision.status
+        if decision.reason is not None:
+            progress.stop_reason = decision.reason
+        save_now = self.schedule.due(progress) or improved or status != "completed" or progress.step == tc.max_steps
+        if self.world_size > 1:
+            self.stop_agreed, status, save_now = agree_across_ranks(self.stop.requested, status, save_now, self.rank)
+        if status != "completed":
+            progress.stopped = status  # in the final checkpoint: a run finished again from it stops at once
+        if save_now:
+            self.save()
+        self._last = self.now()  # checkpoint and eval time are accounted separately
+        return status
+
+    def validate(self, train_loss: float) -> bool:
+        """Every validation metric of the task at this step into the history (`val_<metric>`);
+        True when eval.metric reached a new best."""
+        progress, t0 = self.state.progress, self.now()
+        pred, labels = predict_split(self.state.model, self.task, self.val_batches, self.device, self.dtype)
+        metrics = self.task.evaluate(labels, pred)
+        better = self.state.stopper.update(metrics[self.metric], progress.step)
+        progress.history.append({"step": progress.step, "train_loss": train_loss,
+                                 **{f"val_{name}": value for name, value in metrics.items()},
+                                 "lr": float(self.state.scheduler.get_last_lr()[0])})
+        progress.seconds["eval"] += self.now() - t0
+        self.emit({"event": "validation", **progress.history[-1], "metric": self.metric, "max_steps": self.tc.max_steps,
+                   "spent_seconds": progress.billed_seconds()})
+        return better
+
+    def save(self, emergency: bool = False) -> None:
+        """Checkpoint the TrainState. Called on every rank at the same step (the RNG gather is a
+        collective); rank 0 writes."""
+        t0, progress = self.now(), self.state.progress
+        rng = capture_rng()
+        rng_per_rank = None
+        if self.world_size > 1:
+            rng_per_rank = [None] * self.world_size
+            dist.all_gather_object(rng_per_rank, rng)
+        if self.rank != 0:
+            return
+        # Accounting first, so the saved state already counts this save.
+        progress.checkpoints_saved += 1
+        progress.last_save_train_seconds = progress.seconds["train"]
+        history = progress.history
+        val_auc = history[-1].get("val_auc") if history and history[-1]["step"] == progress.step else None
+        manifest = CheckpointManifest(progress.step, self.job.run_key, self.fingerprint, {}, val_auc=val_auc,
+                                      emergency=emergency, extra={"tags": dict(self.config.cost.tags)})
+        protect = {s for s in (self.state.stopper.best_step, self.book.resumed_step) if s is not None}
+        # Emergency saves block: the process exits right after. Others write in the background
+        # and the loop only waits for the in-memory copy.
+        self.checkpointer.save(manifest, self.state.state_dict(rng, rng_per_rank), protect, blocking=emergency)
+        self.saved_step = progress.step
+        progress.record_save_cost(self.now() - t0)
+        self.emit({"event": "checkpoint", "step": progress.step, "emergency": emergency})
+
+    def _preempt(self, batches: Iterator[Any]) -> None:
+        """Emergency checkpoint, made durable, then `Preempted` on every rank."""
+        self.save(emergency=True)
+        uploader = self.book.uploader
+        if uploader is not None:
+            # The local disk of a spot machine dies with it: the emergency checkpoint counts
+            # only once it is on S3.
+            try:
+                uploader.flush()
+            except RetrainError as err:
+                log.error("emergency checkpoint stayed local: %s", err)
+        self._release(batches)
+        if self.world_size > 1:
+            dist.barrier()  # nobody exits (and makes torchrun kill the rest) before rank 0 wrote
+        raise Preempted(f"stopped at step {self.state.progress.step}: "
+                        f"{self.stop.reason or 'another rank was stopped'}", step=self.state.progress.step)
+
+    def _pause(self, batches: Iterator[Any]) -> RungResult | None:
+        """Stop at a tuning rung: a checkpoint at this step (the next rung resumes from it, bit
+        for bit), made durable, then the rung's result in `rungs/step-<n>.json`. A pause is not
+        a preemption: the ledger records it so the report does not count it as one."""
+        progress = self.state.progress
+        if self.saved_step != progress.step and self.book.resumed_step != progress.step:
+            self.save()  # on every rank: the RNG gather is a collective
+        self._release(batches)
+        if self.rank != 0:
+            return None
+        self.checkpointer.wait()
+        uploader = self.book.uploader
+        if uploader is not None:
+            uploader.flush()
+            uploader.close()
+        append_attempt(self.run_dir / "attempts.jsonl", {"paused_at": progress.step})
+        best = self.state.stopper.best
+        rung = RungResult(run_key=self.job.run_key, status="paused", step=progress.step, metric=self.metric,
+                          value=float("nan") if best is None else best, billed_seconds=progress.billed_seconds(),
+                          steps_lost=progress.steps_lost, preemptions=progress.preemptions,
+                          startup_seconds=progress.seconds["startup"])
+        write_json_atomic(self.run_dir / rung_file(progress.step), rung.to_json())
+        root = self.book.root
+        if root is not None:
+            root.publish(f"{self.job.run_rel}/attempts.jsonl", RUN, self.job.run_key)
+            root.publish(f"{self.job.run_rel}/{rung_file(progress.step)}", RUN, self.job.run_key)
+        self.emit({"event": "paused", "step": progress.step, "value": rung.value, "metric": self.metric})
+        return rung
+
+    def _release(self, batches: Iterator[Any]) -> None:
+        self.book.heartbeat.close()
+        # The train stream is endless, so its worker processes are still prefetching when the
+        # loop ends; stop them now rather than at garbage collection.
+        shutdown = getattr(batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    # -- the end --------------------------------------------------------------------------
+
+    def _finish(self, status: str) -> TrainResult:
+        """Wait for the checkpoints, export the best as the model package, write result.json
+        and publish the run (result.json last: it marks the run done)."""
+        if self.profiler is not None:
+            self.profiler.close()
+        self.checkpointer.wait()  # the final and best checkpoints must be on disk before export
+        uploader = self.book.uploader
+        if uploader is not None:
+            uploader.flush()
+            uploader.close()
+        fp32_slowdown = 1.0
+        if self.precision != "fp32":
+            fp32_slowdown = measure_fp32_slowdown(self.state.model, self.task, self.train_batches.batch(0, 0),
+                                                  self.device, self.precision)
+        stopper = self.state.stopper
+        assert stopper.best_step is not None  # every run validates at least once: at its last step
+        best = load_checkpoint_state(self.run_dir / "checkpoints" / step_dir_name(stopper.best_step))["model"]
+        package = export_model_package(self.run_dir / "model", best, self.config, self.stats, self.job.run_key,
+                                       stopper.best_step, self.metric, stopper.best)
+        result = self._result(status, package, fp32_slowdown)
+        write_json_atomic(self.run_dir / "result.json", result.to_json())
+        root, rel, key = self.book.root, self.job.run_rel, self.job.run_key
+        if root is not None:
+            root.publish_all([f"{rel}/model/model.pt", f"{rel}/model/model.json"], MODEL, key)
+            root.publish(f"{rel}/attempts.jsonl", RUN, key)
+            root.publish(f"{rel}/result.json", RUN, key)  # last: the run is done
+        return result
+
+    def _result(self, status: str, package: Any, fp32_slowdown: float) -> TrainResult:
+        progress, stopper, tc = self.state.progress, self.state.stopper, self.tc
+        assert progress.micro_batch is not None and stopper.best_step is not None
+        uploader = self.book.uploader
+        upload = None if uploader is None else {
+            "uploaded": len(uploader.uploaded), "superseded": uploader.superseded, "failures": uploader.failures,
+            "background_seconds": uploader.seconds}
+        return TrainResult(
+            run_key=self.job.run_key, status=status, stop_reason=progress.stop_reason, fp32_slowdown=fp32_slowdown,
+            profile=self.profiler.summary() if self.profiler is not None else None, max_steps=tc.max_steps,
+            billed_seconds=progress.billed_seconds(), accelerator=accelerator_stats(self.device),
+            steps=progress.step, best_step=stopper.best_step, metric=self.metric, best_val_metric=stopper.best,
+            best_val_auc=stopper.best if self.metric == "auc" else None, precision=self.precision,
+            device=self.device.type, model=package, history=progress.history,
+            resumed_from_steps=progress.resumed_from_steps, preemptions=progress.preemptions,
+            steps_lost=progress.steps_lost, seconds=progress.seconds,
+            first_step_latency_seconds=self.first_step_latency,
+            restart_to_first_step_seconds=progress.restart_to_first_step_seconds,
+            checkpoints_saved=progress.checkpoints_saved,
+            checkpoint_background_seconds=self.checkpointer.background_seconds,
+            checkpoint_interval=self.schedule.describe(progress),
+            samples_seen=progress.step * progress.micro_batch * self.grad_accum,  # the micro-batch is global
+            batch_layout={"micro_batch": progress.micro_batch, "grad_accum": self.grad_accum,
+                          "auto": progress.auto_batch, "peak_lr": tc.peak_lr()},
+            num_workers={"used": self.num_workers, "probe": self.workers_probe}, threads=self.threads,
+            compile_seconds=self.compile_seconds, world_size=self.world_size, checkpoint_upload=upload,
+        )

@@ -1,0 +1,192 @@
+"""What a study reports: `tune_report.json` (trials, spend against budget, the naive
+counterfactual, the best trial), `tune_curve.png` (best metric against cumulative cost) and
+`best_config.yaml` (the best trial's config, for `retrain run --config`), all under
+`tune/<study>/` and published with the root."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict
+
+from training.config import metric_name
+from training.cost.bill import SECONDS_PER_HOUR
+from training.storage.files import write_atomic, write_json_atomic
+from training.storage.root import RUN
+from training.tune.space import apply_params
+from training.tune.study import Study
+
+__all__ = ["TrialRow", "TuneReport", "build_report", "write_report"]
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class TrialRow(_Row):
+    number: int
+    params: dict[str, Any]
+    state: str  # completed, early_stopped, pruned, budget (stopped by the study's budget), running, failed
+    rung: int | None  # index of the last rung reached (None: none yet)
+    steps: int
+    value: float | None  # the metric at the last rung reached (or the finished run's best)
+    rung_values: dict[int, float]
+    billed_seconds: float
+    usd: float
+    gpu_hours: float
+    steps_lost: int
+    preemptions: int
+    run_key: str | None
+
+
+class Spend(_Row):
+    seconds: float
+    usd: float
+    gpu_hours: float
+    setup_seconds: dict[str, float]
+
+
+class TuneReport(_Row):
+    study: str
+    status: str  # complete, budget_stopped, running
+    stop_reason: str | None
+    metric: str
+    direction: str
+    rungs: list[int]
+    instance_type: str
+    market: str
+    rate_per_hour: float
+    trials: list[TrialRow]
+    spend: Spend
+    budget: dict[str, float | None]
+    naive: Spend  # every trial trained to full fidelity, on demand
+    saved_fraction: float | None
+    best: dict[str, Any] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def _state(trial: Any) -> str:
+    name = trial.state.name.lower()
+    status = trial.user_attrs.get("status")
+    if name == "complete":
+        return "early_stopped" if status == "early_stopped" else "completed"
+    if name == "pruned":
+        return "budget" if status in ("budget", "budget_stopped") else "pruned"
+    return {"running": "running", "fail": "failed"}.get(name, name)
+
+
+def _row(study: Study, trial: Any) -> TrialRow:
+    billed = float(trial.user_attrs.get("billed_seconds", 0.0))
+    steps = int(trial.user_attrs.get("steps", 0))
+    reached = [i for i, step in enumerate(study.rungs) if step <= steps] if steps else []
+    value = trial.value if trial.value is not None else (
+        trial.intermediate_values[trial.last_step] if trial.last_step is not None else None)
+    return TrialRow(
+        number=trial.number, params=json.loads(trial.user_attrs.get("params", "{}")), state=_state(trial),
+        rung=reached[-1] if reached else None, steps=steps, value=value,
+        rung_values={int(k): float(v) for k, v in trial.intermediate_values.items()},
+        billed_seconds=billed, usd=study.budget.usd(billed), gpu_hours=study.budget.gpu_hours(billed),
+        steps_lost=int(trial.user_attrs.get("steps_lost", 0)), preemptions=int(trial.user_attrs.get("preemptions", 0)),
+        run_key=trial.user_attrs.get("run_key"))
+
+
+def _naive(study: Study, rows: list[TrialRow]) -> Spend:
+    """Every trial run to train.max_steps on demand, never pruned, at its own measured pace."""
+    config, cost = study.config, study.cost
+    on_demand = config.cost.prices[config.cost.instance_type].on_demand_per_hour
+    seconds = 0.0
+    for row in rows:
+        per_step = cost.seconds_per_step
+        if row.steps:
+            # Its rungs' start-ups are its own extra cost; the naive run pays one.
+            rungs = sum(1 for step in study.rungs if step <= row.steps)
+            per_step = max(0.0, row.billed_seconds - rungs * cost.startup_seconds) / row.steps or per_step
+        seconds += cost.startup_seconds + config.train.max_steps * per_step
+    setup = study.setup_seconds()
+    total = seconds + sum(v for k, v in setup.items() if k != "calibration")
+    return Spend(seconds=total, usd=on_demand * total / SECONDS_PER_HOUR,
+                 gpu_hours=study.budget.gpus * total / SECONDS_PER_HOUR, setup_seconds=setup)
+
+
+def build_report(study: Study) -> TuneReport:
+    rows = [_row(study, t) for t in study.trials()]
+    spent = study.spent_seconds()
+    naive = _naive(study, rows)
+    finished = [r for r in rows if r.state in ("completed", "early_stopped") and r.value is not None]
+    best = None
+    if finished:
+        pick = (max if study.maximize else min)(finished, key=lambda r: r.value if r.value is not None else -math.inf)
+        best = {"trial": pick.number, "value": pick.value, "params": pick.params, "run_key": pick.run_key,
+                "config": study.root.display(f"{study.rel}/best_config.yaml")}
+    status = "complete" if study.complete() else "budget_stopped" if study.stopped_by else "running"
+    t = study.tune
+    usd = study.budget.usd(spent)
+    return TuneReport(
+        study=study.key, status=status, stop_reason=study.stopped_by, metric=study.metric,
+        direction="maximize" if study.maximize else "minimize", rungs=study.rungs,
+        instance_type=study.config.cost.instance_type, market=study.config.cost.market,
+        rate_per_hour=study.budget.rate, trials=rows,
+        spend=Spend(seconds=spent, usd=usd, gpu_hours=study.budget.gpu_hours(spent), setup_seconds=study.setup_seconds()),
+        budget={"max_usd": t.max_usd, "max_gpu_hours": t.max_gpu_hours, "max_wall_seconds": t.max_wall_seconds},
+        naive=naive, saved_fraction=(1 - usd / naive.usd) if naive.usd > 0 else None, best=best)
+
+
+def _plot(report: TuneReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    priced = report.rate_per_hour > 0
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+    spent = sum(report.spend.setup_seconds.values())
+    xs, ys, best = [], [], None
+    sign = 1.0 if report.direction == "maximize" else -1.0
+    for row in report.trials:
+        spent += row.billed_seconds
+        x = spent * report.rate_per_hour / SECONDS_PER_HOUR if priced else spent
+        if row.value is not None:
+            ax.scatter([x], [row.value], s=18, color={"completed": "tab:green", "early_stopped": "tab:green",
+                                                      "pruned": "tab:gray"}.get(row.state, "tab:orange"))
+        if row.state in ("completed", "early_stopped") and row.value is not None and (
+                best is None or sign * row.value > sign * best):
+            best = row.value
+        if best is not None:
+            xs.append(x)
+            ys.append(best)
+    if xs:
+        ax.step(xs, ys, where="post", color="tab:blue", label="best full-fidelity trial so far")
+        ax.legend(loc="lower right" if sign > 0 else "upper right")
+    ax.set_xlabel("cumulative cost ($)" if priced else "cumulative machine seconds")
+    ax.set_ylabel(f"validation {metric_name(report.metric)}")
+    ax.set_title(f"study {report.study}: {len(report.trials)} trials (grey: pruned)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def write_report(study: Study) -> tuple[TuneReport, Path, Path]:
+    """Write (and publish) the report, its plot and the best config; (report, json, png)."""
+    report = build_report(study)
+    folder = study.root.local / study.rel
+    rels = []
+    if report.best is not None:
+        best = apply_params(study.config, report.best["params"]).model_dump(mode="json", exclude={"tune"})
+        header = (f"# Best trial {report.best['trial']} of study {study.key}: validation "
+                  f"{metric_name(report.metric)} {report.best['value']:.6f}. Run it: retrain run --config <this file>\n")
+        write_atomic(folder / "best_config.yaml", (header + yaml.safe_dump(best, sort_keys=False)).encode())
+        rels.append(f"{study.rel}/best_config.yaml")
+    png = folder / "tune_curve.png"
+    _plot(report, png)
+    json_path = folder / "tune_report.json"
+    write_json_atomic(json_path, report.to_json())
+    for rel in [*rels, f"{study.rel}/tune_curve.png", f"{study.rel}/tune_report.json"]:
+        study.root.publish(rel, RUN)
+    return report, json_path, png
