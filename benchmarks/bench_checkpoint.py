@@ -40,7 +40,7 @@ def _state() -> dict[str, Any]:
 def _import_floor() -> float:
     """A bare interpreter importing torch and the loop: the floor of any restart."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, training.trainer.loop"], check=True)
+    subprocess.run([sys.executable, "-c", "import torch, training.trainer.trainer"], check=True)
     return time.perf_counter() - t0
 
 

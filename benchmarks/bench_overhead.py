@@ -20,7 +20,7 @@ from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches
 from training.data.packing import load_manifest
-from training.trainer.loop import train
+from training.trainer.trainer import train
 from training.trainer.state import lr_lambda as _lr_lambda
 from training.model.network import ModelSchema, build_model
 

@@ -52,7 +52,7 @@ def run(work: Path) -> dict[str, Any]:
     from training.trainer.checkpoint import AsyncCheckpointer, CheckpointManifest, save_checkpoint
     from training.trainer.checkpoint_sync import CheckpointUploader
     from training.config import load_config
-    from training.pipeline.stages import pack_stage
+    from training.pipeline.pack_stage import pack_stage
     from training.storage.root import StorageRoot
 
     server, endpoint = _server()

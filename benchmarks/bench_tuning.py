@@ -24,7 +24,8 @@ import yaml
 
 from training.config import load_config
 from training.trainer.results import RungResult
-from training.pipeline.stages import pack_stage, preprocess_stage
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
 from training.tune.driver import drive, open_study
 from training.tune.study_report import build_report
 from training.tune.study import RungWork

@@ -81,7 +81,9 @@ def _curves(work: Path, source: Path) -> tuple[list[Curve], float]:
     """K real runs of random configurations, and the measured machine seconds of one pause."""
     import optuna
 
-    from training.pipeline.stages import pack_stage, preprocess_stage
+    from training.pipeline.pack_stage import pack_stage
+
+    from training.pipeline.preprocess_stage import preprocess_stage
     from training.tune.space import apply_params, parse_space
     from training.tune.trial import TRIAL_CHILDREN, rung_stage
 

@@ -10,7 +10,10 @@ import pyarrow.parquet as pq
 
 from training.config import load_config
 from training.data.demo import ensure_demo_dataset
-from training.pipeline.stages import evaluate_stage, pack_stage, preprocess_stage, train_stage
+from training.pipeline.evaluate_stage import evaluate_stage
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.train_stage import train_stage
 
 
 def _run(overrides: list[str]) -> dict[str, Any]:

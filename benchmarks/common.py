@@ -45,7 +45,9 @@ def train_job(work: Path, name: str, overrides: list[str]):
     """A packed, preprocessed training job under `work`, as the flow would build it."""
     from training.config import load_config
     from training.trainer.job import TrainJob
-    from training.pipeline.stages import pack_stage, preprocess_stage, run_key_for
+    from training.pipeline.pack_stage import pack_stage
+    from training.pipeline.preprocess_stage import preprocess_stage
+    from training.pipeline.train_stage import run_key_for
 
     config = load_config(overrides=[f"storage.root={work}", *overrides])
     packed = pack_stage(config)

@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _join(args: argparse.Namespace) -> int:
-    from training.pipeline.stages import join_training
+    from training.pipeline.train_stage import join_training
 
     config = _loaded(args)
     return join_training(config, args.node_rank)

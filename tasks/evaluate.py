@@ -7,7 +7,7 @@ from tasks.artifacts import publish_promotion
 from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
 from training.trainer.results import Evaluation, PackResult, TrainResult
-from training.pipeline.stages import champion_validation_metric, evaluate_stage
+from training.pipeline.evaluate_stage import champion_validation_metric, evaluate_stage
 
 __all__ = ["evaluate_model", "score_champion"]
 

@@ -15,7 +15,7 @@ from prefect import task, unmapped
 from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
 from training.trainer.results import PackResult
-from training.pipeline.stages import PackBegun, pack_begin, pack_finish, pack_part_stage
+from training.pipeline.pack_stage import PackBegun, pack_begin, pack_finish, pack_part_stage
 
 __all__ = ["begin_packing", "pack_part", "finish_packing", "pack_dataset"]
 

@@ -8,7 +8,7 @@ from prefect.states import Completed, State
 from training.data.features import PREPROCESS_VERSION
 from training.config import RetrainConfig
 from training.trainer.results import PackResult, PrepResult
-from training.pipeline.stages import preprocess_stage
+from training.pipeline.preprocess_stage import preprocess_stage
 
 __all__ = ["fit_features", "preprocess_dataset", "PREPROCESS_VERSION"]
 

@@ -8,7 +8,7 @@ from prefect import task
 from tasks.artifacts import announce_run_completed, publish_report
 from training.config import RetrainConfig
 from training.trainer.results import Evaluation, LaunchPhases, PackResult, PrepResult, TrainResult
-from training.pipeline.stages import report_stage
+from training.pipeline.report_stage import report_stage
 
 __all__ = ["write_report"]
 

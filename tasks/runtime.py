@@ -16,7 +16,7 @@ from prefect import runtime
 from tasks.policies import task_logger
 from training.config import RetrainConfig, StorageConfig, merge_over
 from training.errors import Preempted
-from training.storage.root_lock import hold_root
+from training.storage.lease import hold_root
 from training.storage.lease import hold_s3_root
 from training.storage.root import StorageRoot, local_dir_for
 
@@ -140,7 +140,7 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
       filesystem): the global concurrency limit named after the root (a dead holder frees it
       when its lease lapses).
     - On this machine, for a local root, whatever server: an fcntl lock in the root, which a
-      dead holder frees at once (training.storage.root_lock).
+      dead holder frees at once (training.storage.lease).
     - For an S3 root, whatever server and machine: a lease object written with S3's conditional
       writes, renewed while held; a dead holder's lease expires (training.storage.lease).
     """

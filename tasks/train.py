@@ -10,7 +10,7 @@ from tasks.policies import forward_child_event, retry_only_preemptions, task_log
 from training.config import RetrainConfig
 from training.errors import Preempted
 from training.trainer.results import PackResult, PrepResult, TrainResult
-from training.pipeline.stages import train_stage
+from training.pipeline.train_stage import train_stage
 
 __all__ = ["train_model"]
 

@@ -43,7 +43,9 @@ def _overrides(endpoint: str, bucket: str, prefix: str) -> list[str]:
 
 def _reference_sha(endpoint: str, bucket: str) -> str:
     """The same config trained here without interruption, under a prefix of its own."""
-    from training.pipeline.stages import pack_stage, preprocess_stage, train_stage
+    from training.pipeline.pack_stage import pack_stage
+    from training.pipeline.preprocess_stage import preprocess_stage
+    from training.pipeline.train_stage import train_stage
 
     config = load_config(overrides=_overrides(endpoint, bucket, "reference"))
     packed = pack_stage(config)

@@ -14,7 +14,8 @@ from flows.retrain import retrain
 from tests.kill import kill_worker_when
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.pipeline.stages import pack_stage, run_key_for
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.train_stage import run_key_for
 
 
 def _report(path: str) -> dict:

@@ -17,7 +17,8 @@ from flows.retrain import retrain
 from tests.kill import kill_worker_when
 from tests.mlflow_server import MlflowServer
 from training.config import RetrainConfig, load_config
-from training.pipeline.stages import pack_stage, run_key_for
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.train_stage import run_key_for
 from training.storage.root import StorageRoot
 from training.pipeline.tracking import TAG_RUN_KEY
 
@@ -177,7 +178,10 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: Mlf
                                                              demo_source: Path) -> None:
     """The stage functions the flow's tasks call (no Prefect: it adds nothing to this), with the
     server killed at step 50 of 300. Last in this file: the module's server dies here."""
-    from training.pipeline.stages import evaluate_stage, preprocess_stage, report_stage, train_stage
+    from training.pipeline.evaluate_stage import evaluate_stage
+    from training.pipeline.preprocess_stage import preprocess_stage
+    from training.pipeline.report_stage import report_stage
+    from training.pipeline.train_stage import train_stage
 
     server = mlflow_server
     config = _config(tmp_path / "root", demo_source, server.url, "train.max_steps=300")

@@ -5,7 +5,9 @@ from __future__ import annotations
 from training.config import RetrainConfig
 from training.trainer.job import TrainJob
 from training.storage.root import StorageRoot
-from training.pipeline.stages import pack_stage, preprocess_stage, run_key_for
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.train_stage import run_key_for
 
 
 def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
@@ -31,7 +33,7 @@ def assert_resumes_bit_identically(config: RetrainConfig, stop_at: int = 50) -> 
     import pytest
 
     from training.errors import Preempted
-    from training.trainer.loop import StopFlag, train
+    from training.trainer.trainer import StopFlag, train
 
     reference = train(make_job(config, "reference"))
     job = make_job(config, "interrupted")

@@ -9,7 +9,7 @@ import pytest
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.trainer.loop import StopFlag, train
+from training.trainer.trainer import StopFlag, train
 
 
 def _fake_clock(tick: float = 0.01):

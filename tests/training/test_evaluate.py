@@ -9,8 +9,9 @@ import pytest
 from tests.training.helpers import make_job
 from training.config import EvalConfig, RetrainConfig
 from training.model.evaluation import decide_promotion, promote, read_champion
-from training.trainer.loop import train
-from training.pipeline.stages import evaluate_stage, pack_stage
+from training.trainer.trainer import train
+from training.pipeline.evaluate_stage import evaluate_stage
+from training.pipeline.pack_stage import pack_stage
 
 
 def test_decisions() -> None:
@@ -158,7 +159,7 @@ def test_promotion_on_s3_is_a_compare_and_swap(
 ) -> None:
     """Two machines evaluate at once: the one whose comparison is stale must not overwrite the
     champion promoted a moment earlier (seen: 0.8366 overwrote 0.8410)."""
-    import training.pipeline.stages as stages
+    import training.pipeline.evaluate_stage as stages
     from tests.conftest import s3_overrides
     from training.config import load_config
     from training.storage.root import StorageRoot

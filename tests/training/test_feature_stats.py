@@ -10,7 +10,8 @@ import pytest
 
 from training.config import RetrainConfig
 from training.data.features import checksum_path, verified_feature_stats
-from training.pipeline.stages import pack_stage, preprocess_stage
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
 
 
 def _prep(config: RetrainConfig) -> dict:

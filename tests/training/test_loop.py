@@ -8,7 +8,7 @@ import pytest
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.errors import CheckpointError, Preempted
-from training.trainer.loop import StopFlag, train
+from training.trainer.trainer import StopFlag, train
 
 
 def _stop_after_checkpoint(at_step: int, stop: StopFlag):

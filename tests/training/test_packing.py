@@ -16,7 +16,7 @@ from training.config import RetrainConfig, load_config
 from training.data.packing import load_manifest, pack_shards
 from training.data.shards import ShardReader
 from training.errors import DataError
-from training.pipeline.stages import pack_stage
+from training.pipeline.pack_stage import pack_stage
 
 
 def _pack(config: RetrainConfig, source: Path, root: Path):
@@ -179,7 +179,7 @@ def test_parallel_packing_is_byte_identical_to_serial(tmp_path: Path, demo_sourc
     import random
     from concurrent.futures import ThreadPoolExecutor
 
-    from training.pipeline.stages import pack_begin, pack_finish, pack_part_stage
+    from training.pipeline.pack_stage import pack_begin, pack_finish, pack_part_stage
 
     source = _multi_file_source(tmp_path, demo_source)
     serial_cfg = load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.pack_parts=1"])
@@ -257,7 +257,7 @@ def test_a_failed_shard_write_is_named_and_leaves_no_dataset(small_config: Retra
 def test_a_damaged_reused_dataset_is_packed_again_with_a_warning(
     small_config: RetrainConfig, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from training.pipeline.stages import pack_stage
+    from training.pipeline.pack_stage import pack_stage
 
     first = pack_stage(small_config)
     dataset = Path(first.dataset_dir)

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from training.storage.root_lock import LOCK_NAME, hold_root
+from training.storage.lease import LOCK_NAME, hold_root
 
 _HOLD = """
 import sys, time
 from pathlib import Path
-from training.storage.root_lock import hold_root
+from training.storage.lease import hold_root
 with hold_root(Path(sys.argv[1])):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))

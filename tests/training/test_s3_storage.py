@@ -201,7 +201,7 @@ def test_config_rejects_bad_storage_settings():
 
 def test_shard_cache_streams_shards_on_demand_within_its_size_limit(s3_bucket, s3_server, demo_source, tmp_path):
     """Pack on one machine, train on another whose shard cache holds only a few shards."""
-    from training.pipeline.stages import pack_stage
+    from training.pipeline.pack_stage import pack_stage
 
     s3 = s3_overrides(s3_bucket, s3_server, tmp_path / "machine-a")
     config = load_config(overrides=small_overrides(tmp_path / "unused", demo_source) + s3)

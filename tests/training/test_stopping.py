@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from training.config import load_config
-from training.trainer.early_stopping import EarlyStopping
+from training.trainer.state import EarlyStopping
 from training.trainer.stopping import Budget, StopPolicy, champion_gate
 from training.trainer.state import Progress
 

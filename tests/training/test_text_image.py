@@ -27,7 +27,7 @@ from training.data.text import fit_tokenizer
 from training.model.encoders import ImageEncoder, TextEncoder
 from training.errors import ConfigError, DataError
 from training.model.evaluation import evaluate_package
-from training.trainer.loop import train
+from training.trainer.trainer import train
 
 TEXT = ["data.label=positive", "data.text=[review]", "data.numeric=[]", "data.categorical=[]",
         "preprocess.vocab_size=400", "preprocess.max_tokens=24", "model.text_dim=32", "model.text_layers=1",
@@ -246,7 +246,8 @@ def test_token_ids_are_published_with_the_statistics_and_reused_by_a_fresh_machi
     """Preprocess on machine A with an s3:// root; machine B (an empty local copy) reuses the
     statistics and fetches the stored token ids, identical, instead of fitting again."""
     from tests.conftest import s3_overrides
-    from training.pipeline.stages import pack_stage, preprocess_stage
+    from training.pipeline.pack_stage import pack_stage
+    from training.pipeline.preprocess_stage import preprocess_stage
 
     def stages(machine: str) -> tuple[Path, bool]:
         config = _config(tmp_path, reviews_source, [*TEXT, *s3_overrides(s3_bucket, s3_server, tmp_path / machine)])

@@ -14,7 +14,7 @@ import torch
 
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
-from training.trainer.loop import train
+from training.trainer.trainer import train
 from training.trainer.threads import CpuClock, apply_thread_policy, cgroup_quota, decide_threads
 
 AFFINITY = len(os.sched_getaffinity(0))

@@ -12,7 +12,7 @@ import torch
 
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
-from training.trainer.loop import train
+from training.trainer.trainer import train
 from training.data.features import FeatureStats
 from training.model.network import TabularMLP
 from training.model.objectives import BinaryTask

@@ -22,7 +22,9 @@ from tests.training.helpers import make_job
 from training.config import RetrainConfig, load_config
 from training.data.shards import ShardReader, ShardTarWriter
 from training.errors import DamagedShard, StorageError
-from training.pipeline.stages import pack_stage, preprocess_stage, train_stage
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.train_stage import train_stage
 from training.storage.files import inside
 
 

@@ -12,7 +12,11 @@ from pathlib import Path
 from tests.conftest import small_overrides
 from training.config import RetrainConfig, load_config
 from training.data.sources import dataset_fingerprint, source_files
-from training.pipeline.stages import evaluate_stage, pack_stage, preprocess_stage, report_stage, train_stage
+from training.pipeline.evaluate_stage import evaluate_stage
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.report_stage import report_stage
+from training.pipeline.train_stage import train_stage
 from training.pipeline.unchanged import find_unchanged
 
 

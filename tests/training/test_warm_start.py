@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 from training.config import RetrainConfig
-from training.pipeline.stages import evaluate_stage, pack_stage, preprocess_stage, train_stage
+from training.pipeline.evaluate_stage import evaluate_stage
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.train_stage import train_stage
 
 
 def _run(config: RetrainConfig) -> dict:

@@ -11,10 +11,12 @@ from training.config import RetrainConfig
 from training.cost.bill import plan_instances
 from training.errors import ConfigError
 from training.trainer.job import TrainJob
-from training.trainer.loop import train
+from training.trainer.trainer import train
 from training.trainer.results import TrainResult
 from training.storage.root import StorageRoot
-from training.pipeline.stages import pack_stage, preprocess_stage, run_key_for
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.train_stage import run_key_for
 
 __all__ = ["plan_run"]
 

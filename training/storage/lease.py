@@ -18,6 +18,7 @@ lease covers what it cannot: CLI runs on their own temporary servers, on differe
 from __future__ import annotations
 
 import email.utils
+import fcntl
 import json
 import logging
 import os
@@ -27,13 +28,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from training.errors import StorageError
-from training.storage.s3 import S3Store, error_code
 from training.storage.files import process_alive
+from training.storage.s3 import S3Store, error_code
 
-__all__ = ["hold_s3_root", "S3Lease", "LEASE_KEY"]
+__all__ = ["LEASE_KEY", "LOCK_NAME", "S3Lease", "hold_root", "hold_s3_root"]
 
 log = logging.getLogger(__name__)
 
@@ -172,3 +174,40 @@ def hold_s3_root(store: S3Store, on_wait: Callable[[str], None] = lambda message
         yield lease
     finally:
         lease.release()
+
+
+LOCK_NAME = ".writer.lock"
+
+
+def _holder(handle: int) -> str:
+    try:
+        raw = os.pread(handle, 4096, 0).decode(errors="replace")
+        info = json.loads(raw) if raw.strip() else {}
+    except (OSError, ValueError):
+        return "another process"
+    return f"pid {info.get('pid', '?')} on {info.get('host', '?')} since {info.get('since', '?')}"
+
+
+@contextmanager
+def hold_root(root: Path, on_wait: Callable[[str], None] = lambda message: None) -> Iterator[None]:
+    """Hold the root's writer lock for the body; wait (after telling `on_wait` who holds it)
+    while another process holds it."""
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK_NAME
+    try:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise StorageError(f"cannot open the storage root's lock {path}: {err.strerror}; check that the root "
+                           f"is writable") from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            on_wait(f"storage root {root} is in use by {_holder(handle)}; waiting for it to finish")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(handle, 0)
+        os.pwrite(handle, json.dumps(info).encode(), 0)
+        yield
+    finally:
+        os.close(handle)  # closing drops the lock

@@ -1,6 +1,6 @@
 """`storage.root` as one interface, whether it is a local folder or s3://bucket/prefix.
 
-Every stage works on a local folder with the root's layout (see `training.pipeline.stages`). For a
+Every stage works on a local folder with the root's layout (see `training.pipeline`). For a
 local root that folder *is* the root and publishing is a no-op. For an s3:// root it is a
 working copy (`storage.local_dir`, by default ~/.cache/retrain/s3/<bucket>/<prefix>), and:
 
@@ -10,7 +10,7 @@ working copy (`storage.local_dir`, by default ~/.cache/retrain/s3/<bucket>/<pref
   pointer, which must never come from a stale local copy);
 It moves bytes and objects and knows nothing of what they are: dataset layout lives in
 `training.data.dataset_store`, checkpoint layout in `training.trainer.checkpoint_sync`, run layout in
-`training.trainer.runs`.
+`training.trainer.resume`.
 
 Object classes (the `retrain-class` tag) and their lifecycle: `checkpoint` moves to a colder
 class after N days and expires after M; `shard-cache` (packed shards, rebuildable from the

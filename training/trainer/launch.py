@@ -28,11 +28,10 @@ from typing import Any, Callable
 import training
 from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
-from training.trainer.attempts import count_attempt
 from training.trainer.child import Child, WarmPool
 from training.trainer.job import TrainJob
 from training.trainer.results import RungResult, TrainResult
-from training.trainer.runs import rung_file
+from training.trainer.resume import count_attempt, rung_file
 
 __all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
 

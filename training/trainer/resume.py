@@ -1,32 +1,55 @@
-"""Resume bookkeeping of one training attempt: where it starts and what the last one lost.
+"""Resuming a run: where an attempt starts, what the attempts before it lost, and whether the
+run is already done. One of the three files of resume (with `checkpoint`, which writes and
+verifies checkpoints, and `checkpoint_sync`, which keeps them on S3).
 
+- A run is finished when its result.json exists (`finished_result`); it is published last, after
+  the model package, so a machine that finds it on S3 finds the model too. A tuning trial paused
+  at a rung records it in `rungs/step-<n>.json` (`paused_result`).
 - On an s3:// root, a fresh machine first restores the attempts ledger and the newest complete
-  checkpoint from S3; rank 0 then uploads every new checkpoint (`CheckpointUploader`).
+  checkpoint from S3; rank 0 then uploads every new checkpoint (`ResumeBook`).
 - The newest verified local checkpoint is the resume point, and only if it belongs to this
   run key and train fingerprint (anything else is refused, never silently trained over).
-- The heartbeat (`training.trainer.heartbeat`) says how far the dead attempt got past that checkpoint:
-  the lost steps and seconds go into the attempts ledger before any training, so an attempt
-  that dies before its first checkpoint still leaves its record.
+- The heartbeat says how far a dead attempt got past that checkpoint (the "lost work"): a local
+  file overwritten in place every step (exact on the same machine), and on an s3:// root a small
+  object published every `storage.heartbeat_seconds`, so a resume on a fresh machine still
+  counts what was lost, to within one interval.
+- The attempts ledger: the launcher counts a process before it starts (`count_attempt`), so one
+  killed during start-up is still counted; each process then appends its resume point, the work
+  lost and its start-up time (`append_attempt`, fsynced) before it trains. The report's
+  preemptions and lost work come from here, never from a checkpoint an attempt may not have
+  lived to write.
+
+Torch-free at import: the launcher reads the ledger and the run layout from here, and must not
+pay for torch (`ResumeBook`, which runs in the training process, imports what needs it).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shutil
+import struct
+import threading
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from training.trainer.attempts import append_attempt, read_attempts
-from training.trainer.checkpoint import latest_verified_state
-from training.trainer.checkpoint_sync import CheckpointUploader, remote_checkpoints, restore_newer_checkpoint
-from training.errors import CheckpointError
-from training.trainer.heartbeat import Heartbeat, RemoteHeartbeat
+from pydantic import ValidationError
+
+from training.errors import CheckpointError, RetrainError, StorageError
+from training.storage.files import read_json
+from training.storage.root import RUN, StorageRoot
 from training.trainer.job import TrainJob
-from training.storage.root import StorageRoot
-from training.trainer.state import Progress
+from training.trainer.results import RungResult, TrainResult
 
-__all__ = ["ResumeBook"]
+if TYPE_CHECKING:
+    from training.trainer.checkpoint_sync import CheckpointUploader
+    from training.trainer.state import Progress
+
+__all__ = ["Beat", "Heartbeat", "RUN_FOLDERS", "RemoteHeartbeat", "ResumeBook", "append_attempt", "count_attempt", "fetch_finished_run", "finished_result", "paused_result", "read_attempts", "run_rel", "rung_file"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +79,8 @@ class ResumeBook:
         by one process per node (they share its disk) while the node's other ranks wait."""
         if self.root is None:
             return
+        from training.trainer.checkpoint_sync import CheckpointUploader, restore_newer_checkpoint
+
         if int(os.environ.get("LOCAL_RANK", "0")) == 0:
             self.root.fetch(f"{self.job.run_rel}/attempts.jsonl")
             restore_newer_checkpoint(self.root, f"{self.job.run_rel}/checkpoints", self.ckpt_dir)
@@ -69,6 +94,8 @@ class ResumeBook:
 
     def latest_checkpoint(self, config_fingerprint: str) -> dict[str, Any] | None:
         """The newest verified checkpoint's state, when it belongs to this run."""
+        from training.trainer.checkpoint import latest_verified_state
+
         found = latest_verified_state(self.ckpt_dir)
         if found is None:
             if self.ckpt_dir.exists() and any(self.ckpt_dir.iterdir()):
@@ -115,6 +142,209 @@ class ResumeBook:
         if self.uploader is None or self.root is None or self.resumed_from is None:
             return
         step = self.resumed_step or 0
+        from training.trainer.checkpoint_sync import remote_checkpoints
+
         remote_steps = remote_checkpoints(self.root, f"{self.job.run_rel}/checkpoints")
         if "manifest.json" not in remote_steps.get(step, {}):
             self.uploader.submit(self.resumed_from, {step})
+
+
+@dataclass(frozen=True)
+class Beat:
+    step: int
+    train_seconds: float
+
+
+class RemoteHeartbeat:
+    """The run's heartbeat on S3, published from a background thread (the loop never waits)."""
+
+    def __init__(self, root: StorageRoot, run_rel: str, run_key: str, interval_s: float) -> None:
+        assert root.remote is not None
+        self.root, self.rel, self.run_key, self.interval_s = root, f"{run_rel}/heartbeat.json", run_key, interval_s
+        self._latest: tuple[int, float] | None = None  # (step, train seconds), set every step
+        self._published: tuple[int, float] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read(self) -> Beat | None:
+        """The last beat a dead attempt published, or None (none yet, or unreadable: accounting
+        only, so a damaged object is a warning, never a failed run)."""
+        assert self.root.remote is not None
+        try:
+            raw = self.root.remote.get_bytes(self.rel)
+            if raw is None:
+                return None
+            data = json.loads(raw)
+            return Beat(int(data["step"]), float(data["train_seconds"]))
+        except (RetrainError, ValueError, TypeError, KeyError) as err:
+            log.warning("ignoring the run's heartbeat %s: %s", self.root.display(self.rel), err)
+            return None
+
+    def start(self, beat: Beat) -> None:
+        """Publish `beat` now (the resumed step: work lost before it is already counted, so a
+        later resume must not count it again), then every interval from a thread."""
+        self._latest = (beat.step, beat.train_seconds)
+        self._publish()
+        self._thread = threading.Thread(target=self._run, name="heartbeat-upload", daemon=True)
+        self._thread.start()
+
+    def update(self, step: int, train_seconds: float) -> None:
+        self._latest = (step, train_seconds)  # one tuple per step, no object built; the thread reads it
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._publish()
+            except RetrainError as err:  # the next interval tries again; only accounting suffers
+                log.warning("could not publish the run's heartbeat: %s", err)
+
+    def _publish(self) -> None:
+        beat = self._latest
+        if beat is None or beat == self._published:
+            return
+        assert self.root.remote is not None
+        body = json.dumps({"step": beat[0], "train_seconds": beat[1]}).encode()
+        self.root.remote.put_bytes(self.rel, body, self.root.tags(RUN, self.run_key))
+        self._published = beat
+
+
+class Heartbeat:
+    """The local heartbeat file, and the remote one behind it when the root is on S3.
+
+    The local file is also the run's writer lock: held while training (the kernel frees it when
+    the process dies), so the heartbeat read at start-up is always a dead attempt's."""
+
+    _FMT = "<qd"
+
+    def __init__(self, path: Path, remote: RemoteHeartbeat | None = None) -> None:
+        import fcntl
+
+        self.path, self.remote = path, remote
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            # A POSIX record lock, not flock: it conflicts only with other processes, so a second
+            # train() in this process (after an error left the first's descriptor open) is fine.
+            fcntl.lockf(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # EACCES or EAGAIN: another process holds it
+            os.close(self._fd)
+            raise StorageError(f"run folder {path.parent} is being trained by another live process right now; "
+                               "two processes must not train one run: wait for it to finish") from None
+
+    def read(self) -> Beat | None:
+        """The furthest beat of a dead attempt: the local file's on the same machine, the S3
+        object's on a fresh one."""
+        size = struct.calcsize(self._FMT)
+        data = os.pread(self._fd, size, 0)
+        local = Beat(*struct.unpack(self._FMT, data)) if len(data) == size else None
+        remote = self.remote.read() if self.remote is not None else None
+        beats = [b for b in (local, remote) if b is not None]
+        return max(beats, key=lambda b: b.step) if beats else None
+
+    def start(self, step: int, train_seconds: float) -> None:
+        """Record where this attempt starts, before its first step: a kill before step 1 is then
+        counted once, and the work lost before this point is never counted twice."""
+        self.write(step, train_seconds)
+        if self.remote is not None:
+            self.remote.start(Beat(step, train_seconds))
+
+    def write(self, step: int, train_seconds: float) -> None:
+        os.pwrite(self._fd, struct.pack(self._FMT, step, train_seconds), 0)
+        if self.remote is not None:
+            self.remote.update(step, train_seconds)
+
+    def close(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+        os.close(self._fd)
+
+
+def append_attempt(path: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Append one attempt's record durably; return every record so far."""
+    before = path.read_text() if path.exists() else ""
+    torn = bool(before) and not before.endswith("\n")
+    line = ("\n" if torn else "") + json.dumps(entry) + "\n"  # never continue a torn line
+    with open(path, "a") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+    entries = []
+    for record in (before + line).splitlines():
+        try:
+            entries.append(json.loads(record))
+        except json.JSONDecodeError:
+            continue  # a line torn by a kill mid-write
+    return entries
+
+
+def read_attempts(run_dir: Path) -> int:
+    """Training processes started for this run (counted by the launcher before each start)."""
+    try:
+        return int((run_dir / "processes-started").read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def count_attempt(run_dir: Path) -> int:
+    """Count one more training process, before it starts: an attempt killed during start-up
+    (imports, data and checkpoint load) is still a preemption the report must show."""
+    count = read_attempts(run_dir) + 1
+    tmp = run_dir / f".processes-started.tmp-{os.getpid()}"
+    tmp.write_text(str(count))
+    os.replace(tmp, run_dir / "processes-started")
+    return count
+
+
+# What a run writes into: its folder, its checkpoints, its model package, its tuning rungs.
+RUN_FOLDERS = ("checkpoints", "model", "rungs")
+
+
+def run_rel(run_key: str) -> str:
+    return f"runs/{run_key}"
+
+
+def fetch_finished_run(root: StorageRoot, rel: str) -> bool:
+    """Bring down a run that finished on any machine: its result.json (published last) and its
+    model package. False when the run has not finished anywhere."""
+    if root.fetch(f"{rel}/result.json") is None:
+        return False
+    for name in ("model.json", "model.pt"):
+        root.fetch(f"{rel}/model/{name}")
+    return True
+
+
+def finished_result(job: TrainJob) -> TrainResult | None:
+    """The run's result when it already finished (on this machine or, for an s3:// root, any)."""
+    if job.config.storage.is_s3 and job.run_rel:
+        fetch_finished_run(StorageRoot.from_config(job.config), job.run_rel)
+    path = Path(job.run_dir) / "result.json"
+    try:
+        finished = read_json(path)
+        return None if finished is None else TrainResult.model_validate({**finished, "already_complete": True})
+    except (StorageError, ValidationError, TypeError) as err:
+        # Derived from the checkpoints, which are verified: set it aside and let training
+        # finish the run again from its newest checkpoint (no step is trained twice).
+        aside = path.with_name(f"result.json.damaged-{uuid.uuid4().hex[:8]}")
+        path.rename(aside) if not path.is_dir() else shutil.rmtree(path)
+        log.warning("%s is damaged (%s); set aside as %s, the run is finished again from its checkpoints", path,
+                    str(err).splitlines()[0], aside.name)
+        return None
+
+
+def rung_file(step: int) -> str:
+    """Where a run paused at a tuning rung records it, relative to the run folder."""
+    return f"rungs/step-{step:08d}.json"
+
+
+def paused_result(job: TrainJob, step: int) -> RungResult | None:
+    """The run's pause at `step` when it got there before (here or, for an s3:// root, on any
+    machine): a rung is trained once, whatever interrupts the study."""
+    rel = f"{job.run_rel}/{rung_file(step)}"
+    if job.config.storage.is_s3 and job.run_rel:
+        StorageRoot.from_config(job.config).fetch(rel)
+    paused = read_json(Path(job.run_dir) / rung_file(step))
+    return None if paused is None else RungResult.model_validate(paused)

@@ -15,10 +15,9 @@ from typing import Any
 import numpy as np
 
 from training.config import BudgetConfig, RetrainConfig, metric_name
-from training.trainer.early_stopping import EarlyStopping
-from training.trainer.state import Progress
+from training.trainer.state import EarlyStopping, Progress
 
-__all__ = ["CONTINUE", "STATUSES", "Budget", "Decision", "StopFlag", "StopPolicy", "agree_across_ranks", "champion_gate"]
+__all__ = ["Budget", "CONTINUE", "Decision", "STATUSES", "StopFlag", "StopPolicy", "agree_across_ranks", "champion_gate"]
 
 STATUSES = ("completed", "budget_stopped", "early_stopped")  # "completed": not stopped early
 

@@ -5,7 +5,7 @@ What lives elsewhere, each in one file:
   `training.trainer.state`;
 - when to stop (budgets, plateau, champion gate, the DDP agreement): `training.trainer.stopping`;
 - where to resume and what the last attempt lost (S3 restore, heartbeat, ledger): `training.trainer.resume`;
-- when to checkpoint: `training.trainer.checkpoint_schedule`; how: `training.trainer.checkpoint`;
+- when to checkpoint: `training.trainer.checkpoint`; how: `training.trainer.checkpoint`;
 - the exported model package: `training.model.package`.
 
 Rank-aware through `rank`/`world_size` and free of module state, so it runs under torchrun.
@@ -24,31 +24,39 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from training.trainer.attempts import append_attempt
-from training.trainer.checkpoint import AsyncCheckpointer, CheckpointManifest, load_checkpoint_state, step_dir_name
-from training.trainer.checkpoint_schedule import CheckpointSchedule
 from training.data.features import DERIVED_DIR, FeatureStats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader, worker_seconds_per_batch
 from training.data.packing import require_manifest
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
-from training.trainer.job import TrainJob, train_fingerprint
 from training.model.network import Batch, ModelSchema, forward_fn
+from training.model.objectives import Task, higher_is_better, metric_for
 from training.model.package import export_model_package, load_warm_start
-from training.trainer.precision import autocast_dtype, measure_fp32_slowdown, resolve_device, resolve_precision
-from training.trainer.resume import ResumeBook
-from training.trainer.results import RungResult, TrainResult
-from training.trainer.runs import rung_file
-from training.trainer.rng import capture_rng, configure_determinism, seed_everything
-from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.storage.files import write_json_atomic
 from training.storage.root import MODEL, RUN
-from training.model.objectives import Task, higher_is_better, metric_for
-from training.trainer.threads import CpuClock, apply_thread_policy
-from training.trainer.throughput import accelerator_stats, auto_batch_layout, choose_num_workers, data_and_compute_seconds
+from training.trainer.checkpoint import (
+    AsyncCheckpointer,
+    CheckpointManifest,
+    CheckpointSchedule,
+    load_checkpoint_state,
+    step_dir_name,
+)
+from training.trainer.job import TrainJob, train_fingerprint
+from training.trainer.precision import autocast_dtype, measure_fp32_slowdown, resolve_device, resolve_precision
+from training.trainer.results import RungResult, TrainResult
+from training.trainer.resume import ResumeBook, append_attempt, finished_result, paused_result, rung_file
+from training.trainer.rng import capture_rng, configure_determinism, seed_everything
 from training.trainer.state import TrainState
+from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
+from training.trainer.threads import CpuClock, apply_thread_policy
+from training.trainer.throughput import (
+    accelerator_stats,
+    auto_batch_layout,
+    choose_num_workers,
+    data_and_compute_seconds,
+)
 
-__all__ = ["EVAL_BATCH_SIZE", "Trainer"]
+__all__ = ["EVAL_BATCH_SIZE", "StopFlag", "Trainer", "train"]
 
 log = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 8192
@@ -472,3 +480,17 @@ class Trainer:
             num_workers={"used": self.num_workers, "probe": self.workers_probe}, threads=self.threads,
             compile_seconds=self.compile_seconds, world_size=self.world_size, checkpoint_upload=upload,
         )
+
+
+def train(job: TrainJob, stop: StopFlag | None = None, emit: Callable[[dict[str, Any]], None] = lambda event: None,
+          rank: int = 0, world_size: int = 1, now_fn: Callable[[], float] = time.perf_counter
+          ) -> TrainResult | RungResult | None:
+    """Train (or resume, or find already finished) the run in `job.run_dir`; its result (or its
+    pause at `job.pause_at`) on rank 0, None on the other ranks."""
+    finished = finished_result(job)
+    if finished is not None:
+        return finished
+    paused = paused_result(job, job.pause_at) if job.pause_at is not None else None
+    if paused is not None:
+        return paused  # this rung was reached before: nothing to train
+    return Trainer(job, stop, emit, rank, world_size, now_fn).fit()

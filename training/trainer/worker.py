@@ -25,12 +25,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.trainer.child import HOLD_FLAG, IDLE_EVENT
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
+from training.trainer.child import HOLD_FLAG, IDLE_EVENT
 from training.trainer.job import TrainJob
 from training.trainer.results import RungResult
-from training.trainer.loop import StopFlag, train
 from training.trainer.spot import start_spot_notice_poller
+from training.trainer.trainer import StopFlag, train
 
 __all__ = ["main"]
 

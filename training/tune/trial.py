@@ -18,8 +18,8 @@ from training.trainer.child import WarmPool
 from training.config import RetrainConfig, TuneConfig
 from training.trainer.launch import log_child_event, run_rung_process, run_training_process
 from training.trainer.results import PackResult, PrepResult, RungResult
-from training.trainer.runs import finished_result, paused_result
-from training.pipeline.stages import build_train_job
+from training.trainer.resume import finished_result, paused_result
+from training.pipeline.train_stage import build_train_job
 from training.storage.root import StorageRoot
 from training.tune.study import STUDY_DIR, RungCost
 

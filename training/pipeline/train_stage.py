@@ -1,0 +1,214 @@
+"""The train stage: the training job of a config and dataset (its run key, a warm start from
+the champion when asked and possible), trained in a child process or found finished; and the
+other nodes of a multi-node run (`retrain join`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+from training.config import RetrainConfig, fingerprint
+from training.data.features import (DERIVED_DIR, DERIVED_INDEX, derived_rels, preprocess_key, write_derived_arrays)
+from training.data.packing import (
+    DatasetManifest,
+    forget_verification,
+    require_manifest,
+)
+from training.errors import ConfigError, DamagedShard, DataError
+from training.data.features import FeatureStats
+from training.pipeline.tracking import BackgroundTracker, flat_params, tracker_for
+from training.trainer.launch import log_child_event, run_training_process
+from training.trainer.job import TrainJob, train_fingerprint
+from training.trainer.results import PackResult, PrepResult, TrainResult, WarmStart
+from training.trainer.resume import RUN_FOLDERS, finished_result, run_rel
+from training.storage.files import read_json, write_json_atomic
+from training.storage.root import StorageRoot
+if TYPE_CHECKING:
+    from training.pipeline.champion import Champion
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
+
+log = logging.getLogger(__name__)
+
+
+def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
+    from training.trainer.precision import resolved_numerics
+    numerics = resolved_numerics(config.train.device, config.train.precision)
+    parts = ["run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess, bool(config.data.text)),
+             train_fingerprint(config, *numerics)]
+    if init_sha256 is not None:
+        parts.append(f"warm:{init_sha256}")  # a warm start computes something else: its own run
+    return fingerprint(*parts)
+
+
+@dataclass(frozen=True)
+class WarmStartPlan:
+    """The champion's weights (and the sha256 they must have) and its feature statistics."""
+
+    weights: str
+    sha256: str
+    stats: dict[str, Any]
+
+
+def warm_start_plan(config: RetrainConfig, champion: Champion | None,
+                    manifest: DatasetManifest | None = None) -> tuple[WarmStartPlan | None, str]:
+    """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
+    from training.model.evaluation import compatible, other_target
+    if config.train.init_from != "champion":
+        return None, "train.init_from is none"
+    if champion is None:
+        return None, "no champion yet: fresh start"
+    if not champion.usable:
+        return None, f"the champion is unusable ({champion.problem}): fresh start"
+    pointer, package = champion.pointer, champion.package
+    meta = read_json(package / "model.json")
+    if meta["model_config"] != config.model.model_dump(mode="json"):
+        return None, "the champion's model config differs from model.*: fresh start"
+    stats = meta["feature_stats"]
+    if stats["numeric"] != config.data.numeric or stats["categorical"] != config.data.categorical or (
+            manifest is not None and not compatible(FeatureStats(**stats), manifest)):
+        return None, "the champion's feature columns differ from this run's data.* columns: fresh start"
+    other = other_target(FeatureStats(**stats), manifest) if manifest is not None else None
+    if other is not None:
+        return None, f"the champion predicts something else ({other}): fresh start"
+    return (
+        WarmStartPlan(weights=str(package / "model.pt"), sha256=pointer["sha256"], stats=stats),
+        f"warm start from champion {pointer['sha256'][:12]} with its feature statistics",
+    )
+
+
+def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult, champion: Champion | None,
+                    champion_val_metric: float | None = None) -> tuple[TrainJob, WarmStart]:
+    """The training job of this config and data, with the warm-start decision; `champion` is
+    `check_champion`'s answer, checked once by the caller.
+
+    Deterministic in its inputs, so every node of a multi-node run builds the same job."""
+    root = StorageRoot.from_config(config)
+    stats_path = root.fetch(prep.stats_rel) or Path(prep.stats_path)
+    if not stats_path.exists():
+        # Gone since the preprocess stage ran (someone cleaned the root between retries). The
+        # preprocess stage is not cached by Prefect, so rerunning the flow refits them.
+        raise DataError(f"feature statistics {root.display(prep.stats_rel)} are gone since the preprocess stage "
+                        "ran; rerun the flow (preprocessing refits them)")
+    manifest = require_manifest(Path(packed.dataset_dir))
+    warm, warm_reason = warm_start_plan(config, champion, manifest)
+    init_sha = None
+    if warm is not None:
+        # Embedding rows and input scaling must mean what they meant for the champion, so the
+        # warm-started model keeps the champion's preprocessing; unseen categories share index 0.
+        init_sha = warm.sha256
+        # The champion's token ids and pixels of *this* dataset live beside its statistics, so
+        # with text or image columns the folder is per dataset too: another dataset's arrays
+        # (same shard names) must never be read for this one.
+        per_dataset = f"-{packed.fingerprint[:16]}" if manifest.text or manifest.image else ""
+        stats_path = root.path(f"preprocess/champion-{init_sha[:16]}{per_dataset}/feature_stats.json")
+        if not stats_path.exists():
+            write_json_atomic(stats_path, warm.stats)
+        _derive_for(Path(packed.dataset_dir), manifest, FeatureStats(**warm.stats), stats_path.parent)
+    elif manifest.text or manifest.image:  # preprocessing's token ids and pixels, on this machine
+        for rel in derived_rels(str(Path(prep.stats_rel).parent), manifest):
+            root.fetch(rel)
+    run_key = run_key_for(config, packed.fingerprint, init_sha)
+    rate, gpus = config.cost.rate()
+    rel = run_rel(run_key)
+    for sub in RUN_FOLDERS:  # links out of the root are refused before anything is written there
+        root.path(f"{rel}/{sub}")
+    job = TrainJob(
+        run_key=run_key, run_dir=str(root.path(rel)), run_rel=rel,
+        dataset_dir=packed.dataset_dir, stats_path=str(stats_path), config=config,
+        init_weights=warm.weights if warm else None, init_sha256=init_sha, rate_per_hour=rate, gpus=gpus,
+        pre_train_seconds=packed.seconds + prep.seconds,
+        champion_val_metric=champion_val_metric if config.budget.champion_gate else None,
+    )
+    warm_start = WarmStart(requested=config.train.init_from == "champion", used=warm is not None,
+                           reason=warm_reason, champion_sha256=init_sha)
+    return job, warm_start
+
+
+def _derive_for(dataset_dir: Path, manifest: DatasetManifest, stats: FeatureStats, stats_dir: Path) -> None:
+    """Token ids and pixels of this dataset under the champion's tokenizer and image size, for
+    a warm start (training reads them stored, never tokenizes)."""
+    if stats.derives and not (stats_dir / DERIVED_DIR / DERIVED_INDEX).exists():
+        write_derived_arrays(dataset_dir, manifest, stats, stats_dir / DERIVED_DIR)
+
+
+def train_stage(
+    config: RetrainConfig,
+    packed: PackResult,
+    prep: PrepResult,
+    on_event: Callable[[dict[str, Any]], None] = log_child_event,
+    champion_val_metric: float | None = None,
+) -> TrainResult:
+    """Train the run in a child process (or find it finished); `champion_val_metric` is the
+    champion gate's bar, measured by `champion_validation_auc` before training."""
+    from training.pipeline.champion import check_champion
+    from training.model.objectives import higher_is_better
+    t0 = time.perf_counter()
+    root = StorageRoot.from_config(config)
+    # Verified before training: a damaged champion is reported in seconds, not after a full run.
+    champion = check_champion(root, config.model.factory)
+    job, warm_start = build_train_job(config, packed, prep, champion, champion_val_metric)
+    # A finished run needs no child process (and no 3 s of torch start-up).
+    try:
+        result = finished_result(job) or _train_tracked(config, job, on_event)
+    except DamagedShard:
+        forget_verification(Path(packed.dataset_dir))  # the next pack checks every shard, finds it, repacks
+        raise
+    return result.model_copy(update={
+        "run_dir": job.run_dir,
+        "run_uri": root.display(job.run_rel),
+        "seconds_this_attempt": time.perf_counter() - t0,
+        "warm_start": warm_start,
+        "champion_check": None if champion is None else {"sha256": champion.sha256, "problem": champion.problem},
+        "steps_to_target": result.steps_to(config.eval.target_value(),
+                                           higher_is_better(config.data.task, result.metric)),
+    })
+
+
+def _train_tracked(config: RetrainConfig, job: TrainJob, on_event: Callable[[dict[str, Any]], None]) -> TrainResult:
+    """The training process, its validations also sent to MLflow when tracking is on."""
+    tracker = tracker_for(config, job.run_key, Path(job.run_dir))
+    if tracker is None:
+        return run_training_process(job, on_event)
+    background = BackgroundTracker(tracker, flat_params(config), "train_loss")
+
+    def tracked(event: dict[str, Any]) -> None:
+        if event["event"] == "validation":
+            background.submit({k: v for k, v in event.items() if k == "train_loss" or k.startswith("val_")},
+                              int(event["step"]))
+        on_event(event)
+
+    try:
+        return run_training_process(job, tracked)
+    finally:
+        background.close(timeout=config.tracking.timeout_seconds)
+
+
+def join_training(config: RetrainConfig, node_rank: int) -> int:
+    """Run this node's ranks of a multi-node job (`retrain join`): the same data, statistics and
+    job as node 0 builds (all content-addressed, from the shared root), under torchrun against
+    the same rendezvous. Returns torchrun's exit code."""
+    from training.pipeline.champion import check_champion
+    import subprocess
+
+    from training.trainer.launch import child_env, worker_command
+
+    if config.train.nnodes < 2:
+        raise ConfigError("retrain join is for multi-node runs: set train.nnodes >= 2 and train.rdzv_endpoint")
+    if not 1 <= node_rank < config.train.nnodes:
+        raise ConfigError(f"--node-rank must be 1..{config.train.nnodes - 1} (node 0 is the flow's own node)")
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
+                            config.storage.model_dump(mode="json"), config.cost.tags)
+    job, _ = build_train_job(config, packed, prep, check_champion(StorageRoot.from_config(config), config.model.factory))
+    run_dir = Path(job.run_dir)
+    node_dir = run_dir / f"node-{os.getpid()}"
+    node_dir.mkdir(parents=True, exist_ok=True)
+    job_path = node_dir / "job.json"
+    job.save(job_path)
+    command = worker_command(job, job_path, node_dir / "error.json", node_rank=node_rank)
+    return subprocess.run(command, env=child_env()).returncode
+
