@@ -70,7 +70,7 @@ def run(work: Path) -> dict[str, Any]:
 
     source = demo_parquet(work, 200_000)
     job = train_job(work, "restart", [f"data.source={source}", f"model.hidden={WIDE}", "train.max_steps=100000",
-                                          "train.checkpoint_every=20", "train.eval_every=1000"])
+                                          "train.checkpoint.every=20", "train.eval_every=1000"])
     for stop_at in (25, 27):  # first attempt checkpoints and is stopped; the second resumes
         try:
             run_training_process(job, on_start=signal_at_step(job.run_dir, stop_at, signal.SIGTERM))

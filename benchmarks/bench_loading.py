@@ -75,7 +75,7 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 3) -> dict[str, Any]:
 
     # Rounds interleave the project loader and the reference, so drift on a shared box hits both.
     first, steady, uncached, memmap = [], [], [], []
-    budget = int(load_config().train.loader_cache_mb * 1e6)
+    budget = int(load_config().train.loader.cache_mb * 1e6)
     for _ in range(rounds):
         rates = _project_epochs(d, manifest, stats.transformer(), 3, budget)
         first.append(rates[0])

@@ -37,14 +37,14 @@ def _bare_loop(config: RetrainConfig, dataset_dir: str, stats_path: str) -> floa
     batches = ShardBatches(Path(dataset_dir), manifest, "train", config.train.batch_size, stats.transformer(), seed=0)
     prebuilt = [batches.batch(0, i % batches.batches_per_epoch) for i in range(STEPS)]
     model = build_model(config.model, ModelSchema.of(stats))
-    opt = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config.train.warmup_steps, STEPS))
+    opt = torch.optim.AdamW(model.parameters(), lr=config.train.optim.lr, weight_decay=config.train.optim.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config.train.schedule.warmup_steps, STEPS))
     model.train()
     t0 = time.perf_counter()
     for batch in prebuilt:
         opt.zero_grad(set_to_none=True)
         F.binary_cross_entropy_with_logits(model(batch), batch["label"]).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.train.optim.grad_clip)
         opt.step()
         sched.step()
     return time.perf_counter() - t0
@@ -117,7 +117,7 @@ def _outside_load(on: bool) -> Iterator[None]:
 
 
 def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool) -> dict[str, Any]:
-    quiet_overrides = base + [f"train.eval_every={STEPS}", f"train.checkpoint_every={STEPS}"]
+    quiet_overrides = base + [f"train.eval_every={STEPS}", f"train.checkpoint.every={STEPS}"]
     # Checkpoints at the default interval (every 200 steps), validation still only at the end.
     ckpt_overrides = base + [f"train.eval_every={STEPS}"]
     tag = "loaded" if load else "idle"

@@ -44,7 +44,7 @@ def _one(work: Path, max_steps: int) -> dict[str, Any]:
     t_killed = time.perf_counter() - t0
     return {
         "max_steps": max_steps,
-        "checkpoint_every": load_config().train.checkpoint_every,
+        "checkpoint_every": load_config().train.checkpoint.every,
         "kills_at_steps": kills,
         "uninterrupted_seconds": round(t_reference, 1),
         "with_3_kills_seconds": round(t_killed, 1),

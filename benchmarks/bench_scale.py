@@ -43,7 +43,7 @@ else:
     from training.data.loader import ShardBatches, StreamPosition, make_train_loader
     _, stats = fit_feature_stats(d, manifest, config.preprocess, work / "pre")
     base = hwm()
-    budget = int(config.train.loader_cache_mb * 1e6) if what == "load" else 0
+    budget = int(config.train.loader.cache_mb * 1e6) if what == "load" else 0
     batches = ShardBatches(d, manifest, "train", 512, stats.transformer(), seed=0, cache_bytes=budget)
     t0 = time.perf_counter()
     seen = 0
@@ -71,7 +71,7 @@ def run(work: Path) -> dict[str, Any]:
         _child(size_dir, rows, "generate")
         pack = _child(size_dir, rows, "pack")  # fresh packing: no dataset yet
         load = _child(size_dir, rows, "load")  # reuses the packed dataset, reads one epoch
-        # The same with train.loader_cache_mb: 0, as for a split larger than that budget.
+        # The same with train.loader.cache_mb: 0, as for a split larger than that budget.
         load0 = _child(size_dir, rows, "load-nothing-kept")
         result[f"rows_{rows}"] = {
             "pack_rows_per_s": round(pack["rows_per_s"]), "pack_peak_rss_mb": round(pack["peak_rss_mb"]),

@@ -63,11 +63,11 @@ def run(work: Path) -> dict[str, Any]:
 
     source = demo_parquet(work, 200_000)
     common = [f"data.source={source}", f"train.max_steps={STEPS}", f"train.batch_size={GLOBAL_BATCH}",
-              "train.eval_every=100000", "train.checkpoint_every=100000", "train.patience=0"]
+              "train.eval_every=100000", "train.checkpoint.every=100000", "train.patience=0"]
     rates = {}
     results = {}
     for nproc in (1, 2):
-        job = train_job(work / f"n{nproc}", f"n{nproc}", [*common, f"train.nproc_per_node={nproc}"])
+        job = train_job(work / f"n{nproc}", f"n{nproc}", [*common, f"train.distributed.nproc_per_node={nproc}"])
         result = run_training_process(job)
         seconds = result.seconds["train"]
         rates[nproc] = STEPS * GLOBAL_BATCH / seconds

@@ -48,7 +48,7 @@ REDUCTION_FACTOR = 2
 # 1e-5..1e-1): many draws train poorly, which is what a low rung finds out cheaply. Session 9
 # measured a pre-tuned range, loguniform(3e-4, 3e-2), where nearly every draw ends within noise
 # of the best: summed ratio 0.94, two seeds missed (README, Figures).
-SPACE = {"train.lr": "loguniform(1e-5, 1e-1)", "model.dropout": "uniform(0, 0.4)",
+SPACE = {"train.optim.lr": "loguniform(1e-5, 1e-1)", "model.dropout": "uniform(0, 0.4)",
          "model.hidden": "choice([[32], [128, 64], [256, 128]])"}
 
 

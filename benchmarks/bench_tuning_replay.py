@@ -84,7 +84,7 @@ def _curves(work: Path, source: Path) -> tuple[list[Curve], float]:
     from training.pipeline.pack_stage import pack_stage
 
     from training.pipeline.preprocess_stage import preprocess_stage
-    from training.tune.space import apply_params, parse_space
+    from training.search_space import parse_space
     from training.tune.trial import TRIAL_CHILDREN, rung_stage
 
     straight, paused = _config(work, "straight", source), _config(work, "paused", source)
@@ -101,11 +101,11 @@ def _curves(work: Path, source: Path) -> tuple[list[Curve], float]:
         for i in range(K):
             trial = sampler.ask({d.key: d.distribution() for d in dims})
             params = {d.key: d.value(trial.params[d.key]) for d in dims}
-            result = rung_stage(apply_params(straight, params), packed, prep, MAX_STEPS, lambda event: None)
+            result = rung_stage(straight.with_values(params, "(tuning trial)"), packed, prep, MAX_STEPS, lambda event: None)
             curves.append(_curve(params, Path(straight.storage.root) / "runs" / result.run_key / "result.json"))
             if i < PAUSE_PROBES:
                 for step in paused.rungs():
-                    last = rung_stage(apply_params(paused, params), packed_p, prep_p, step, lambda event: None)
+                    last = rung_stage(paused.with_values(params, "(tuning trial)"), packed_p, prep_p, step, lambda event: None)
                 # Each resume's time from the job's start to its first step done: measured
                 # directly, because the difference of two runs' totals is as noisy as the
                 # pauses are small (it gave 0.008 s and 0.097 s in two runs).

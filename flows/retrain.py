@@ -32,8 +32,8 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
         prep = prep_state.result()
         ended["preprocess"] = time.time()
         train_state = train_model.with_options(
-            retries=config.train.max_retries,
-            retry_delay_seconds=backoff(config.train.retry_delay_seconds, config.train.max_retries),
+            retries=config.train.retry.max_retries,
+            retry_delay_seconds=backoff(config.train.retry.delay_seconds, config.train.retry.max_retries),
         )(config, packed, prep, score_champion(config, packed) if config.budget.champion_gate else None,
           return_state=True)
         trained = train_state.result()

@@ -136,7 +136,7 @@ def _parser() -> argparse.ArgumentParser:
                                  "runs, mark silent ones crashed) on the configured server; idempotent")
     automations.add_argument("--dir", type=Path, default=Path("deployments/automations"),
                              help="folder of automation YAML files (default: deployments/automations)")
-    join = sub.add_parser("join", help="run this node's training processes of a multi-node run (train.nnodes > 1)")
+    join = sub.add_parser("join", help="run this node's training processes of a multi-node run (train.distributed.nnodes > 1)")
     join.add_argument("--config", type=Path, help="the same YAML config as the flow run")
     join.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     join.add_argument("--node-rank", type=int, required=True, help="this node's rank, 1..nnodes-1")
@@ -323,7 +323,7 @@ def _tune(args: argparse.Namespace) -> int:
     config = _loaded(args)
     if not config.tune.space:
         raise ConfigError("tune.space is empty: add a tune: section to the config, e.g. tune: {space: "
-                          "{train.lr: 'loguniform(1e-4, 1e-2)'}, max_trials: 20, max_usd: 10}")
+                          "{train.optim.lr: 'loguniform(1e-4, 1e-2)'}, max_trials: 20, max_usd: 10}")
 
     def load() -> Callable[[RetrainConfig], str]:
         from flows.tune import tune

@@ -52,14 +52,14 @@ def effective_config(config: RetrainConfig) -> RetrainConfig:
 
 def check_restarts(config: RetrainConfig) -> None:
     """A flow run started again (rescheduled after a reclaim, or after a crash by the shipped
-    automation) resumes; past `train.max_restarts` restarts it fails instead, so a run that
+    automation) resumes; past `train.retry.max_restarts` restarts it fails instead, so a run that
     keeps dying cannot be rescheduled for ever."""
     starts = int(runtime.flow_run.run_count or 1)
     if starts <= 1:
         return
-    limit = config.train.max_restarts
+    limit = config.train.retry.max_restarts
     if starts - 1 > limit:
-        raise Preempted(f"this flow run was started {starts} times; train.max_restarts ({limit}) allows {limit} "
+        raise Preempted(f"this flow run was started {starts} times; train.retry.max_restarts ({limit}) allows {limit} "
                         "restarts: it is failed rather than rescheduled again (a new run resumes from its checkpoint)")
     task_logger().warning("flow run started again (restart %d of at most %d): every stage resumes from what is stored",
                           starts - 1, limit)

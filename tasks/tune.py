@@ -19,7 +19,6 @@ from training.config import RetrainConfig
 from training.trainer.results import PackResult, PrepResult, RungResult
 from training.tune.driver import drive, open_study
 from training.tune.study_report import TuneReport, write_report
-from training.tune.space import apply_params
 from training.tune.study import RungWork
 
 __all__ = ["train_rung", "run_study", "promote_best"]
@@ -42,9 +41,9 @@ def run_study(config: RetrainConfig, packed: PackResult, prep: PrepResult) -> tu
     report and the path of tune_report.json."""
     logger = task_logger()
     study = open_study(config, packed, prep, _child_logger)
-    rung = train_rung.with_options(retries=config.train.max_retries,
-                                   retry_delay_seconds=backoff(config.train.retry_delay_seconds,
-                                                               config.train.max_retries))
+    rung = train_rung.with_options(retries=config.train.retry.max_retries,
+                                   retry_delay_seconds=backoff(config.train.retry.delay_seconds,
+                                                               config.train.retry.max_retries))
 
     def submit(work: RungWork) -> PrefectFuture[RungResult]:
         return rung.submit(work.config, packed, prep, work.trial, work.step)
@@ -63,10 +62,10 @@ def promote_best(config: RetrainConfig, packed: PackResult, prep: PrepResult, re
     resumes from its last rung to full fidelity), evaluate, champion/challenger gate, report.
     Returns the run's report.json path."""
     assert report.best is not None
-    best = apply_params(config, report.best["params"])
+    best = config.with_values(report.best["params"], "(tuning trial)")
     trained = train_model.with_options(
-        retries=best.train.max_retries,
-        retry_delay_seconds=backoff(best.train.retry_delay_seconds, best.train.max_retries),
+        retries=best.train.retry.max_retries,
+        retry_delay_seconds=backoff(best.train.retry.delay_seconds, best.train.retry.max_retries),
     )(best, packed, prep)
     evaluation = evaluate_model(best, packed, trained)
     states = {"pack": "Completed", "preprocess": "Completed", "train": "Completed", "evaluate": "Completed"}

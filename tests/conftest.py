@@ -54,13 +54,13 @@ def small_overrides(root: Path, source: Path) -> list[str]:
         "train.batch_size=128",
         "train.max_steps=60",
         "train.eval_every=20",
-        "train.checkpoint_every=20",
-        "train.warmup_steps=5",
-        "train.retry_delay_seconds=0",
+        "train.checkpoint.every=20",
+        "train.schedule.warmup_steps=5",
+        "train.retry.delay_seconds=0",
         # Explicit: tests choose their workers and threads (the auto probes have their own
         # tests; auto's load measurement waits up to 0.25 s at each start).
-        "train.num_workers=0",
-        "train.torch_threads=1",
+        "train.loader.num_workers=0",
+        "train.loader.torch_threads=1",
         "model.hidden=[32, 16]",
         "model.embedding_dim=4",
     ]

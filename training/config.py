@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from training.errors import ConfigError
+from training.search_space import SpaceError, parse_space
 from training.cost.prices import DEFAULT_PRICES, DEFAULT_STORAGE_PRICES
 
 __all__ = [
@@ -70,6 +71,9 @@ OPERATIONAL: dict[str, Any] = {"fingerprint": False}
 # fingerprint while it holds its default, so existing content addresses (and the runs that
 # resume under them) stay what they were; any other value is part of it.
 COMPUTED_SINCE: dict[str, Any] = {"fingerprint": True, "omit_default": True}
+# A computed section whose fields count as its parent's own: the parent's fingerprint is the
+# one it had before the fields were grouped into the section.
+FLAT_COMPUTED: dict[str, Any] = {"fingerprint": True, "flatten": True}
 
 
 class _Section(BaseModel):
@@ -93,6 +97,9 @@ def fingerprinted(section: BaseModel) -> dict[str, Any]:
         value = getattr(section, name)
         extra = info.json_schema_extra
         if isinstance(extra, dict) and extra.get("omit_default") and value == info.get_default(call_default_factory=True):
+            continue
+        if isinstance(extra, dict) and extra.get("flatten") and isinstance(value, BaseModel):
+            view.update(fingerprinted(value))
             continue
         view[name] = fingerprinted(value) if isinstance(value, BaseModel) else (
             section.model_dump(mode="json", include={name})[name])
@@ -212,86 +219,94 @@ class ModelConfig(_Section):
         return v
 
 
-class TrainConfig(_Section):
-    max_steps: int = Field(2000, gt=0, description="Optimizer steps at most.", json_schema_extra=COMPUTED)
-    init_from: Literal["none", "champion"] = Field(
-        "none",
-        description="champion: warm-start from the current champion when its architecture and feature "
-        "columns match (it then keeps the champion's preprocessing); otherwise a fresh start.", json_schema_extra=COMPUTED
-    )
-    batch_size: int = Field(
-        512, gt=0, description="Rows per micro-batch, across all processes: each of N processes takes batch_size/N.", json_schema_extra=COMPUTED
-    )
-    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.", json_schema_extra=COMPUTED)
+class OptimConfig(_Section):
+    """AdamW."""
+
     lr: float = Field(3e-3, gt=0, description="Peak learning rate of AdamW.", json_schema_extra=COMPUTED)
     lr_reference_batch: int | None = Field(
         None, gt=0, description="Linear scaling rule: lr is the peak rate at this effective batch, and a run with "
-        "another effective batch (batch_size x grad_accum) uses lr x effective / lr_reference_batch, after warmup.", json_schema_extra=COMPUTED
-    )
+        "another effective batch (batch_size x grad_accum) uses lr x effective / lr_reference_batch, after warmup.",
+        json_schema_extra=COMPUTED)
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay.", json_schema_extra=COMPUTED)
-    warmup_steps: int = Field(50, ge=0, description="Linear warmup steps, then cosine decay to 10% of lr.", json_schema_extra=COMPUTED)
     grad_clip: float = Field(1.0, ge=0, description="Max gradient norm; 0 disables clipping.", json_schema_extra=COMPUTED)
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
-        "auto", description="auto: bf16 on CUDA GPUs that support it, fp16 on older GPUs, fp32 on CPU.", json_schema_extra=OPERATIONAL
-    )
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.", json_schema_extra=OPERATIONAL)
-    eval_every: int = Field(200, gt=0, description="Validate every N optimizer steps.", json_schema_extra=COMPUTED)
-    checkpoint_every: int | str = Field(
-        200,
-        description='Checkpoint interval: N optimizer steps (200), seconds of training ("90s"), or "auto" '
-        "for the Young/Daly optimum sqrt(2 x measured save cost x mean_seconds_between_preemptions).", json_schema_extra=OPERATIONAL
-    )
+
+
+class ScheduleConfig(_Section):
+    """The learning-rate schedule: linear warmup, then cosine decay to 10 % of the peak."""
+
+    warmup_steps: int = Field(50, ge=0, description="Linear warmup steps, then cosine decay to 10% of optim.lr.",
+                              json_schema_extra=COMPUTED)
+
+
+def _checkpoint_every(v: int | str) -> int | str:
+    if isinstance(v, int):
+        if v <= 0:
+            raise ValueError("must be > 0 steps")
+        return v
+    text = v.strip().lower()
+    if text == "auto":
+        return text
+    if text.endswith("s"):
+        try:
+            seconds = float(text[:-1])
+        except ValueError:
+            seconds = -1
+        if seconds > 0:
+            return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise ValueError('use a step count (200), seconds ("90s") or "auto"')
+
+
+class CheckpointConfig(_Section):
+    """When checkpoints are written and how many are kept; the spot notice that triggers an
+    emergency one."""
+
+    every: int | str = Field(
+        200, description='Checkpoint interval: N optimizer steps (200), seconds of training ("90s"), or "auto" '
+        "for the Young/Daly optimum sqrt(2 x measured save cost x mean_seconds_between_preemptions).",
+        json_schema_extra=OPERATIONAL)
     mean_seconds_between_preemptions: float = Field(
-        7200.0, gt=0, description='Expected seconds between preemptions; used by checkpoint_every="auto".', json_schema_extra=OPERATIONAL
-    )
+        7200.0, gt=0, description='Expected seconds between preemptions; used by every: "auto".',
+        json_schema_extra=OPERATIONAL)
     keep_last: int = Field(2, gt=0, description="Checkpoints kept besides the best one.", json_schema_extra=OPERATIONAL)
-    patience: int = Field(5, ge=0, description="Validations without improvement before early stop; 0 disables.", json_schema_extra=COMPUTED)
-    min_delta: float = Field(1e-4, ge=0, description="Smallest validation AUC gain that counts as improvement.", json_schema_extra=COMPUTED)
-    seed: int = Field(0, description="Seed of model init, data order and dropout.", json_schema_extra=COMPUTED)
-    deterministic: bool = Field(True, description="Deterministic kernels, so a resumed run is bit-identical.", json_schema_extra=COMPUTED)
+    spot_notice_url: str | None = Field(
+        None, description="Spot-interruption notice URL to poll (off when empty), e.g. "
+        "http://169.254.169.254/latest/meta-data/spot/instance-action on AWS; a notice makes the run write an "
+        "emergency checkpoint and stop.", json_schema_extra=OPERATIONAL)
+    spot_poll_seconds: float = Field(5.0, gt=0, description="Seconds between spot-notice polls.",
+                                     json_schema_extra=OPERATIONAL)
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, v: int | str) -> int | str:
+        return _checkpoint_every(v)
+
+    def interval(self) -> tuple[str, float]:
+        """("steps", n) | ("seconds", s) | ("auto", 0)."""
+        v = self.every
+        if isinstance(v, int):
+            return "steps", float(v)
+        if v == "auto":
+            return "auto", 0.0
+        return "seconds", float(v[:-1])
+
+
+class LoaderConfig(_Section):
+    """How the training process feeds itself: loader workers, threads, the shard cache."""
+
     num_workers: int | Literal["auto"] = Field(
-        "auto", description='DataLoader worker processes, or "auto": chosen at start from the measured data stall.', json_schema_extra=OPERATIONAL
-    )
+        "auto", description='DataLoader worker processes, or "auto": chosen at start from the measured data stall.',
+        json_schema_extra=OPERATIONAL)
     torch_threads: int | Literal["auto"] = Field(
         "auto", description='Intra-op threads of the training process, or "auto": the CPUs it may use (affinity, '
         "container quota) less the cores other processes keep busy, shared among a node's processes, minus one per "
-        "DataLoader worker and one for the prefetch thread when it is measured busy; kept across resumes.", json_schema_extra=OPERATIONAL
-    )
-    loader_cache_mb: float = Field(
-        512.0, ge=0, description="RAM for transformed train shards kept from one epoch to the next, per process "
-        "(shared out among DataLoader workers and a node's ranks); shards beyond it are read and transformed again.", json_schema_extra=OPERATIONAL
-    )
-    auto_batch_size: bool = Field(
-        False, description="At start, find the largest micro-batch that fits accelerator memory; grad_accum keeps "
-        "the effective batch (batch_size x grad_accum) and so the learning rate as configured.", json_schema_extra=OPERATIONAL
-    )
-    memory_fraction: float = Field(0.9, gt=0, le=1, description="Share of accelerator memory auto_batch_size may plan for.", json_schema_extra=OPERATIONAL)
-    simulated_memory_mb: float | None = Field(
-        None, gt=0, description="Accelerator memory to plan for where there is none to measure (CPU runs, tests).", json_schema_extra=OPERATIONAL
-    )
-    compile: bool = Field(False, description="Run the model through torch.compile (one-time warm-up kept out of the timings).", json_schema_extra=OPERATIONAL)
-    profile: bool = Field(False, description="Record a short torch.profiler trace into the run folder; top ops in the report.", json_schema_extra=OPERATIONAL)
-    spot_notice_url: str | None = Field(
-        None,
-        description="Spot-interruption notice URL to poll (off when empty), e.g. "
-        "http://169.254.169.254/latest/meta-data/spot/instance-action on AWS.", json_schema_extra=OPERATIONAL
-    )
-    spot_poll_seconds: float = Field(5.0, gt=0, description="Seconds between spot-notice polls.", json_schema_extra=OPERATIONAL)
-    max_retries: int = Field(3, ge=0, description="Times the train task is retried after a preemption.", json_schema_extra=OPERATIONAL)
-    retry_delay_seconds: float = Field(10.0, ge=0, description="First retry delay; doubles each retry.", json_schema_extra=OPERATIONAL)
-    max_restarts: int = Field(
-        5, ge=0, description="Times a deployed flow run is started again after its machine was reclaimed or lost (a "
-        "SIGTERM reschedule, or the shipped automation rescheduling a crashed run) before it fails.",
+        "DataLoader worker and one for the prefetch thread when it is measured busy; kept across resumes.",
         json_schema_extra=OPERATIONAL)
-    nproc_per_node: int = Field(1, ge=1, description="Training processes per node; above 1 the loop runs under torchrun with DDP.", json_schema_extra=OPERATIONAL)
-    nnodes: int = Field(1, ge=1, description="Nodes of a multi-node run (each runs this task with the same rdzv settings).", json_schema_extra=OPERATIONAL)
-    rdzv_endpoint: str | None = Field(
-        None, description="host:port of the rendezvous for nnodes > 1 (e.g. a Kubernetes headless service); "
-        "single-node runs use 127.0.0.1.", json_schema_extra=OPERATIONAL
-    )
-    rdzv_id: str | None = Field(None, description="Rendezvous id; empty: the run key.", json_schema_extra=OPERATIONAL)
-    ddp_bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).", json_schema_extra=OPERATIONAL)
-    ddp_timeout_s: float = Field(300.0, gt=0, description="Collective timeout: a hung rank fails the job after this.", json_schema_extra=OPERATIONAL)
+    cache_mb: float = Field(
+        512.0, ge=0, description="RAM for transformed train shards kept from one epoch to the next, per process "
+        "(shared out among DataLoader workers and a node's ranks); shards beyond it are read and transformed again.",
+        json_schema_extra=OPERATIONAL)
 
     @field_validator("num_workers")
     @classmethod
@@ -307,60 +322,127 @@ class TrainConfig(_Section):
             raise ValueError('must be >= 1 or "auto"')
         return v
 
-    @model_validator(mode="after")
-    def _world(self) -> TrainConfig:
-        world = self.nproc_per_node * self.nnodes
-        if self.batch_size % world:
-            raise ValueError(
-                f"train.batch_size {self.batch_size} must be divisible by nproc_per_node x nnodes = {world} "
-                "(it is the global micro-batch, split evenly across processes)"
-            )
-        if self.lr_reference_batch is not None and self.warmup_steps == 0:
-            raise ValueError("train.lr_reference_batch scales the learning rate: it needs train.warmup_steps > 0")
-        if self.nnodes > 1 and not self.rdzv_endpoint:
-            raise ValueError("train.nnodes > 1 needs train.rdzv_endpoint (host:port reachable from every node)")
-        return self
+
+class DistributedConfig(_Section):
+    """Several training processes: torchrun with DDP, on one node or several."""
+
+    nproc_per_node: int = Field(1, ge=1, description="Training processes per node; above 1 the loop runs under "
+                                "torchrun with DDP.", json_schema_extra=OPERATIONAL)
+    nnodes: int = Field(1, ge=1, description="Nodes of a multi-node run (each runs this task with the same rdzv "
+                        "settings).", json_schema_extra=OPERATIONAL)
+    rdzv_endpoint: str | None = Field(
+        None, description="host:port of the rendezvous for nnodes > 1 (e.g. a Kubernetes headless service); "
+        "single-node runs use 127.0.0.1.", json_schema_extra=OPERATIONAL)
+    rdzv_id: str | None = Field(None, description="Rendezvous id; empty: the run key.", json_schema_extra=OPERATIONAL)
+    bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).", json_schema_extra=OPERATIONAL)
+    timeout_s: float = Field(300.0, gt=0, description="Collective timeout: a hung rank fails the job after this.",
+                             json_schema_extra=OPERATIONAL)
 
     @property
     def world_size(self) -> int:
         return self.nproc_per_node * self.nnodes
 
+
+class RetryConfig(_Section):
+    """Coming back after a preemption: the train task's retries and the flow run's restarts."""
+
+    max_retries: int = Field(3, ge=0, description="Times the train task is retried after a preemption.",
+                             json_schema_extra=OPERATIONAL)
+    delay_seconds: float = Field(10.0, ge=0, description="First retry delay; doubles each retry.",
+                                 json_schema_extra=OPERATIONAL)
+    max_restarts: int = Field(
+        5, ge=0, description="Times a deployed flow run is started again after its machine was reclaimed or lost (a "
+        "SIGTERM reschedule, or the shipped automation rescheduling a crashed run) before it fails.",
+        json_schema_extra=OPERATIONAL)
+
+
+# Where each key of the flat train section of earlier versions lives now.
+MOVED_TRAIN_KEYS = {
+    "lr": "optim.lr", "lr_reference_batch": "optim.lr_reference_batch", "weight_decay": "optim.weight_decay",
+    "grad_clip": "optim.grad_clip", "warmup_steps": "schedule.warmup_steps", "checkpoint_every": "checkpoint.every",
+    "mean_seconds_between_preemptions": "checkpoint.mean_seconds_between_preemptions",
+    "keep_last": "checkpoint.keep_last", "spot_notice_url": "checkpoint.spot_notice_url",
+    "spot_poll_seconds": "checkpoint.spot_poll_seconds", "num_workers": "loader.num_workers",
+    "torch_threads": "loader.torch_threads", "loader_cache_mb": "loader.cache_mb",
+    "nproc_per_node": "distributed.nproc_per_node", "nnodes": "distributed.nnodes",
+    "rdzv_endpoint": "distributed.rdzv_endpoint", "rdzv_id": "distributed.rdzv_id",
+    "ddp_bucket_mb": "distributed.bucket_mb", "ddp_timeout_s": "distributed.timeout_s",
+    "max_retries": "retry.max_retries", "retry_delay_seconds": "retry.delay_seconds",
+    "max_restarts": "retry.max_restarts",
+}
+
+
+class TrainConfig(_Section):
+    max_steps: int = Field(2000, gt=0, description="Optimizer steps at most.", json_schema_extra=COMPUTED)
+    init_from: Literal["none", "champion"] = Field(
+        "none",
+        description="champion: warm-start from the current champion when its architecture and feature "
+        "columns match (it then keeps the champion's preprocessing); otherwise a fresh start.",
+        json_schema_extra=COMPUTED)
+    batch_size: int = Field(
+        512, gt=0, description="Rows per micro-batch, across all processes: each of N processes takes batch_size/N.",
+        json_schema_extra=COMPUTED)
+    grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.",
+                            json_schema_extra=COMPUTED)
+    eval_every: int = Field(200, gt=0, description="Validate every N optimizer steps.", json_schema_extra=COMPUTED)
+    patience: int = Field(5, ge=0, description="Validations without improvement before early stop; 0 disables.",
+                          json_schema_extra=COMPUTED)
+    min_delta: float = Field(1e-4, ge=0, description="Smallest gain of the validation eval.metric that counts as "
+                             "improvement.", json_schema_extra=COMPUTED)
+    seed: int = Field(0, description="Seed of model init, data order and dropout.", json_schema_extra=COMPUTED)
+    deterministic: bool = Field(True, description="Deterministic kernels, so a resumed run is bit-identical.",
+                                json_schema_extra=COMPUTED)
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = Field(
+        "auto", description="auto: bf16 on CUDA GPUs that support it, fp16 on older GPUs, fp32 on CPU.",
+        json_schema_extra=OPERATIONAL)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA when available.",
+                                                   json_schema_extra=OPERATIONAL)
+    auto_batch_size: bool = Field(
+        False, description="At start, find the largest micro-batch that fits accelerator memory; grad_accum keeps "
+        "the effective batch (batch_size x grad_accum) and so the learning rate as configured.",
+        json_schema_extra=OPERATIONAL)
+    memory_fraction: float = Field(0.9, gt=0, le=1, description="Share of accelerator memory auto_batch_size may "
+                                   "plan for.", json_schema_extra=OPERATIONAL)
+    simulated_memory_mb: float | None = Field(
+        None, gt=0, description="Accelerator memory to plan for where there is none to measure (CPU runs, tests).",
+        json_schema_extra=OPERATIONAL)
+    compile: bool = Field(False, description="Run the model through torch.compile (one-time warm-up kept out of the "
+                          "timings).", json_schema_extra=OPERATIONAL)
+    profile: bool = Field(False, description="Record a short torch.profiler trace into the run folder; top ops in the "
+                          "report.", json_schema_extra=OPERATIONAL)
+    # Sections. optim and schedule compute: their fields join the run key as if they were this
+    # section's own (FLAT), so run keys written before the sections existed stay what they were.
+    optim: OptimConfig = Field(default_factory=OptimConfig, json_schema_extra=FLAT_COMPUTED)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, json_schema_extra=FLAT_COMPUTED)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, json_schema_extra=OPERATIONAL)
+    loader: LoaderConfig = Field(default_factory=LoaderConfig, json_schema_extra=OPERATIONAL)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, json_schema_extra=OPERATIONAL)
+    retry: RetryConfig = Field(default_factory=RetryConfig, json_schema_extra=OPERATIONAL)
+
+    @model_validator(mode="after")
+    def _world(self) -> TrainConfig:
+        world, d = self.world_size, self.distributed
+        if self.batch_size % world:
+            raise ValueError(
+                f"train.batch_size {self.batch_size} must be divisible by nproc_per_node x nnodes = {world} "
+                "(it is the global micro-batch, split evenly across processes)"
+            )
+        if self.optim.lr_reference_batch is not None and self.schedule.warmup_steps == 0:
+            raise ValueError("train.optim.lr_reference_batch scales the learning rate: it needs "
+                             "train.schedule.warmup_steps > 0")
+        if d.nnodes > 1 and not d.rdzv_endpoint:
+            raise ValueError("train.distributed.nnodes > 1 needs train.distributed.rdzv_endpoint (host:port reachable "
+                             "from every node)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.distributed.world_size
+
     def peak_lr(self) -> float:
-        """lr, scaled linearly with the effective batch when lr_reference_batch is set."""
-        if self.lr_reference_batch is None:
-            return self.lr
-        return self.lr * self.batch_size * self.grad_accum / self.lr_reference_batch
-
-
-    @field_validator("checkpoint_every")
-    @classmethod
-    def _interval(cls, v: int | str) -> int | str:
-        if isinstance(v, int):
-            if v <= 0:
-                raise ValueError("must be > 0 steps")
-            return v
-        text = v.strip().lower()
-        if text == "auto":
-            return text
-        if text.endswith("s"):
-            try:
-                seconds = float(text[:-1])
-            except ValueError:
-                seconds = -1
-            if seconds > 0:
-                return text
-        if text.isdigit() and int(text) > 0:
-            return int(text)
-        raise ValueError('use a step count (200), seconds ("90s") or "auto"')
-
-    def checkpoint_interval(self) -> tuple[str, float]:
-        """("steps", n) | ("seconds", s) | ("auto", 0)."""
-        v = self.checkpoint_every
-        if isinstance(v, int):
-            return "steps", float(v)
-        if v == "auto":
-            return "auto", 0.0
-        return "seconds", float(v[:-1])
+        """optim.lr, scaled linearly with the effective batch when optim.lr_reference_batch is set."""
+        lr, reference = self.optim.lr, self.optim.lr_reference_batch
+        return lr if reference is None else lr * self.batch_size * self.grad_accum / reference
 
 
 class EvalConfig(_Section):
@@ -624,10 +706,44 @@ class RetrainConfig(_Section):
         if self.eval.target_auc is not None and (task != "binary" or self.eval.metric not in (None, "auc")):
             raise ValueError("eval.target_auc is the target of the binary auc metric; set eval.target instead")
         if self.tune.space:
-            from training.tune.space import check_space  # it validates trial configs: built on this module
-
-            check_space(self)
+            self._check_space()
         return self
+
+    def with_values(self, values: dict[str, Any], origin: str) -> RetrainConfig:
+        """This config with each dotted key of `values` set (e.g. a tuning trial's parameters),
+        validated; `origin` names where the values come from in an error."""
+        return validate_config({**self._set(values), "tune": self.tune.model_dump(mode="json")}, origin)
+
+    def _set(self, values: dict[str, Any]) -> dict[str, Any]:
+        """This config as JSON, without its tune section, with each dotted key of `values` set."""
+        raw = self.model_dump(mode="json", exclude={"tune"})
+        for key, value in values.items():
+            *path, name = key.split(".")
+            node = raw
+            for part in path:
+                node = node[part]
+            node[name] = value
+        return raw
+
+    def _check_space(self) -> None:
+        """Every entry of tune.space parses, names a tunable key, and every value of its range
+        makes a valid config; the rungs fit train.eval_every and train.max_steps."""
+        for dim in parse_space(self.tune.space):
+            _check_tunable(self, dim.key)
+            for value in dim.extremes():
+                try:  # without the tune section: the trial's own space check is this one
+                    type(self).model_validate(self._set({dim.key: value}))
+                except ValidationError as err:
+                    detail = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
+                    raise SpaceError(f"tune.space.{dim.key}: {value!r} is not a valid value: {detail}") from None
+        t, every, last = self.tune, self.train.eval_every, self.train.max_steps
+        if t.min_resource is not None and (t.min_resource % every or t.min_resource >= last):
+            raise SpaceError(f"tune.min_resource ({t.min_resource}) must be a multiple of train.eval_every ({every}) "
+                             f"and below train.max_steps ({last}): a trial reports at validated steps")
+        if t.pruner != "none" and len(self.rungs()) < 2:
+            raise SpaceError(f"tune.pruner {t.pruner} needs at least two rungs: train.max_steps ({last}) is too short "
+                             f"for train.eval_every ({every}) x tune.reduction_factor ({t.reduction_factor}); set "
+                             "tune.min_resource or tune.pruner: none")
 
     def rungs(self) -> list[int]:
         """The optimizer steps at which a tuning trial reports and may be pruned; the last is
@@ -642,6 +758,37 @@ class RetrainConfig(_Section):
             rungs.append(step)
             step *= t.reduction_factor
         return [*rungs, last]
+
+
+# Keys a tuning study cannot search, and why.
+_TUNABLE_SECTIONS = ("model", "train")
+_NOT_TUNABLE = {"train.max_steps": "it is the resource the pruner allots (full fidelity)",
+                "train.eval_every": "it sets where the rungs are (tune.min_resource is a multiple of it)"}
+
+
+def _check_tunable(config: RetrainConfig, key: str) -> None:
+    """A tune.space key must be a COMPUTED model.* or train.* key (sections included)."""
+    section, *path = key.split(".")
+    if section not in type(config).model_fields or not path:
+        raise SpaceError(f"tune.space.{key}: not a config key (tunable: model.* and train.* keys)")
+    if section not in _TUNABLE_SECTIONS:
+        raise SpaceError(f"tune.space.{key}: only model.* and train.* keys can be tuned; trials share one packed "
+                         "dataset and one preprocessing result")
+    if key in _NOT_TUNABLE:
+        raise SpaceError(f"tune.space.{key}: cannot be tuned: {_NOT_TUNABLE[key]}")
+    node: BaseModel = getattr(config, section)
+    for i, name in enumerate(path):
+        if name not in type(node).model_fields:
+            where = ".".join([section, *path[:i]])
+            raise SpaceError(f"tune.space.{key}: {where} has no key {name!r}")
+        if not is_computed(type(node), name):
+            raise SpaceError(f"tune.space.{key}: an operational key (it does not change what a trial computes, so "
+                             "every trial would be the same run)")
+        child = getattr(node, name)
+        if i < len(path) - 1:
+            if not isinstance(child, BaseModel):
+                raise SpaceError(f"tune.space.{key}: {name} is a value, not a section")
+            node = child
 
 
 def fingerprint(*parts: Any) -> str:
@@ -662,6 +809,9 @@ def _format_errors(err: ValidationError, origin: str) -> str:
         key = ".".join(str(p) for p in e["loc"])
         if not key:  # a check across sections: its message names its keys
             problems.append(e["msg"].removeprefix("Value error, "))
+        elif e["type"] == "extra_forbidden" and len(e["loc"]) == 2 and e["loc"][0] == "train" \
+                and e["loc"][1] in MOVED_TRAIN_KEYS:
+            problems.append(f"'{key}' has moved to 'train.{MOVED_TRAIN_KEYS[str(e['loc'][1])]}'")
         elif e["type"] == "extra_forbidden":
             problems.append(f"unknown key '{key}'")
         else:

@@ -36,9 +36,9 @@ def _overrides(endpoint: str, bucket: str, prefix: str) -> list[str]:
     # The built-in demo data (generated in each new container from its seed, byte for byte),
     # trained long enough that the reclaim lands while it trains, whatever the machine's load.
     return [f"storage.root=s3://{bucket}/{prefix}", f"storage.endpoint_url={endpoint}", "storage.heartbeat_seconds=0.2",
-            "storage.multipart_mb=5", "train.max_steps=4000", "train.eval_every=1000", "train.checkpoint_every=50",
-            "train.batch_size=128", "train.warmup_steps=5", "train.patience=0", "train.retry_delay_seconds=0",
-            "train.num_workers=0", "train.torch_threads=1", "model.hidden=[32, 16]", "model.embedding_dim=4"]
+            "storage.multipart_mb=5", "train.max_steps=4000", "train.eval_every=1000", "train.checkpoint.every=50",
+            "train.batch_size=128", "train.schedule.warmup_steps=5", "train.patience=0", "train.retry.delay_seconds=0",
+            "train.loader.num_workers=0", "train.loader.torch_threads=1", "model.hidden=[32, 16]", "model.embedding_dim=4"]
 
 
 def _reference_sha(endpoint: str, bucket: str) -> str:

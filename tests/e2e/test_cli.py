@@ -126,7 +126,7 @@ def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
 
 def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
     overrides = small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=3000", "train.eval_every=1000",
-                                                                    "train.checkpoint_every=10"]
+                                                                    "train.checkpoint.every=10"]
     args = _sets(overrides)
     proc = subprocess.Popen(
         [sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path, stdout=subprocess.PIPE,
@@ -207,7 +207,7 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
     # Long enough that the interrupt lands while it trains, however loaded the machine: it is
     # sent once the first checkpoint exists, and what follows it takes a few seconds at most.
     overrides = small_overrides(root, demo_source) + ["train.max_steps=3000", "train.eval_every=1000",
-                                                      "train.checkpoint_every=10", "train.patience=0"]
+                                                      "train.checkpoint.every=10", "train.patience=0"]
     args = _sets(overrides)
     had_copy = empty_database_copy().exists()
     proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path,

@@ -192,7 +192,7 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
     # 2400 steps: the SIGTERM lands a poll after step 80's checkpoint, and the run must still be
     # training then (with 400 steps, a clean-clone CI run finished training first).
     deployer.variant("retrain-spot", _small(root, demo_source, "train.max_steps=2400", "train.eval_every=400",
-                                            "train.checkpoint_every=40", "train.patience=0"), pool)
+                                            "train.checkpoint.every=40", "train.patience=0"), pool)
     run_id = _run(deployed, "retrain-spot", {})
     worker = start_worker(pool)
     wait_for(lambda: len(_checkpoints(root)) >= 2, 300, "two checkpoints", 0.2)

@@ -98,7 +98,7 @@ def test_multi_gpu_examples_are_valid_configs() -> None:
     single = RetrainConfig.model_validate(deployments["retrain-8gpu"]["parameters"]["config"])
     assert single.train.world_size == 8 and single.storage.is_s3
     multi = RetrainConfig.model_validate(deployments["retrain-2x8gpu"]["parameters"]["config"])
-    assert multi.train.world_size == 16 and multi.train.rdzv_endpoint
+    assert multi.train.world_size == 16 and multi.train.distributed.rdzv_endpoint
     spot = yaml.safe_load((ROOT / "deployments" / "gpu-spot.yaml").read_text())["deployments"][0]
     assert RetrainConfig.model_validate(spot["parameters"]["config"]).storage.is_s3
 

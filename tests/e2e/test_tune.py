@@ -34,7 +34,7 @@ def _study_config(tmp_path: Path, demo_source: Path, **tune: Any) -> Path:
                   "num_workers": 0, "patience": 0, "retry_delay_seconds": 0},
         # A priced instance: the budget is in dollars.
         "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
-        "tune": {"space": {"train.lr": "loguniform(1e-3, 3e-2)", "model.dropout": "uniform(0, 0.3)"},
+        "tune": {"space": {"train.optim.lr": "loguniform(1e-3, 3e-2)", "model.dropout": "uniform(0, 0.3)"},
                  "max_trials": 4, "min_resource": 40, "max_usd": MAX_USD, "seed": 3, **tune},
     }
     path = tmp_path / "tune.yaml"
@@ -86,7 +86,7 @@ def test_a_study_completes_within_its_budget_and_prunes(uninterrupted: dict[str,
     # The best trial's config is a config `retrain run` accepts, with the best parameters.
     best = report["best"]
     config = load_config(best["config"])
-    assert config.train.lr == best["params"]["train.lr"] and config.model.dropout == best["params"]["model.dropout"]
+    assert config.train.optim.lr == best["params"]["train.optim.lr"] and config.model.dropout == best["params"]["model.dropout"]
     folder = Path(best["config"]).parent
     assert (folder / "tune_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "best        trial" in uninterrupted["stdout"]

@@ -94,7 +94,7 @@ def _run_dir(config: RetrainConfig) -> str:
 @pytest.mark.slow
 def test_killed_training_process_is_retried_and_resumes(small_config: RetrainConfig) -> None:
     small_config.train.max_steps = 300
-    small_config.train.checkpoint_every = 10
+    small_config.train.checkpoint.every = 10
     run_dir = _run_dir(small_config)
     kill_worker_when(run_dir, step=45)
     state = retrain(small_config, return_state=True)
@@ -111,8 +111,8 @@ def test_killed_training_process_is_retried_and_resumes(small_config: RetrainCon
 @pytest.mark.slow
 def test_rerun_after_the_flow_failed_resumes_from_the_checkpoint(small_config: RetrainConfig) -> None:
     small_config.train.max_steps = 300
-    small_config.train.checkpoint_every = 10
-    small_config.train.max_retries = 0
+    small_config.train.checkpoint.every = 10
+    small_config.train.retry.max_retries = 0
     run_dir = _run_dir(small_config)
     kill_worker_when(run_dir, step=45)
     with pytest.raises(Preempted):
@@ -135,7 +135,7 @@ def test_a_bug_is_not_retried(small_config: RetrainConfig) -> None:
 
 def test_a_user_model_factory_trains(small_config: RetrainConfig) -> None:
     small_config.model.factory = "tests.model_factories:linear"
-    small_config.train.lr = 0.05
+    small_config.train.optim.lr = 0.05
     report = _report(retrain(small_config))
     assert report["status"] == "completed" and report["metrics"]["auc"] > 0.6
 
@@ -286,7 +286,7 @@ def test_training_warnings_the_run_id_and_the_promotion_event_reach_prefect(smal
     from prefect.events.filters import EventFilter, EventNameFilter
 
     small_config.train.max_steps = 200
-    small_config.train.checkpoint_every = 10
+    small_config.train.checkpoint.every = 10
     kill_worker_when(_run_dir(small_config), step=45, sig=signal.SIGTERM)  # the child logs a warning
     state = retrain(small_config, return_state=True)
     report = _report(state.result())

@@ -32,8 +32,8 @@ def _digits(tmp_path: Path) -> Path:
 def _config(root: Path, source: Path, extra: list[str]) -> RetrainConfig:
     return load_config(overrides=[
         f"storage.root={root}", f"data.source={source}", "data.rows_per_member=256", "data.shard_size_mb=0.06",
-        "train.batch_size=128", "train.max_steps=300", "train.eval_every=50", "train.checkpoint_every=50",
-        "train.warmup_steps=10", "train.num_workers=0", "train.retry_delay_seconds=0", "model.hidden=[64]",
+        "train.batch_size=128", "train.max_steps=300", "train.eval_every=50", "train.checkpoint.every=50",
+        "train.schedule.warmup_steps=10", "train.loader.num_workers=0", "train.retry.delay_seconds=0", "model.hidden=[64]",
         *extra])
 
 

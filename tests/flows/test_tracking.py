@@ -64,7 +64,7 @@ def _runs_of(url: str, run_key: str) -> list:
 
 def test_a_killed_and_resumed_run_is_one_mlflow_run_then_aliases_follow_the_champion(
         mlflow_url: str, tmp_path: Path, demo_source: Path) -> None:
-    config = _config(tmp_path / "root", demo_source, mlflow_url, "train.max_steps=120", "train.checkpoint_every=10")
+    config = _config(tmp_path / "root", demo_source, mlflow_url, "train.max_steps=120", "train.checkpoint.every=10")
     kill_worker_when(_run_dir(config), step=45)
     report = json.loads(Path(retrain(config)).read_text())
     assert report["preemptions"] == 1 and report["promotion"]["promoted"]

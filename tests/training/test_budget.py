@@ -21,7 +21,7 @@ def _fake_clock(tick: float = 0.01):
 def budget_config(small_config: RetrainConfig) -> RetrainConfig:
     small_config.train.max_steps = 10_000
     small_config.train.eval_every = 10
-    small_config.train.checkpoint_every = 10
+    small_config.train.checkpoint.every = 10
     small_config.train.patience = 0
     return small_config
 

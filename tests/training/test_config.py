@@ -16,11 +16,11 @@ def test_defaults_are_the_demo() -> None:
 
 
 def test_set_parses_yaml_scalars_and_lists() -> None:
-    config = load_config(overrides=["train.batch_size=256", "model.hidden=[64, 32]", "train.lr=1e-3",
+    config = load_config(overrides=["train.batch_size=256", "model.hidden=[64, 32]", "train.optim.lr=1e-3",
                                     "eval.target_auc=0.8", "data.source=/x.parquet"])
     assert config.train.batch_size == 256
     assert config.model.hidden == [64, 32]
-    assert config.train.lr == pytest.approx(1e-3)
+    assert config.train.optim.lr == pytest.approx(1e-3)
     assert config.eval.target_auc == 0.8
 
 
@@ -37,12 +37,14 @@ def test_non_positive_batch_size_is_rejected(value: str) -> None:
 
 def test_every_problem_is_listed_in_one_error(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("train:\n  batch_size: 0\n  lr: -1\n  bogus: 1\ndata:\n  label: y\n")
+    cfg.write_text("train:\n  batch_size: 0\n  optim: {lr: -1}\n  bogus: 1\n  checkpoint_every: 20\ndata:\n  label: y\n")
     with pytest.raises(ConfigError) as info:
         load_config(cfg)
     message = str(info.value)
     assert str(cfg) in message
-    assert "train.batch_size" in message and "train.lr" in message and "train.bogus" in message
+    assert "train.batch_size" in message and "train.optim.lr" in message and "train.bogus" in message
+    # A key of the flat train section of earlier versions names its new place.
+    assert "'train.checkpoint_every' has moved to 'train.checkpoint.every'" in message
     assert "\n" not in message
 
 
@@ -109,10 +111,11 @@ def test_fingerprint_membership_follows_the_marks() -> None:
     # Operational: memory and speed only.
     assert train_fingerprint(base.model_copy(update={"model": base.model.model_copy(
         update={"gradient_checkpointing": True})}), "cpu", "fp32") == fp
-    assert train_fingerprint(base.model_copy(update={"train": base.train.model_copy(
-        update={"num_workers": 2, "compile": True, "keep_last": 5})}), "cpu", "fp32") == fp
+    operational = load_config(overrides=["train.loader.num_workers=2", "train.compile=true",
+                                         "train.checkpoint.keep_last=5", "train.distributed.bucket_mb=50"])
+    assert train_fingerprint(operational, "cpu", "fp32") == fp
     # Computed: the numerics actually used, whatever was requested.
     assert train_fingerprint(base, "cuda", "bf16") != fp
     assert train_fingerprint(base, "cpu", "bf16") != fp
-    assert train_fingerprint(base.model_copy(update={"train": base.train.model_copy(update={"lr": 1e-2})}),
+    assert train_fingerprint(base.model_copy(update={"train": base.train.model_copy(update={"optim": base.train.optim.model_copy(update={"lr": 1e-2})})}),
                              "cpu", "fp32") != fp

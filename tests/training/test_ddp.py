@@ -24,7 +24,7 @@ AUC_TOLERANCE = 1e-4
 
 
 def _config(root: Path, source: Path, *extra: str):
-    return load_config(overrides=small_overrides(root, source) + ["train.checkpoint_every=10", *extra])
+    return load_config(overrides=small_overrides(root, source) + ["train.checkpoint.every=10", *extra])
 
 
 def _weights(result: dict) -> dict[str, torch.Tensor]:
@@ -36,7 +36,7 @@ def test_two_ranks_match_one_process_and_see_equal_samples(demo_source: Path, tm
     split shards evenly, and the run crosses an epoch boundary; nobody hangs or runs short."""
     one = run_training_process(make_job(_config(tmp_path / "one", demo_source)))
     events: list[dict] = []
-    job = make_job(_config(tmp_path / "two", demo_source, "train.nproc_per_node=2"))
+    job = make_job(_config(tmp_path / "two", demo_source, "train.distributed.nproc_per_node=2"))
     from training.data.packing import load_manifest
 
     train_shards = load_manifest(Path(job.dataset_dir)).shards_of("train")
@@ -59,9 +59,9 @@ def test_two_ranks_match_one_process_and_see_equal_samples(demo_source: Path, tm
 
 
 def test_killed_rank_fails_the_job_fast_and_the_retry_resumes_bit_identical(demo_source: Path, tmp_path: Path) -> None:
-    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2")))
+    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2")))
 
-    job = make_job(_config(tmp_path / "killed", demo_source, "train.nproc_per_node=2"))
+    job = make_job(_config(tmp_path / "killed", demo_source, "train.distributed.nproc_per_node=2"))
     kill_worker_when(job.run_dir, 25, signal.SIGKILL, rank=1)
     with pytest.raises(Preempted, match="lost a rank"):
         run_training_process(job)  # rank 0 must not hang on its dead peer: pytest's timeout guards that
@@ -76,9 +76,9 @@ def test_killed_rank_fails_the_job_fast_and_the_retry_resumes_bit_identical(demo
 
 
 def test_sigterm_to_one_rank_gives_one_consistent_emergency_checkpoint(demo_source: Path, tmp_path: Path) -> None:
-    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2",
-                                                      "train.checkpoint_every=1000")))
-    job = make_job(_config(tmp_path / "term", demo_source, "train.nproc_per_node=2", "train.checkpoint_every=1000"))
+    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2",
+                                                      "train.checkpoint.every=1000")))
+    job = make_job(_config(tmp_path / "term", demo_source, "train.distributed.nproc_per_node=2", "train.checkpoint.every=1000"))
     kill_worker_when(job.run_dir, 33, signal.SIGTERM, rank=1)
     with pytest.raises(Preempted):
         run_training_process(job)
@@ -95,12 +95,12 @@ def test_sigterm_to_one_rank_gives_one_consistent_emergency_checkpoint(demo_sour
 def test_resume_on_another_world_size_continues_the_same_batches(demo_source: Path, tmp_path: Path) -> None:
     """Checkpoint on 2 processes, resume on 1: the position is in global batches, so the run
     goes on with the next global batch and ends where a 2-process run ends, within tolerance."""
-    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2")))
-    job = make_job(_config(tmp_path / "switch", demo_source, "train.nproc_per_node=2"))
+    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2")))
+    job = make_job(_config(tmp_path / "switch", demo_source, "train.distributed.nproc_per_node=2"))
     kill_worker_when(job.run_dir, 25, signal.SIGKILL, rank=1)
     with pytest.raises(Preempted):
         run_training_process(job)
-    job.config.train.nproc_per_node = 1  # the retry lands on a smaller machine
+    job.config.train.distributed.nproc_per_node = 1  # the retry lands on a smaller machine
     events: list[dict] = []
     result = run_training_process(job, on_event=events.append)
     assert [e for e in events if e["event"] == "resumed"]
@@ -121,9 +121,9 @@ def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, t
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2")))
+    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2")))
     overrides = small_overrides(tmp_path / "nodes", demo_source) + [
-        "train.checkpoint_every=10", "train.nnodes=2", f"train.rdzv_endpoint=127.0.0.1:{port}"]
+        "train.checkpoint.every=10", "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
     job = make_job(load_config(overrides=overrides))
     args = [sys.executable, "-m", "retrain_cli.main", "join", "--node-rank", "1"]
     for o in overrides:
@@ -149,10 +149,10 @@ def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: st
 
     # 300 steps: the killer must find rank 1 (a scan of /proc) while it still trains; at 60 steps
     # the run finished first once in five clean-clone CI runs here.
-    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.nproc_per_node=2",
+    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2",
                                                       "train.max_steps=300")))
     overrides = small_overrides(tmp_path / "unused", demo_source) + s3_overrides(
-        s3_bucket, s3_server, tmp_path / "machine-a") + ["train.checkpoint_every=10", "train.nproc_per_node=2",
+        s3_bucket, s3_server, tmp_path / "machine-a") + ["train.checkpoint.every=10", "train.distributed.nproc_per_node=2",
                                                          "train.max_steps=300"]
     job = make_job(load_config(overrides=overrides))
     kill_worker_when(job.run_dir, 25, signal.SIGKILL, rank=1)

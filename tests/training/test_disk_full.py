@@ -31,9 +31,9 @@ def _fill(disk: Path) -> Path:
 @pytest.mark.slow
 def test_a_full_disk_stops_training_in_one_line_and_a_rerun_resumes(small_config: RetrainConfig, tmp_path: Path) -> None:
     small_config.train.max_steps = 200
-    small_config.train.checkpoint_every = 20
+    small_config.train.checkpoint.every = 20
     small_config.train.eval_every = 20
-    small_config.train.keep_last = 2
+    small_config.train.checkpoint.keep_last = 2
     with small_filesystem(tmp_path / "disk", 8192) as disk:
         small_config.storage.root = str(disk / "root")
         job = make_job(small_config)

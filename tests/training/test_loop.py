@@ -44,7 +44,7 @@ def test_resume_after_stop_is_bit_identical(small_config: RetrainConfig, tmp_pat
 
 def test_workers_change_nothing_but_speed(small_config: RetrainConfig) -> None:
     reference = train(make_job(small_config, "w0"))
-    small_config.train.num_workers = 2
+    small_config.train.loader.num_workers = 2
     with_workers = train(make_job(small_config, "w2"))
     assert with_workers.model.sha256 == reference.model.sha256
 
@@ -52,7 +52,7 @@ def test_workers_change_nothing_but_speed(small_config: RetrainConfig) -> None:
 def test_early_stopping_patience_survives_a_resume(small_config: RetrainConfig) -> None:
     small_config.train.max_steps = 400
     small_config.train.eval_every = 10
-    small_config.train.checkpoint_every = 10
+    small_config.train.checkpoint.every = 10
     small_config.train.patience = 3
     small_config.train.min_delta = 0.5  # nothing improves by 0.5 AUC: stops after 3 bad evals
     reference = train(make_job(small_config, "ref"))
@@ -73,7 +73,7 @@ def test_checkpoint_of_another_config_is_refused(small_config: RetrainConfig) ->
     stop = StopFlag()
     with pytest.raises(Preempted):
         train(job, stop, _stop_after_checkpoint(20, stop))
-    small_config.train.lr = 0.5
+    small_config.train.optim.lr = 0.5
     other = make_job(small_config, "shared")
     with pytest.raises(CheckpointError, match="belongs to run"):
         train(other)
@@ -102,11 +102,11 @@ def test_grad_accumulation_matches_one_big_batch(small_config: RetrainConfig) ->
 def test_time_based_checkpoint_intervals(small_config: RetrainConfig, interval: str) -> None:
     small_config.train.max_steps = 200
     small_config.train.eval_every = 100
-    small_config.train.checkpoint_every = interval
+    small_config.train.checkpoint.every = interval
     # Tiny, so auto saves often here: its interval is sqrt(2 x save cost x this), and the save
     # cost is measured at step 100's save, so steps 100-200 must outlast one interval (with 0.5,
     # about 0.1-0.2 s, a clean-clone CI run trained them faster than that once).
-    small_config.train.mean_seconds_between_preemptions = 0.005
+    small_config.train.checkpoint.mean_seconds_between_preemptions = 0.005
     result = train(make_job(small_config))
     described = result.checkpoint_interval
     assert described["mode"] == ("auto" if interval == "auto" else "seconds")
@@ -122,12 +122,12 @@ def test_checkpoint_interval_is_validated() -> None:
     from training.config import load_config
     from training.errors import ConfigError
 
-    assert load_config(overrides=["train.checkpoint_every=90s"]).train.checkpoint_interval() == ("seconds", 90.0)
-    assert load_config(overrides=["train.checkpoint_every=auto"]).train.checkpoint_interval() == ("auto", 0.0)
-    with pytest.raises(ConfigError, match="train.checkpoint_every"):
-        load_config(overrides=["train.checkpoint_every=soon"])
-    with pytest.raises(ConfigError, match="train.checkpoint_every"):
-        load_config(overrides=["train.checkpoint_every=0"])
+    assert load_config(overrides=["train.checkpoint.every=90s"]).train.checkpoint.interval() == ("seconds", 90.0)
+    assert load_config(overrides=["train.checkpoint.every=auto"]).train.checkpoint.interval() == ("auto", 0.0)
+    with pytest.raises(ConfigError, match="train.checkpoint.every"):
+        load_config(overrides=["train.checkpoint.every=soon"])
+    with pytest.raises(ConfigError, match="train.checkpoint.every"):
+        load_config(overrides=["train.checkpoint.every=0"])
 
 
 def test_profile_records_a_trace_and_top_ops(small_config: RetrainConfig) -> None:

@@ -23,7 +23,7 @@ def test_the_default_model_fits_and_a_huge_one_is_refused_naming_model_hidden() 
 
 
 def test_a_tune_space_whose_largest_trial_cannot_fit_is_refused_naming_its_key() -> None:
-    fits = load_config(overrides=["tune.space={model.hidden: 'choice([[32], [64, 32]])', train.lr: 'uniform(0.001, 0.01)'}"])
+    fits = load_config(overrides=["tune.space={model.hidden: 'choice([[32], [64, 32]])', train.optim.lr: 'uniform(0.001, 0.01)'}"])
     check_space_fits(fits, SCHEMA, CPU)
     too_large = load_config(overrides=["tune.space={model.hidden: 'choice([[32], [2000000, 2000000]])'}"])
     with pytest.raises(ConfigError, match=r"tune.space.model.hidden \(its value \[2000000, 2000000\]\)"):

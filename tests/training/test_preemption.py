@@ -60,7 +60,7 @@ def _signal_at_step(job: TrainJob, step: int, sig: signal.Signals):
 def long_config(small_config: RetrainConfig) -> RetrainConfig:
     small_config.train.max_steps = 400
     small_config.train.eval_every = 50
-    small_config.train.checkpoint_every = 25
+    small_config.train.checkpoint.every = 25
     return small_config
 
 
@@ -122,8 +122,8 @@ def test_spot_notice_poller_checkpoints_and_exits(long_config: RetrainConfig) ->
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         long_config.train.max_steps = 100_000
-        long_config.train.spot_notice_url = f"http://127.0.0.1:{server.server_port}/latest/meta-data/spot/instance-action"
-        long_config.train.spot_poll_seconds = 0.2
+        long_config.train.checkpoint.spot_notice_url = f"http://127.0.0.1:{server.server_port}/latest/meta-data/spot/instance-action"
+        long_config.train.checkpoint.spot_poll_seconds = 0.2
         job = make_job(long_config)
         with pytest.raises(Preempted):
             run_training_process(job)
@@ -180,7 +180,7 @@ def _group_members(pgid: int) -> list[int]:
 def test_sigkill_with_dataloader_workers_neither_hangs_nor_leaves_orphans(long_config: RetrainConfig) -> None:
     """The DataLoader's worker processes outlive a SIGKILLed training process and hold its
     stdout: the launcher must not wait for that pipe, and must not leave them running."""
-    long_config.train.num_workers = 1
+    long_config.train.loader.num_workers = 1
     job = make_job(long_config)
     on_start, seen = _signal_at_step(job, 30, signal.SIGKILL)
     started: dict[str, int] = {}
@@ -209,7 +209,7 @@ def test_small_data_trains_with_the_default_batch_and_resumes_bit_identical(tmp_
     source, _ = ensure_demo_dataset(tmp_path / "src", rows=569, seed=3)
     overrides = [o for o in small_overrides(tmp_path / "root", source) if not o.startswith("train.batch_size")]
     config = load_config(overrides=overrides + ["train.max_steps=40", "train.eval_every=10",
-                                                "train.checkpoint_every=10"])
+                                                "train.checkpoint.every=10"])
     assert config.train.batch_size == 512  # the default
     events: list[dict] = []
     reference = run_training_process(make_job(config, "reference"), on_event=events.append)
@@ -234,7 +234,7 @@ def test_a_second_process_on_a_run_in_training_is_refused_and_the_first_is_unhar
     # imports): 400 steps of this small model took under a second on one thread.
     long_config.train.max_steps = 6000
     long_config.train.eval_every = 1000
-    long_config.train.checkpoint_every = 500
+    long_config.train.checkpoint.every = 500
     long_config.train.patience = 0
     job = make_job(long_config)
     results: dict[str, object] = {}

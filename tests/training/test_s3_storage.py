@@ -254,7 +254,7 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     # 300 steps, not 60: the S3 heartbeat (every 0.1 s) must publish a step past 10 before
     # training ends. On an idle CI machine steps 10-60 took under 0.1 s, no heartbeat went out,
     # and the run ended (its last manifest held) before the kill.
-    base = small_overrides(tmp_path / "local-root", demo_source) + ["train.checkpoint_every=10", "train.max_steps=300"]
+    base = small_overrides(tmp_path / "local-root", demo_source) + ["train.checkpoint.every=10", "train.max_steps=300"]
     reference = run_training_process(make_job(load_config(overrides=base)))
 
     def config_for(machine: str):

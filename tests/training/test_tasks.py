@@ -29,8 +29,8 @@ def _config(small_config: RetrainConfig, extra: list[str]) -> RetrainConfig:
     raw = small_config.model_dump(mode="json")
     config = load_config(overrides=[f"storage.root={raw['storage']['root']}", f"data.source={raw['data']['source']}",
                                     "data.rows_per_member=256", "data.shard_size_mb=0.06", "train.batch_size=128",
-                                    "train.eval_every=50", "train.checkpoint_every=50", "train.warmup_steps=10",
-                                    "train.num_workers=0", "train.max_steps=800", "model.hidden=[64, 32]",
+                                    "train.eval_every=50", "train.checkpoint.every=50", "train.schedule.warmup_steps=10",
+                                    "train.loader.num_workers=0", "train.max_steps=800", "model.hidden=[64, 32]",
                                     "model.embedding_dim=4", *extra])
     return config
 
@@ -186,5 +186,5 @@ def test_an_old_form_factory_cannot_take_vector_columns(small_config: RetrainCon
 def test_each_task_resumes_bit_identically_after_a_sigkill(small_config: RetrainConfig, extra: list[str]) -> None:
     """The real thing: the training child process killed with SIGKILL mid-run, then rerun."""
     config = _config(small_config, extra)
-    config.train.max_steps, config.train.checkpoint_every = 200, 25
+    config.train.max_steps, config.train.checkpoint.every = 200, 25
     assert_resumes_bit_identically_after_a_sigkill(config, 80)

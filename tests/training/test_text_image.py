@@ -49,11 +49,11 @@ def digits_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _config(tmp_path: Path, source: Path, extra: list[str]) -> RetrainConfig:
     return load_config(overrides=[f"storage.root={tmp_path / 'root'}", f"data.source={source}",
                                   "data.rows_per_member=256", "data.shard_size_mb=0.2", "train.batch_size=128",
-                                  "train.eval_every=50", "train.checkpoint_every=50", "train.warmup_steps=10",
-                                  "train.num_workers=0", "train.max_steps=300", "train.retry_delay_seconds=0",
+                                  "train.eval_every=50", "train.checkpoint.every=50", "train.schedule.warmup_steps=10",
+                                  "train.loader.num_workers=0", "train.max_steps=300", "train.retry.delay_seconds=0",
                                   # As small_overrides: under outside load, auto may give a reference
                                   # run and the run it is compared with different thread counts.
-                                  "train.torch_threads=1", *extra])
+                                  "train.loader.torch_threads=1", *extra])
 
 
 def test_ragged_values_survive_take_slice_and_concat() -> None:
@@ -163,7 +163,7 @@ def test_text_and_image_runs_resume_bit_identically(tmp_path: Path, digits_sourc
 @pytest.mark.slow
 def test_text_and_image_runs_resume_bit_identically_after_a_sigkill(tmp_path: Path, digits_source: Path) -> None:
     config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]])
-    config.train.max_steps, config.train.checkpoint_every = 160, 25
+    config.train.max_steps, config.train.checkpoint.every = 160, 25
     assert_resumes_bit_identically_after_a_sigkill(config, 70)
 
 

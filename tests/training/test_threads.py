@@ -1,4 +1,4 @@
-"""The thread policy: `train.torch_threads` from the CPUs the process may use, less what other
+"""The thread policy: `train.loader.torch_threads` from the CPUs the process may use, less what other
 processes keep busy and what its loader needs."""
 
 from __future__ import annotations
@@ -121,14 +121,14 @@ def test_a_number_is_taken_as_given() -> None:
 def test_the_run_sets_and_reports_its_threads(small_config: RetrainConfig) -> None:
     """Fetching a batch of the small tabular data takes a sliver of a step, so the prefetch
     thread keeps no core: the step gets every core other processes leave free."""
-    small_config.train.torch_threads = "auto"
+    small_config.train.loader.torch_threads = "auto"
     result = train(make_job(small_config, "threads-auto"))
     policy = result.threads
     assert policy is not None and policy.setting == "auto" and result.num_workers["used"] == 0
     assert policy.loader_busy is not None and policy.loader_busy < 0.5 and policy.reserved == 0
     assert policy.threads == decide_threads("auto", 0, others_busy=policy.others_busy, loader_busy=0.0).threads
     assert policy.threads == torch.get_num_threads()
-    small_config.train.torch_threads = 1
+    small_config.train.loader.torch_threads = 1
     pinned = train(make_job(small_config, "threads-1"))
     assert pinned.threads is not None and pinned.threads.threads == 1 == torch.get_num_threads()
     assert pinned.model.sha256 == result.model.sha256  # the thread count changes speed only

@@ -164,16 +164,16 @@ def test_linear_lr_scaling_rule_follows_the_effective_batch(small_config: Retrai
     from training.config import load_config
     from training.errors import ConfigError
 
-    small_config.train.lr_reference_batch = 64
+    small_config.train.optim.lr_reference_batch = 64
     small_config.train.grad_accum = 2
-    assert small_config.train.peak_lr() == pytest.approx(small_config.train.lr * 128 * 2 / 64)
+    assert small_config.train.peak_lr() == pytest.approx(small_config.train.optim.lr * 128 * 2 / 64)
     small_config.train.max_steps = 10
     small_config.train.eval_every = 10
     result = train(make_job(small_config))
-    assert result.batch_layout["peak_lr"] == pytest.approx(small_config.train.lr * 4)
+    assert result.batch_layout["peak_lr"] == pytest.approx(small_config.train.optim.lr * 4)
     # Warmup is what makes a scaled-up rate safe: without it, refuse.
     with pytest.raises(ConfigError, match="warmup_steps"):
-        load_config(overrides=["train.lr_reference_batch=256", "train.warmup_steps=0"])
+        load_config(overrides=["train.optim.lr_reference_batch=256", "train.schedule.warmup_steps=0"])
 
 
 def test_gradient_checkpointing_saves_memory_and_changes_no_gradient() -> None:

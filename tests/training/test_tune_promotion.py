@@ -29,7 +29,7 @@ def _study(tmp_path: Path, pruner: str = "asha") -> Study:
     path.write_text(yaml.safe_dump({
         "storage": {"root": str(tmp_path / "root")},
         "train": {"max_steps": 180, "eval_every": 20},
-        "tune": {"space": {"train.lr": "loguniform(1e-4, 1e-2)"}, "max_trials": len(AT_FIRST_RUNG),
+        "tune": {"space": {"train.optim.lr": "loguniform(1e-4, 1e-2)"}, "max_trials": len(AT_FIRST_RUNG),
                  "min_resource": 20, "reduction_factor": 3, "pruner": pruner},
     }))
     return Study(load_config(path), "dataset", RungCost(startup_seconds=0.0, seconds_per_step=0.001))

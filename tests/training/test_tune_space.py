@@ -9,7 +9,7 @@ import yaml
 
 from training.config import load_config
 from training.errors import ConfigError
-from training.tune.space import apply_params, parse_space
+from training.search_space import parse_space
 
 
 def _config(tmp_path: Path, tune: dict, train: dict | None = None):
@@ -24,9 +24,9 @@ def _config(tmp_path: Path, tune: dict, train: dict | None = None):
     ({"data.label": "choice([a, b])"}, "tune.space.data.label: only model.* and train.* keys"),
     ({"train.device": "choice([cpu, cuda])"}, "tune.space.train.device: an operational key"),
     ({"train.max_steps": "int(10, 100)"}, "tune.space.train.max_steps: cannot be tuned"),
-    ({"train.lr": "normal(0, 1)"}, "tune.space.train.lr: 'normal(0, 1)' is not a distribution"),
-    ({"train.lr": "loguniform(0, 1e-2)"}, "tune.space.train.lr: loguniform needs low > 0"),
-    ({"train.lr": "uniform(0.1, 0.01)"}, "tune.space.train.lr: low must be below high"),
+    ({"train.optim.lr": "normal(0, 1)"}, "tune.space.train.optim.lr: 'normal(0, 1)' is not a distribution"),
+    ({"train.optim.lr": "loguniform(0, 1e-2)"}, "tune.space.train.optim.lr: loguniform needs low > 0"),
+    ({"train.optim.lr": "uniform(0.1, 0.01)"}, "tune.space.train.optim.lr: low must be below high"),
     ({"train.grad_accum": "int(1.5, 4)"}, "tune.space.train.grad_accum: int bounds must be integers"),
     ({"model.dropout": "uniform(0, 1.5)"}, "tune.space.model.dropout: 1.5 is not a valid value"),
     ({"model.hidden": "choice([])"}, "tune.space.model.hidden: choice takes one non-empty list"),
@@ -40,7 +40,7 @@ def test_a_bad_space_entry_is_one_line_naming_its_key(tmp_path: Path, space: dic
 
 
 def test_rungs_fit_the_validation_steps(tmp_path: Path) -> None:
-    space = {"train.lr": "loguniform(1e-4, 1e-2)"}
+    space = {"train.optim.lr": "loguniform(1e-4, 1e-2)"}
     assert _config(tmp_path, {"space": space, "min_resource": 40}).rungs() == [40, 120, 360]
     # Default: max_steps / reduction_factor^2, down to a multiple of eval_every.
     assert _config(tmp_path, {"space": space}).rungs() == [40, 120, 360]
@@ -52,10 +52,10 @@ def test_rungs_fit_the_validation_steps(tmp_path: Path) -> None:
 
 
 def test_a_trial_config_carries_its_parameters(tmp_path: Path) -> None:
-    config = _config(tmp_path, {"space": {"train.lr": "loguniform(1e-4, 1e-2)", "model.hidden": "choice([[32], [64, 16]])",
+    config = _config(tmp_path, {"space": {"train.optim.lr": "loguniform(1e-4, 1e-2)", "model.hidden": "choice([[32], [64, 16]])",
                                           "train.grad_accum": "int(1, 4)"}})
     dims = {d.key: d for d in parse_space(config.tune.space)}
     assert dims["model.hidden"].distribution().choices == ("[32]", "[64, 16]")
-    trial = apply_params(config, {"train.lr": 0.005, "model.hidden": [64, 16], "train.grad_accum": 3})
-    assert (trial.train.lr, trial.model.hidden, trial.train.grad_accum) == (0.005, [64, 16], 3)
+    trial = config.with_values({"train.optim.lr": 0.005, "model.hidden": [64, 16], "train.grad_accum": 3}, "(tuning trial)")
+    assert (trial.train.optim.lr, trial.model.hidden, trial.train.grad_accum) == (0.005, [64, 16], 3)
     assert trial.storage == config.storage and trial.tune == config.tune

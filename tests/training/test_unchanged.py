@@ -42,7 +42,7 @@ def test_a_finished_run_is_found_until_its_config_data_or_champion_change(tmp_pa
     assert found is not None and found.report == report
     assert found.run_key == json.loads(report.read_text())["run_key"]
 
-    assert find_unchanged(_config(tmp_path / "root", source, "train.lr=0.01")) is None  # another config
+    assert find_unchanged(_config(tmp_path / "root", source, "train.optim.lr=0.01")) is None  # another config
     assert find_unchanged(_config(tmp_path / "root", source, "eval.min_delta=0.5")) is None  # not a train key either
 
     champion = tmp_path / "root" / "models" / "champion"

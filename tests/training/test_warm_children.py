@@ -27,7 +27,7 @@ def _pid(pool: WarmPool) -> int:
 def test_runs_in_one_warm_child_end_as_in_fresh_children(small_config: RetrainConfig) -> None:
     reference = run_training_process(make_job(small_config, "reference"))
     other = small_config.model_copy(deep=True)
-    other.train.lr = small_config.train.lr / 3
+    other.train.optim.lr = small_config.train.optim.lr / 3
     other_reference = run_training_process(make_job(other, "other-reference"))
     pool = WarmPool(size=1)
     try:

@@ -28,7 +28,7 @@ def utilization_summary(seconds: dict[str, float], samples: int, accelerator: di
     # Worded for the device used: on a CPU there is no accelerator to keep busy or to feed.
     unit = "the CPU" if device == "cpu" else "the accelerator"
     if stall > DATA_BOUND_STALL:
-        verdict, advice = "data-bound", (f"{unit} waits for data: raise train.num_workers"
+        verdict, advice = "data-bound", (f"{unit} waits for data: raise train.loader.num_workers"
                                          f"{', pin memory' if device != 'cpu' else ''}, pack the data into fewer, "
                                          "larger members")
     elif isinstance(peak, float) and peak > MEMORY_BOUND_PEAK:

@@ -102,7 +102,7 @@ def check_model_fits(config: RetrainConfig, schema: ModelSchema, device: torch.d
 def check_space_fits(config: RetrainConfig, schema: ModelSchema, device: torch.device) -> None:
     """Every trial of `tune.space` must fit: each dimension at each of its extremes, and the
     largest extreme of every dimension together. A ConfigError names the key to narrow."""
-    from training.tune.space import apply_params, parse_space
+    from training.search_space import parse_space
 
     if config.model.factory is not None:
         return
@@ -110,10 +110,10 @@ def check_space_fits(config: RetrainConfig, schema: ModelSchema, device: torch.d
     for dim in parse_space(config.tune.space):
         sized = []
         for value in dim.extremes():
-            trial = apply_params(config, {dim.key: value})
+            trial = config.with_values({dim.key: value}, "(tuning trial)")
             check_model_fits(trial, schema, device, keys=f"tune.space.{dim.key} (its value {value!r})")
             sized.append((_needed(trial, schema)[1], value))
         largest[dim.key] = max(sized, key=lambda pair: pair[0])[1]
     if len(largest) > 1:
-        check_model_fits(apply_params(config, largest), schema, device,
+        check_model_fits(config.with_values(largest, "(tuning trial)"), schema, device,
                          keys=f"the largest values of tune.space together ({largest})")

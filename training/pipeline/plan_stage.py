@@ -38,7 +38,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     calib = config.model_copy(deep=True)
     calib.train.max_steps = steps
     calib.train.eval_every = steps
-    calib.train.checkpoint_every = steps
+    calib.train.checkpoint.every = steps
     calib.train.patience = 0
     # Local even for an s3:// root: calibration output is thrown away.
     scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, packed.fingerprint)
@@ -53,9 +53,9 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     per_eval = seconds["eval"]  # one validation pass
     per_save = seconds["checkpoint"]
     evals = -(-tc.max_steps // tc.eval_every)
-    mode, value = tc.checkpoint_interval()
+    mode, value = tc.checkpoint.interval()
     interval_s = per_step * value if mode == "steps" else value if mode == "seconds" else (
-        (2 * max(per_save, 1e-3) * tc.mean_seconds_between_preemptions) ** 0.5)
+        (2 * max(per_save, 1e-3) * tc.checkpoint.mean_seconds_between_preemptions) ** 0.5)
     saves = tc.max_steps * per_step / max(interval_s, 1e-9)
     startup = seconds["startup"]
     run_seconds = data_seconds + startup + per_step * tc.max_steps + per_eval * evals + per_save * saves
@@ -68,7 +68,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     rows = plan_instances(
         calibrated_hours=run_seconds / 3600,
         candidates=candidates,
-        mean_hours_between_preemptions=tc.mean_seconds_between_preemptions / 3600,
+        mean_hours_between_preemptions=tc.checkpoint.mean_seconds_between_preemptions / 3600,
         restart_hours=startup / 3600,
         checkpoint_interval_hours=interval_s / 3600,
         deadline_hours=deadline_hours,

@@ -196,10 +196,10 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
 
     from training.trainer.launch import child_env, worker_command
 
-    if config.train.nnodes < 2:
-        raise ConfigError("retrain join is for multi-node runs: set train.nnodes >= 2 and train.rdzv_endpoint")
-    if not 1 <= node_rank < config.train.nnodes:
-        raise ConfigError(f"--node-rank must be 1..{config.train.nnodes - 1} (node 0 is the flow's own node)")
+    if config.train.distributed.nnodes < 2:
+        raise ConfigError("retrain join is for multi-node runs: set train.distributed.nnodes >= 2 and train.distributed.rdzv_endpoint")
+    if not 1 <= node_rank < config.train.distributed.nnodes:
+        raise ConfigError(f"--node-rank must be 1..{config.train.distributed.nnodes - 1} (node 0 is the flow's own node)")
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
                             config.storage.model_dump(mode="json"), config.cost.tags)

@@ -4,7 +4,7 @@ A child process, not a thread: a hard kill of the child (OOM killer, SIGKILL) le
 process alive to report `Preempted`, and the task's retry starts a fresh child that resumes
 from the last verified checkpoint.
 
-With `train.nproc_per_node` or `train.nnodes` above 1 the child is PyTorch's own launcher,
+With `train.distributed.nproc_per_node` or `train.distributed.nnodes` above 1 the child is PyTorch's own launcher,
 `python -m torch.distributed.run` (torchrun), which starts one `training.trainer.worker` per rank. It
 runs with `--max-restarts 0`: when a rank dies torchrun stops the others and exits, and the
 Prefect task's retry (one code path for every kind of preemption) resumes the job.
@@ -57,7 +57,7 @@ def _free_loopback_port() -> int:
 def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: int = 0) -> list[str]:
     worker = ["-m", "training.trainer.worker", str(job_path), str(error_path), str(os.getpid())]
     tc = job.config.train
-    nproc, nnodes = tc.nproc_per_node, tc.nnodes
+    nproc, nnodes = tc.distributed.nproc_per_node, tc.distributed.nnodes
     if nproc * nnodes == 1:
         return [sys.executable, *worker]
     common = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
@@ -65,12 +65,12 @@ def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: i
     if nnodes == 1:
         # One node: the rendezvous and gloo stay on loopback.
         rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_loopback_port()}",
-                      f"--rdzv-id={tc.rdzv_id or job.run_key}"]
+                      f"--rdzv-id={tc.distributed.rdzv_id or job.run_key}"]
     else:
         # Static rendezvous with fixed node ranks: the flow's own node is node 0, so global
         # rank 0 (checkpoints, result.json, the model) runs where the flow reads them;
         # `retrain join --node-rank N` starts the others against the same endpoint.
-        host, _, port = str(tc.rdzv_endpoint).rpartition(":")
+        host, _, port = str(tc.distributed.rdzv_endpoint).rpartition(":")
         rendezvous = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
     # torchrun has no parent-death signal: if the task process dies, SIGTERM it so that it
     # stops its ranks (which then write their emergency checkpoint), instead of an orphan job.
@@ -165,7 +165,7 @@ def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
         child = None
     if child is None:
         env = child_env()
-        if job.config.train.nnodes == 1:
+        if job.config.train.distributed.nnodes == 1:
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
         child = Child(command, env, hold=keep is not None)
         on_start(child.proc)

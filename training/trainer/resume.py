@@ -90,7 +90,7 @@ class ResumeBook:
             dist.barrier()
         if self.rank == 0:
             self.uploader = CheckpointUploader(self.root, self.job.run_rel, self.job.run_key,
-                                               self.job.config.train.keep_last)
+                                               self.job.config.train.checkpoint.keep_last)
 
     def latest_checkpoint(self, config_fingerprint: str) -> dict[str, Any] | None:
         """The newest verified checkpoint's state, when it belongs to this run."""

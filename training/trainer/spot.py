@@ -3,7 +3,7 @@
 AWS answers `GET /latest/meta-data/spot/instance-action` with 200 and a JSON body once the
 instance is marked for interruption (about two minutes ahead) and 404 before; GCP's
 `/computeMetadata/v1/instance/preempted` answers "TRUE". Either way the poller asks the loop to
-stop, which writes an emergency checkpoint. Set `train.spot_notice_url` to enable it; GCP needs
+stop, which writes an emergency checkpoint. Set `train.checkpoint.spot_notice_url` to enable it; GCP needs
 the `Metadata-Flavor: Google` header, which is always sent.
 """
 

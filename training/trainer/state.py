@@ -143,8 +143,8 @@ class TrainState:
         except (MemoryError, torch.OutOfMemoryError) as err:
             raise ConfigError(f"the model does not fit in {device.type} memory ({type(err).__name__}); lower "
                               "model.hidden, model.embedding_dim or preprocess.max_vocab") from None
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.weight_decay)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc.warmup_steps, tc.max_steps))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.optim.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc.schedule.warmup_steps, tc.max_steps))
         # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         return cls(model, optimizer, scheduler, scaler,

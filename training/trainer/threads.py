@@ -1,4 +1,4 @@
-"""How many intra-op threads the training process gives torch (`train.torch_threads`).
+"""How many intra-op threads the training process gives torch (`train.loader.torch_threads`).
 
 torch's default is one thread per core the machine has. On a shared box that oversubscribes:
 the training process also runs its shard-prefetch thread (or DataLoader workers), and under

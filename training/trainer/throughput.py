@@ -81,7 +81,7 @@ def data_and_compute_seconds(model: torch.nn.Module, task: Task, fetch: Callable
 def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch], device: torch.device,
                         dtype: torch.dtype | None, worker_seconds: Callable[[int], float], probes: int
                         ) -> dict[str, Any]:
-    """Workers for `train.num_workers: auto`, from the measured stall of in-process loading.
+    """Workers for `train.loader.num_workers: auto`, from the measured stall of in-process loading.
 
     Times `probes` batch fetches and `probes` forward/backward passes (on a copy of the model);
     with no workers the loop waits `t_data` per step, so the stall is t_data / (t_data +

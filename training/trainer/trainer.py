@@ -82,7 +82,7 @@ class Trainer:
         self.cpu_clock = CpuClock.read()
         # Before anything runs torch, a provisional count (the loader keeps a core); decided in
         # _build_loader once the loader is known.
-        self.threads = apply_thread_policy(self.tc.torch_threads, 0)
+        self.threads = apply_thread_policy(self.tc.loader.torch_threads, 0)
         self.device = resolve_device(self.tc.device)
         self.precision = resolve_precision(self.tc.precision, self.device)
         self.dtype = autocast_dtype(self.precision)
@@ -103,11 +103,11 @@ class Trainer:
         self.book = ResumeBook(job, rank, world_size, self.spawn_time)
         self._resume()
         uploader = self.book.uploader
-        self.checkpointer = AsyncCheckpointer(self.run_dir / "checkpoints", self.tc.keep_last,
+        self.checkpointer = AsyncCheckpointer(self.run_dir / "checkpoints", self.tc.checkpoint.keep_last,
                                               on_published=uploader.submit if uploader else None,
                                               in_use=uploader.in_flight if uploader else set)
         self.book.make_resume_point_durable()
-        self.schedule = CheckpointSchedule(*self.tc.checkpoint_interval(), self.tc.mean_seconds_between_preemptions)
+        self.schedule = CheckpointSchedule(*self.tc.checkpoint.interval(), self.tc.checkpoint.mean_seconds_between_preemptions)
         self._decide_layout()
         self._build_loader()
         self._compile()
@@ -166,9 +166,9 @@ class Trainer:
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         self.train_batches = ShardBatches(self.dataset_dir, self.manifest, "train",
                                           progress.micro_batch // self.world_size, self.transform, seed=tc.seed,
-                                          cache_bytes=int(tc.loader_cache_mb * 1e6) // local_world)
+                                          cache_bytes=int(tc.loader.cache_mb * 1e6) // local_world)
         self.workers_probe = None
-        num_workers = tc.num_workers
+        num_workers = tc.loader.num_workers
         if num_workers == "auto" and progress.num_workers is not None:
             num_workers = progress.num_workers
         elif num_workers == "auto":
@@ -189,7 +189,7 @@ class Trainer:
         """The run's intra-op threads, from the loader now known and the other processes'
         load measured over set-up; kept from the first attempt on a resume (same numerics)."""
         progress, probe = self.state.progress, self.workers_probe
-        decide = self.tc.torch_threads == "auto" and progress.torch_threads is None
+        decide = self.tc.loader.torch_threads == "auto" and progress.torch_threads is None
         if probe is not None:
             t_data, t_compute = probe["data_seconds_per_batch"], probe["compute_seconds_per_batch"]
         elif decide and self.num_workers == 0:
@@ -201,9 +201,9 @@ class Trainer:
             t_data, t_compute = 0.0, 0.0
         loader_busy = round(t_data / t_compute, 4) if t_compute > 0 else None
         others = CpuClock.read_after(self.cpu_clock).others_busy_since(self.cpu_clock) if decide else 0.0
-        self.threads = apply_thread_policy(self.tc.torch_threads, self.num_workers, others, loader_busy,
+        self.threads = apply_thread_policy(self.tc.loader.torch_threads, self.num_workers, others, loader_busy,
                                            kept=progress.torch_threads)
-        if self.tc.torch_threads == "auto":
+        if self.tc.loader.torch_threads == "auto":
             progress.torch_threads = self.threads.threads
 
     def _compile(self) -> None:
@@ -224,7 +224,7 @@ class Trainer:
         if self.world_size > 1:
             # After the resume: every rank loaded the same checkpoint, and DDP checks it by
             # broadcasting rank 0's parameters. Gradients are averaged in buckets during backward.
-            self.ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=self.tc.ddp_bucket_mb)
+            self.ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=self.tc.distributed.bucket_mb)
         self.forward = forward_fn(self.ddp if self.ddp is not None else compiled, model)
 
     # -- the loop -------------------------------------------------------------------------
@@ -279,9 +279,9 @@ class Trainer:
             seconds["compute"] += now() - t_compute
         assert loss_sum is not None  # grad_accum >= 1: at least one micro-batch ran
         progress.epoch, progress.batch = divmod(epoch * self.per_epoch + index + 1, self.per_epoch)
-        if self.tc.grad_clip > 0:
+        if self.tc.optim.grad_clip > 0:
             state.scaler.unscale_(state.optimizer)
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.tc.grad_clip)
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.tc.optim.grad_clip)
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.scheduler.step()

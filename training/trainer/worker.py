@@ -8,7 +8,7 @@ Started with `--hold` (a tuning study's warm child, see training.trainer.child),
 on stdin after one that ended with exit code 0.
 
 Under torchrun (WORLD_SIZE > 1) each rank runs this module: it joins the process group (gloo
-on CPU, nccl on CUDA) with `train.ddp_timeout_s` as the collective timeout, and writes its
+on CPU, nccl on CUDA) with `train.distributed.timeout_s` as the collective timeout, and writes its
 errors to ERROR.json.rank<N>. A rank that loses a peer (killed, or a node gone) exits with
 EXIT_PREEMPTED rather than hang: the task's retry resumes from the last checkpoint.
 """
@@ -100,7 +100,7 @@ def _init_distributed(job: TrainJob) -> tuple[int, int]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(
         backend="nccl" if cuda else "gloo",
-        timeout=datetime.timedelta(seconds=train_cfg.ddp_timeout_s),
+        timeout=datetime.timedelta(seconds=train_cfg.distributed.timeout_s),
     )
     return dist.get_rank(), world
 
@@ -120,9 +120,9 @@ def main(argv: list[str]) -> int:
     polling = False
     while True:
         job = TrainJob.load(job_path)
-        poll = job.config.train.spot_notice_url
+        poll = job.config.train.checkpoint.spot_notice_url
         if poll and not polling:
-            start_spot_notice_poller(poll, job.config.train.spot_poll_seconds, stop)
+            start_spot_notice_poller(poll, job.config.train.checkpoint.spot_poll_seconds, stop)
             polling = True
         code = _run_job(job, error_path, stop, under_torchrun)
         if not hold or code != 0:

@@ -47,7 +47,7 @@ from training.trainer.results import RungResult
 from training.storage.root import StorageRoot
 from training.model.objectives import higher_is_better, metric_for
 from training.tune.journal import PublishedJournal
-from training.tune.space import Dimension, apply_params, parse_space
+from training.search_space import Dimension, parse_space
 
 __all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "STUDY_DIR"]
 
@@ -279,7 +279,7 @@ class Study:
 
     def _work(self, number: int, params: dict[str, Any], rung: int, price: float) -> RungWork:
         trial = self.study.get_trials(deepcopy=False)[number]
-        config = apply_params(self.config, params)
+        config = self.config.with_values(params, f"(tuning trial {params})")
         spent = float(trial.user_attrs.get("billed_seconds", 0.0))
         cap = spent + self.remaining_seconds()
         if math.isfinite(cap):

@@ -17,7 +17,6 @@ from training.config import metric_name
 from training.cost.bill import SECONDS_PER_HOUR
 from training.storage.files import write_atomic, write_json_atomic
 from training.storage.root import RUN
-from training.tune.space import apply_params
 from training.tune.study import Study
 
 __all__ = ["TrialRow", "TuneReport", "build_report", "write_report"]
@@ -178,7 +177,7 @@ def write_report(study: Study) -> tuple[TuneReport, Path, Path]:
     folder = study.root.local / study.rel
     rels = []
     if report.best is not None:
-        best = apply_params(study.config, report.best["params"]).model_dump(mode="json", exclude={"tune"})
+        best = study.config.with_values(report.best["params"], "(tuning trial)").model_dump(mode="json", exclude={"tune"})
         header = (f"# Best trial {report.best['trial']} of study {study.key}: validation "
                   f"{metric_name(report.metric)} {report.best['value']:.6f}. Run it: retrain run --config <this file>\n")
         write_atomic(folder / "best_config.yaml", (header + yaml.safe_dump(best, sort_keys=False)).encode())

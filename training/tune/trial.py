@@ -69,7 +69,7 @@ def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study
     calib = config.model_copy(deep=True, update={"tune": TuneConfig()})  # its rungs would not fit 20 steps
     calib.train.max_steps = steps
     calib.train.eval_every = steps
-    calib.train.checkpoint_every = steps
+    calib.train.checkpoint.every = steps
     calib.train.patience = 0
     calib.budget.max_wall_seconds = None
     job, _ = build_train_job(calib, packed, prep, None)

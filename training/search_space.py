@@ -1,7 +1,8 @@
-"""The search space of `tune.space`: dotted config keys with a distribution each, parsed into
-Optuna distributions, validated like the rest of the config, and applied to make a trial's config.
+"""The syntax of `tune.space`: dotted config keys with a distribution each, parsed into
+Optuna distributions. Which keys may be tuned, and whether every value of a range makes a valid
+config, the config checks (`training.config`, which holds the keys).
 
-    train.lr: loguniform(1e-4, 1e-2)      float, log scale
+    train.optim.lr: loguniform(1e-4, 1e-2)      float, log scale
     model.dropout: uniform(0, 0.5)        float
     train.grad_accum: int(1, 4)           integer, inclusive
     train.batch_size: logint(64, 1024)    integer, log scale
@@ -21,21 +22,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
-    from training.config import RetrainConfig
-
-__all__ = ["Dimension", "parse_space", "check_space", "apply_params", "SpaceError"]
+__all__ = ["Dimension", "parse_space", "SpaceError"]
 
 _FORM = re.compile(r"^\s*(loguniform|uniform|logint|int|choice)\s*\((.*)\)\s*$", re.DOTALL)
-_TUNABLE_SECTIONS = ("model", "train")
-_NOT_TUNABLE = {"train.max_steps": "it is the resource the pruner allots (full fidelity)",
-                "train.eval_every": "it sets where the rungs are (tune.min_resource is a multiple of it)"}
-
-
 class SpaceError(ValueError):
     """One bad entry of tune.space; the message names its key."""
 
@@ -113,65 +106,6 @@ def _parse(key: str, text: str) -> Dimension:
     return Dimension(key, kind, low, high)
 
 
-def _check_key(config: RetrainConfig, key: str) -> None:
-    from training.config import is_computed
-
-    section, _, name = key.partition(".")
-    if section not in type(config).model_fields or not isinstance(getattr(config, section), BaseModel):
-        raise SpaceError(f"tune.space.{key}: not a config key (tunable: model.* and train.* keys)")
-    if section not in _TUNABLE_SECTIONS:
-        raise SpaceError(f"tune.space.{key}: only model.* and train.* keys can be tuned; trials share one packed "
-                         "dataset and one preprocessing result")
-    model = getattr(config, section)
-    if name not in type(model).model_fields:
-        raise SpaceError(f"tune.space.{key}: {section} has no key {name!r}")
-    if key in _NOT_TUNABLE:
-        raise SpaceError(f"tune.space.{key}: cannot be tuned: {_NOT_TUNABLE[key]}")
-    if not is_computed(type(model), name):
-        raise SpaceError(f"tune.space.{key}: an operational key (it does not change what a trial computes, so "
-                         "every trial would be the same run)")
-
-
 def parse_space(space: dict[str, str]) -> list[Dimension]:
     """The space's dimensions, in key order (so the same space samples the same way)."""
     return [_parse(key, space[key]) for key in sorted(space)]
-
-
-def apply_params(config: RetrainConfig, params: dict[str, Any]) -> RetrainConfig:
-    """`config` with each dotted key set to its (config-side) value, validated."""
-    from training.config import validate_config
-
-    raw = config.model_dump(mode="json", exclude={"tune"})
-    for key, value in params.items():
-        section, _, name = key.partition(".")
-        raw[section][name] = value
-    return validate_config({**raw, "tune": config.tune.model_dump(mode="json")}, f"(tuning trial {params})")
-
-
-def check_space(config: RetrainConfig) -> None:
-    """Every entry parses, names a tunable key, and every value of its range makes a valid config;
-    the rungs fit train.eval_every and train.max_steps. Raises SpaceError naming the key."""
-    from training.errors import ConfigError
-
-    for dim in parse_space(config.tune.space):
-        _check_key(config, dim.key)
-        section, _, name = dim.key.partition(".")
-        for value in dim.extremes():
-            raw = config.model_dump(mode="json", exclude={"tune"})
-            raw[section][name] = value
-            try:
-                type(config).model_validate(raw)
-            except ValueError as err:
-                detail = str(err.errors()[0]["msg"]) if hasattr(err, "errors") else str(err)
-                raise SpaceError(f"tune.space.{dim.key}: {value!r} is not a valid value: "
-                                 f"{detail.removeprefix('Value error, ')}") from None
-            except ConfigError as err:
-                raise SpaceError(f"tune.space.{dim.key}: {value!r} is not a valid value: {err}") from None
-    t, every, last = config.tune, config.train.eval_every, config.train.max_steps
-    if t.min_resource is not None and (t.min_resource % every or t.min_resource >= last):
-        raise SpaceError(f"tune.min_resource ({t.min_resource}) must be a multiple of train.eval_every ({every}) "
-                         f"and below train.max_steps ({last}): a trial reports at validated steps")
-    if t.pruner != "none" and len(config.rungs()) < 2:
-        raise SpaceError(f"tune.pruner {t.pruner} needs at least two rungs: train.max_steps ({last}) is too short for "
-                         f"train.eval_every ({every}) x tune.reduction_factor ({t.reduction_factor}); set "
-                         "tune.min_resource or tune.pruner: none")
