@@ -17,7 +17,7 @@ from benchmarks.common import demo_parquet
 from training.config import load_config
 from training.data.features import fit_feature_stats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader
-from training.data.packing import pack_shards
+from benchmarks.common import pack_local
 
 BATCH = 256
 
@@ -52,7 +52,7 @@ def _project_epochs(d: Path, manifest, transform, epochs: int, cache_bytes: int)
 def run(work: Path, rows: int = 2_000_000, rounds: int = 3) -> dict[str, Any]:
     source = demo_parquet(work, rows)
     config = load_config()
-    d, manifest, _ = pack_shards(source, config.data, work / "datasets")
+    d, manifest, _ = pack_local(source, config.data, work / "datasets")
     _, stats = fit_feature_stats(d, manifest, config.preprocess, work / "pre")
     train_rows = manifest.rows["train"]
     out: dict[str, Any] = {"rows": train_rows, "train_shards": len(manifest.shards_of("train")), "batch": BATCH,

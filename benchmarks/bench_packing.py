@@ -13,7 +13,8 @@ import webdataset as wds
 
 from benchmarks.common import best_of, demo_parquet
 from training.config import load_config
-from training.data.packing import category_hash, pack_shards
+from training.data.packing import category_hash
+from benchmarks.common import pack_local
 
 
 def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
@@ -24,7 +25,7 @@ def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
 
     def project() -> None:
         shutil.rmtree(work / "datasets", ignore_errors=True)
-        pack_shards(source, config.data, work / "datasets")
+        pack_local(source, config.data, work / "datasets")
 
     def project_parts() -> None:
         # The flow's fan-out path, run in this process: plan, 4 parts to pieces, assemble.

@@ -242,11 +242,11 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 5) -> dict[str, Any]:
     from benchmarks.common import demo_parquet
     from training.config import load_config
     from training.data.features import fit_feature_stats
-    from training.data.packing import pack_shards
+    from benchmarks.common import pack_local
 
     source = demo_parquet(work, rows)
     config = load_config()
-    dataset, manifest, _ = pack_shards(source, config.data, work / "datasets")
+    dataset, manifest, _ = pack_local(source, config.data, work / "datasets")
     stats_path, _ = fit_feature_stats(dataset, manifest, config.preprocess, work / "pre")
     converted = {}
     for peer in PEERS:

@@ -32,10 +32,10 @@ if what == "generate":
     ensure_demo_dataset(work, rows=rows, seed=1)
     print(json.dumps({}))
     sys.exit()
-from training.data.packing import pack_shards
+from benchmarks.common import pack_local
 base = hwm()
 t0 = time.perf_counter()
-d, manifest, _ = pack_shards(source, config.data, work / "datasets")
+d, manifest, _ = pack_local(source, config.data, work / "datasets")
 if what == "pack":
     seconds = time.perf_counter() - t0
 else:

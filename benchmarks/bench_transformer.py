@@ -24,7 +24,7 @@ import torch
 from training.config import load_config
 from training.data.features import DERIVED_DIR, fit_feature_stats
 from training.data.loader import ShardBatches
-from training.data.packing import pack_shards
+from benchmarks.common import pack_local
 from training.model.network import ModelSchema, build_model
 from training.model.objectives import Task
 from training.trainer.throughput import find_micro_batch, step_memory_bytes
@@ -67,7 +67,7 @@ def run(work: Path) -> dict[str, Any]:
     config = load_config(overrides=[f"data.source={source}", "data.label=y", "data.text=[doc]", "data.numeric=[]",
                                     "data.categorical=[]", f"preprocess.max_tokens={MAX_TOKENS}", *MODEL])
     t0 = time.perf_counter()
-    dataset_dir, manifest, _ = pack_shards(source, config.data, work / "datasets")
+    dataset_dir, manifest, _ = pack_local(source, config.data, work / "datasets")
     stats_path, stats = fit_feature_stats(dataset_dir, manifest, config.preprocess, work / "preprocess")
     prep_seconds = time.perf_counter() - t0
     loader = ShardBatches(dataset_dir, manifest, "train", BATCH, stats.transformer(stats_path.parent / DERIVED_DIR))

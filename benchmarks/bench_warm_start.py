@@ -25,8 +25,8 @@ def _run(overrides: list[str]) -> dict[str, Any]:
     return {"trained": trained, "evaluation": evaluation, "history": trained.history}
 
 
-def _steps_to(history: list[dict[str, Any]], target: float) -> int | None:
-    return next((h["step"] for h in history if h["val_auc"] >= target), None)
+def _steps_to(history: list[Any], target: float) -> int | None:
+    return next((v.step for v in history if v["auc"] >= target), None)
 
 
 def run(work: Path) -> dict[str, Any]:

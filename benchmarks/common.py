@@ -36,6 +36,17 @@ def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
     return min(times)
 
 
+def pack_local(source: Path, data, datasets_root: Path):
+    """Pack `source` into `datasets_root` in this process: (dataset folder, manifest, reused?)."""
+    from training.data.packing import pack_serially, plan_pack
+
+    datasets_root.mkdir(parents=True, exist_ok=True)
+    plan, existing = plan_pack(source, data, datasets_root)
+    if plan is None:
+        return datasets_root / existing.fingerprint, existing, True
+    return Path(plan.final_dir), pack_serially(plan, data), False
+
+
 def demo_parquet(work: Path, rows: int) -> Path:
     path, _ = ensure_demo_dataset(work, rows=rows, seed=1)
     return path

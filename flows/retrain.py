@@ -40,5 +40,6 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
         ended["train"] = time.time()
         evaluation = evaluate_model(config, packed, trained)
         ended["evaluate"] = time.time()
-        states = {"pack": "Completed", "preprocess": prep_state.name, "train": train_state.name, "evaluate": "Completed"}
+        states = {"pack": "Completed", "preprocess": str(prep_state.name), "train": str(train_state.name),
+                  "evaluate": "Completed"}
         return write_report(config, packed, prep, trained, evaluation, states, flow_run_id(), ended)

@@ -19,9 +19,10 @@ from typing import Any, Callable
 from retrain_cli.temp_server import TemporaryServer, server_is_up
 from retrain_cli.tune_summary import tune_summary
 from training.config import RetrainConfig, load_config
-from training.pipeline.report_markdown import savings
-from training.trainer.results import LaunchPhases
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
+from training.pipeline.handoffs import LaunchPhases
+from training.pipeline.report_markdown import savings
+from training.pipeline.run_report import Phases, RunReport
 
 __all__ = ["main"]
 
@@ -181,51 +182,49 @@ _PHASES = {"imports": "imports", "server_start": "server", "flow_start": "flow s
            "evaluate": "evaluate", "report": "report", "flow_finish": "flow finish", "teardown": "teardown"}
 
 
-def _phases_line(phases: dict[str, float | None], flow_seconds: float, teardown: float) -> str:
+def _phases_line(phases: Phases, flow_seconds: float, teardown: float) -> str:
     """report.json's phases, then what followed the report (Prefect finishing the flow run, the
     server's stop), in seconds: where a run's time went."""
+    recorded = phases.model_dump()
     inside = ("flow_start", "pack", "preprocess", "train", "evaluate", "report")
-    shown = {**phases, "flow_finish": flow_seconds - sum(phases.get(k) or 0.0 for k in inside), "teardown": teardown}
+    shown = {**recorded, "flow_finish": flow_seconds - sum(recorded[k] or 0.0 for k in inside), "teardown": teardown}
     parts = [f"{label} {shown[k]:.1f}" for k, label in _PHASES.items() if shown.get(k) is not None]
     total = sum(v or 0.0 for k, v in shown.items() if k in _PHASES and k != "child_start")
     return ", ".join(parts) + f" s; {total:.1f} s in all"
 
 
-def _summary(report: dict[str, Any], path: str, clock: _Clock | None = None) -> str:
-    m, metric = report["metrics"], report.get("metric", "auc")
-    stages = report["stages"]
-    best = stages["train"].get("best_val_metric")
-    best = stages["train"]["best_val_auc"] if best is None else best  # a report from before eval.metric
+def _summary(report: RunReport, path: str, clock: _Clock | None = None) -> str:
+    m, metric, stages = report.metrics, report.metric, report.stages
+    train = stages.train
     lines = [
-        f"run {report['run_key']}: {report['status']} after {report['steps']} steps",
-        f"  pack        {stages['pack']['state']:<10} dataset {stages['pack']['dataset']}"
-        f" ({'reused' if stages['pack']['reused'] else 'packed'}, {sum(stages['pack']['rows'].values())} rows)",
-        f"  preprocess  {stages['preprocess']['state']:<10} stats {stages['preprocess']['key']}",
-        f"  train       {stages['train']['state']:<10} "
-        + ("already complete" if stages["train"]["already_complete"] else
-           f"best step {stages['train']['best_step']}, val {metric} {best:.4f}, "
-           f"{stages['train']['precision']} on {stages['train']['device']}"),
+        f"run {report.run_key}: {report.status} after {report.steps} steps",
+        f"  pack        {stages.pack.state or '':<10} dataset {stages.pack.dataset}"
+        f" ({'reused' if stages.pack.reused else 'packed'}, {sum(stages.pack.rows.values())} rows)",
+        f"  preprocess  {stages.preprocess.state or '':<10} stats {stages.preprocess.key}",
+        f"  train       {train.state or '':<10} "
+        + ("already complete" if train.already_complete else
+           f"best step {train.best_step}, val {metric} {train.best or float('nan'):.4f}, "
+           f"{train.precision} on {train.device}"),
         "  evaluate    test " + "  ".join(f"{k} {m[k]:.4f}" for k in [metric, *sorted(set(m) - {metric})]),
     ]
-    if report.get("bayes_auc") is not None and report.get("task", "binary") == "binary":  # a property of the click label
-        lines.append(f"              (Bayes-optimal AUC of the demo generator: {report['bayes_auc']:.4f})")
-    if report["resumed_from_steps"]:
-        lines.append(f"  resumed from steps {report['resumed_from_steps']}, {report['steps_lost']} steps lost")
-    cost = report["cost"]
-    util = report["utilization"]
+    if report.bayes_auc is not None and report.task == "binary":  # a property of the click label
+        lines.append(f"              (Bayes-optimal AUC of the demo generator: {report.bayes_auc:.4f})")
+    if report.resumed_from_steps:
+        lines.append(f"  resumed from steps {report.resumed_from_steps}, {report.steps_lost} steps lost")
+    cost, util = report.cost, report.utilization
     lines.append(
-        f"  cost        ${cost['total_usd']:.4f} on {cost['instance_type']} ({cost['market']}), "
-        f"{cost['gpu_hours']:.3f} GPU-h; naive on-demand run ${cost['naive']['total_usd']:.4f}, "
-        f"{savings(cost['savings_usd'], 'it')}"
+        f"  cost        ${cost.total_usd:.4f} on {cost.instance_type} ({cost.market}), "
+        f"{cost.gpu_hours:.3f} GPU-h; naive on-demand run ${cost.naive.total_usd:.4f}, "
+        f"{savings(cost.savings_usd, 'it')}"
     )
-    lines.append(f"  bottleneck  {util['verdict']} (data stall {util['data_stall_fraction']:.1%})")
-    if report.get("stop_reason"):
-        lines.append(f"  stopped     {report['stop_reason']}")
+    lines.append(f"  bottleneck  {util.verdict} (data stall {util.data_stall_fraction:.1%})")
+    if report.stop_reason:
+        lines.append(f"  stopped     {report.stop_reason}")
     if clock is not None:
-        lines.append(f"  phases      {_phases_line(report.get('phases') or {}, clock.marks['flow'], clock.marks['teardown'])}")
-    promo = report["promotion"]
-    lines.append(f"  champion    {'PROMOTED' if promo['promoted'] else 'kept'}: {promo['reason']}")
-    lines.append(f"  model       {report['model']['sha256'][:16]}  {report['model']['uri']}")
+        lines.append(f"  phases      {_phases_line(report.phases, clock.marks['flow'], clock.marks['teardown'])}")
+    promo = report.promotion
+    lines.append(f"  champion    {'PROMOTED' if promo.promoted else 'kept'}: {promo.reason}")
+    lines.append(f"  model       {report.model.sha256[:16]}  {report.model.uri}")
     lines.append(path)
     return "\n".join(lines)
 
@@ -311,7 +310,7 @@ def _run(args: argparse.Namespace) -> int:
     report_path = _call_flow(config, clock, load, "pack -> preprocess -> train -> evaluate -> report")
     if isinstance(report_path, int):
         return report_path
-    report = json.loads(Path(report_path).read_text())
+    report = RunReport.read(Path(report_path))
     clock.mark("teardown")
     sys.stderr.flush()
     print(_summary(report, report_path, clock), flush=True)
@@ -334,7 +333,9 @@ def _tune(args: argparse.Namespace) -> int:
     if isinstance(report_path, int):
         return report_path
     sys.stderr.flush()
-    print(tune_summary(json.loads(Path(report_path).read_text()), report_path), flush=True)
+    from training.tune.study_report import TuneReport
+
+    print(tune_summary(TuneReport.read(Path(report_path)), report_path), flush=True)
     return 0
 
 
@@ -366,8 +367,8 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def _interrupted(config: RetrainConfig, err: BaseException) -> int:
-    from training.trainer.checkpoint import step_of
     from training.storage.root import local_dir_for
+    from training.trainer.checkpoint import step_of
 
     ctrl_c = isinstance(err, KeyboardInterrupt)
     newest = max(local_dir_for(config.storage).glob("runs/*/checkpoints/step-*[0-9]"),

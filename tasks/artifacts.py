@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
-import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
+from uuid import UUID
 
 from prefect.artifacts import (
     create_markdown_artifact,
@@ -16,9 +16,10 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.events import emit_event
 
-from training.trainer.results import Evaluation
+from training.pipeline.handoffs import Evaluation
 
 if TYPE_CHECKING:  # the retrain flow imports this module: no Optuna for it
+    from training.pipeline.run_report import RunReport
     from training.tune.study_report import TuneReport
 
 __all__ = ["announce_run_completed", "publish_promotion", "publish_report", "publish_tune_report", "TrainingProgress",
@@ -68,52 +69,44 @@ def publish_promotion(evaluation: Evaluation) -> None:
     )
 
 
-def publish_report(report_path: Path, curves: Path | None) -> None:
+def publish_report(report: RunReport, curves: Path | None) -> None:
     if not in_run():
         return
     from training.pipeline.report_markdown import render_markdown
 
-    report = json.loads(report_path.read_text())
-    cost = report["cost"]
-    create_table_artifact(
-        [
-            {"item": "compute (this run)", "usd": round(cost["compute"]["usd"], 6),
-             "gpu_hours": round(cost["compute"]["gpu_hours"], 6), "seconds": round(cost["compute"]["billed_seconds"], 2)},
-            *[{"item": f"  stage {k}", "usd": round(v, 6), "gpu_hours": None, "seconds": None}
-              for k, v in cost["compute"]["per_stage_usd"].items()],
-            {"item": "storage (retention)", "usd": round(cost["storage"]["total_usd"], 6), "gpu_hours": None, "seconds": None},
-            {"item": "naive run (on-demand, fp32, no early stop, never preempted; with its storage)",
-             "usd": round(cost["naive"]["total_usd"], 6),
-             "gpu_hours": round(cost["naive"]["gpu_hours"], 6), "seconds": round(cost["naive"]["seconds"], 2)},
-            {"item": "naive run on this market (restarts from zero at each of this run's preemptions; with its storage)",
-             "usd": round(cost["naive_restarting"]["total_usd"], 6),
-             "gpu_hours": round(cost["naive_restarting"]["gpu_hours"], 6),
-             "seconds": round(cost["naive_restarting"]["seconds"], 2)},
-            {"item": "saved against the naive on-demand run", "usd": round(cost["savings_usd"], 6), "gpu_hours": None,
-             "seconds": None},
-        ],
-        key="run-cost",
-        description=f"{cost['instance_type']} on {cost['market']}; tags {cost['tags']}",
-    )
+    cost = report.cost
+    rows = [
+        _cost_row("compute (this run)", cost.compute.usd, cost.compute.gpu_hours, cost.compute.billed_seconds),
+        *[_cost_row(f"  stage {k}", v) for k, v in cost.compute.per_stage_usd.items()],
+        _cost_row("storage (retention)", cost.storage.total_usd),
+        _cost_row("naive run (on-demand, fp32, no early stop, never preempted; with its storage)",
+                  cost.naive.total_usd, cost.naive.gpu_hours, cost.naive.seconds),
+        _cost_row("naive run on this market (restarts from zero at each of this run's preemptions; with its storage)",
+                  cost.naive_restarting.total_usd, cost.naive_restarting.gpu_hours, cost.naive_restarting.seconds),
+        _cost_row("saved against the naive on-demand run", cost.savings_usd),
+    ]
+    create_table_artifact(rows, key="run-cost", description=f"{cost.instance_type} on {cost.market}; tags {cost.tags}")
     create_markdown_artifact(render_markdown(report, curves, embed=True), key="run-report",
-                             description=f"Report of run {report['run_key']}")
+                             description=f"Report of run {report.run_key}")
 
 
-def announce_run_completed(report_path: Path) -> None:
+def _cost_row(item: str, usd: float, gpu_hours: float | None = None, seconds: float | None = None) -> dict[str, Any]:
+    return {"item": item, "usd": round(usd, 6), "gpu_hours": None if gpu_hours is None else round(gpu_hours, 6),
+            "seconds": None if seconds is None else round(seconds, 2)}
+
+
+def announce_run_completed(report: RunReport, report_path: str) -> None:
     """The project's own completion event (see RUN_COMPLETED_EVENT)."""
     if not in_run():
         return
-    report = json.loads(report_path.read_text())
-    promotion = report["promotion"]
+    promotion = report.promotion
     emit_event(
         event=RUN_COMPLETED_EVENT,
-        resource={"prefect.resource.id": f"retrain.run.{report['run_key']}",
-                  "prefect.resource.name": report["run_key"]},
-        payload={"run_key": report["run_key"], "status": report["status"], "report": str(report_path),
-                 "metric": report["metric"], "value": report["metrics"].get(report["metric"]),
-                 "model_sha256": report["model"]["sha256"], "promoted": promotion["promoted"],
-                 "champion_sha256": promotion["challenger_sha256"] if promotion["promoted"]
-                 else promotion.get("champion_sha256")},
+        resource={"prefect.resource.id": f"retrain.run.{report.run_key}", "prefect.resource.name": report.run_key},
+        payload={"run_key": report.run_key, "status": report.status, "report": report_path, "metric": report.metric,
+                 "value": report.metrics.get(report.metric), "model_sha256": report.model.sha256,
+                 "promoted": promotion.promoted,
+                 "champion_sha256": promotion.challenger_sha256 if promotion.promoted else promotion.champion_sha256},
     )
 
 
@@ -132,7 +125,7 @@ def publish_tune_report(report: TuneReport, png_bytes: bytes) -> None:
         f"Spent ${report.spend.usd:.6f} ({report.spend.seconds:.1f} machine-s, {report.spend.gpu_hours:.6f} GPU-h) "
         f"against budget {report.budget}; every trial at full fidelity on demand would cost "
         f"${report.naive.usd:.6f}.\n\n"
-        + (f"Best: trial {best['trial']}, validation {report.metric} {best['value']:.5f}, {best['params']}\n\n"
+        + (f"Best: trial {best.trial}, validation {report.metric} {best.value:.5f}, {best.params}\n\n"
            if best else "No trial reached full fidelity.\n\n")
         + f"![metric against cumulative cost](data:image/png;base64,{image})\n",
         key="tune-report", description=f"Tuning study {report.study}")
@@ -143,8 +136,9 @@ class TrainingProgress:
 
     def __init__(self, max_steps: int) -> None:
         self.max_steps = max_steps
-        self.artifact_id = (
-            create_progress_artifact(0.0, key="training-progress", description="Optimizer steps done")
+        # Called in a sync task: Prefect's sync-compatible helpers return the value itself there.
+        self.artifact_id: UUID | None = (
+            cast(UUID, create_progress_artifact(0.0, key="training-progress", description="Optimizer steps done"))
             if in_run() else None
         )
 

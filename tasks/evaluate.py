@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-
 from prefect import task
 
 from tasks.artifacts import publish_promotion
 from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
-from training.trainer.results import Evaluation, PackResult, TrainResult
 from training.pipeline.evaluate_stage import champion_validation_metric, evaluate_stage
+from training.pipeline.handoffs import Evaluation, PackResult
+from training.trainer.results import TrainResult
 
 __all__ = ["evaluate_model", "score_champion"]
 

@@ -6,15 +6,13 @@ Dask/Ray runner to spread packing over a cluster. Each part holds only its own r
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-from typing import Any
 
 from prefect import task, unmapped
 
 from tasks.policies import retry_transient, task_logger
-from training.config import RetrainConfig
-from training.trainer.results import PackResult
+from training.config import DataConfig, RetrainConfig
+from training.data.packing import PackedPart, PackPart, PackPlan, abandon_pack
+from training.pipeline.handoffs import PackResult
 from training.pipeline.pack_stage import PackBegun, pack_begin, pack_finish, pack_part_stage
 
 __all__ = ["begin_packing", "pack_part", "finish_packing", "pack_dataset"]
@@ -25,18 +23,19 @@ def begin_packing(config: RetrainConfig) -> PackBegun:
     """Check storage; reuse an already packed dataset or plan the parts to pack."""
     begun = pack_begin(config)
     if begun.plan is not None:
-        task_logger().info("packing %s in %d part(s)", begun.plan["fingerprint"], len(begun.parts))
+        task_logger().info("packing %s in %d part(s)", begun.plan.fingerprint, len(begun.plan.parts))
     return begun
 
 
-@task(name="pack-part", task_run_name="pack-part-{part[index]}", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
-def pack_part(data: dict[str, Any], plan: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+@task(name="pack-part", task_run_name="pack-part-{part.index}", retries=2, retry_delay_seconds=5,
+      retry_condition_fn=retry_transient)
+def pack_part(data: DataConfig, plan: PackPlan, part: PackPart) -> PackedPart:
     """Validate and transform one part's row groups into per-split pieces (idempotent)."""
     return pack_part_stage(data, plan, part)
 
 
 @task(name="pack", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
-def finish_packing(config: RetrainConfig, begun: PackBegun, parts: list[dict[str, Any]]) -> PackResult:
+def finish_packing(config: RetrainConfig, begun: PackBegun, parts: list[PackedPart]) -> PackResult:
     """Write the shards from the parts, then the manifest (last); publish them to the root."""
     packed = pack_finish(config, begun, parts)
     verb = "reused" if packed.reused else "packed"
@@ -51,14 +50,15 @@ def pack_dataset(config: RetrainConfig) -> PackResult:
     and the half-written dataset folder is removed: nothing of this attempt is left behind.
     """
     begun = begin_packing(config)
-    futures = pack_part.map(unmapped(config.data.model_dump(mode="json")), unmapped(begun.plan), begun.parts)
+    plan = begun.plan
+    futures = pack_part.map(unmapped(config.data), unmapped(plan), plan.parts if plan is not None else [])
     try:
         # Resolve every part here: a failed upstream would otherwise leave `finish_packing`
         # NotReady and the flow holding None.
         parts = [future.result() for future in futures]
     except BaseException:
         futures.wait()  # the other parts must stop writing before their folder goes
-        if begun.plan is not None:
-            shutil.rmtree(Path(begun.plan["work_dir"]), ignore_errors=True)
+        if plan is not None:
+            abandon_pack(plan)
         raise
     return finish_packing(config, begun, parts)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, cast
 
 from prefect import get_run_logger
 
 from training.config import StorageConfig
 from training.errors import Preempted, StorageError
+from training.trainer.events import ChildEvent, LogLine, Resumed
 
 __all__ = ["forward_child_event", "task_logger", "retry_only_preemptions", "retry_transient", "backoff", "apply_credentials_block"]
 
@@ -49,13 +50,13 @@ def task_logger() -> logging.Logger | logging.LoggerAdapter[logging.Logger]:
         return logging.getLogger("retrain.tasks")
 
 
-def forward_child_event(logger: logging.Logger | logging.LoggerAdapter[logging.Logger], event: dict[str, Any]) -> None:
+def forward_child_event(logger: logging.Logger | logging.LoggerAdapter[logging.Logger], event: ChildEvent) -> None:
     """The training child's resumes, warnings and errors, into the task run's log (the UI)."""
-    if event["event"] == "resumed":
-        logger.info("resumed from step %d (%s)", event["step"], event["checkpoint"])
-    elif event["event"] == "log":
-        level = logging.getLevelName(str(event.get("level", "WARNING")))
-        logger.log(level if isinstance(level, int) else logging.WARNING, "%s", event.get("message", ""))
+    if isinstance(event, Resumed):
+        logger.info("resumed from step %d (%s)", event.step, event.checkpoint)
+    elif isinstance(event, LogLine):
+        level = logging.getLevelName(event.level)
+        logger.log(level if isinstance(level, int) else logging.WARNING, "%s", event.message)
 
 
 def apply_credentials_block(storage: StorageConfig) -> None:
@@ -66,7 +67,7 @@ def apply_credentials_block(storage: StorageConfig) -> None:
     from prefect_aws import AwsCredentials
 
     try:
-        block = AwsCredentials.load(storage.credentials_block)
+        block = cast(AwsCredentials, AwsCredentials.load(storage.credentials_block))  # sync here: the value
     except ValueError:
         raise StorageError(f"storage.credentials_block: no AwsCredentials block named "
                            f"'{storage.credentials_block}'; create it in the Prefect UI or with prefect block create") from None

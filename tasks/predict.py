@@ -4,8 +4,8 @@ from prefect import task
 
 from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
+from training.model.batch_scoring import PredictResult
 from training.pipeline.predict_stage import predict_stage
-from training.trainer.results import PredictResult
 
 __all__ = ["score_parquet"]
 

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from prefect import task
 from prefect.states import Completed, State
 
-from training.data.features import PREPROCESS_VERSION
 from training.config import RetrainConfig
-from training.trainer.results import PackResult, PrepResult
+from training.data.features import PREPROCESS_VERSION
+from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.preprocess_stage import preprocess_stage
 
 __all__ = ["fit_features", "preprocess_dataset", "PREPROCESS_VERSION"]
@@ -36,6 +36,8 @@ def fit_features(
 
 def preprocess_dataset(config: RetrainConfig, packed: PackResult) -> State[PrepResult]:
     """`fit_features` on a packed dataset with the config's preprocessing, storage and tags; its
-    final state (named `Cached` on reuse)."""
-    return fit_features(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                        config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
+    final state (named `Cached` on reuse). The task returns a state, which Prefect makes the task
+    run's own: what comes back here is that state, not one wrapping it."""
+    state = fit_features(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
+                         config.storage.model_dump(mode="json"), dict(config.cost.tags), return_state=True)
+    return cast("State[PrepResult]", state)

@@ -7,8 +7,10 @@ from prefect import task
 
 from tasks.artifacts import announce_run_completed, publish_report
 from training.config import RetrainConfig
-from training.trainer.results import Evaluation, LaunchPhases, PackResult, PrepResult, TrainResult
+from training.pipeline.handoffs import Evaluation, LaunchPhases, PackResult, PrepResult
 from training.pipeline.report_stage import report_stage
+from training.pipeline.run_report import RunReport
+from training.trainer.results import TrainResult
 
 __all__ = ["write_report"]
 
@@ -24,6 +26,7 @@ def write_report(
     launched = os.environ.get(LaunchPhases.ENV)  # set by `retrain run` around its flow call
     launch = LaunchPhases.model_validate_json(launched) if launched else None
     paths = report_stage(config, packed, prep, trained, evaluation, stage_states, flow_run_id, launch, stage_ends)
-    publish_report(Path(paths["report"]), Path(paths["curves"]) if paths["curves"] else None)
-    announce_run_completed(Path(paths["report"]))
-    return paths["report"]
+    report = RunReport.read(Path(paths.report))
+    publish_report(report, Path(paths.curves) if paths.curves else None)
+    announce_run_completed(report, paths.report)
+    return paths.report

@@ -16,8 +16,7 @@ from prefect import runtime
 from tasks.policies import task_logger
 from training.config import RetrainConfig, StorageConfig, merge_over
 from training.errors import Preempted
-from training.storage.lease import hold_root
-from training.storage.lease import hold_s3_root
+from training.storage.lease import hold_root, hold_s3_root
 from training.storage.root import StorageRoot, local_dir_for
 
 __all__ = ["check_restarts", "effective_config", "flow_run_id", "flow_run_name", "one_writer_per_root", "writer_limit_name",
@@ -154,14 +153,16 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
         if not storage.is_s3 and _server_is_shared():
             name = writer_limit_name(storage)
             _ensure_limit(name)
-            slot = {"occupy": 1, "strict": True, "lease_duration": _LEASE_SECONDS,
-                    "raise_on_lease_renewal_failure": False}
+            def slot(timeout_seconds: float | None = None) -> Any:
+                return concurrency(name, occupy=1, strict=True, lease_duration=_LEASE_SECONDS, timeout_seconds=timeout_seconds,
+                                   raise_on_lease_renewal_failure=False)
+
             try:
-                held.enter_context(concurrency(name, timeout_seconds=_FREE_WITHIN_SECONDS, **slot))
+                held.enter_context(slot(_FREE_WITHIN_SECONDS))
             except TimeoutError:
                 log.warning("storage root %s is in use by another run (concurrency limit %s); waiting for it. A "
                             "run that died frees it within %.0f s", storage.root, name, _LEASE_SECONDS + 15)
-                held.enter_context(concurrency(name, **slot))
+                held.enter_context(slot())
                 log.info("storage root %s is free: going on", storage.root)
         if storage.is_s3:
             remote = StorageRoot(storage).remote

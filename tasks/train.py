@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from prefect import task
 
@@ -9,17 +8,19 @@ from tasks.artifacts import TrainingProgress
 from tasks.policies import forward_child_event, retry_only_preemptions, task_logger
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.trainer.results import PackResult, PrepResult, TrainResult
+from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.train_stage import train_stage
+from training.trainer.events import CheckpointSaved, ChildEvent, Validated
+from training.trainer.results import TrainResult
 
 __all__ = ["train_model"]
 
 
-def _where(saved: list[dict[str, Any]]) -> str:
+def _where(saved: list[CheckpointSaved]) -> str:
     if not saved:
         return " before its first checkpoint (nothing saved to resume from)"
-    kind = "emergency checkpoint" if saved[0].get("emergency") else "checkpoint"
-    return f" at step {saved[0]['step']}: {kind} written"
+    kind = "emergency checkpoint" if saved[0].emergency else "checkpoint"
+    return f" at step {saved[0].step}: {kind} written"
 
 
 @task(name="train", retry_condition_fn=retry_only_preemptions)
@@ -30,22 +31,21 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     progress = TrainingProgress(config.train.max_steps)
     first: list[tuple[float, int]] = []  # (time, step) of the first validation this attempt: the ETA's origin
 
-    saved: list[dict[str, Any]] = []  # the last checkpoint event: where a stop left the run
+    saved: list[CheckpointSaved] = []  # the last checkpoint: where a stop left the run
 
-    def log_event(event: dict[str, Any]) -> None:
-        if event["event"] == "checkpoint":
+    def log_event(event: ChildEvent) -> None:
+        if isinstance(event, CheckpointSaved):
             saved[:] = [event]
-        if event["event"] == "validation":
-            progress.update(event["step"])
-            now, step = time.monotonic(), event["step"]
+        if isinstance(event, Validated):
+            progress.update(event.step)
+            now, step = time.monotonic(), event.step
             if not first:
                 first.append((now, step))
             t0, s0 = first[0]
-            left = (now - t0) / (step - s0) * (event["max_steps"] - step) if step > s0 else None
+            left = (now - t0) / (step - s0) * (event.max_steps - step) if step > s0 else None
             eta = "" if left is None else f"  ETA {left:.1f} s" if left < 10 else f"  ETA {left:.0f} s"
-            metric = event.get("metric", "auc")
-            logger.info("step %d/%d  train_loss %.4f  val_%s %.4f%s", step, event["max_steps"],
-                        event["train_loss"], metric, event[f"val_{metric}"], eta)
+            logger.info("step %d/%d  train_loss %.4f  val_%s %.4f%s", step, event.max_steps,
+                        event.validation.train_loss, event.metric, event.value, eta)
         else:
             forward_child_event(logger, event)
 
@@ -57,7 +57,7 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         logger.warning("preempted%s; retrying resumes from it", _where(saved))
         raise
     except BaseException as err:
-        if saved and saved[0].get("emergency"):  # this process is being stopped (SIGTERM: a spot reclaim)
+        if saved and saved[0].emergency:  # this process is being stopped (SIGTERM: a spot reclaim)
             logger.warning("stopped by %s%s; the rescheduled flow run resumes from it", type(err).__name__,
                            _where(saved))
         raise

@@ -4,7 +4,6 @@ study's decisions are made in the flow (`training.tune.driver`)."""
 
 from __future__ import annotations
 
-from typing import Any
 
 from prefect import task
 from prefect.futures import PrefectFuture, as_completed
@@ -16,15 +15,17 @@ from tasks.report import write_report as write_run_report
 from tasks.runtime import flow_run_id
 from tasks.train import train_model
 from training.config import RetrainConfig
-from training.trainer.results import PackResult, PrepResult, RungResult
+from training.trainer.events import ChildEvent
+from training.pipeline.handoffs import PackResult, PrepResult
+from training.trainer.results import RungResult
 from training.tune.driver import drive, open_study
-from training.tune.study_report import TuneReport, write_report
 from training.tune.study import RungWork
+from training.tune.study_report import TuneReport, write_report
 
 __all__ = ["train_rung", "run_study", "promote_best"]
 
 
-def _child_logger(event: dict[str, Any]) -> None:
+def _child_logger(event: ChildEvent) -> None:
     forward_child_event(task_logger(), event)
 
 
@@ -62,7 +63,7 @@ def promote_best(config: RetrainConfig, packed: PackResult, prep: PrepResult, re
     resumes from its last rung to full fidelity), evaluate, champion/challenger gate, report.
     Returns the run's report.json path."""
     assert report.best is not None
-    best = config.with_values(report.best["params"], "(tuning trial)")
+    best = config.with_values(report.best.params, "(tuning trial)")
     trained = train_model.with_options(
         retries=best.train.retry.max_retries,
         retry_delay_seconds=backoff(best.train.retry.delay_seconds, best.train.retry.max_retries),

@@ -205,10 +205,10 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: Mlf
         paths = report_stage(config, packed, prep, trained, evaluation, {})
     finally:
         server.stop()
-    report = json.loads(Path(paths["report"]).read_text())
+    report = json.loads(Path(paths.report).read_text())
     assert report["status"] == "completed" and report["steps"] == 300
     problems = report["tracking"]["problems"]
     assert any(p.startswith("validation metrics: not recorded") for p in problems), problems
     assert any(p.startswith("the registered model version: not recorded") for p in problems), problems
-    markdown = Path(paths["markdown"]).read_text()
+    markdown = Path(paths.markdown).read_text()
     assert "## MLflow" in markdown and "Not recorded:" in markdown

@@ -8,12 +8,13 @@ from tasks.pack import begin_packing, finish_packing, pack_part
 from tasks.policies import backoff, retry_only_preemptions, retry_transient
 from tasks.preprocess import fit_features
 from training.config import RetrainConfig
+from training.pipeline.handoffs import PackResult
 from training.errors import ConfigError, DataError, Preempted, StorageError
 
 
-def _pack(config: RetrainConfig) -> dict:
+def _pack(config: RetrainConfig) -> PackResult:
     begun = begin_packing.fn(config)
-    parts = [pack_part.fn(config.data.model_dump(mode="json"), begun.plan, part) for part in begun.parts]
+    parts = [pack_part.fn(config.data, begun.plan, part) for part in begun.plan.parts] if begun.plan else []
     return finish_packing.fn(config, begun, parts)
 
 

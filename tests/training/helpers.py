@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
-from training.config import RetrainConfig
+from pathlib import Path
+
+from training.trainer.events import ChildEvent
+from training.config import DataConfig, RetrainConfig
+from training.data.packing import DatasetManifest, pack_serially, plan_pack
 from training.trainer.job import TrainJob
 from training.storage.root import StorageRoot
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import run_key_for
+
+
+def pack_local(source: Path, data: DataConfig, datasets_root: Path) -> tuple[Path, DatasetManifest, bool]:
+    """Pack `source` into `datasets_root` in this process: (dataset folder, manifest, reused?)."""
+    datasets_root.mkdir(parents=True, exist_ok=True)
+    plan, existing = plan_pack(source, data, datasets_root)
+    if plan is None:
+        assert existing is not None
+        return datasets_root / existing.fingerprint, existing, True
+    return Path(plan.final_dir), pack_serially(plan, data), False
 
 
 def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
@@ -39,8 +53,8 @@ def assert_resumes_bit_identically(config: RetrainConfig, stop_at: int = 50) -> 
     job = make_job(config, "interrupted")
     stop = StopFlag()
 
-    def emit(event: dict) -> None:
-        if event["event"] == "checkpoint" and event["step"] == stop_at:
+    def emit(event: ChildEvent) -> None:
+        if event.event == "checkpoint" and event.step == stop_at:
             stop.request("test")
 
     with pytest.raises(Preempted):

@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from tests.training.helpers import make_job
+from training.trainer.events import ChildEvent
 from training.config import RetrainConfig
 from training.errors import Preempted
 from training.trainer.trainer import StopFlag, train
@@ -31,8 +32,8 @@ def test_fake_clock_budget_stop_is_graceful_and_bounded(budget_config: RetrainCo
     result = train(make_job(budget_config), now_fn=_fake_clock())
     assert result.status == "budget_stopped"
     assert "budget.max_wall_seconds=20" in result.stop_reason
-    per_step = (result.seconds["train"] + result.seconds["checkpoint"]) / result.steps
-    interval = 10 * per_step + result.seconds["eval"] / len(result.history)
+    per_step = (result.seconds.train + result.seconds.checkpoint) / result.steps
+    interval = 10 * per_step + result.seconds.eval / len(result.history)
     assert result.billed_seconds <= 20.0 + interval  # never over by more than one validation interval
     assert result.model.sha256  # the best model was exported
 
@@ -59,8 +60,8 @@ def test_budget_survives_a_kill_and_resume(budget_config: RetrainConfig) -> None
     job = make_job(budget_config, "resumed")
     stop = StopFlag()
 
-    def stop_at_40(event: dict) -> None:
-        if event["event"] == "checkpoint" and event["step"] == 40:
+    def stop_at_40(event: ChildEvent) -> None:
+        if event.event == "checkpoint" and event.step == 40:
             stop.request("test")
 
     with pytest.raises(Preempted):
@@ -102,7 +103,7 @@ def test_budget_survives_a_real_sigkill(budget_config: RetrainConfig) -> None:
     assert final.status == "budget_stopped"
     assert final.preemptions == 1
     # Both process start-ups and the killed attempt's lost work are on the bill ...
-    assert final.seconds["lost"] >= 0 and final.seconds["startup"] > 0
+    assert final.seconds.lost >= 0 and final.seconds.startup > 0
     assert len(final.resumed_from_steps) == 1 and final.resumed_from_steps[0] >= 100  # background writes: maybe one or two behind
     # ... and the carried-over spend is what stopped it. The overshoot bound itself is asserted
     # with the fake clock above: on a shared machine one real step can take any time.

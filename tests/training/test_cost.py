@@ -11,29 +11,29 @@ from training.errors import ConfigError
 
 def test_compute_cost_is_rate_times_time_per_stage() -> None:
     out = compute_cost({"pack": 360.0, "train": 3240.0}, rate_per_hour=9.83, gpus=8)
-    assert out["billed_seconds"] == 3600.0
-    assert out["usd"] == pytest.approx(9.83)
-    assert out["gpu_hours"] == pytest.approx(8.0)
-    assert out["per_stage_usd"] == {"pack": pytest.approx(0.983), "train": pytest.approx(8.847)}
+    assert out.billed_seconds == 3600.0
+    assert out.usd == pytest.approx(9.83)
+    assert out.gpu_hours == pytest.approx(8.0)
+    assert out.per_stage_usd == {"pack": pytest.approx(0.983), "train": pytest.approx(8.847)}
 
 
 def test_preemption_inflated_cost() -> None:
     # 2 h of useful training, 3 preemptions each losing 6 min of work plus a 2 min restart:
     # billed 2 h + 3 x 8 min = 2.4 h at $9.83/h = $23.592.
     seconds = {"train": 2 * 3600.0, "lost": 3 * 360.0, "restarts": 3 * 120.0}
-    assert compute_cost(seconds, 9.83, 8)["usd"] == pytest.approx(23.592)
+    assert compute_cost(seconds, 9.83, 8).usd == pytest.approx(23.592)
 
 
 def test_storage_cost_for_the_retention() -> None:
     out = storage_cost(
-        {"shards": 50_000_000_000, "checkpoints": 10_000_000_000},
-        {"shards": "STANDARD", "checkpoints": "STANDARD_IA"},
+        {"shards": 50_000_000_000, "checkpoints": 10_000_000_000, "models": 0},
+        {"shards": "STANDARD", "checkpoints": "STANDARD_IA", "models": "STANDARD"},
         {"STANDARD": 0.023, "STANDARD_IA": 0.0125},
-        {"shards": 30.0, "checkpoints": 7.0},
+        {"shards": 30.0, "checkpoints": 7.0, "models": 365.0},
     )
-    assert out["shards"]["usd"] == pytest.approx(50 * 0.023)  # 50 GB for one month
-    assert out["checkpoints"]["usd"] == pytest.approx(10 * 0.0125 * 7 / 30)
-    assert out["total_usd"] == pytest.approx(1.15 + 0.0291666667)
+    assert out.shards.usd == pytest.approx(50 * 0.023)  # 50 GB for one month
+    assert out.checkpoints.usd == pytest.approx(10 * 0.0125 * 7 / 30)
+    assert out.total_usd == pytest.approx(1.15 + 0.0291666667)
 
 
 def test_naive_counterfactual() -> None:
@@ -41,9 +41,9 @@ def test_naive_counterfactual() -> None:
     # without early stopping: 600 + 10,000 s = 10,600 s at the on-demand $32.77/h.
     out = naive_counterfactual(other_stage_seconds=600, train_seconds_per_step=0.5, naive_steps=10_000,
                                fp32_slowdown=2.0, on_demand_per_hour=32.77, gpus=8)
-    assert out["seconds"] == 10_600
-    assert out["usd"] == pytest.approx(32.77 * 10_600 / 3600)
-    assert out["gpu_hours"] == pytest.approx(8 * 10_600 / 3600)
+    assert out.seconds == 10_600
+    assert out.usd == pytest.approx(32.77 * 10_600 / 3600)
+    assert out.gpu_hours == pytest.approx(8 * 10_600 / 3600)
 
 
 def test_the_restarting_counterfactual_redoes_everything_before_each_preemption() -> None:
@@ -53,12 +53,12 @@ def test_the_restarting_counterfactual_redoes_everything_before_each_preemption(
                                  fp32_slowdown=2.0, on_demand_per_hour=32.77, gpus=8)
     out = restarting_counterfactual(naive=naive, steps_reached_at_preemptions=[3_000, 8_000],
                                     train_seconds_per_step=0.5, restart_seconds=60.0, rate_per_hour=10.0, gpus=8)
-    assert out["steps_redone"] == 11_000
-    assert out["seconds"] == 10_600 + 11_000 + 120
-    assert out["usd"] == pytest.approx(10.0 * 21_720 / 3600)
+    assert out.steps_redone == 11_000
+    assert out.seconds == 10_600 + 11_000 + 120
+    assert out.usd == pytest.approx(10.0 * 21_720 / 3600)
     none = restarting_counterfactual(naive=naive, steps_reached_at_preemptions=[], train_seconds_per_step=0.5,
                                      restart_seconds=60.0, rate_per_hour=10.0, gpus=8)
-    assert none["seconds"] == naive["seconds"]  # never preempted: the same job at this run's rate
+    assert none.seconds == naive.seconds  # never preempted: the same job at this run's rate
 
 
 def test_plan_worked_example_cheaper_slower_instance_wins_when_the_deadline_allows() -> None:

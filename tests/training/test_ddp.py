@@ -11,6 +11,7 @@ import torch
 from tests.conftest import small_overrides
 from tests.kill import kill_worker_when
 from tests.training.helpers import make_job
+from training.trainer.events import ChildEvent
 from training.config import load_config
 from training.errors import Preempted
 from training.trainer.launch import run_training_process
@@ -35,7 +36,7 @@ def test_two_ranks_match_one_process_and_see_equal_samples(demo_source: Path, tm
     """Also the uneven case: the train split has an odd number of shards, so the ranks cannot
     split shards evenly, and the run crosses an epoch boundary; nobody hangs or runs short."""
     one = run_training_process(make_job(_config(tmp_path / "one", demo_source)))
-    events: list[dict] = []
+    events: list[ChildEvent] = []
     job = make_job(_config(tmp_path / "two", demo_source, "train.distributed.nproc_per_node=2"))
     from training.data.packing import load_manifest
 
@@ -44,15 +45,15 @@ def test_two_ranks_match_one_process_and_see_equal_samples(demo_source: Path, tm
     two = run_training_process(job, on_event=events.append)
 
     assert two.world_size == 2 and two.steps == one.steps == 60
-    done = {e["rank"]: e for e in events if e["event"] == "rank_done"}
+    done = {e.rank: e for e in events if e.event == "rank_done"}
     assert set(done) == {0, 1}
-    assert done[0]["rows"] == done[1]["rows"] == 60 * 64  # 64 rows per rank per step, every step
+    assert done[0].rows == done[1].rows == 60 * 64  # 64 rows per rank per step, every step
     rows_per_epoch = sum(s.rows for s in train_shards)
     assert 60 * 128 > rows_per_epoch  # crossed into the second epoch
     for a, b in zip(one.history, two.history, strict=True):
-        assert a["step"] == b["step"]
-        assert abs(a["val_auc"] - b["val_auc"]) < AUC_TOLERANCE
-        assert abs(a["train_loss"] - b["train_loss"]) < 1e-4
+        assert a.step == b.step
+        assert abs(a["auc"] - b["auc"]) < AUC_TOLERANCE
+        assert abs(a.train_loss - b.train_loss) < 1e-4
     w1, w2 = _weights(one), _weights(two)
     assert set(w1) == set(w2)  # DDP's "module." prefix never reaches the package
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
@@ -66,9 +67,9 @@ def test_killed_rank_fails_the_job_fast_and_the_retry_resumes_bit_identical(demo
     with pytest.raises(Preempted, match="lost a rank"):
         run_training_process(job)  # rank 0 must not hang on its dead peer: pytest's timeout guards that
 
-    events: list[dict] = []
+    events: list[ChildEvent] = []
     result = run_training_process(job, on_event=events.append)  # what the task retry does
-    resumed = [e["step"] for e in events if e["event"] == "resumed"]
+    resumed = [e.step for e in events if e.event == "resumed"]
     # The killer polls from outside; beside another busy process it has landed after step 30's
     # checkpoint (one clean-clone CI run), so any checkpoint from the kill's step on counts.
     assert resumed and 20 <= resumed[0] < result.steps
@@ -86,9 +87,9 @@ def test_sigterm_to_one_rank_gives_one_consistent_emergency_checkpoint(demo_sour
 
     path, manifest = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")
     assert manifest.emergency and manifest.step >= 33  # both ranks stopped at the step they agreed on
-    events: list[dict] = []
+    events: list[ChildEvent] = []
     result = run_training_process(job, on_event=events.append)
-    assert [e["step"] for e in events if e["event"] == "resumed"] == [manifest.step]
+    assert [e.step for e in events if e.event == "resumed"] == [manifest.step]
     assert result.model.sha256 == reference.model.sha256
 
 
@@ -101,9 +102,9 @@ def test_resume_on_another_world_size_continues_the_same_batches(demo_source: Pa
     with pytest.raises(Preempted):
         run_training_process(job)
     job.config.train.distributed.nproc_per_node = 1  # the retry lands on a smaller machine
-    events: list[dict] = []
+    events: list[ChildEvent] = []
     result = run_training_process(job, on_event=events.append)
-    assert [e for e in events if e["event"] == "resumed"]
+    assert [e for e in events if e.event == "resumed"]
     assert result.world_size == 1 and result.steps == 60
     w1, w2 = _weights(reference), _weights(result)
     assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
@@ -159,8 +160,8 @@ def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: st
     with pytest.raises(Preempted):
         run_training_process(job)
     job_b = make_job(load_config(overrides=overrides + [f"storage.local_dir={tmp_path / 'machine-b'}"]))
-    events: list[dict] = []
+    events: list[ChildEvent] = []
     result = run_training_process(job_b, on_event=events.append)
-    resumed = [e["step"] for e in events if e["event"] == "resumed"]
+    resumed = [e.step for e in events if e.event == "resumed"]
     assert resumed and 10 <= resumed[0] < result.steps  # uploads lag: an earlier checkpoint may be the newest
     assert result.model.sha256 == reference.model.sha256

@@ -9,6 +9,7 @@ import pytest
 
 from tests.conftest import small_filesystem
 from tests.training.helpers import make_job
+from training.trainer.events import ChildEvent
 from training.trainer.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import StorageError
@@ -40,9 +41,9 @@ def test_a_full_disk_stops_training_in_one_line_and_a_rerun_resumes(small_config
         ballast: list[Path] = []
         steps: list[int] = []
 
-        def on_event(event: dict) -> None:
-            steps.append(event.get("step", 0))
-            if event["event"] == "checkpoint" and event["step"] == 40 and not ballast:
+        def on_event(event: ChildEvent) -> None:
+            steps.append(getattr(event, "step", 0))
+            if event.event == "checkpoint" and event.step == 40 and not ballast:
                 ballast.append(_fill(disk))
 
         with pytest.raises(StorageError) as caught:

@@ -8,7 +8,8 @@ import pytest
 
 from tests.training.helpers import make_job
 from training.config import EvalConfig, RetrainConfig
-from training.model.evaluation import decide_promotion, promote, read_champion
+from training.model.model_ref import read_pointer
+from training.pipeline.champion import decide_promotion, promote
 from training.trainer.trainer import train
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
@@ -36,8 +37,8 @@ def test_worse_challenger_keeps_the_champion_a_better_one_is_promoted(small_conf
     packed, good = _trained(small_config, "good")
     first = evaluate_stage(small_config, packed, good)
     assert first.promotion.promoted
-    champion = read_champion(Path(small_config.storage.root) / "models")
-    assert champion["sha256"] == good.model.sha256
+    champion = read_pointer(Path(small_config.storage.root) / "models" / "champion")
+    assert champion is not None and champion.sha256 == good.model.sha256
 
     small_config.train.max_steps = 3  # barely trained: worse
     small_config.train.eval_every = 3
@@ -45,7 +46,7 @@ def test_worse_challenger_keeps_the_champion_a_better_one_is_promoted(small_conf
     second = evaluate_stage(small_config, packed, bad)
     assert not second.promotion.promoted
     assert second.promotion.champion_metrics["auc"] > second.metrics["auc"]
-    assert read_champion(Path(small_config.storage.root) / "models") == champion
+    assert read_pointer(Path(small_config.storage.root) / "models" / "champion") == champion
 
     small_config.train.max_steps = 200  # trained longer: better
     small_config.train.eval_every = 20
@@ -53,7 +54,7 @@ def test_worse_challenger_keeps_the_champion_a_better_one_is_promoted(small_conf
     third = evaluate_stage(small_config, packed, better)
     assert third.metrics["auc"] > third.promotion.champion_metrics["auc"]
     assert third.promotion.promoted, third.promotion.reason
-    assert read_champion(Path(small_config.storage.root) / "models")["sha256"] == better.model.sha256
+    assert read_pointer(Path(small_config.storage.root) / "models" / "champion").sha256 == better.model.sha256
 
 
 def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(
@@ -64,7 +65,7 @@ def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(
     models = Path(small_config.storage.root) / "models"
     before = (models / "champion").read_bytes()
 
-    import training.model.evaluation as ev
+    import training.pipeline.champion as ev
 
     def crash(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt("killed between package copy and pointer swap")

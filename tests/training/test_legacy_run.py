@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tests.conftest import small_overrides
 from tests.training.helpers import make_job
+from training.trainer.events import ChildEvent
 from training.config import load_config
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_run"
@@ -23,8 +24,8 @@ def test_an_earlier_versions_checkpoint_resumes_to_its_weights(demo_source: Path
     job = make_job(config)
     assert job.run_key == expected["run_key"]  # the run key did not move
     shutil.copytree(FIXTURE / "step-00000040", Path(job.run_dir) / "checkpoints" / "step-00000040")
-    events: list[dict] = []
+    events: list[ChildEvent] = []
     result = train(job, emit=events.append)
-    assert [e["step"] for e in events if e["event"] == "resumed"] == [40]
+    assert [e.step for e in events if e.event == "resumed"] == [40]
     assert result.model.sha256 == expected["final_weights_sha256"]
-    assert result.history == expected["history"]
+    assert [v.to_json() for v in result.history] == expected["history"]

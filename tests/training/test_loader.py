@@ -6,16 +6,17 @@ import numpy as np
 import pytest
 import torch
 
+from tests.training.helpers import pack_local
 from training.config import RetrainConfig
 from training.data.features import fit_feature_stats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader
-from training.data.packing import pack_shards
+
 from training.errors import DataError
 
 
 @pytest.fixture
 def packed(small_config: RetrainConfig, demo_source: Path, tmp_path: Path):
-    d, manifest, _ = pack_shards(demo_source, small_config.data, tmp_path / "datasets")
+    d, manifest, _ = pack_local(demo_source, small_config.data, tmp_path / "datasets")
     _, stats = fit_feature_stats(d, manifest, small_config.preprocess, tmp_path / "pre")
     return d, manifest, stats
 

@@ -6,14 +6,15 @@ from pathlib import Path
 import pytest
 
 from tests.training.helpers import make_job
+from training.trainer.events import ChildEvent
 from training.config import RetrainConfig
 from training.errors import CheckpointError, Preempted
 from training.trainer.trainer import StopFlag, train
 
 
 def _stop_after_checkpoint(at_step: int, stop: StopFlag):
-    def emit(event: dict) -> None:
-        if event["event"] == "checkpoint" and event["step"] == at_step:
+    def emit(event: ChildEvent) -> None:
+        if event.event == "checkpoint" and event.step == at_step:
             stop.request("test")
 
     return emit
@@ -24,7 +25,7 @@ def test_train_completes_and_exports_a_model(small_config: RetrainConfig) -> Non
     assert result.status == "completed" and result.steps == 60
     assert len(result.model.sha256) == 64
     assert Path(result.model.uri).exists()
-    assert [h["step"] for h in result.history] == [20, 40, 60]
+    assert [v.step for v in result.history] == [20, 40, 60]
     assert result.best_val_auc > 0.6
 
 
@@ -95,7 +96,7 @@ def test_grad_accumulation_matches_one_big_batch(small_config: RetrainConfig) ->
     # float summation order.
     assert big.history and len(big.history) == len(accumulated.history)
     for a, b in zip(big.history, accumulated.history, strict=True):
-        assert abs(a["val_auc"] - b["val_auc"]) < 2e-3
+        assert abs(a["auc"] - b["auc"]) < 2e-3
 
 
 @pytest.mark.parametrize("interval", ["auto", "0.05s"])

@@ -12,15 +12,16 @@ import pytest
 import webdataset as wds
 
 from tests.conftest import small_overrides
+from tests.training.helpers import pack_local
 from training.config import RetrainConfig, load_config
-from training.data.packing import load_manifest, pack_shards
+from training.data.packing import load_manifest
 from training.data.shards import ShardReader
 from training.errors import DataError
 from training.pipeline.pack_stage import pack_stage
 
 
 def _pack(config: RetrainConfig, source: Path, root: Path):
-    return pack_shards(source, config.data, root / "datasets")
+    return pack_local(source, config.data, root / "datasets")
 
 
 def _tree_hashes(d: Path) -> dict[str, str]:
@@ -55,7 +56,7 @@ def test_shards_hold_micro_batches_with_fixed_metadata(small_config: RetrainConf
 
 def test_shard_sizes_stay_near_the_target(demo_source: Path, tmp_path: Path) -> None:
     config = load_config(overrides=["data.rows_per_member=64", "data.shard_size_mb=0.2"])
-    _, manifest, _ = pack_shards(demo_source, config.data, tmp_path)
+    _, manifest, _ = pack_local(demo_source, config.data, tmp_path)
     full = [s for s in manifest.shards_of("train")][:-1]
     assert full and all(0.95 * 200_000 <= s.bytes <= 200_000 for s in full)
 
@@ -92,7 +93,7 @@ def test_directory_source(small_config: RetrainConfig, demo_source: Path, tmp_pa
     src.mkdir()
     pq.write_table(table.slice(0, 5000), src / "part-0.parquet")
     pq.write_table(table.slice(5000), src / "part-1.parquet")
-    _, manifest, _ = pack_shards(src, small_config.data, tmp_path / "datasets")
+    _, manifest, _ = pack_local(src, small_config.data, tmp_path / "datasets")
     assert sum(manifest.rows.values()) == 8000
 
 
@@ -146,7 +147,7 @@ def test_bad_input_is_named_and_nothing_is_lost(
 ) -> None:
     source, pattern = _bad_cases(demo_source, tmp_path)[case]
     with pytest.raises(DataError, match=pattern) as info:
-        pack_shards(source, small_config.data, tmp_path / "datasets")
+        pack_local(source, small_config.data, tmp_path / "datasets")
     assert "\n" not in str(info.value)
     if case not in ("missing file", "empty", "single class"):
         assert source.name in str(info.value)
@@ -187,11 +188,12 @@ def test_parallel_packing_is_byte_identical_to_serial(tmp_path: Path, demo_sourc
 
     config = load_config(overrides=small_overrides(tmp_path / "parallel", source) + ["data.pack_parts=7"])
     begun = pack_begin(config)
-    parts = begun.parts
+    assert begun.plan is not None
+    parts = begun.plan.parts
     assert len(parts) == 7 or len(parts) > 3  # parts never span files, so about 7
     order = list(range(len(parts)))
     random.Random(3).shuffle(order)  # finish order must not matter
-    data = config.data.model_dump(mode="json")
+    data = config.data
     with ThreadPoolExecutor(4) as pool:
         done = dict(zip(order, pool.map(lambda i: pack_part_stage(data, begun.plan, parts[i]), order), strict=True))
     parallel = pack_finish(config, begun, [done[i] for i in range(len(parts))])
@@ -249,7 +251,7 @@ def test_a_failed_shard_write_is_named_and_leaves_no_dataset(small_config: Retra
 
     monkeypatch.setattr(shards.ShardTarWriter, "__init__", no_space)
     with pytest.raises(StorageError, match="No space left"):
-        pack_shards(demo_source, small_config.data, tmp_path / "other")
+        pack_local(demo_source, small_config.data, tmp_path / "other")
     assert list((tmp_path / "other").iterdir()) == []
 
 

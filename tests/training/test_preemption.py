@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.helpers import make_job
+from training.trainer.events import ChildEvent
 from training.trainer.results import TrainResult
 from training.trainer.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
@@ -211,10 +212,10 @@ def test_small_data_trains_with_the_default_batch_and_resumes_bit_identical(tmp_
     config = load_config(overrides=overrides + ["train.max_steps=40", "train.eval_every=10",
                                                 "train.checkpoint.every=10"])
     assert config.train.batch_size == 512  # the default
-    events: list[dict] = []
+    events: list[ChildEvent] = []
     reference = run_training_process(make_job(config, "reference"), on_event=events.append)
-    (warning,) = [e for e in events if e["event"] == "log" and "fewer than train.batch_size 512" in e["message"]]
-    assert warning["level"] == "WARNING"
+    (warning,) = [e for e in events if e.event == "log" and "fewer than train.batch_size 512" in e.message]
+    assert warning.level == "WARNING"
     job = make_job(config, "killed")
     on_start, _ = _signal_at_step(job, 15, signal.SIGKILL)
     with pytest.raises(Preempted):

@@ -27,7 +27,7 @@ def _job(tmp_path: Path, run_key: str = "run-a") -> TrainJob:
 
 def _checkpoint(job: TrainJob, step: int, train_seconds: float, run_key: str | None = None) -> None:
     progress = Progress(step=step)
-    progress.seconds["train"] = train_seconds
+    progress.seconds.train = train_seconds
     manifest = CheckpointManifest(step, run_key or job.run_key, FINGERPRINT, {})
     save_checkpoint(Path(job.run_dir) / "checkpoints", manifest, {"run": progress.state_dict()})
 
@@ -57,7 +57,7 @@ def test_a_first_attempt_resumes_nothing_and_lost_nothing(tmp_path: Path) -> Non
     book, progress = _attempt(_job(tmp_path))
     assert book.resumed_step is None and book.resumed_from is None
     assert progress.resumed_from_steps == [] and progress.steps_lost == 0 and progress.preemptions == 0
-    assert progress.seconds["startup"] > 0  # measured from the spawn time
+    assert progress.seconds.startup > 0  # measured from the spawn time
 
 
 def test_work_past_the_last_checkpoint_is_counted_as_lost(tmp_path: Path) -> None:
@@ -67,7 +67,7 @@ def test_work_past_the_last_checkpoint_is_counted_as_lost(tmp_path: Path) -> Non
     book, progress = _attempt(job)
     assert book.resumed_step == 20 and book.resumed_from is not None and book.resumed_from.name.endswith("20")
     assert progress.step == 20 and progress.resumed_from_steps == [20]
-    assert progress.steps_lost == 15 and progress.seconds["lost"] == pytest.approx(8.0)
+    assert progress.steps_lost == 15 and progress.seconds.lost == pytest.approx(8.0)
 
 
 def test_an_attempt_that_died_before_its_first_checkpoint_lost_everything(tmp_path: Path) -> None:

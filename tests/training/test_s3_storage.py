@@ -10,6 +10,7 @@ import boto3
 import pytest
 
 from tests.conftest import S3_SECRET, s3_overrides, small_overrides
+from training.trainer.events import ChildEvent
 from training.trainer.checkpoint_sync import remote_checkpoints
 from training.config import StorageConfig, load_config
 from training.errors import StorageError
@@ -298,10 +299,10 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
     torn = [step for step in remote if step > 10]
     assert torn and all("manifest.json" not in remote[s] for s in torn)  # state uploaded, manifest never
 
-    events: list[dict] = []
+    events: list[ChildEvent] = []
     job_b = make_job(config_for("machine-b"))
     result = run_training_process(job_b, on_event=events.append)
-    assert [e["step"] for e in events if e["event"] == "resumed"] == [10]
+    assert [e.step for e in events if e.event == "resumed"] == [10]
     assert result.model.sha256 == reference.model.sha256
     # Lost: what A did past step 10, to within one heartbeat interval (its last publish).
     assert published[0] > 10

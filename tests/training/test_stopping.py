@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 from training.config import load_config
+from training.trainer.results import Validation
 from training.trainer.state import EarlyStopping
 from training.trainer.stopping import Budget, StopPolicy, champion_gate
 from training.trainer.state import Progress
 
 
+def _v(step: int, **metrics: float) -> Validation:
+    return Validation(step=step, train_loss=0.0, metrics=metrics)
+
+
 def _progress(step: int, train_seconds: float, history: list[float] | None = None) -> Progress:
     p = Progress(step=step)
-    p.seconds["train"] = train_seconds
-    p.history = [{"step": (i + 1) * 10, "val_auc": auc} for i, auc in enumerate(history or [])]
+    p.seconds.train = train_seconds
+    p.history = [Validation(step=(i + 1) * 10, train_loss=0.0, metrics={"auc": auc}) for i, auc in enumerate(history or [])]
     return p
 
 
@@ -34,9 +39,9 @@ def test_dollar_and_gpu_hour_budgets_use_the_rate_and_gpus() -> None:
 
 
 def test_the_champion_gate_stops_only_when_the_trend_cannot_reach_the_champion() -> None:
-    flat = [{"step": s, "val_auc": 0.70} for s in (10, 20, 30)]
+    flat = [_v(s, auc=0.70) for s in (10, 20, 30)]
     assert champion_gate(flat, champion_value=0.80, min_delta=0.0, max_steps=100) is not None
-    rising = [{"step": s, "val_auc": a} for s, a in ((10, 0.60), (20, 0.65), (30, 0.70))]
+    rising = [_v(s, auc=a) for s, a in ((10, 0.60), (20, 0.65), (30, 0.70))]
     assert champion_gate(rising, champion_value=0.80, min_delta=0.0, max_steps=100) is None  # 0.70 + 70 * 0.005
     assert champion_gate(flat[:2], champion_value=0.80, min_delta=0.0, max_steps=100) is None  # too few points
     assert champion_gate(flat, champion_value=None, min_delta=0.0, max_steps=100) is None  # no champion
@@ -65,8 +70,8 @@ def test_lower_is_better_metrics_stop_and_gate_the_other_way() -> None:
     assert stopper.update(1.0, 10) and stopper.update(0.9, 20)  # lower is a new best
     assert not stopper.update(0.895, 30) and not stopper.update(0.95, 40)  # within min_delta, then worse
     assert stopper.should_stop and stopper.best == 0.9
-    falling = [{"step": s, "val_rmse": v} for s, v in ((10, 1.2), (20, 1.1), (30, 1.0))]
+    falling = [_v(s, rmse=v) for s, v in ((10, 1.2), (20, 1.1), (30, 1.0))]
     assert champion_gate(falling, 0.5, 0.0, 100, "rmse", higher_is_better=False) is None  # 1.0 - 70 * 0.01
-    flat = [{"step": s, "val_rmse": 1.0} for s in (10, 20, 30)]
+    flat = [_v(s, rmse=1.0) for s in (10, 20, 30)]
     reason = champion_gate(flat, 0.8, 0.0, 100, "rmse", higher_is_better=False)
     assert reason is not None and "at least 1.0000" in reason and "needs 0.8000" in reason

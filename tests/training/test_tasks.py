@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job
+from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job, pack_local
 from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
-from training.data.packing import pack_shards, require_manifest
+from training.data.packing import require_manifest
 from training.errors import ConfigError, DataError
 from training.model.evaluation import evaluate_package
 from training.trainer.trainer import train
@@ -73,7 +73,7 @@ def test_multiclass_with_string_classes_and_a_vector_column_matches_logistic_reg
     manifest = require_manifest(Path(make_job(config).dataset_dir))
     assert manifest.classes == ["bargain", "mainstream", "niche", "premium"]  # sorted, from the train split
     assert result.metric == "accuracy" and result.best_val_auc is None
-    assert {"val_accuracy", "val_macro_f1", "val_logloss"} <= result.history[-1].keys()
+    assert {"accuracy", "macro_f1", "logloss"} <= result.history[-1].metrics.keys()
     reference = LogisticRegression(max_iter=2000).fit(x_train, y_train)
     prob = reference.predict_proba(x_test)
     baseline = {"accuracy": accuracy_score(y_test, prob.argmax(1)),
@@ -90,7 +90,7 @@ def test_regression_predicts_in_label_units_and_matches_ridge(small_config: Retr
 
     config = _config(small_config, REGRESSION)
     result, ours, x_train, y_train, x_test, y_test = _reference(config)
-    assert result.metric == "rmse" and {"val_rmse", "val_mae", "val_r2"} <= result.history[-1].keys()
+    assert result.metric == "rmse" and {"rmse", "mae", "r2"} <= result.history[-1].metrics.keys()
     pred = Ridge(alpha=1.0).fit(x_train, y_train).predict(x_test)
     baseline = {"rmse": root_mean_squared_error(y_test, pred), "mae": mean_absolute_error(y_test, pred),
                 "r2": r2_score(y_test, pred)}
@@ -123,7 +123,7 @@ def _bad(tmp_path: Path, overrides: list[str], columns: dict[str, pa.Array]) -> 
     source = _write(tmp_path / "bad.parquet", {"x": pa.array(np.arange(400, dtype=np.float64)), **columns})
     config = load_config(overrides=[f"data.source={source}", "data.numeric=[x]", "data.categorical=[]", *overrides])
     with pytest.raises(DataError) as err:
-        pack_shards(source, config.data, tmp_path / "datasets")
+        pack_local(source, config.data, tmp_path / "datasets")
     assert not list((tmp_path / "datasets").glob("*.partial-*"))  # nothing half-written is left
     return str(err.value)
 
@@ -172,7 +172,7 @@ def test_user_factories_of_both_forms_train_and_load_back(small_config: RetrainC
     result = train(job)
     scored = evaluate_package(Path(job.run_dir) / "model", Path(job.dataset_dir),
                               require_manifest(Path(job.dataset_dir)), factory)
-    assert result.steps == 40 and scored["rmse"] == pytest.approx(result.history[-1]["val_rmse"], rel=0.5)
+    assert result.steps == 40 and scored["rmse"] == pytest.approx(result.history[-1]["rmse"], rel=0.5)
 
 
 def test_an_old_form_factory_cannot_take_vector_columns(small_config: RetrainConfig) -> None:

@@ -15,13 +15,12 @@ import pytest
 import torch
 
 from tests.shipped_data import png, write_digit_images
-from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job
+from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job, pack_local
 from training.config import RetrainConfig, load_config
 from training.data.demo import ensure_reviews_demo
 from training.data.features import DERIVED_DIR, FeatureStats, fit_feature_stats, preprocess_key
 from training.data.loader import ShardBatches, iter_split
-from training.data.packing import (assemble_shards, pack_part, pack_shards, plan_pack, require_manifest,
-                                   start_pack)
+from training.data.packing import assemble_shards, pack_part, plan_pack, require_manifest, start_pack
 from training.data.ragged import Ragged
 from training.data.text import fit_tokenizer
 from training.model.encoders import ImageEncoder, TextEncoder
@@ -71,7 +70,7 @@ def test_text_and_image_shards_pack_identically_in_parts_and_read_with_webdatase
     import webdataset as wds
 
     config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", "data.pack_parts=3"]).data
-    serial_dir, serial, _ = pack_shards(digits_source, config, tmp_path / "serial")
+    serial_dir, serial, _ = pack_local(digits_source, config, tmp_path / "serial")
     plan, _ = plan_pack(digits_source, config, tmp_path / "parts", max_parts=3)
     assert plan is not None and len(plan.parts) >= 2
     start_pack(plan)
@@ -174,7 +173,7 @@ def _bad(tmp_path: Path, overrides: list[str], columns: dict[str, pa.Array]) -> 
     config = load_config(overrides=[f"data.source={source}", "data.label=y", "data.numeric=[]", "data.categorical=[]",
                                     *overrides])
     with pytest.raises(DataError) as err:
-        dataset_dir, manifest, _ = pack_shards(source, config.data, tmp_path / "datasets")
+        dataset_dir, manifest, _ = pack_local(source, config.data, tmp_path / "datasets")
         fit_feature_stats(dataset_dir, manifest, config.preprocess, tmp_path / "preprocess")
     assert not list((tmp_path / "preprocess").glob("*/feature_stats.json"))  # nothing half-fitted is kept
     return str(err.value)

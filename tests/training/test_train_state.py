@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from training.config import load_config
 from training.model.network import ModelSchema
+from training.trainer.results import Validation
 from training.trainer.state import Progress, TrainState
 
 
@@ -32,7 +33,7 @@ def _step(state: TrainState) -> float:
     state.scheduler.step()
     state.progress.step += 1
     value = float(loss.detach())
-    state.progress.history.append({"step": state.progress.step, "train_loss": value})
+    state.progress.history.append(Validation(step=state.progress.step, train_loss=value, metrics={}))
     state.stopper.update(-value, state.progress.step)
     return value
 
@@ -41,14 +42,14 @@ def test_a_round_trip_through_a_file_continues_bit_identically(tmp_path: Path) -
     original = _state(seed=1)
     for _ in range(7):
         _step(original)
-    original.progress.seconds["train"] = 12.5
+    original.progress.seconds.train = 12.5
     path = tmp_path / "state.pt"
     torch.save(original.state_dict(), path)
     expected = [_step(original) for _ in range(5)]
 
     restored = _state(seed=2)  # different initial weights and RNG: everything must come from the file
     restored.load_state_dict(torch.load(path, weights_only=True))
-    assert restored.progress.step == 7 and restored.progress.seconds["train"] == 12.5
+    assert restored.progress.step == 7 and restored.progress.seconds.train == 12.5
     assert [_step(restored) for _ in range(5)] == expected  # weights, optimizer, schedule and RNG
     for a, b in zip(original.model.state_dict().values(), restored.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
@@ -78,5 +79,5 @@ def test_progress_from_an_older_checkpoint_gains_new_accumulators_at_zero() -> N
     old = progress.state_dict()
     old["seconds"] = {"train": 3.0}  # written before the other accumulators existed
     progress.load_state_dict(old)
-    assert progress.seconds["train"] == 3.0 and progress.seconds["startup"] == 0.0
+    assert progress.seconds.train == 3.0 and progress.seconds.startup == 0.0
     assert progress.billed_seconds() == 3.0

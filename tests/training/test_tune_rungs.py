@@ -18,7 +18,7 @@ def test_a_run_paused_at_each_rung_ends_bit_identical_to_one_never_paused(small_
         paused = train(job)
         assert isinstance(paused, RungResult) and (paused.status, paused.step) == ("paused", rung)
         # What the pruner sees: the best validation metric so far, as the reference had it there.
-        assert paused.value == max(h["val_auc"] for h in reference.history if h["step"] <= rung)
+        assert paused.value == max(v["auc"] for v in reference.history if v.step <= rung)
         assert train(job) == paused  # asked again (a replay after a kill): the same pause, nothing trained
     job.pause_at = None
     final = train(job)

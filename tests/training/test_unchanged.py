@@ -26,7 +26,7 @@ def _run_all(config: RetrainConfig) -> Path:
     prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
     trained = train_stage(config, packed, prep)
     evaluation = evaluate_stage(config, packed, trained)
-    return Path(report_stage(config, packed, prep, trained, evaluation, {})["report"])
+    return Path(report_stage(config, packed, prep, trained, evaluation, {}).report)
 
 
 def _config(root: Path, source: Path, *extra: str) -> RetrainConfig:

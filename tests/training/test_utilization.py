@@ -2,15 +2,18 @@ from __future__ import annotations
 
 from training.cost.utilization import utilization_summary
 
-_BUSY = {"train": 10.0, "data_wait": 0.1, "compute": 9.0, "checkpoint": 0.2, "eval": 0.5}
+# train, data_wait, compute, checkpoint, eval seconds
+_BUSY = (10.0, 0.1, 9.0, 0.2, 0.5)
+_STARVED = (10.0, 6.0, 3.0, 0.2, 0.5)
 
 
 def test_the_verdict_is_worded_for_the_device_used() -> None:
-    cpu = utilization_summary(_BUSY, 1000, {}, "cpu")
-    assert cpu["verdict"] == "compute-bound"
-    assert "accelerator" not in cpu["advice"] and "CPU" in cpu["advice"]
-    gpu = utilization_summary(_BUSY, 1000, {"memory_peak_fraction": 0.5}, "cuda")
-    assert gpu["verdict"] == "compute-bound" and "accelerator is busy" in gpu["advice"]
-    starved = utilization_summary({**_BUSY, "data_wait": 6.0}, 1000, {}, "cpu")
-    assert starved["verdict"] == "data-bound" and starved["advice"].startswith("the CPU waits for data")
-    assert "pin memory" not in starved["advice"]
+    cpu = utilization_summary(*_BUSY, 1000, {}, "cpu")
+    assert cpu.verdict == "compute-bound"
+    assert "accelerator" not in cpu.advice and "CPU" in cpu.advice
+    gpu = utilization_summary(*_BUSY, 1000, {"memory_peak_fraction": 0.5}, "cuda")
+    assert gpu.verdict == "compute-bound" and "accelerator is busy" in gpu.advice
+    starved = utilization_summary(*_STARVED, 1000, {}, "cpu")
+    assert starved.verdict == "data-bound" and starved.advice.startswith("the CPU waits for data")
+    assert "pin memory" not in starved.advice
+    assert starved.seconds.data_wait == 6.0 and abs(sum(v for _, v in starved.fractions.items()) - 1.0) < 1e-9

@@ -4,26 +4,52 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["utilization_summary"]
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["TimeSplit", "Utilization", "utilization_summary"]
 
 DATA_BOUND_STALL = 0.10
 MEMORY_BOUND_PEAK = 0.90
 
 
-def utilization_summary(seconds: dict[str, float], samples: int, accelerator: dict[str, Any],
-                        device: str = "cuda") -> dict[str, Any]:
+class TimeSplit(BaseModel):
+    """Where training time went (seconds, or shares of the total)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    data_wait: float
+    compute: float
+    checkpoint_stall: float
+    evaluation: float
+
+    def items(self) -> list[tuple[str, float]]:
+        return list(self.model_dump().items())
+
+
+class Utilization(BaseModel):
+    """report.json's `utilization`: the split, the pace, and the bottleneck with advice."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    seconds: TimeSplit
+    fractions: TimeSplit
+    samples_per_second: float
+    data_stall_fraction: float
+    accelerator: dict[str, Any]  # torch.cuda's and NVML's figures as measured, "n/a" on a CPU
+    verdict: str
+    advice: str
+
+
+def utilization_summary(train: float, data_wait: float, compute: float, checkpoint: float, evaluation: float,
+                        samples: int, accelerator: dict[str, Any], device: str = "cuda") -> Utilization:
     """Split of step time (data wait, compute, checkpoint stall, evaluation), samples/s, the
-    data-stall fraction and a bottleneck verdict with advice."""
-    step_total = seconds["train"] + seconds["checkpoint"] + seconds["eval"]
-    other = max(0.0, seconds["train"] - seconds["data_wait"] - seconds["compute"])  # optimizer step, bookkeeping
-    split = {
-        "data_wait": seconds["data_wait"],
-        "compute": seconds["compute"] + other,
-        "checkpoint_stall": seconds["checkpoint"],
-        "evaluation": seconds["eval"],
-    }
-    fractions = {k: (v / step_total if step_total else 0.0) for k, v in split.items()}
-    stall = seconds["data_wait"] / seconds["train"] if seconds["train"] else 0.0
+    data-stall fraction and a bottleneck verdict with advice; `train` is the steps' wall time,
+    of which `data_wait` and `compute` were measured inside the step."""
+    step_total = train + checkpoint + evaluation
+    other = max(0.0, train - data_wait - compute)  # optimizer step, bookkeeping
+    split = TimeSplit(data_wait=data_wait, compute=compute + other, checkpoint_stall=checkpoint, evaluation=evaluation)
+    fractions = TimeSplit(**{k: (v / step_total if step_total else 0.0) for k, v in split.items()})
+    stall = data_wait / train if train else 0.0
     peak = accelerator.get("memory_peak_fraction")
     # Worded for the device used: on a CPU there is no accelerator to keep busy or to feed.
     unit = "the CPU" if device == "cpu" else "the accelerator"
@@ -38,12 +64,5 @@ def utilization_summary(seconds: dict[str, float], samples: int, accelerator: di
                                             "cores, is what would raise throughput")
     else:
         verdict, advice = "compute-bound", "the good state: the accelerator is busy; a larger train.batch_size may raise throughput"
-    return {
-        "seconds": split,
-        "fractions": fractions,
-        "samples_per_second": samples / seconds["train"] if seconds["train"] else 0.0,
-        "data_stall_fraction": stall,
-        "accelerator": accelerator,
-        "verdict": verdict,
-        "advice": advice,
-    }
+    return Utilization(seconds=split, fractions=fractions, samples_per_second=samples / train if train else 0.0,
+                       data_stall_fraction=stall, accelerator=accelerator, verdict=verdict, advice=advice)

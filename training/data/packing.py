@@ -22,6 +22,8 @@ import shutil
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+
+from pydantic import BaseModel, ConfigDict
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -56,7 +58,9 @@ __all__ = [
     "SPLITS",
     "ShardInfo",
     "DatasetManifest",
-    "pack_shards",
+    "pack_serially",
+    "abandon_pack",
+    "PackedPart",
     "load_manifest",
     "category_hash",
 ]
@@ -430,32 +434,46 @@ def _iter_batches(path: Path, columns: list[str]) -> Iterator[pa.RecordBatch]:
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {err}") from None
 
 
-@dataclass(frozen=True)
-class PackPart:
+class PackPart(BaseModel):
     """A contiguous run of Parquet row groups: the unit of parallel packing.
 
     `row` is its first row in the whole source (files in name order), which fixes the split of
     every row it holds, so parts can be packed in any order, anywhere, and still assemble into
     the shards a serial pack writes."""
 
+    model_config = ConfigDict(frozen=True)
+
     index: int
     file: str
-    row_groups: tuple[int, ...]
+    row_groups: list[int]
     file_row: int  # first row of the part within its file (for error messages)
     row: int  # first row of the part in the whole source
     rows: int
 
 
-@dataclass
-class PackPlan:
+class PackPlan(BaseModel):
+    """What a pack will write, decided from Parquet metadata alone: it crosses task boundaries
+    (a flow maps `pack_part` over its parts) as it is."""
+
+    model_config = ConfigDict(frozen=True)
+
     source: str
     fingerprint: str
     sources: list[dict[str, object]]
     work_dir: str
     final_dir: str
     parts: list[PackPart]
-    classes: Classes = field(default_factory=list)  # multiclass: found in the train split before packing
-    vector_dims: list[int] = field(default_factory=list)
+    classes: Classes = []  # multiclass: found in the train split before packing
+    vector_dims: list[int] = []
+
+
+class PackedPart(BaseModel):
+    """What one part put in each split: rows, and positives of a binary label."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rows: dict[str, int]
+    positives: dict[str, int]
 
 
 def _verified_record(dataset_dir: Path) -> Path:
@@ -574,7 +592,8 @@ def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: 
         nonlocal row
         if current:
             n = sum(g[3] for g in current)
-            parts.append(PackPart(len(parts), current[0][0], tuple(g[1] for g in current), current[0][2], row, n))
+            parts.append(PackPart(index=len(parts), file=current[0][0], row_groups=[g[1] for g in current],
+                                  file_row=current[0][2], row=row, rows=n))
             row += n
             current.clear()
 
@@ -586,7 +605,8 @@ def plan_pack(source: Path, config: DataConfig, datasets_root: Path, max_parts: 
     close()
     # Private to this pack: two packers of the same input never share a work folder.
     work_dir = datasets_root / f"{fp}.partial-{uuid.uuid4().hex[:12]}"
-    return PackPlan(str(source), fp, sources, str(work_dir), str(final_dir), parts, classes, dims), None
+    return PackPlan(source=str(source), fingerprint=fp, sources=sources, work_dir=str(work_dir),
+                    final_dir=str(final_dir), parts=parts, classes=classes, vector_dims=dims), None
 
 
 def _vector_dim(files: list[Path], name: str) -> int:
@@ -631,7 +651,7 @@ def _piece_memmap(path: Path, dtype: type, shape: tuple[int, ...]) -> np.memmap:
 
 
 def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
-              writers: dict[str, _SplitWriter] | None = None) -> dict[str, dict[str, int]]:
+              writers: dict[str, _SplitWriter] | None = None) -> PackedPart:
     """Validate and transform one part's rows into per-split pieces (.npy) in the work folder,
     or, given the split `writers` of a serial pack (parts fed in order), straight into shards.
 
@@ -694,7 +714,7 @@ def pack_part(plan: PackPlan, part: PackPart, config: DataConfig,
             piece.flush()
     if offset != part.rows:
         raise DataError(f"{path}: row groups {list(part.row_groups)} hold {offset} rows, its metadata says {part.rows}")
-    return {"rows": counts, "positives": positives}
+    return PackedPart(rows=counts, positives=positives)
 
 
 def _field_shapes(config: DataConfig, plan: PackPlan) -> dict[str, tuple[type, tuple[int, ...]]]:
@@ -780,22 +800,26 @@ def split_writers(plan: PackPlan, config: DataConfig) -> dict[str, _SplitWriter]
     return {s: _SplitWriter(s, Path(plan.work_dir), config) for s in SPLITS}
 
 
-def assemble_shards(plan: PackPlan, parts: list[dict[str, dict[str, int]]], config: DataConfig,
+def assemble_shards(plan: PackPlan, parts: list[PackedPart], config: DataConfig,
                     writers: dict[str, _SplitWriter] | None = None) -> DatasetManifest:
     """Write every split's shards from the pieces, in part order (or finish `writers` that the
     parts fed directly), then the manifest (last), and rename the work folder into place. The
     bytes do not depend on how parts were packed."""
-    work_dir = Path(plan.work_dir)
-    final_dir = Path(plan.final_dir)
     fed = writers is not None
     writers = writers if writers is not None else split_writers(plan, config)
     try:
         _write_pieces(plan, writers, [] if fed else plan.parts)
+        _check_splits(Path(plan.source), config, writers, plan.classes)
     except BaseException:
-        for w in writers.values():
-            w.abort()
+        abandon_pack(plan, writers)
         raise
-    _check_splits(Path(plan.source), config, writers, plan.classes)
+    return _publish_pack(plan, config, writers)
+
+
+def _publish_pack(plan: PackPlan, config: DataConfig, writers: dict[str, _SplitWriter]) -> DatasetManifest:
+    """The manifest (last) into the finished work folder, and the folder renamed into place."""
+    work_dir = Path(plan.work_dir)
+    final_dir = Path(plan.final_dir)
     manifest = DatasetManifest(
         fingerprint=plan.fingerprint,
         format_version=PACK_FORMAT_VERSION,
@@ -856,32 +880,26 @@ def start_pack(plan: PackPlan) -> None:
     work_dir.mkdir(parents=True)
 
 
-def pack_shards(source: Path, config: DataConfig, datasets_root: Path) -> tuple[Path, DatasetManifest, bool]:
-    """Validate and pack `source` in this process; return (dataset dir, manifest, reused?).
-
-    Reuses a complete dataset with the same fingerprint without writing anything. The same
-    plan / part / assemble steps run fanned out over a Prefect task runner in the flow.
-    """
-    datasets_root.mkdir(parents=True, exist_ok=True)
-    plan, existing = plan_pack(source, config, datasets_root)
-    if plan is None:
-        assert existing is not None
-        return datasets_root / existing.fingerprint, existing, True
+def pack_serially(plan: PackPlan, config: DataConfig) -> DatasetManifest:
+    """Pack every part of `plan` in this process, in order, straight into the shard writers (no
+    pieces on disk), then assemble; the bytes are those of a pack fanned out over the parts. A
+    failure leaves nothing behind (`abandon_pack`)."""
     start_pack(plan)
+    writers = split_writers(plan, config)
     try:
-        # In one process the parts go in order straight into the shard writers: no pieces.
-        writers = split_writers(plan, config)
-        try:
-            results = [pack_part(plan, part, config, writers) for part in plan.parts]
-        except BaseException:
-            for w in writers.values():
-                w.abort()  # before the work folder goes: its files are still being written
-            raise
-        manifest = assemble_shards(plan, results, config, writers)
+        results = [pack_part(plan, part, config, writers) for part in plan.parts]
     except BaseException:
-        shutil.rmtree(plan.work_dir, ignore_errors=True)
+        abandon_pack(plan, writers)
         raise
-    return Path(plan.final_dir), manifest, False
+    return assemble_shards(plan, results, config, writers)  # it cleans up after itself too
+
+
+def abandon_pack(plan: PackPlan, writers: dict[str, _SplitWriter] | None = None) -> None:
+    """The one clean-up of a failed pack: stop the shard writers (their files are still being
+    written), then remove the work folder, so nothing of the attempt is left behind."""
+    for writer in (writers or {}).values():
+        writer.abort()
+    shutil.rmtree(plan.work_dir, ignore_errors=True)
 
 
 def _check_splits(source: Path, config: DataConfig, writers: dict[str, _SplitWriter], classes: Classes) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from pydantic import BaseModel, ConfigDict
 
 from training.config import DataConfig
 from training.data.features import FeatureStats, FeatureTransform
@@ -42,7 +43,6 @@ from training.errors import CheckpointError, ConfigError, DataError
 from training.model.evaluation import EVAL_BATCH
 from training.model.network import forward_fn
 from training.model.package import load_package, meta_sha256
-from training.trainer.results import PredictResult
 from training.storage.files import sha256_file
 from training.model.objectives import Task
 
@@ -56,6 +56,19 @@ PREDICTION_COLUMNS = {"binary": ["probability", "prediction"], "multiclass": ["p
                       "regression": ["prediction"]}
 META = {"model": b"retrain.model_sha256", "meta": b"retrain.model_meta_sha256", "input": b"retrain.input",
         "keys": b"retrain.keys", "format": b"retrain.format", "classes": b"retrain.classes"}
+
+
+class PredictResult(BaseModel):
+    """What `retrain predict` wrote (or found already written)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    output: str
+    rows: int
+    model_sha256: str
+    skipped: bool  # the output already held this model's scores of this input
+    seconds: float
+    key_columns: list[str]  # not `keys`: Prefect treats a model with .keys() as a mapping
 
 
 @dataclass(frozen=True)

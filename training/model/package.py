@@ -23,14 +23,16 @@ import torch
 from training.config import ModelConfig, RetrainConfig
 from training.data.features import FeatureStats
 from training.errors import CheckpointError
+from training.model.model_ref import ModelRef
 from training.model.network import ModelSchema, build_model, weights_sha256
-from training.trainer.results import ModelRef
 from training.storage.files import read_json, write_json_atomic
 
 __all__ = ["UntrustedFactory", "export_model_package", "load_package", "load_warm_start", "meta_sha256",
            "package_stats"]
 
 log = logging.getLogger(__name__)
+
+
 
 
 class UntrustedFactory(CheckpointError):

@@ -8,18 +8,22 @@ import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
 from pydantic import ValidationError
+
 from training.config import RetrainConfig
 from training.data.packing import (
     DatasetManifest,
     require_manifest,
 )
 from training.errors import RetrainError, StorageError
+from training.pipeline.handoffs import Evaluation, PackResult, Promotion
 from training.pipeline.tracking import flat_params, register_model, tracker_for
-from training.trainer.results import Evaluation, PackResult, Promotion, TrainResult
-from training.trainer.resume import run_rel
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import MODEL, RUN, StorageRoot
+from training.trainer.results import TrainResult
+from training.trainer.resume import run_rel
+
 if TYPE_CHECKING:
     from training.pipeline.champion import Champion
 
@@ -30,10 +34,10 @@ def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> flo
     """The champion's eval.metric on this run's validation split, for the champion gate (None
     when there is no usable champion that reads these columns and predicts this label).
     Evaluation's work, run before training by the flow."""
-    from training.pipeline.champion import check_champion
     from training.model.evaluation import compatible, evaluate_package, other_target
-    from training.model.package import package_stats
     from training.model.objectives import metric_for
+    from training.model.package import package_stats
+    from training.pipeline.champion import check_champion
     champion = check_champion(StorageRoot.from_config(config), config.model.factory)
     if champion is None or not champion.usable:
         return None
@@ -48,9 +52,10 @@ def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> flo
 
 def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResult) -> Evaluation:
     """The challenger's test metrics and the champion/challenger decision, promoted atomically."""
-    from training.pipeline.champion import check_champion
-    from training.model.evaluation import decide_promotion, evaluate_package
+    from training.model.evaluation import evaluate_package
+    from training.pipeline.champion import decide_promotion
     from training.model.objectives import metric_for, reaches
+    from training.pipeline.champion import check_champion
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
     run_dir = Path(trained.run_dir)
@@ -113,10 +118,9 @@ def _register(config: RetrainConfig, trained: TrainResult, is_champion: bool) ->
         return
     if tracker.run_id(flat_params(config)) is not None:
         logged = tracker.logged_steps("train_loss")
-        for entry in trained.history:
-            if int(entry["step"]) not in logged:
-                tracker.log_metrics({k: v for k, v in entry.items() if k == "train_loss" or k.startswith("val_")},
-                                    int(entry["step"]), "validation metrics")
+        for validation in trained.history:
+            if validation.step not in logged:
+                tracker.log_metrics(validation.logged_metrics(), validation.step, "validation metrics")
     register_model(tracker, run_dir / "model", trained.model.sha256, is_champion)
 
 
@@ -147,7 +151,7 @@ def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: Pac
     """The package (with its portable export) first, the pointer last (a reader that finds the
     pointer finds the model); on S3 the pointer is swapped only if it is still the version
     compared against."""
-    from training.model.evaluation import promote
+    from training.pipeline.champion import promote
     from training.model.export import EXPORT_DIR, exported_files
     sha = trained.model.sha256
     package = run_dir / "model"
@@ -186,9 +190,9 @@ def _champion_metrics(
         return None, None, None
     if champion.usable and compatible(package_stats(champion.package), manifest):
         return (evaluate_package(champion.package, dataset_dir, manifest, config.model.factory,
-                                 expected_meta_sha256=champion.pointer.get("meta_sha256")),
+                                 expected_meta_sha256=champion.meta_sha256),
                 "re-evaluated on this run's test split", None)
-    recorded = champion.pointer.get("metrics")
+    recorded = champion.pointer.metrics if champion.pointer is not None else None
     if champion.usable or champion.recorded_metrics_only:
         why = ("feature columns differ from this dataset" if champion.usable
                else "its model factory is not this run's, so it is not loaded")

@@ -9,29 +9,21 @@ The shards' bytes do not depend on how the parts were packed.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
 from pydantic import BaseModel, ConfigDict
+
 from training.config import DataConfig, RetrainConfig
-from training.data.demo import DEMOS, ensure_demo_dataset
 from training.data.dataset_store import DatasetStore
+from training.data.demo import DEMOS, ensure_demo_dataset
+from training.data.packing import (DatasetManifest, PackedPart, PackPart, PackPlan, assemble_shards, pack_part,
+                                   pack_serially, plan_pack, require_manifest, start_pack)
 from training.data.sources import dataset_fingerprint, source_files
-from training.data.packing import (
-    DatasetManifest,
-    PackPart,
-    PackPlan,
-    assemble_shards,
-    pack_part,
-    plan_pack,
-    require_manifest,
-    split_writers,
-    start_pack,
-)
-from training.trainer.results import PackResult
+from training.pipeline.handoffs import PackResult
 from training.storage.root import StorageRoot
+
 if TYPE_CHECKING:
     pass
 
@@ -39,18 +31,17 @@ log = logging.getLogger(__name__)
 
 
 class PackBegun(BaseModel):
-    """The pack stage's first step: the reused dataset (`done`), or the plan and its parts,
-    which `pack_part_stage` runs, serially here or fanned out by the flow."""
+    """The pack stage's first step: the reused dataset (`done`), or the plan, whose parts
+    `pack_part_stage` packs, serially here or fanned out by the flow."""
 
     model_config = ConfigDict(frozen=True)
 
     source: str
-    storage: dict[str, Any]
+    storage: dict[str, Any]  # where the root is (StorageRoot.environment_summary; never credentials)
     bayes_auc: float | None
     started_at: float
     done: PackResult | None = None
-    plan: dict[str, Any] | None = None  # a PackPlan as JSON: a Prefect map input
-    parts: list[dict[str, Any]] = []
+    plan: PackPlan | None = None
 
 
 def pack_begin(config: RetrainConfig) -> PackBegun:
@@ -81,41 +72,28 @@ def pack_begin(config: RetrainConfig) -> PackBegun:
         uploaded = datasets.publish(dataset_dir, existing)  # packed here before, maybe never uploaded
         return begun.model_copy(update={"done": _packed(begun, root, dataset_dir, existing, True, uploaded)})
     start_pack(plan)
-    return begun.model_copy(update={"plan": asdict(plan), "parts": [asdict(p) for p in plan.parts]})
+    return begun.model_copy(update={"plan": plan})
 
 
-def _plan_of(plan: dict[str, Any]) -> PackPlan:
-    fields = {k: plan[k] for k in ("source", "fingerprint", "sources", "work_dir", "final_dir", "classes",
-                                   "vector_dims")}
-    return PackPlan(**fields, parts=[_part_of(p) for p in plan["parts"]])
-
-
-def _part_of(part: dict[str, Any]) -> PackPart:
-    return PackPart(**{**part, "row_groups": tuple(part["row_groups"])})  # JSON made the tuple a list
-
-
-def pack_part_stage(data: dict[str, Any], plan: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+def pack_part_stage(data: DataConfig, plan: PackPlan, part: PackPart) -> PackedPart:
     """Pack one part (see `training.data.packing.PackPart`); small result, pieces on disk."""
-    return pack_part(_plan_of(plan), _part_of(part), DataConfig.model_validate(data))
+    return pack_part(plan, part, data)
 
 
-def pack_finish(config: RetrainConfig, begun: PackBegun, parts: list[dict[str, Any]],
-                writers: dict[str, Any] | None = None) -> PackResult:
-    """Assemble the shards from the parts (or finish the `writers` the parts fed directly, or
-    pass on the reused dataset) and publish them."""
+def pack_finish(config: RetrainConfig, begun: PackBegun, parts: list[PackedPart]) -> PackResult:
+    """Assemble the shards from the parts' pieces (or pass on the reused dataset) and publish them."""
     if begun.done is not None:
         return begun.done.model_copy(update={"seconds": time.time() - begun.started_at})
     assert begun.plan is not None
-    plan = _plan_of(begun.plan)
+    return _published(config, begun, assemble_shards(begun.plan, parts, config.data), len(parts))
+
+
+def _published(config: RetrainConfig, begun: PackBegun, manifest: DatasetManifest, parts: int) -> PackResult:
+    assert begun.plan is not None
     root = StorageRoot.from_config(config)
-    try:
-        manifest = assemble_shards(plan, parts, config.data, writers)
-    except BaseException:
-        shutil.rmtree(plan.work_dir, ignore_errors=True)
-        raise
-    dataset_dir = Path(plan.final_dir)
+    dataset_dir = Path(begun.plan.final_dir)
     uploaded = DatasetStore(root).publish(dataset_dir, manifest)
-    return _packed(begun, root, dataset_dir, manifest, reused=False, uploaded=uploaded, parts=len(parts))
+    return _packed(begun, root, dataset_dir, manifest, reused=False, uploaded=uploaded, parts=parts)
 
 
 def _packed(begun: PackBegun, root: StorageRoot, dataset_dir: Path, manifest: DatasetManifest, reused: bool,
@@ -133,14 +111,5 @@ def pack_stage(config: RetrainConfig) -> PackResult:
     begun = pack_begin(config)
     if begun.plan is None:
         return pack_finish(config, begun, [])
-    # In one process the parts go in order straight into the shard writers (no pieces on
-    # disk); the bytes are the same as when the flow fans the parts out.
-    plan = _plan_of(begun.plan)
-    try:
-        writers = split_writers(plan, config.data)
-        parts = [pack_part(plan, part, config.data, writers) for part in plan.parts]
-    except BaseException:
-        shutil.rmtree(plan.work_dir, ignore_errors=True)
-        raise
-    return pack_finish(config, begun, parts, writers)
+    return _published(config, begun, pack_serially(begun.plan, config.data), len(begun.plan.parts))
 

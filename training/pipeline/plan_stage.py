@@ -10,13 +10,13 @@ from typing import Any
 from training.config import RetrainConfig
 from training.cost.bill import plan_instances
 from training.errors import ConfigError
-from training.trainer.job import TrainJob
-from training.trainer.trainer import train
-from training.trainer.results import TrainResult
-from training.storage.root import StorageRoot
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import run_key_for
+from training.storage.root import StorageRoot
+from training.trainer.job import TrainJob
+from training.trainer.results import TrainResult
+from training.trainer.trainer import train
 
 __all__ = ["plan_run"]
 
@@ -49,15 +49,15 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     shutil.rmtree(scratch, ignore_errors=True)
     assert isinstance(result, TrainResult)  # one process (rank 0), no pause
     seconds = result.seconds
-    per_step = seconds["train"] / steps
-    per_eval = seconds["eval"]  # one validation pass
-    per_save = seconds["checkpoint"]
+    per_step = seconds.train / steps
+    per_eval = seconds.eval  # one validation pass
+    per_save = seconds.checkpoint
     evals = -(-tc.max_steps // tc.eval_every)
     mode, value = tc.checkpoint.interval()
     interval_s = per_step * value if mode == "steps" else value if mode == "seconds" else (
         (2 * max(per_save, 1e-3) * tc.checkpoint.mean_seconds_between_preemptions) ** 0.5)
     saves = tc.max_steps * per_step / max(interval_s, 1e-9)
-    startup = seconds["startup"]
+    startup = seconds.startup
     run_seconds = data_seconds + startup + per_step * tc.max_steps + per_eval * evals + per_save * saves
     candidates = []
     for name in instance_types:

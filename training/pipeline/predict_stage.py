@@ -12,14 +12,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from training.pipeline.champion import check_champion
 from training.config import RetrainConfig
 from training.data.sources import source_files
 from training.errors import CheckpointError, DataError
-from training.model.batch_scoring import ScoringModel, load_scoring_model, predict_files, scoring_meta
-from training.trainer.results import PredictResult
-from training.storage.s3 import S3Store, parse_s3_uri
+from training.model.batch_scoring import PredictResult, ScoringModel, load_scoring_model, predict_files, scoring_meta
+from training.pipeline.champion import check_champion
 from training.storage.root import StorageRoot, settings_for
+from training.storage.s3 import S3Store, parse_s3_uri
 
 __all__ = ["predict_stage", "resolve_model"]
 
@@ -38,7 +37,7 @@ def resolve_model(config: RetrainConfig, model: str) -> ScoringModel:
                                   "a model is promoted, or pass --model with a model sha256 or package folder")
         if not champion.usable:
             raise CheckpointError(f"the champion {champion.sha256[:12]} cannot be used: {champion.problem}")
-        return load_scoring_model(champion.package, trusted, champion.pointer.get("meta_sha256"), champion.sha256)
+        return load_scoring_model(champion.package, trusted, champion.meta_sha256, champion.sha256)
     if _SHA.fullmatch(model):
         root = StorageRoot.from_config(config)
         for name in ("model.json", "model.pt"):

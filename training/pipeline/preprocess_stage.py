@@ -8,14 +8,21 @@ import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
 from training.config import PreprocessConfig, StorageConfig
-from training.data.features import (PREPROCESS_VERSION, derived_rels, fit_feature_stats,
-                                     preprocess_key, verified_feature_stats)
+from training.data.features import (
+    PREPROCESS_VERSION,
+    derived_rels,
+    fit_feature_stats,
+    preprocess_key,
+    verified_feature_stats,
+)
 from training.data.packing import (
     require_manifest,
 )
-from training.trainer.results import PrepResult
+from training.pipeline.handoffs import PrepResult
 from training.storage.root import CACHE, StorageRoot
+
 if TYPE_CHECKING:
     pass
 

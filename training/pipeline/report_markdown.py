@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the CLI imports `savings` without the report's models
+    from training.cost.bill import CostReport
+    from training.cost.utilization import Utilization
+    from training.pipeline.run_report import RunReport
+    from training.pipeline.tracking import TrackingNotes
+    from training.trainer.results import Validation
 
 __all__ = ["render_curves", "render_markdown"]
 
@@ -18,7 +25,7 @@ def _label(metric: str) -> str:
             "r2": "R²"}.get(metric, metric)
 
 
-def render_curves(history: list[dict[str, Any]], out: Path, metric: str = "auc") -> Path | None:
+def render_curves(history: list[Validation], out: Path, metric: str = "auc") -> Path | None:
     """Training loss (and validation log loss, for classifiers) and the validation value of
     the chosen metric against steps; None when there is no history."""
     if not history:
@@ -28,15 +35,15 @@ def render_curves(history: list[dict[str, Any]], out: Path, metric: str = "auc")
     matplotlib.use("Agg")  # no display on training machines
     import matplotlib.pyplot as plt
 
-    steps = [h["step"] for h in history]
+    steps = [v.step for v in history]
     fig, (loss_ax, auc_ax) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
-    loss_ax.plot(steps, [h["train_loss"] for h in history], marker="o", label="train loss (last batch)")
-    if "val_logloss" in history[0]:
-        loss_ax.plot(steps, [h["val_logloss"] for h in history], marker="o", label="validation log loss")
+    loss_ax.plot(steps, [v.train_loss for v in history], marker="o", label="train loss (last batch)")
+    if "logloss" in history[0].metrics:
+        loss_ax.plot(steps, [v["logloss"] for v in history], marker="o", label="validation log loss")
     loss_ax.set_xlabel("step")
     loss_ax.set_title("loss")
     loss_ax.legend()
-    auc_ax.plot(steps, [h[f"val_{metric}"] for h in history], marker="o", color="tab:green")
+    auc_ax.plot(steps, [v[metric] for v in history], marker="o", color="tab:green")
     auc_ax.set_xlabel("step")
     auc_ax.set_title(f"validation {_label(metric)}")
     fig.tight_layout()
@@ -60,56 +67,10 @@ def savings(usd: float, against: str) -> str:
     return f"saved {_usd(usd)} against {against}" if usd > 0 else f"cost {_usd(-usd)} more than {against}"
 
 
-def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = True) -> str:
-    cost = report["cost"]
-    naive, restart = cost["naive"], cost["naive_restarting"]
-    util = report["utilization"]
-    m, metric = report["metrics"], report.get("metric", "auc")
-    others = ", ".join(f"{_label(k)} {v:.4f}" for k, v in m.items() if k != metric)
-    lines = [
-        f"# Retrain run `{report['run_key']}`: {report['status']}",
-        "",
-        f"{report['steps']} steps of {report.get('task', 'binary')} training; test {_label(metric)} "
-        f"**{m[metric]:.4f}**, {others}.",
-    ]
-    if report.get("stop_reason"):
-        lines.append(f"Stopped: {report['stop_reason']}.")
-    lines += ["", f"Promotion: **{'promoted' if report['promotion']['promoted'] else 'champion kept'}**: "
-              f"{report['promotion']['reason']}.", ""]
-    lines += [
-        "## Cost",
-        "",
-        f"{cost['instance_type']} on {cost['market']} at {_usd(cost['rate_per_hour'])}/h.",
-        "",
-        "| | this run | naive run: on-demand, fp32, no early stop, never preempted | naive run on this "
-        "market: fp32, no early stop, no checkpoints, so each of this run's preemptions restarts it from zero |",
-        "|---|---|---|---|",
-        f"| compute | {_usd(cost['compute']['usd'])} | {_usd(naive['usd'])} | {_usd(restart['usd'])} |",
-        f"| GPU-hours | {cost['compute']['gpu_hours']:.4f} | {naive['gpu_hours']:.4f} | {restart['gpu_hours']:.4f} |",
-        f"| seconds | {cost['compute']['billed_seconds']:.1f} | {naive['seconds']:.1f} | {restart['seconds']:.1f} |",
-        f"| storage (no checkpoints for the naive runs) | {_usd(cost['storage']['total_usd'])} | "
-        f"{_usd(naive['storage_usd'])} | {_usd(restart['storage_usd'])} |",
-        f"| total | {_usd(cost['total_usd'])} | {_usd(naive['total_usd'])} | {_usd(restart['total_usd'])} |",
-        "",
-        f"This run {savings(cost['savings_usd'], 'the naive on-demand run')}, and "
-        f"{savings(cost['savings_vs_restarting_usd'], 'the naive run on this market')}.",
-        "",
-        "| stage | $ |",
-        "|---|---|",
-        *[f"| {k} | {_usd(v)} |" for k, v in cost["compute"]["per_stage_usd"].items()],
-        "",
-        "## Where the time went",
-        "",
-        f"**{util['verdict']}**: {util['advice']}.",
-        "",
-        "| | seconds | share |",
-        "|---|---|---|",
-        *[f"| {k} | {v:.2f} | {util['fractions'][k]:.1%} |" for k, v in util["seconds"].items()],
-        "",
-        f"{util['samples_per_second']:,.0f} samples/s; data-stall fraction {util['data_stall_fraction']:.1%}.",
-        "",
-    ]
-    lines += _tracking_lines(report.get("tracking"))
+def render_markdown(report: RunReport, curves: Path | None, embed: bool = True) -> str:
+    lines = [*_summary_lines(report), *_cost_lines(report.cost), *_time_lines(report.utilization),
+             *_tracking_lines(report.tracking)]
+    metric = report.metric
     if curves is not None:
         lines.append("## Curves")
         lines.append("")
@@ -123,18 +84,73 @@ def render_markdown(report: dict[str, Any], curves: Path | None, embed: bool = T
     return "\n".join(lines) + "\n"
 
 
-def _tracking_lines(tracking: dict[str, Any] | None) -> list[str]:
+def _summary_lines(report: RunReport) -> list[str]:
+    m, metric = report.metrics, report.metric
+    others = ", ".join(f"{_label(k)} {v:.4f}" for k, v in m.items() if k != metric)
+    lines = [
+        f"# Retrain run `{report.run_key}`: {report.status}",
+        "",
+        f"{report.steps} steps of {report.task} training; test {_label(metric)} **{m[metric]:.4f}**, {others}.",
+    ]
+    if report.stop_reason:
+        lines.append(f"Stopped: {report.stop_reason}.")
+    verdict = "promoted" if report.promotion.promoted else "champion kept"
+    return [*lines, "", f"Promotion: **{verdict}**: {report.promotion.reason}.", ""]
+
+
+def _cost_lines(cost: CostReport) -> list[str]:
+    naive, restart = cost.naive, cost.naive_restarting
+    return [
+        "## Cost",
+        "",
+        f"{cost.instance_type} on {cost.market} at {_usd(cost.rate_per_hour)}/h.",
+        "",
+        "| | this run | naive run: on-demand, fp32, no early stop, never preempted | naive run on this "
+        "market: fp32, no early stop, no checkpoints, so each of this run's preemptions restarts it from zero |",
+        "|---|---|---|---|",
+        f"| compute | {_usd(cost.compute.usd)} | {_usd(naive.usd)} | {_usd(restart.usd)} |",
+        f"| GPU-hours | {cost.compute.gpu_hours:.4f} | {naive.gpu_hours:.4f} | {restart.gpu_hours:.4f} |",
+        f"| seconds | {cost.compute.billed_seconds:.1f} | {naive.seconds:.1f} | {restart.seconds:.1f} |",
+        f"| storage (no checkpoints for the naive runs) | {_usd(cost.storage.total_usd)} | "
+        f"{_usd(naive.storage_usd)} | {_usd(restart.storage_usd)} |",
+        f"| total | {_usd(cost.total_usd)} | {_usd(naive.total_usd)} | {_usd(restart.total_usd)} |",
+        "",
+        f"This run {savings(cost.savings_usd, 'the naive on-demand run')}, and "
+        f"{savings(cost.savings_vs_restarting_usd, 'the naive run on this market')}.",
+        "",
+        "| stage | $ |",
+        "|---|---|",
+        *[f"| {k} | {_usd(v)} |" for k, v in cost.compute.per_stage_usd.items()],
+        "",
+    ]
+
+
+def _time_lines(util: Utilization) -> list[str]:
+    fractions = dict(util.fractions.items())
+    return [
+        "## Where the time went",
+        "",
+        f"**{util.verdict}**: {util.advice}.",
+        "",
+        "| | seconds | share |",
+        "|---|---|---|",
+        *[f"| {k} | {v:.2f} | {fractions[k]:.1%} |" for k, v in util.seconds.items()],
+        "",
+        f"{util.samples_per_second:,.0f} samples/s; data-stall fraction {util.data_stall_fraction:.1%}.",
+        "",
+    ]
+
+
+def _tracking_lines(tracking: TrackingNotes | None) -> list[str]:
     """The MLflow section: where the run is, and what was not recorded and why."""
-    if not tracking:
+    if tracking is None:
         return []
     lines = ["## MLflow", ""]
-    if tracking.get("run_id"):
-        version = tracking.get("model_version")
-        aliases = ", ".join(tracking.get("aliases") or []) or "none"
-        lines.append(f"Run `{tracking['run_id']}` at {tracking['uri']}"
-                     + (f"; model version {version} (aliases: {aliases})." if version else "."))
-    problems = tracking.get("problems") or []
-    if problems:
-        lines += ["", "Not recorded:", "", *[f"- {p}" for p in problems]]
+    if tracking.run_id:
+        aliases = ", ".join(tracking.aliases) or "none"
+        lines.append(f"Run `{tracking.run_id}` at {tracking.uri}"
+                     + (f"; model version {tracking.model_version} (aliases: {aliases})."
+                        if tracking.model_version else "."))
+    if tracking.problems:
+        lines += ["", "Not recorded:", "", *[f"- {p}" for p in tracking.problems]]
     return lines + [""]
-

@@ -10,22 +10,32 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
+
 from training.config import RetrainConfig, fingerprint
-from training.data.features import (DERIVED_DIR, DERIVED_INDEX, derived_rels, preprocess_key, write_derived_arrays)
+from training.data.features import (
+    DERIVED_DIR,
+    DERIVED_INDEX,
+    FeatureStats,
+    derived_rels,
+    preprocess_key,
+    write_derived_arrays,
+)
 from training.data.packing import (
     DatasetManifest,
     forget_verification,
     require_manifest,
 )
 from training.errors import ConfigError, DamagedShard, DataError
-from training.data.features import FeatureStats
+from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.tracking import BackgroundTracker, flat_params, tracker_for
-from training.trainer.launch import log_child_event, run_training_process
-from training.trainer.job import TrainJob, train_fingerprint
-from training.trainer.results import PackResult, PrepResult, TrainResult, WarmStart
-from training.trainer.resume import RUN_FOLDERS, finished_result, run_rel
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import StorageRoot
+from training.trainer.events import ChildEvent, Validated
+from training.trainer.job import TrainJob, train_fingerprint
+from training.trainer.launch import log_child_event, run_training_process
+from training.trainer.results import TrainResult, WarmStart
+from training.trainer.resume import RUN_FOLDERS, finished_result, run_rel
+
 if TYPE_CHECKING:
     from training.pipeline.champion import Champion
 from training.pipeline.pack_stage import pack_stage
@@ -63,7 +73,7 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None,
         return None, "no champion yet: fresh start"
     if not champion.usable:
         return None, f"the champion is unusable ({champion.problem}): fresh start"
-    pointer, package = champion.pointer, champion.package
+    package = champion.package
     meta = read_json(package / "model.json")
     if meta["model_config"] != config.model.model_dump(mode="json"):
         return None, "the champion's model config differs from model.*: fresh start"
@@ -75,8 +85,8 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None,
     if other is not None:
         return None, f"the champion predicts something else ({other}): fresh start"
     return (
-        WarmStartPlan(weights=str(package / "model.pt"), sha256=pointer["sha256"], stats=stats),
-        f"warm start from champion {pointer['sha256'][:12]} with its feature statistics",
+        WarmStartPlan(weights=str(package / "model.pt"), sha256=champion.sha256, stats=stats),
+        f"warm start from champion {champion.sha256[:12]} with its feature statistics",
     )
 
 
@@ -139,13 +149,13 @@ def train_stage(
     config: RetrainConfig,
     packed: PackResult,
     prep: PrepResult,
-    on_event: Callable[[dict[str, Any]], None] = log_child_event,
+    on_event: Callable[[ChildEvent], None] = log_child_event,
     champion_val_metric: float | None = None,
 ) -> TrainResult:
     """Train the run in a child process (or find it finished); `champion_val_metric` is the
     champion gate's bar, measured by `champion_validation_auc` before training."""
-    from training.pipeline.champion import check_champion
     from training.model.objectives import higher_is_better
+    from training.pipeline.champion import check_champion
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
     # Verified before training: a damaged champion is reported in seconds, not after a full run.
@@ -168,17 +178,16 @@ def train_stage(
     })
 
 
-def _train_tracked(config: RetrainConfig, job: TrainJob, on_event: Callable[[dict[str, Any]], None]) -> TrainResult:
+def _train_tracked(config: RetrainConfig, job: TrainJob, on_event: Callable[[ChildEvent], None]) -> TrainResult:
     """The training process, its validations also sent to MLflow when tracking is on."""
     tracker = tracker_for(config, job.run_key, Path(job.run_dir))
     if tracker is None:
         return run_training_process(job, on_event)
     background = BackgroundTracker(tracker, flat_params(config), "train_loss")
 
-    def tracked(event: dict[str, Any]) -> None:
-        if event["event"] == "validation":
-            background.submit({k: v for k, v in event.items() if k == "train_loss" or k.startswith("val_")},
-                              int(event["step"]))
+    def tracked(event: ChildEvent) -> None:
+        if isinstance(event, Validated):
+            background.submit(event.validation.logged_metrics(), event.step)
         on_event(event)
 
     try:
@@ -191,9 +200,9 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
     """Run this node's ranks of a multi-node job (`retrain join`): the same data, statistics and
     job as node 0 builds (all content-addressed, from the shared root), under torchrun against
     the same rendezvous. Returns torchrun's exit code."""
-    from training.pipeline.champion import check_champion
     import subprocess
 
+    from training.pipeline.champion import check_champion
     from training.trainer.launch import child_env, worker_command
 
     if config.train.distributed.nnodes < 2:

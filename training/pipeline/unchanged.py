@@ -19,17 +19,19 @@ Not recorded, so always rerun through the flow:
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import RetrainConfig, fingerprint
 from training.data.sources import dataset_fingerprint, source_files
 from training.errors import RetrainError
+from training.model.model_ref import read_pointer
+from training.pipeline.run_report import RunReport
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import RUN, StorageRoot
 
@@ -43,11 +45,23 @@ _PACKAGES = ("training", "tasks", "flows")  # the code a run's outcome depends o
 _LIBRARIES = ("torch", "numpy", "pyarrow", "tokenizers", "pillow", "prefect")
 
 
+class UnchangedRecord(BaseModel):
+    """runs/unchanged/<key>.json: what a finished run's outcome depended on."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    run_key: str
+    dataset: str  # the source's dataset fingerprint
+    source: str
+    champion_sha256: str | None  # the champion as the run's promotion decision left it
+    report: str  # the run's report.json, relative to the root
+
+
 @dataclass(frozen=True)
 class UnchangedRun:
     run_key: str
     report: Path
-    content: dict[str, Any]  # the report, read once here
+    content: RunReport  # the report, read once here
 
 
 @lru_cache(maxsize=1)
@@ -81,8 +95,9 @@ def record_unchanged(config: RetrainConfig, root: StorageRoot, run_key: str, dat
     """Record a finished run for `find_unchanged`; `champion_after` is the champion's sha256 as
     the run's promotion decision left it (None: no champion)."""
     rel = _rel(config)
-    write_json_atomic(root.path(rel), {"run_key": run_key, "dataset": dataset, "source": source,
-                                         "champion_sha256": champion_after, "report": report_rel})
+    record = UnchangedRecord(run_key=run_key, dataset=dataset, source=source, champion_sha256=champion_after,
+                             report=report_rel)
+    write_json_atomic(root.path(rel), record.model_dump(mode="json"))
     root.publish(rel, RUN, run_key)
 
 
@@ -91,7 +106,7 @@ def find_unchanged(config: RetrainConfig) -> UnchangedRun | None:
     cannot be read or checked here is None: the flow decides, with its own errors."""
     try:
         return _find(config)
-    except (RetrainError, OSError, ValueError, KeyError, TypeError) as err:
+    except (RetrainError, OSError, ValueError, ValidationError) as err:
         log.debug("no unchanged-run shortcut: %s", err)
         return None
 
@@ -99,29 +114,30 @@ def find_unchanged(config: RetrainConfig) -> UnchangedRun | None:
 def _find(config: RetrainConfig) -> UnchangedRun | None:
     root = StorageRoot.from_config(config)
     path = root.fetch(_rel(config))
-    record: dict[str, Any] | None = read_json(path) if path is not None else None
-    if record is None:
+    raw = read_json(path) if path is not None else None
+    if raw is None:
         return None
-    report = root.fetch(record["report"])
-    content = json.loads(report.read_text()) if report is not None else None
-    if report is None or not isinstance(content, dict) or content.get("run_key") != record["run_key"]:
+    record = UnchangedRecord.model_validate(raw)
+    report = root.fetch(record.report)
+    if report is None:
         return None
-    source = Path(record["source"])
-    if dataset_fingerprint(source_files(source), config.data)[0] != record["dataset"]:
+    content = RunReport.read(report)
+    if content.run_key != record.run_key:
+        return None
+    if dataset_fingerprint(source_files(Path(record.source)), config.data)[0] != record.dataset:
         return None  # the source's bytes changed: a new dataset
-    if _champion_sha(root) != record["champion_sha256"]:
+    if _champion_sha(root) != record.champion_sha256:
         return None  # promoted or replaced since: the promotion decision would differ
-    return UnchangedRun(run_key=record["run_key"], report=report, content=content)
+    return UnchangedRun(run_key=record.run_key, report=report, content=content)
 
 
 def _champion_sha(root: StorageRoot) -> str | None:
     """The champion pointer's sha256, when it and its model.json are intact; else "?"."""
     found, _ = root.fetch_versioned("models/champion")
-    if found is None:
+    pointer = read_pointer(found) if found is not None else None
+    if pointer is None:
         return None
-    pointer = json.loads(found.read_text())
-    sha = pointer["sha256"]
-    meta = root.fetch(f"models/{sha}/model.json")
-    if meta is None or hashlib.sha256(meta.read_bytes()).hexdigest() != pointer.get("meta_sha256"):
+    meta = root.fetch(f"models/{pointer.sha256}/model.json")
+    if meta is None or hashlib.sha256(meta.read_bytes()).hexdigest() != pointer.meta_sha256:
         return "?"  # damaged: the flow's check reports it and judges without it
-    return str(sha)
+    return pointer.sha256

@@ -349,7 +349,7 @@ class CheckpointSchedule:
         if self.mode == "steps":
             return progress.step % int(self.value) == 0
         interval = self.interval_seconds(progress)
-        return interval is not None and progress.seconds["train"] - progress.last_save_train_seconds >= interval
+        return interval is not None and progress.seconds.train - progress.last_save_train_seconds >= interval
 
     def describe(self, progress: Progress) -> dict[str, Any]:
         return {"mode": self.mode, "steps": int(self.value) if self.mode == "steps" else None,

@@ -27,10 +27,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Child", "WarmPool", "HOLD_FLAG", "IDLE_EVENT"]
+from training.trainer.events import Idle, read_event
+
+__all__ = ["Child", "WarmPool", "HOLD_FLAG"]
 
 HOLD_FLAG = "--hold"
-IDLE_EVENT = "idle"
 _CLOSE_GRACE_SECONDS = 5.0
 
 
@@ -44,11 +45,7 @@ def _read_lines(stream: Any, lines: queue.Queue[str | None]) -> None:
 
 
 def _is_idle(line: str) -> bool:
-    try:
-        event = json.loads(line)
-    except json.JSONDecodeError:
-        return False  # a user model printing to stdout
-    return isinstance(event, dict) and event.get("event") == IDLE_EVENT
+    return isinstance(read_event(line), Idle)  # another line may be a user model printing
 
 
 class Child:

@@ -13,7 +13,6 @@ Prefect task's retry (one code path for every kind of preemption) resumes the jo
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import re
@@ -23,12 +22,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import training
 from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.trainer.child import Child, WarmPool
+from training.trainer.events import ChildEvent, ErrorReport, LogLine, read_event
 from training.trainer.job import TrainJob
 from training.trainer.results import RungResult, TrainResult
 from training.trainer.resume import count_attempt, rung_file
@@ -90,30 +90,36 @@ _EXEC_WITH_PDEATHSIG = (
 )
 
 
-def _rank_errors(error_path: Path) -> list[dict[str, Any]]:
+def _error_class(report: ErrorReport) -> type[RetrainError]:
+    """The error class the child raised, from this process's own hierarchy (never a name
+    imported from elsewhere: only RetrainError subclasses cross)."""
+    cls = getattr(errors, report.type, None)
+    return cls if isinstance(cls, type) and issubclass(cls, RetrainError) else RetrainError
+
+
+def _rank_errors(error_path: Path) -> list[ErrorReport]:
     found = []
     for path in sorted(error_path.parent.glob(error_path.name + "*")):
         try:
-            found.append(json.loads(path.read_text()))
+            found.append(ErrorReport.model_validate_json(path.read_text()))
         except (OSError, ValueError):
             continue
         path.unlink(missing_ok=True)
     return found
 
 
-def log_child_event(event: dict[str, Any]) -> None:
+def log_child_event(event: ChildEvent) -> None:
     """The default handler of the child's events: its warnings and errors (`log` events) go to
     this process's logging; progress events are dropped."""
-    if event.get("event") == "log":
-        level = logging.getLevelName(str(event.get("level", "WARNING")))
+    if isinstance(event, LogLine):
+        level = logging.getLevelName(event.level)
         logging.getLogger("training.trainer.child").log(level if isinstance(level, int) else logging.WARNING,
-                                                "%s", event.get("message", ""))
+                                                        "%s", event.message)
 
 
-def _dispatch(line: str, on_event: Callable[[dict[str, Any]], None]) -> None:
-    try:
-        event = json.loads(_RANK_PREFIX.sub("", line, count=1))
-    except json.JSONDecodeError:
+def _dispatch(line: str, on_event: Callable[[ChildEvent], None]) -> None:
+    event = read_event(_RANK_PREFIX.sub("", line, count=1))
+    if event is None:
         sys.stderr.write(line)  # a user model printing to stdout: pass it through
         return
     on_event(event)
@@ -121,7 +127,7 @@ def _dispatch(line: str, on_event: Callable[[dict[str, Any]], None]) -> None:
 
 def run_training_process(
     job: TrainJob,
-    on_event: Callable[[dict[str, Any]], None] = log_child_event,
+    on_event: Callable[[ChildEvent], None] = log_child_event,
     on_start: Callable[[subprocess.Popen[str]], None] = lambda proc: None,
     pool: WarmPool | None = None,
 ) -> TrainResult:
@@ -130,7 +136,7 @@ def run_training_process(
     return _outcome(job, *_launch(job, on_event, on_start, pool))
 
 
-def run_rung_process(job: TrainJob, on_event: Callable[[dict[str, Any]], None] = log_child_event,
+def run_rung_process(job: TrainJob, on_event: Callable[[ChildEvent], None] = log_child_event,
                      pool: WarmPool | None = None) -> RungResult:
     """Train `job` in a child process up to its `pause_at` step (a tuning rung) or its end."""
     assert job.pause_at is not None
@@ -141,9 +147,9 @@ def run_rung_process(job: TrainJob, on_event: Callable[[dict[str, Any]], None] =
     return RungResult.of(_outcome(job, rc, error_path, reported, distributed))
 
 
-def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
+def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
             on_start: Callable[[subprocess.Popen[str]], None],
-            pool: WarmPool | None) -> tuple[int, Path, list[dict[str, Any]], bool]:
+            pool: WarmPool | None) -> tuple[int, Path, list[ErrorReport], bool]:
     """Run the job in a child to its end: (exit code, its error file, the errors it reported,
     under torchrun). With a pool, a single-process job runs in a warm child when one is idle,
     and its child goes back to the pool afterwards."""
@@ -169,10 +175,10 @@ def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
         child = Child(command, env, hold=keep is not None)
         on_start(child.proc)
-    reported: list[dict[str, Any]] = []  # "error" events: the error file may be on a full disk
+    reported: list[ErrorReport] = []  # the error file may be on a full disk
 
-    def on_line(event: dict[str, Any]) -> None:
-        if event.get("event") == "error":
+    def on_line(event: ChildEvent) -> None:
+        if isinstance(event, ErrorReport):
             reported.append(event)
         else:
             on_event(event)
@@ -197,7 +203,7 @@ def _launch(job: TrainJob, on_event: Callable[[dict[str, Any]], None],
     return rc, error_path, reported, distributed
 
 
-def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[dict[str, Any]], distributed: bool) -> TrainResult:
+def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[ErrorReport], distributed: bool) -> TrainResult:
     """The finished child's result, or the error its exit code and error reports say."""
     if rc == 0:
         return TrainResult.model_validate_json((Path(job.run_dir) / "result.json").read_text())
@@ -207,21 +213,19 @@ def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[dict[str, 
         name = signal.Signals(-rc).name
         raise Preempted(f"training process for run {job.run_key} was killed by {name}")
     if rc == EXIT_USER_ERROR and (reported or error_path.exists()):
-        raw = reported[-1] if reported else json.loads(error_path.read_text())
+        report = reported[-1] if reported else ErrorReport.model_validate_json(error_path.read_text())
         error_path.unlink(missing_ok=True)
-        cls = getattr(errors, raw["type"], RetrainError)
-        raise cls(raw["message"])
+        raise _error_class(report)(report.message)
     if distributed:
         # torchrun exits 1 whatever its ranks did: their error files say what happened. A user
         # error on any rank wins; otherwise a rank was killed or lost its peers: a preemption.
-        for raw in reported + _rank_errors(error_path):
-            if raw["type"] == "Bug":
-                raise RuntimeError(f"training job {job.run_key} failed on a rank: {raw['message']}; see its log above")
-            cls = getattr(errors, raw["type"], RetrainError)
-            if cls is not Preempted:
-                raise cls(raw["message"])
+        for report in reported + _rank_errors(error_path):
+            if report.type == "Bug":
+                raise RuntimeError(f"training job {job.run_key} failed on a rank: {report.message}; see its log above")
+            if _error_class(report) is not Preempted:
+                raise _error_class(report)(report.message)
         raise Preempted(f"training job {job.run_key} lost a rank (torchrun exit code {rc}); resuming on retry")
-    bug = next((raw for raw in [*reported, *_rank_errors(error_path)] if raw.get("type") == "Bug"), None)
-    detail = f": {bug['message']}" if bug else f" with exit code {rc}"
+    bug = next((report for report in [*reported, *_rank_errors(error_path)] if report.type == "Bug"), None)
+    detail = f": {bug.message}" if bug else f" with exit code {rc}"
     raise RuntimeError(f"training process for run {job.run_key} failed{detail} (a bug: its traceback is in the "
                        "training log above)")

@@ -1,20 +1,20 @@
-"""What each stage hands to the next: typed, frozen, JSON-serialisable results.
-
-Prefect stores and caches them (pydantic models pickle and hash like plain values); tasks, the
-report and the artifacts read their attributes. Torch-free: the flow and the CLI import them.
-`result.json` of a run is `TrainResult.to_json()`, and reading one back tolerates keys a newer
-or older version wrote (`extra="ignore"`), so a finished run stays finished across upgrades.
+"""What training hands back: a finished run (`result.json`, `TrainResult`), a tuning trial
+paused at a rung (`RungResult`), and the typed parts of both, the seconds and validations they
+count. Torch-free: the launcher, the flow and the CLI read them. Reading one back tolerates keys a
+newer or older version wrote (`extra="ignore"`), so a finished run stays finished across
+upgrades; validations keep the flat JSON form (`val_<metric>` keys) result.json always had.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, field_serializer, field_validator, model_validator
 
+from training.model.model_ref import ModelRef
 from training.trainer.threads import ThreadPolicy
 
-__all__ = ["Evaluation", "LaunchPhases", "ModelRef", "PackResult", "PredictResult", "PrepResult", "Promotion", "RungResult", "TrainResult", "WarmStart"]
+__all__ = ["RungResult", "Seconds", "TrainResult", "Validation", "WarmStart"]
 
 
 class _Result(BaseModel):
@@ -24,54 +24,60 @@ class _Result(BaseModel):
         return self.model_dump(mode="json")
 
 
-class LaunchPhases(_Result):
-    """What `retrain run` spent before the flow's first stage, handed to the report through the
-    environment (`ENV`): the flow runs in the CLI's process, but a deployed run has none."""
+class Seconds(BaseModel):
+    """Where a run's machine time went, accumulated across its attempts."""
 
-    ENV: ClassVar[str] = "RETRAIN_LAUNCH_PHASES"
+    model_config = ConfigDict(extra="ignore", validate_assignment=False)
 
-    config_seconds: float  # arguments and the config file
-    imports_seconds: float  # Prefect and the pipeline's modules
-    server_seconds: float  # the temporary Prefect server's start-up (0 when one was running)
-    flow_called_at: float  # epoch seconds when the flow was called
+    train: float = 0.0  # the optimizer steps' wall time, of which:
+    data_wait: float = 0.0  # ... waiting for a batch
+    compute: float = 0.0  # ... forward and backward
+    checkpoint: float = 0.0  # the loop's stalls for checkpoints
+    eval: float = 0.0  # validation passes
+    lost: float = 0.0  # training past the last checkpoint, lost to preemptions
+    startup: float = 0.0  # every training process's start-up to its first step
+    pre_train: float = 0.0  # pack and preprocess, counted once per run
 
-
-class PackResult(_Result):
-    """The packed dataset: where it is, what it holds, and whether this run packed it."""
-
-    source: str
-    dataset_dir: str
-    dataset_uri: str
-    fingerprint: str
-    rows: dict[str, int]
-    shards: int
-    reused: bool
-    uploaded_bytes: int
-    storage: dict[str, Any]
-    bayes_auc: float | None = None  # the demo generator's Bayes-optimal AUC (demo data only)
-    started_at: float  # epoch seconds when the pipeline's first stage began
-    seconds: float
-    parts: int | None = None  # pack parts this run packed (None: reused)
+    def billed(self) -> float:
+        """Every second the machine was held for this run, lost work and restarts included."""
+        return self.pre_train + self.startup + self.train + self.eval + self.checkpoint + self.lost
 
 
-class PrepResult(_Result):
-    """The fitted (or reused) feature statistics of a dataset."""
+class Validation(BaseModel):
+    """One validation: the step, the last batch's training loss, the learning rate, and every
+    metric of the task on the validation split."""
 
-    stats_path: str
-    stats_rel: str  # relative to storage.root: where they are on S3
-    reused: bool
-    key: str
-    code_version: int
-    cardinalities: list[int]
-    seconds: float
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    train_loss: float
+    lr: float = 0.0
+    metrics: dict[str, float]
+
+    def __getitem__(self, metric: str) -> float:
+        return self.metrics[metric]
+
+    def logged_metrics(self) -> dict[str, float]:
+        """What MLflow records of it, by the names it has there: train_loss, val_<metric>."""
+        return {"train_loss": self.train_loss, **{f"val_{name}": value for name, value in self.metrics.items()}}
+
+    def to_json(self) -> dict[str, float]:
+        """The flat form of result.json and checkpoints: step, train_loss, val_<metric>..., lr."""
+        return {"step": self.step, "train_loss": self.train_loss,
+                **{f"val_{name}": value for name, value in self.metrics.items()}, "lr": self.lr}
+
+    @classmethod
+    def from_json(cls, flat: dict[str, Any]) -> Validation:
+        metrics = {key[4:]: float(value) for key, value in flat.items() if key.startswith("val_")}
+        return cls(step=int(flat["step"]), train_loss=float(flat["train_loss"]), lr=float(flat.get("lr", 0.0)),
+                   metrics=metrics)
 
 
-class ModelRef(_Result):
-    """An exported model package and the two hashes that pin it."""
-
-    uri: str
-    sha256: str
-    meta_sha256: str
+def validations(history: Any) -> Any:
+    """A history read back from JSON (flat dicts) as Validations."""
+    if isinstance(history, list):
+        return [Validation.from_json(h) if isinstance(h, dict) and "metrics" not in h else h for h in history]
+    return history
 
 
 class WarmStart(_Result):
@@ -96,11 +102,11 @@ class TrainResult(_Result):
     precision: str
     device: str
     model: ModelRef
-    history: list[dict[str, float]]
+    history: list[Validation]
     resumed_from_steps: list[int]
     preemptions: int
     steps_lost: int
-    seconds: dict[str, float]
+    seconds: Seconds
     billed_seconds: float
     fp32_slowdown: float = 1.0
     profile: dict[str, Any] | None = None
@@ -134,13 +140,21 @@ class TrainResult(_Result):
             data = {**data, "best_val_metric": data.get("best_val_auc")}
         return data
 
+    @field_validator("history", mode="before")
+    @classmethod
+    def _history_from_json(cls, history: Any) -> Any:
+        return validations(history)
+
+    @field_serializer("history")
+    def _history_to_json(self, history: list[Validation]) -> list[dict[str, float]]:
+        return [v.to_json() for v in history]
+
     def steps_to(self, target: float | None, higher_is_better: bool = True) -> int | None:
         """The first validated step whose validation metric reached `target`."""
         if target is None:
             return None
-        key = f"val_{self.metric}"
-        return next((int(h["step"]) for h in self.history
-                     if (h[key] >= target if higher_is_better else h[key] <= target)), None)
+        return next((v.step for v in self.history
+                     if (v[self.metric] >= target if higher_is_better else v[self.metric] <= target)), None)
 
 
 class RungResult(_Result):
@@ -164,39 +178,4 @@ class RungResult(_Result):
         return cls(run_key=result.run_key, status=result.status, step=result.steps, metric=result.metric,
                    value=result.best_val_metric, billed_seconds=result.billed_seconds,
                    steps_lost=result.steps_lost, preemptions=result.preemptions,
-                   startup_seconds=result.seconds.get("startup", 0.0))
-
-
-class Promotion(_Result):
-    promoted: bool
-    reason: str
-    challenger_sha256: str
-    champion_sha256: str | None = None
-    champion_metrics: dict[str, Any] | None = None
-    champion_note: str | None = None
-    champion_problem: str | None = None
-
-
-class Evaluation(_Result):
-    """The challenger's test metrics and the promotion decision (`evaluation.json`)."""
-
-    tags: dict[str, str]
-    metrics: dict[str, float]
-    task: str = "binary"
-    metric: str = "auc"  # the one promotion judged (eval.metric)
-    target: float | None = None  # eval.target (or the old eval.target_auc)
-    target_auc: float | None = None  # the same target under its old name, binary auc runs only
-    target_met: bool | None = None
-    promotion: Promotion
-    seconds: float
-
-
-class PredictResult(_Result):
-    """What `retrain predict` wrote (or found already written)."""
-
-    output: str
-    rows: int
-    model_sha256: str
-    skipped: bool  # the output already held this model's scores of this input
-    seconds: float
-    key_columns: list[str]  # not `keys`: Prefect treats a model with .keys() as a mapping
+                   startup_seconds=result.seconds.startup)

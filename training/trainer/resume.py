@@ -119,11 +119,11 @@ class ResumeBook:
             self.resumed_step = progress.step
             if beat is not None and beat.step > progress.step:
                 steps_lost = beat.step - progress.step
-                seconds_lost = max(0.0, beat.train_seconds - progress.seconds["train"])
+                seconds_lost = max(0.0, beat.train_seconds - progress.seconds.train)
         elif beat is not None and beat.step > 0:
             # An earlier attempt died before its first checkpoint: all of it was lost.
             self.resumed_step, steps_lost, seconds_lost = 0, beat.step, beat.train_seconds
-        self.heartbeat.start(progress.step, progress.seconds["train"])
+        self.heartbeat.start(progress.step, progress.seconds.train)
         entry: dict[str, Any] = {"resumed_from": self.resumed_step, "steps_lost": steps_lost,
                                  "seconds_lost": seconds_lost, "startup_seconds": time.time() - self.spawn_time}
         records = append_attempt(self.run_dir / "attempts.jsonl", entry) if self.rank == 0 else [entry]
@@ -132,8 +132,8 @@ class ResumeBook:
         entries = [e for e in records if "paused_at" not in e]
         progress.resumed_from_steps = [e["resumed_from"] for e in entries if e["resumed_from"] is not None]
         progress.steps_lost = sum(e["steps_lost"] for e in entries)
-        progress.seconds["lost"] = sum(e["seconds_lost"] for e in entries)
-        progress.seconds["startup"] = sum(e["startup_seconds"] for e in entries)
+        progress.seconds.lost = sum(e["seconds_lost"] for e in entries)
+        progress.seconds.startup = sum(e["startup_seconds"] for e in entries)
         # An attempt killed before it got this far leaves only the launcher's count.
         progress.preemptions = max(len(entries) - 1, read_attempts(self.run_dir) - 1) - pauses
 

@@ -10,6 +10,7 @@ added there is saved and restored, and one left out of it is in neither.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable, Protocol
@@ -20,11 +21,11 @@ from training.config import RetrainConfig
 from training.errors import ConfigError
 from training.model.memory_fit import check_model_fits
 from training.model.network import ModelSchema, build_model
+from training.trainer.results import Seconds, Validation
 from training.trainer.rng import capture_rng, restore_rng
 
 __all__ = ["EarlyStopping", "Progress", "TrainState", "lr_lambda"]
 
-_SECONDS = ("train", "data_wait", "compute", "checkpoint", "eval", "lost", "startup", "pre_train")
 
 
 @dataclass
@@ -34,11 +35,11 @@ class Progress:
     step: int = 0
     epoch: int = 0
     batch: int = 0
-    history: list[dict[str, float]] = field(default_factory=list)
+    history: list[Validation] = field(default_factory=list)
     resumed_from_steps: list[int] = field(default_factory=list)
     preemptions: int = 0
     steps_lost: int = 0
-    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(_SECONDS, 0.0))
+    seconds: Seconds = field(default_factory=Seconds)
     checkpoints_saved: int = 0
     last_save_train_seconds: float = 0.0
     save_cost_seconds: float | None = None  # moving average of measured save cost
@@ -55,24 +56,28 @@ class Progress:
 
     def billed_seconds(self) -> float:
         """Every second the machine was held for this run, lost work and restarts included."""
-        s = self.seconds
-        return s["pre_train"] + s["startup"] + s["train"] + s["eval"] + s["checkpoint"] + s["lost"]
+        return self.seconds.billed()
 
     def record_save_cost(self, stall: float) -> None:
-        self.seconds["checkpoint"] += stall
+        self.seconds.checkpoint += stall
         previous = self.save_cost_seconds
         self.save_cost_seconds = stall if previous is None else 0.7 * previous + 0.3 * stall
 
     def state_dict(self) -> dict[str, Any]:
-        return asdict(self)  # a deep copy: later steps cannot change a checkpoint being written
+        """Plain values only (a checkpoint loads with weights_only=True), and a deep copy: later
+        steps cannot change a checkpoint being written. The seconds and validations keep the
+        form checkpoints always had."""
+        state = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("seconds", "history")}
+        return {**state, "seconds": self.seconds.model_dump(), "history": [v.to_json() for v in self.history]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         known = {f.name for f in fields(self)}
         for name, value in state.items():
-            if name in known:
+            if name in known and name not in ("seconds", "history"):
                 setattr(self, name, value)
         # A checkpoint from before an accumulator existed starts that accumulator at zero.
-        self.seconds = {**dict.fromkeys(_SECONDS, 0.0), **self.seconds}
+        self.seconds = Seconds(**state.get("seconds", {}))
+        self.history = [Validation.from_json(h) for h in state.get("history", [])]
 
 
 @dataclass

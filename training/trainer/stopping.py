@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from training.config import BudgetConfig, RetrainConfig, metric_name
+from training.trainer.results import Validation
 from training.trainer.state import EarlyStopping, Progress
 
 __all__ = ["Budget", "CONTINUE", "Decision", "STATUSES", "StopFlag", "StopPolicy", "agree_across_ranks", "champion_gate"]
@@ -50,8 +50,8 @@ class Budget:
             return None  # checked every step: no work when there is nothing to check
         spent = progress.billed_seconds()
         seconds = progress.seconds
-        per_step = (seconds["train"] + seconds["checkpoint"]) / max(1, progress.step)
-        per_eval = seconds["eval"] / max(1, len(progress.history))
+        per_step = (seconds.train + seconds.checkpoint) / max(1, progress.step)
+        per_eval = seconds.eval / max(1, len(progress.history))
         projected = spent + (per_step * next_steps + per_eval if next_steps else 0.0)
         c = self.config
         checks = [
@@ -68,7 +68,7 @@ class Budget:
         return None
 
 
-def champion_gate(history: list[dict[str, Any]], champion_value: float | None, min_delta: float,
+def champion_gate(history: list[Validation], champion_value: float | None, min_delta: float,
                   max_steps: int, metric: str = "auc", higher_is_better: bool = True) -> str | None:
     """Stop when even an optimistic linear extrapolation of the last three validations cannot
     reach the champion's validation metric improved by min_delta by max_steps."""
@@ -76,10 +76,10 @@ def champion_gate(history: list[dict[str, Any]], champion_value: float | None, m
         return None
     sign = 1.0 if higher_is_better else -1.0  # the extrapolation runs on "higher is better" scores
     recent = history[-3:]
-    steps = np.array([h["step"] for h in recent], dtype=np.float64)
-    scores = sign * np.array([h[f"val_{metric}"] for h in recent], dtype=np.float64)
+    steps = np.array([v.step for v in recent], dtype=np.float64)
+    scores = sign * np.array([v[metric] for v in recent], dtype=np.float64)
     slope = float(np.polyfit(steps, scores, 1)[0])
-    best = max(sign * h[f"val_{metric}"] for h in history)
+    best = max(sign * v[metric] for v in history)
     reachable = best + max(0.0, slope) * (max_steps - steps[-1])
     needed = sign * champion_value + min_delta
     if reachable < needed:

@@ -41,9 +41,10 @@ from training.trainer.checkpoint import (
     load_checkpoint_state,
     step_dir_name,
 )
+from training.trainer.events import CheckpointSaved, ChildEvent, Paused, RankDone, Resumed, Validated
 from training.trainer.job import TrainJob, train_fingerprint
 from training.trainer.precision import autocast_dtype, measure_fp32_slowdown, resolve_device, resolve_precision
-from training.trainer.results import RungResult, TrainResult
+from training.trainer.results import RungResult, TrainResult, Validation
 from training.trainer.resume import ResumeBook, append_attempt, finished_result, paused_result, rung_file
 from training.trainer.rng import capture_rng, configure_determinism, seed_everything
 from training.trainer.state import TrainState
@@ -60,10 +61,10 @@ __all__ = ["EVAL_BATCH_SIZE", "StopFlag", "Trainer", "train"]
 
 log = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 8192
-Emit = Callable[[dict[str, Any]], None]
+Emit = Callable[[ChildEvent], None]
 
 
-def _quiet(event: dict[str, Any]) -> None:
+def _quiet(event: ChildEvent) -> None:
     """Progress is rank 0's to report."""
 
 
@@ -113,7 +114,7 @@ class Trainer:
         self._compile()
         self.policy = StopPolicy(self.config, job.rate_per_hour, job.gpus, job.champion_val_metric, self.metric, higher)
         if self.book.resumed_step is None:
-            self.state.progress.seconds["pre_train"] = job.pre_train_seconds  # once per run, not per attempt
+            self.state.progress.seconds.pre_train = job.pre_train_seconds  # once per run, not per attempt
         self.profiler = None
         if self.tc.profile:
             from training.trainer.profiling import StepProfiler
@@ -134,7 +135,7 @@ class Trainer:
         if saved is not None:
             self.state.load_state_dict(saved, self.rank, self.world_size)
             log.info("resuming from %s (step %d)", self.book.resumed_from, self.state.progress.step)
-            self.emit({"event": "resumed", "step": self.state.progress.step, "checkpoint": str(self.book.resumed_from)})
+            self.emit(Resumed(step=self.state.progress.step, checkpoint=str(self.book.resumed_from)))
         elif self.job.init_weights is not None:
             load_warm_start(self.state.model, Path(self.job.init_weights), self.job.init_sha256)
         self.book.account(self.state.progress)
@@ -253,7 +254,7 @@ class Trainer:
                 log.info("stopping at step %d: %s", progress.step, progress.stop_reason)
                 break
         self._release(batches)
-        self.emit_any_rank({"event": "rank_done", "rank": self.rank, "rows": self.rows_seen, "step": progress.step})
+        self.emit_any_rank(RankDone(rank=self.rank, rows=self.rows_seen, step=progress.step))
         return self._finish(status) if self.rank == 0 else None
 
     def train_step(self, batches: Iterator[Any]) -> torch.Tensor:
@@ -268,7 +269,7 @@ class Trainer:
             if device.type != "cpu":
                 batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             t_compute = now()
-            seconds["data_wait"] += t_compute - t_wait
+            seconds.data_wait += t_compute - t_wait
             self.rows_seen += int(batch["label"].shape[0])
             # Under DDP only the last micro-batch all-reduces: the others accumulate locally.
             sync = ddp.no_sync() if ddp is not None and micro < grad_accum - 1 else contextlib.nullcontext()
@@ -276,7 +277,7 @@ class Trainer:
                 loss = self._loss(batch)
                 state.scaler.scale(loss).backward()
             loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
-            seconds["compute"] += now() - t_compute
+            seconds.compute += now() - t_compute
         assert loss_sum is not None  # grad_accum >= 1: at least one micro-batch ran
         progress.epoch, progress.batch = divmod(epoch * self.per_epoch + index + 1, self.per_epoch)
         if self.tc.optim.grad_clip > 0:
@@ -287,9 +288,9 @@ class Trainer:
         state.scheduler.step()
         progress.step += 1
         t_end = now()
-        seconds["train"] += t_end - self._last
+        seconds.train += t_end - self._last
         self._last = t_end
-        self.book.heartbeat.write(progress.step, seconds["train"])
+        self.book.heartbeat.write(progress.step, seconds.train)
         if self.profiler is not None:
             self.profiler.step()
         if self.first_step_latency is None:
@@ -335,12 +336,12 @@ class Trainer:
         pred, labels = predict_split(self.state.model, self.task, self.val_batches, self.device, self.dtype)
         metrics = self.task.evaluate(labels, pred)
         better = self.state.stopper.update(metrics[self.metric], progress.step)
-        progress.history.append({"step": progress.step, "train_loss": train_loss,
-                                 **{f"val_{name}": value for name, value in metrics.items()},
-                                 "lr": float(self.state.scheduler.get_last_lr()[0])})
-        progress.seconds["eval"] += self.now() - t0
-        self.emit({"event": "validation", **progress.history[-1], "metric": self.metric, "max_steps": self.tc.max_steps,
-                   "spent_seconds": progress.billed_seconds()})
+        validation = Validation(step=progress.step, train_loss=train_loss, metrics=metrics,
+                                lr=float(self.state.scheduler.get_last_lr()[0]))
+        progress.history.append(validation)
+        progress.seconds.eval += self.now() - t0
+        self.emit(Validated(validation=validation, metric=self.metric, max_steps=self.tc.max_steps,
+                            spent_seconds=progress.billed_seconds()))
         return better
 
     def save(self, emergency: bool = False) -> None:
@@ -356,9 +357,9 @@ class Trainer:
             return
         # Accounting first, so the saved state already counts this save.
         progress.checkpoints_saved += 1
-        progress.last_save_train_seconds = progress.seconds["train"]
+        progress.last_save_train_seconds = progress.seconds.train
         history = progress.history
-        val_auc = history[-1].get("val_auc") if history and history[-1]["step"] == progress.step else None
+        val_auc = history[-1].metrics.get("auc") if history and history[-1].step == progress.step else None
         manifest = CheckpointManifest(progress.step, self.job.run_key, self.fingerprint, {}, val_auc=val_auc,
                                       emergency=emergency, extra={"tags": dict(self.config.cost.tags)})
         protect = {s for s in (self.state.stopper.best_step, self.book.resumed_step) if s is not None}
@@ -367,7 +368,7 @@ class Trainer:
         self.checkpointer.save(manifest, self.state.state_dict(rng, rng_per_rank), protect, blocking=emergency)
         self.saved_step = progress.step
         progress.record_save_cost(self.now() - t0)
-        self.emit({"event": "checkpoint", "step": progress.step, "emergency": emergency})
+        self.emit(CheckpointSaved(step=progress.step, emergency=emergency))
 
     def _preempt(self, batches: Iterator[Any]) -> None:
         """Emergency checkpoint, made durable, then `Preempted` on every rank."""
@@ -406,13 +407,13 @@ class Trainer:
         rung = RungResult(run_key=self.job.run_key, status="paused", step=progress.step, metric=self.metric,
                           value=float("nan") if best is None else best, billed_seconds=progress.billed_seconds(),
                           steps_lost=progress.steps_lost, preemptions=progress.preemptions,
-                          startup_seconds=progress.seconds["startup"])
+                          startup_seconds=progress.seconds.startup)
         write_json_atomic(self.run_dir / rung_file(progress.step), rung.to_json())
         root = self.book.root
         if root is not None:
             root.publish(f"{self.job.run_rel}/attempts.jsonl", RUN, self.job.run_key)
             root.publish(f"{self.job.run_rel}/{rung_file(progress.step)}", RUN, self.job.run_key)
-        self.emit({"event": "paused", "step": progress.step, "value": rung.value, "metric": self.metric})
+        self.emit(Paused(step=progress.step, value=rung.value, metric=self.metric))
         return rung
 
     def _release(self, batches: Iterator[Any]) -> None:
@@ -468,7 +469,7 @@ class Trainer:
             best_val_auc=stopper.best if self.metric == "auc" else None, precision=self.precision,
             device=self.device.type, model=package, history=progress.history,
             resumed_from_steps=progress.resumed_from_steps, preemptions=progress.preemptions,
-            steps_lost=progress.steps_lost, seconds=progress.seconds,
+            steps_lost=progress.steps_lost, seconds=progress.seconds.model_copy(),
             first_step_latency_seconds=self.first_step_latency,
             restart_to_first_step_seconds=progress.restart_to_first_step_seconds,
             checkpoints_saved=progress.checkpoints_saved,
@@ -482,7 +483,7 @@ class Trainer:
         )
 
 
-def train(job: TrainJob, stop: StopFlag | None = None, emit: Callable[[dict[str, Any]], None] = lambda event: None,
+def train(job: TrainJob, stop: StopFlag | None = None, emit: Callable[[ChildEvent], None] = lambda event: None,
           rank: int = 0, world_size: int = 1, now_fn: Callable[[], float] = time.perf_counter
           ) -> TrainResult | RungResult | None:
     """Train (or resume, or find already finished) the run in `job.run_dir`; its result (or its

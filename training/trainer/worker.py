@@ -23,10 +23,10 @@ import select
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
-from training.trainer.child import HOLD_FLAG, IDLE_EVENT
+from training.trainer.child import HOLD_FLAG
+from training.trainer.events import ChildEvent, Done, ErrorReport, Idle, LogLine
 from training.trainer.job import TrainJob
 from training.trainer.results import RungResult
 from training.trainer.spot import start_spot_notice_poller
@@ -45,8 +45,8 @@ def _die_with_parent() -> None:
         pass
 
 
-def _emit(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
+def _emit(event: ChildEvent) -> None:
+    sys.stdout.write(event.model_dump_json() + "\n")
     sys.stdout.flush()
 
 
@@ -56,7 +56,7 @@ class _EventLogHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            _emit({"event": "log", "level": record.levelname, "logger": record.name, "message": record.getMessage()})
+            _emit(LogLine(level=record.levelname, logger=record.name, message=record.getMessage()))
         except Exception:  # noqa: BLE001 - logging must never break training
             self.handleError(record)
 
@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
         code = _run_job(job, error_path, stop, under_torchrun)
         if not hold or code != 0:
             return code
-        _emit({"event": IDLE_EVENT})
+        _emit(Idle())
         order = _next_order(stop, parent)
         if order is None:
             return 0
@@ -170,34 +170,33 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
         logging.getLogger("training").warning("preempted: %s", err)
         return EXIT_PREEMPTED
     except RetrainError as err:
-        raw = {"type": type(err).__name__, "message": str(err)}
-        # Also on the event pipe: the error may be that the disk holding error_path is full.
-        _emit({"event": "error", **raw})
-        try:
-            error_path.write_text(json.dumps(raw))
-        except OSError:
-            pass
+        report = ErrorReport(type=type(err).__name__, message=str(err))
+        _emit(report)  # also on the event pipe: the error may be that the disk holding error_path is full
+        _write_error(error_path, report)
         return EXIT_USER_ERROR
     except Exception as err:
         if world > 1 and _lost_peer(err):
             logging.getLogger("training").warning("rank %d lost a peer: %s", rank, str(err).splitlines()[0])
-            error_path.write_text(json.dumps({"type": "Preempted", "message": f"rank {rank} lost a peer"}))
+            _write_error(error_path, ErrorReport(type="Preempted", message=f"rank {rank} lost a peer"))
             return EXIT_PREEMPTED
         # A bug: its traceback follows on stderr; the parent names it (and never retries it as
         # if a rank had been preempted).
-        try:
-            error_path.write_text(json.dumps({"type": "Bug", "message": f"{type(err).__name__}: {err}".splitlines()[0]}))
-        except OSError:
-            pass
+        _write_error(error_path, ErrorReport(type="Bug", message=f"{type(err).__name__}: {err}".splitlines()[0]))
         raise
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
     if result is not None:  # rank 0
-        _emit({"event": "done", "status": result.status,
-               "steps": result.step if isinstance(result, RungResult) else result.steps})
+        _emit(Done(status=result.status, steps=result.step if isinstance(result, RungResult) else result.steps))
     return 0
+
+
+def _write_error(error_path: Path, report: ErrorReport) -> None:
+    try:
+        error_path.write_text(report.model_dump_json())
+    except OSError:
+        pass  # a full disk: the event pipe carries it
 
 
 def _out_of_memory(job: TrainJob, err: BaseException) -> ConfigError:

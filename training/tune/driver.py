@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeVar
 
 from training.config import RetrainConfig
-from training.trainer.results import PackResult, PrepResult, RungResult
+from training.pipeline.handoffs import PackResult, PrepResult
 from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
+from training.trainer.events import ChildEvent
+from training.trainer.results import RungResult
 from training.tune.study import STUDY_DIR, RungWork, Study, study_key
 from training.tune.trial import TRIAL_CHILDREN, calibrate, read_calibration
 
@@ -24,12 +26,15 @@ __all__ = ["open_study", "drive"]
 log = logging.getLogger(__name__)
 
 
-class Future(Protocol):
+Future = TypeVar("Future", bound="_Future")  # a Prefect future of a rung, or any future alike
+
+
+class _Future(Protocol):
     def result(self) -> RungResult: ...
 
 
 def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
-               on_event: Callable[[dict[str, Any]], None]) -> Study:
+               on_event: Callable[[ChildEvent], None]) -> Study:
     """The study of this config and data, created or resumed, with this attempt's set-up time
     counted; raises ConfigError before any trial when the budget cannot pay for one rung."""
     TRIAL_CHILDREN.size = config.tune.concurrency
@@ -41,7 +46,7 @@ def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 
 
 def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
-                on_event: Callable[[dict[str, Any]], None]) -> Study:
+                on_event: Callable[[ChildEvent], None]) -> Study:
     _check_space_fits(config, prep)
     root = StorageRoot.from_config(config)
     key = study_key(config, packed.fingerprint)

@@ -43,11 +43,11 @@ from typing import Any, Callable, Sequence
 from training.config import RetrainConfig, fingerprint, fingerprinted
 from training.cost.bill import SECONDS_PER_HOUR
 from training.errors import ConfigError
-from training.trainer.results import RungResult
-from training.storage.root import StorageRoot
 from training.model.objectives import higher_is_better, metric_for
-from training.tune.journal import PublishedJournal
 from training.search_space import Dimension, parse_space
+from training.storage.root import StorageRoot
+from training.trainer.results import RungResult
+from training.tune.journal import PublishedJournal
 
 __all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "STUDY_DIR"]
 

@@ -19,7 +19,7 @@ from training.storage.files import write_atomic, write_json_atomic
 from training.storage.root import RUN
 from training.tune.study import Study
 
-__all__ = ["TrialRow", "TuneReport", "build_report", "write_report"]
+__all__ = ["BestTrial", "StudyBudget", "TrialRow", "TuneReport", "build_report", "write_report"]
 
 
 class _Row(BaseModel):
@@ -49,6 +49,23 @@ class Spend(_Row):
     setup_seconds: dict[str, float]
 
 
+class BestTrial(_Row):
+    trial: int
+    value: float
+    params: dict[str, Any]
+    run_key: str | None
+    config: str  # where its config is: best_config.yaml, for `retrain run --config`
+
+
+class StudyBudget(_Row):
+    max_usd: float | None = None
+    max_gpu_hours: float | None = None
+    max_wall_seconds: float | None = None
+
+    def limits(self) -> dict[str, float]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class TuneReport(_Row):
     study: str
     status: str  # complete, budget_stopped, running
@@ -61,10 +78,14 @@ class TuneReport(_Row):
     rate_per_hour: float
     trials: list[TrialRow]
     spend: Spend
-    budget: dict[str, float | None]
+    budget: StudyBudget
     naive: Spend  # every trial trained to full fidelity, on demand
     saved_fraction: float | None
-    best: dict[str, Any] | None
+    best: BestTrial | None
+
+    @classmethod
+    def read(cls, path: Path) -> TuneReport:
+        return cls.model_validate_json(path.read_bytes())
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -121,8 +142,9 @@ def build_report(study: Study) -> TuneReport:
     best = None
     if finished:
         pick = (max if study.maximize else min)(finished, key=lambda r: r.value if r.value is not None else -math.inf)
-        best = {"trial": pick.number, "value": pick.value, "params": pick.params, "run_key": pick.run_key,
-                "config": study.root.display(f"{study.rel}/best_config.yaml")}
+        assert pick.value is not None  # finished trials have one
+        best = BestTrial(trial=pick.number, value=pick.value, params=pick.params, run_key=pick.run_key,
+                         config=study.root.display(f"{study.rel}/best_config.yaml"))
     status = "complete" if study.complete() else "budget_stopped" if study.stopped_by else "running"
     t = study.tune
     usd = study.budget.usd(spent)
@@ -132,7 +154,7 @@ def build_report(study: Study) -> TuneReport:
         instance_type=study.config.cost.instance_type, market=study.config.cost.market,
         rate_per_hour=study.budget.rate, trials=rows,
         spend=Spend(seconds=spent, usd=usd, gpu_hours=study.budget.gpu_hours(spent), setup_seconds=study.setup_seconds()),
-        budget={"max_usd": t.max_usd, "max_gpu_hours": t.max_gpu_hours, "max_wall_seconds": t.max_wall_seconds},
+        budget=StudyBudget(max_usd=t.max_usd, max_gpu_hours=t.max_gpu_hours, max_wall_seconds=t.max_wall_seconds),
         naive=naive, saved_fraction=(1 - usd / naive.usd) if naive.usd > 0 else None, best=best)
 
 
@@ -177,9 +199,9 @@ def write_report(study: Study) -> tuple[TuneReport, Path, Path]:
     folder = study.root.local / study.rel
     rels = []
     if report.best is not None:
-        best = study.config.with_values(report.best["params"], "(tuning trial)").model_dump(mode="json", exclude={"tune"})
-        header = (f"# Best trial {report.best['trial']} of study {study.key}: validation "
-                  f"{metric_name(report.metric)} {report.best['value']:.6f}. Run it: retrain run --config <this file>\n")
+        best = study.config.with_values(report.best.params, "(tuning trial)").model_dump(mode="json", exclude={"tune"})
+        header = (f"# Best trial {report.best.trial} of study {study.key}: validation "
+                  f"{metric_name(report.metric)} {report.best.value:.6f}. Run it: retrain run --config <this file>\n")
         write_atomic(folder / "best_config.yaml", (header + yaml.safe_dump(best, sort_keys=False)).encode())
         rels.append(f"{study.rel}/best_config.yaml")
     png = folder / "tune_curve.png"

@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from training.pipeline.champion import check_champion
-from training.trainer.child import WarmPool
 from training.config import RetrainConfig, TuneConfig
-from training.trainer.launch import log_child_event, run_rung_process, run_training_process
-from training.trainer.results import PackResult, PrepResult, RungResult
-from training.trainer.resume import finished_result, paused_result
+from training.pipeline.champion import check_champion
+from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.train_stage import build_train_job
 from training.storage.root import StorageRoot
+from training.trainer.child import WarmPool
+from training.trainer.events import ChildEvent
+from training.trainer.launch import log_child_event, run_rung_process, run_training_process
+from training.trainer.results import RungResult
+from training.trainer.resume import finished_result, paused_result
 from training.tune.study import STUDY_DIR, RungCost
 
 __all__ = ["Calibration", "calibrate", "rung_stage", "TRIAL_CHILDREN"]
@@ -31,7 +33,7 @@ TRIAL_CHILDREN = WarmPool()
 
 
 def rung_stage(config: RetrainConfig, packed: PackResult, prep: PrepResult, step: int,
-               on_event: Callable[[dict[str, Any]], None] = log_child_event) -> RungResult:
+               on_event: Callable[[ChildEvent], None] = log_child_event) -> RungResult:
     """Train the trial's run until `step` (a rung: paused there) or its end."""
     root = StorageRoot.from_config(config)
     champion = check_champion(root, config.model.factory) if config.train.init_from == "champion" else None
@@ -61,7 +63,7 @@ class Calibration:
 
 
 def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study: str,
-              on_event: Callable[[dict[str, Any]], None] = log_child_event) -> Calibration:
+              on_event: Callable[[ChildEvent], None] = log_child_event) -> Calibration:
     """Train the base config for tune.calibration_steps in a fresh child process, in a scratch
     run folder that is removed afterwards: the measured start-up and seconds per step price
     every rung until real rungs have been measured."""
@@ -82,9 +84,9 @@ def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study
         shutil.rmtree(scratch, ignore_errors=True)
     s = result.seconds
     # A rung pays the checkpoint and validation at its end, as the calibration did.
-    per_step = (s["train"] + s["eval"] + s["checkpoint"]) / steps
+    per_step = (s.train + s.eval + s.checkpoint) / steps
     return Calibration(steps=steps, billed_seconds=result.billed_seconds,
-                       cost=RungCost(startup_seconds=s["startup"], seconds_per_step=per_step))
+                       cost=RungCost(startup_seconds=s.startup, seconds_per_step=per_step))
 
 
 def read_calibration(path: Path) -> Calibration | None:

@@ -1,0 +1,86 @@
+"""What the pipeline's stages hand each other: typed, frozen, JSON-serialisable values.
+
+Prefect stores and caches them (pydantic models pickle and hash like plain values); tasks, the
+report and the artifacts read their attributes. Torch-free: the flow and the CLI import them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["Evaluation", "LaunchPhases", "PackResult", "PrepResult", "Promotion"]
+
+
+class _Result(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class LaunchPhases(_Result):
+    """What `retrain run` spent before the flow's first stage, handed to the report through the
+    environment (`ENV`): the flow runs in the CLI's process, but a deployed run has none."""
+
+    ENV: ClassVar[str] = "RETRAIN_LAUNCH_PHASES"
+
+    config_seconds: float  # arguments and the config file
+    imports_seconds: float  # Prefect and the pipeline's modules
+    server_seconds: float  # the temporary Prefect server's start-up (0 when one was running)
+    flow_called_at: float  # epoch seconds when the flow was called
+
+
+class PackResult(_Result):
+    """The packed dataset: where it is, what it holds, and whether this run packed it."""
+
+    source: str
+    dataset_dir: str
+    dataset_uri: str
+    fingerprint: str
+    rows: dict[str, int]
+    shards: int
+    reused: bool
+    uploaded_bytes: int
+    storage: dict[str, Any]
+    bayes_auc: float | None = None  # the demo generator's Bayes-optimal AUC (demo data only)
+    started_at: float  # epoch seconds when the pipeline's first stage began
+    seconds: float
+    parts: int | None = None  # pack parts this run packed (None: reused)
+
+
+class PrepResult(_Result):
+    """The fitted (or reused) feature statistics of a dataset."""
+
+    stats_path: str
+    stats_rel: str  # relative to storage.root: where they are on S3
+    reused: bool
+    key: str
+    code_version: int
+    cardinalities: list[int]
+    seconds: float
+
+
+class Promotion(_Result):
+    promoted: bool
+    reason: str
+    challenger_sha256: str
+    champion_sha256: str | None = None
+    champion_metrics: dict[str, Any] | None = None
+    champion_note: str | None = None
+    champion_problem: str | None = None
+
+
+class Evaluation(_Result):
+    """The challenger's test metrics and the promotion decision (`evaluation.json`)."""
+
+    tags: dict[str, str]
+    metrics: dict[str, float]
+    task: str = "binary"
+    metric: str = "auc"  # the one promotion judged (eval.metric)
+    target: float | None = None  # eval.target (or the old eval.target_auc)
+    target_auc: float | None = None  # the same target under its old name, binary auc runs only
+    target_met: bool | None = None
+    promotion: Promotion
+    seconds: float

@@ -1,0 +1,112 @@
+"""What the training process tells its parent, one JSON line each on its stdout: a union of
+typed events, told apart by their `event` field. The child writes `event.model_dump_json()`;
+the parent reads a line back with `read_event`, the one place a line becomes a model. A line
+that is not an event (a user model printing) is passed through as text. Torch-free: the
+launcher reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from training.trainer.results import Validation
+
+__all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "LogLine", "Paused", "RankDone", "Resumed",
+           "Validated", "read_event"]
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Validated(_Event):
+    """A validation: its metrics, and the run's pace so far (for the ETA and budgets)."""
+
+    event: Literal["validation"] = "validation"
+    validation: Validation
+    metric: str  # eval.metric of the run
+    max_steps: int
+    spent_seconds: float
+
+    @property
+    def step(self) -> int:
+        return self.validation.step
+
+    @property
+    def value(self) -> float:
+        return self.validation[self.metric]
+
+
+class CheckpointSaved(_Event):
+    event: Literal["checkpoint"] = "checkpoint"
+    step: int
+    emergency: bool = False
+
+
+class Resumed(_Event):
+    event: Literal["resumed"] = "resumed"
+    step: int
+    checkpoint: str
+
+
+class Paused(_Event):
+    """A tuning trial stopped at its rung with a checkpoint."""
+
+    event: Literal["paused"] = "paused"
+    step: int
+    value: float
+    metric: str
+
+
+class RankDone(_Event):
+    """One rank's end of training (DDP: every rank reports what it trained on)."""
+
+    event: Literal["rank_done"] = "rank_done"
+    rank: int
+    rows: int
+    step: int
+
+
+class Done(_Event):
+    event: Literal["done"] = "done"
+    status: str
+    steps: int
+
+
+class LogLine(_Event):
+    """A warning or error of the training process, for the flow run's log."""
+
+    event: Literal["log"] = "log"
+    level: str
+    logger: str
+    message: str
+
+
+class ErrorReport(_Event):
+    """The error the process exits with: a RetrainError's class and message (mapped to the same
+    class in the parent), or "Bug" for anything else."""
+
+    event: Literal["error"] = "error"
+    type: str
+    message: str
+
+
+class Idle(_Event):
+    """A warm child finished its job and waits for the next (see training.trainer.child)."""
+
+    event: Literal["idle"] = "idle"
+
+
+ChildEvent = Annotated[Union[Validated, CheckpointSaved, Resumed, Paused, RankDone, Done, LogLine, ErrorReport, Idle],
+                       Field(discriminator="event")]
+_ADAPTER: TypeAdapter[ChildEvent] = TypeAdapter(ChildEvent)
+
+
+def read_event(line: str) -> ChildEvent | None:
+    """The event a line holds, or None for any other line."""
+    try:
+        return _ADAPTER.validate_json(line)
+    except ValidationError:
+        return None
