@@ -20,7 +20,7 @@ from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches
 from training.data.packing import load_manifest
-from training.trainer.trainer import train
+from training.trainer.run import train
 from training.trainer.state import lr_lambda as _lr_lambda
 from training.model.network import ModelSchema, build_model
 
@@ -56,7 +56,7 @@ def _project_loop(work: Path, name: str, overrides: list[str]) -> dict[str, Any]
     s = result.seconds
     # Loop time with the data wait taken out (the bare loop's batches are pre-built), but with
     # validation and checkpoint stalls in, as a user pays them.
-    return {"seconds": s["train"] - s["data_wait"] + s["checkpoint"] + s["eval"], "data_wait": s["data_wait"],
+    return {"seconds": s.train - s.data_wait + s.checkpoint + s.eval, "data_wait": s.data_wait,
             "checkpoints": result.checkpoints_saved}
 
 

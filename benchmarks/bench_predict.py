@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import torch
 
 from benchmarks.common import demo_parquet, train_job
-from training.trainer.trainer import train
+from training.trainer.run import train
 from training.model.network import forward_fn
 from training.model.batch_scoring import SCORE_BATCH, load_scoring_model, predict_files
 from training.data.packing import FeatureValidator, feature_arrays

@@ -50,7 +50,7 @@ def _one(work: Path, max_steps: int) -> dict[str, Any]:
         "with_3_kills_seconds": round(t_killed, 1),
         "overhead_fraction": round(t_killed / t_reference - 1, 3),
         "steps_lost": final.steps_lost,
-        "seconds_lost": round(final.seconds["lost"], 2),
+        "seconds_lost": round(final.seconds.lost, 2),
         "restart_to_first_step_seconds": [round(x, 2) for x in final.restart_to_first_step_seconds],
         "same_model_sha256": final.model.sha256 == reference.model.sha256,
     }

@@ -69,7 +69,7 @@ def run(work: Path) -> dict[str, Any]:
     for nproc in (1, 2):
         job = train_job(work / f"n{nproc}", f"n{nproc}", [*common, f"train.distributed.nproc_per_node={nproc}"])
         result = run_training_process(job)
-        seconds = result.seconds["train"]
+        seconds = result.seconds.train
         rates[nproc] = STEPS * GLOBAL_BATCH / seconds
         results[nproc] = result
     params = torch.load(results[1].model.uri, weights_only=True)

@@ -67,8 +67,8 @@ def _study(work: Path, source: Path, name: str, seed: int, tune: dict[str, Any])
     path.write_text(yaml.safe_dump({
         "storage": {"root": str(work / name)},
         "data": {"source": str(source)},
-        "train": {"max_steps": 540, "eval_every": 20, "checkpoint_every": 20, "batch_size": 2048,
-                  "warmup_steps": 20, "patience": 0, "num_workers": 0},
+        "train": {"max_steps": 540, "eval_every": 20, "checkpoint": {"every": 20}, "batch_size": 2048,
+                  "schedule": {"warmup_steps": 20}, "patience": 0, "loader": {"num_workers": 0}},
         "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
         "tune": {"space": SPACE, "seed": seed, "min_resource": MIN_RESOURCE,
                  "reduction_factor": REDUCTION_FACTOR, **tune},

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.policies import apply_credentials_block
-from tasks.predict import score_parquet
+from tasks.score import score_parquet
 from tasks.runtime import effective_config
 from training.config import RetrainConfig
 

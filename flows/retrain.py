@@ -10,7 +10,7 @@ from tasks.evaluate import evaluate_model, score_champion
 from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block, backoff
 from tasks.preprocess import preprocess_dataset
-from tasks.report import write_report
+from tasks.report import StageEnds, StageStates, write_report
 from tasks.runtime import check_restarts, effective_config, flow_run_id, flow_run_name, one_writer_per_root
 from tasks.train import train_model
 from training.config import RetrainConfig
@@ -21,25 +21,25 @@ __all__ = ["retrain"]
 @flow(name="retrain", flow_run_name=flow_run_name, log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
     """Retrain the model on the configured data; returns the path of the run's report.json."""
-    ended = {"flow": time.time()}  # when each stage ended, for the report's phases
+    ended = StageEnds(flow=time.time())  # for the report's phases
     config = effective_config(config)
     check_restarts(config)
     apply_credentials_block(config.storage)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
-        ended["pack"] = time.time()
+        ended.pack = time.time()
         prep_state = preprocess_dataset(config, packed)
         prep = prep_state.result()
-        ended["preprocess"] = time.time()
+        ended.preprocess = time.time()
         train_state = train_model.with_options(
             retries=config.train.retry.max_retries,
             retry_delay_seconds=backoff(config.train.retry.delay_seconds, config.train.retry.max_retries),
         )(config, packed, prep, score_champion(config, packed) if config.budget.champion_gate else None,
           return_state=True)
         trained = train_state.result()
-        ended["train"] = time.time()
+        ended.train = time.time()
         evaluation = evaluate_model(config, packed, trained)
-        ended["evaluate"] = time.time()
-        states = {"pack": "Completed", "preprocess": str(prep_state.name), "train": str(train_state.name),
-                  "evaluate": "Completed"}
+        ended.evaluate = time.time()
+        states = StageStates(pack="Completed", preprocess=str(prep_state.name), train=str(train_state.name),
+                             evaluate="Completed")
         return write_report(config, packed, prep, trained, evaluation, states, flow_run_id(), ended)

@@ -10,7 +10,7 @@ from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block
 from tasks.preprocess import preprocess_dataset
 from tasks.runtime import effective_config, flow_run_name, one_writer_per_root
-from tasks.tune import promote_best, run_study
+from tasks.trials import promote_best, run_study
 from training.config import RetrainConfig
 
 __all__ = ["tune"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -165,16 +164,15 @@ def _plan(args: argparse.Namespace) -> int:
     config = _loaded(args)
     types = args.instance_types.split(",") if args.instance_types else sorted(config.cost.prices)
     plan = plan_run(config, [t.strip() for t in types if t.strip()], args.deadline_hours, args.calibration_steps)
-    c = plan["calibration"]
-    print(f"calibration: {c['steps']} steps here, {c['seconds_per_step'] * 1000:.2f} ms/step; "
-          f"the whole run here ~{c['estimated_run_hours_here'] * 3600:.0f} s")
+    c = plan.calibration
+    print(f"calibration: {c.steps} steps here, {c.seconds_per_step * 1000:.2f} ms/step; "
+          f"the whole run here ~{c.estimated_run_hours_here * 3600:.0f} s")
     print(f"{'instance':<16}{'market':<11}{'$/h':>8}{'hours':>10}{'preempt.':>10}{'cost $':>12}  deadline")
-    for r in plan["rows"]:
-        print(f"{r['instance_type']:<16}{r['market']:<11}{r['rate_per_hour']:>8.2f}{r['runtime_hours']:>10.4f}"
-              f"{r['expected_preemptions']:>10.2f}{r['cost_usd']:>12.4f}  {'ok' if r['meets_deadline'] else 'missed'}")
-    best = plan["cheapest"]
-    print(json.dumps({"cheapest": best, "deadline_hours": plan["deadline_hours"]}))
-    return 0 if best is not None else 1
+    for r in plan.rows:
+        print(f"{r.instance_type:<16}{r.market:<11}{r.rate_per_hour:>8.2f}{r.runtime_hours:>10.4f}"
+              f"{r.expected_preemptions:>10.2f}{r.cost_usd:>12.4f}  {'ok' if r.meets_deadline else 'missed'}")
+    print(plan.model_dump_json(include={"cheapest", "deadline_hours"}))
+    return 0 if plan.cheapest is not None else 1
 
 
 _PHASES = {"imports": "imports", "server_start": "server", "flow_start": "flow start", "pack": "pack",

@@ -7,22 +7,22 @@ from prefect import task
 
 from tasks.artifacts import announce_run_completed, publish_report
 from training.config import RetrainConfig
-from training.pipeline.handoffs import Evaluation, LaunchPhases, PackResult, PrepResult
+from training.pipeline.handoffs import Evaluation, LaunchPhases, PackResult, PrepResult, StageEnds, StageStates
 from training.pipeline.report_stage import report_stage
 from training.pipeline.run_report import RunReport
 from training.trainer.results import TrainResult
 
-__all__ = ["write_report"]
+__all__ = ["StageEnds", "StageStates", "write_report"]  # the flow records both for the report
 
 
 @task(name="report")
 def write_report(
     config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
-    evaluation: Evaluation, stage_states: dict[str, str], flow_run_id: str | None = None,
-    stage_ends: dict[str, float] | None = None,
+    evaluation: Evaluation, stage_states: StageStates, flow_run_id: str | None = None,
+    stage_ends: StageEnds | None = None,
 ) -> str:
     """Write runs/<run_key>/report.json, report.md and curves.png; publish them as artifacts.
-    `stage_ends`: epoch seconds when the flow began ("flow") and each stage ended."""
+    `stage_ends`: when the flow began and each stage ended."""
     launched = os.environ.get(LaunchPhases.ENV)  # set by `retrain run` around its flow call
     launch = LaunchPhases.model_validate_json(launched) if launched else None
     paths = report_stage(config, packed, prep, trained, evaluation, stage_states, flow_run_id, launch, stage_ends)

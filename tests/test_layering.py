@@ -49,15 +49,18 @@ def test_training_runs_without_prefect_importable() -> None:
 
     code = (
         "import sys; sys.modules['prefect'] = None\n"
-        "import training.pipeline.train_stage, training.pipeline.report_stage, training.trainer.trainer, training.trainer.launch, training.trainer.worker\n"
+        "import training.pipeline.train_stage, training.pipeline.report_stage, training.trainer.run, training.trainer.launch, training.trainer.worker\n"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "ok"
 
 
-@pytest.mark.parametrize("module", ["training.trainer.job", "training.trainer.resume", "training.trainer.launch", "training.trainer.results", "training.trainer.resume",
-                                    "training.storage.root"])
+@pytest.mark.parametrize("module", ["training.trainer.job", "training.trainer.resume", "training.trainer.launch",
+                                    "training.trainer.results", "training.trainer.events", "training.storage.root",
+                                    "training.model.model_ref", "training.model.package_meta",
+                                    "training.pipeline.run_report", "training.pipeline.handoffs",
+                                    "training.pipeline.train_stage"])
 def test_the_job_description_and_the_launcher_do_not_import_torch(module: str) -> None:
     """The launcher and whoever reads a job must not pay for the training loop's imports."""
     import subprocess

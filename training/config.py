@@ -806,16 +806,16 @@ def _jsonable(value: Any) -> Any:
 def _format_errors(err: ValidationError, origin: str) -> str:
     problems = []
     for e in err.errors():
-        key = ".".join(str(p) for p in e["loc"])
+        loc, kind, msg = e["loc"], e["type"], e["msg"].removeprefix("Value error, ")
+        key = ".".join(str(p) for p in loc)
+        moved = MOVED_TRAIN_KEYS.get(str(loc[1])) if len(loc) == 2 and loc[0] == "train" else None
         if not key:  # a check across sections: its message names its keys
-            problems.append(e["msg"].removeprefix("Value error, "))
-        elif e["type"] == "extra_forbidden" and len(e["loc"]) == 2 and e["loc"][0] == "train" \
-                and e["loc"][1] in MOVED_TRAIN_KEYS:
-            problems.append(f"'{key}' has moved to 'train.{MOVED_TRAIN_KEYS[str(e['loc'][1])]}'")
-        elif e["type"] == "extra_forbidden":
+            problems.append(msg)
+        elif kind == "extra_forbidden" and moved:
+            problems.append(f"'{key}' has moved to 'train.{moved}'")
+        elif kind == "extra_forbidden":
             problems.append(f"unknown key '{key}'")
         else:
-            msg = e["msg"].removeprefix("Value error, ")
             got = e.get("input")
             shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
             problems.append(f"{key}: {msg}{shown}")

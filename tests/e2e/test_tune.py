@@ -30,8 +30,9 @@ def _study_config(tmp_path: Path, demo_source: Path, **tune: Any) -> Path:
         "storage": {"root": str(tmp_path / "root")},
         "data": {"source": str(demo_source), "rows_per_member": 256, "shard_size_mb": 0.06},
         "model": {"hidden": [64, 32], "embedding_dim": 4},
-        "train": {"max_steps": 120, "eval_every": 40, "checkpoint_every": 40, "batch_size": 512, "warmup_steps": 5,
-                  "num_workers": 0, "patience": 0, "retry_delay_seconds": 0},
+        "train": {"max_steps": 120, "eval_every": 40, "checkpoint": {"every": 40}, "batch_size": 512,
+                  "schedule": {"warmup_steps": 5}, "loader": {"num_workers": 0}, "patience": 0,
+                  "retry": {"delay_seconds": 0}},
         # A priced instance: the budget is in dollars.
         "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
         "tune": {"space": {"train.optim.lr": "loguniform(1e-3, 3e-2)", "model.dropout": "uniform(0, 0.3)"},

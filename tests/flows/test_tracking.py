@@ -180,6 +180,7 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: Mlf
     server killed at step 50 of 300. Last in this file: the module's server dies here."""
     from training.pipeline.evaluate_stage import evaluate_stage
     from training.pipeline.preprocess_stage import preprocess_stage
+    from training.pipeline.handoffs import StageStates
     from training.pipeline.report_stage import report_stage
     from training.pipeline.train_stage import train_stage
 
@@ -202,7 +203,7 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: Mlf
         prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
         trained = train_stage(config, packed, prep)
         evaluation = evaluate_stage(config, packed, trained)
-        paths = report_stage(config, packed, prep, trained, evaluation, {})
+        paths = report_stage(config, packed, prep, trained, evaluation, StageStates())
     finally:
         server.stop()
     report = json.loads(Path(paths.report).read_text())

@@ -47,7 +47,7 @@ def assert_resumes_bit_identically(config: RetrainConfig, stop_at: int = 50) -> 
     import pytest
 
     from training.errors import Preempted
-    from training.trainer.trainer import StopFlag, train
+    from training.trainer.run import StopFlag, train
 
     reference = train(make_job(config, "reference"))
     job = make_job(config, "interrupted")

@@ -10,7 +10,7 @@ from tests.training.helpers import make_job
 from training.trainer.events import ChildEvent
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.trainer.trainer import StopFlag, train
+from training.trainer.run import StopFlag, train
 
 
 def _fake_clock(tick: float = 0.01):

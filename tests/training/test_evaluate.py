@@ -10,7 +10,7 @@ from tests.training.helpers import make_job
 from training.config import EvalConfig, RetrainConfig
 from training.model.model_ref import read_pointer
 from training.pipeline.champion import decide_promotion, promote
-from training.trainer.trainer import train
+from training.trainer.run import train
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 

@@ -17,7 +17,7 @@ FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_run"
 
 
 def test_an_earlier_versions_checkpoint_resumes_to_its_weights(demo_source: Path, tmp_path: Path) -> None:
-    from training.trainer.trainer import train
+    from training.trainer.run import train
 
     expected = json.loads((FIXTURE / "expected.json").read_text())
     config = load_config(overrides=small_overrides(tmp_path / "root", demo_source))

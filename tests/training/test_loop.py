@@ -9,7 +9,7 @@ from tests.training.helpers import make_job
 from training.trainer.events import ChildEvent
 from training.config import RetrainConfig
 from training.errors import CheckpointError, Preempted
-from training.trainer.trainer import StopFlag, train
+from training.trainer.run import StopFlag, train
 
 
 def _stop_after_checkpoint(at_step: int, stop: StopFlag):

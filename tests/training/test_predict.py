@@ -18,7 +18,7 @@ from training.config import RetrainConfig
 from training.data.packing import _split_of_rows, load_manifest
 from training.errors import CheckpointError, DataError
 from training.model.evaluation import evaluate_package
-from training.trainer.trainer import train
+from training.trainer.run import train
 from training.model.package import meta_sha256
 from training.model.batch_scoring import load_scoring_model, predict_files
 from training.model.objectives import BinaryTask

@@ -18,7 +18,7 @@ from training.data.loader import ShardBatches, iter_split
 from training.data.packing import require_manifest
 from training.errors import ConfigError, DataError
 from training.model.evaluation import evaluate_package
-from training.trainer.trainer import train
+from training.trainer.run import train
 from training.trainer.results import TrainResult
 
 MULTICLASS = ["data.task=multiclass", "data.label=segment", "data.vector=[embedding]"]

@@ -26,7 +26,7 @@ from training.data.text import fit_tokenizer
 from training.model.encoders import ImageEncoder, TextEncoder
 from training.errors import ConfigError, DataError
 from training.model.evaluation import evaluate_package
-from training.trainer.trainer import train
+from training.trainer.run import train
 
 TEXT = ["data.label=positive", "data.text=[review]", "data.numeric=[]", "data.categorical=[]",
         "preprocess.vocab_size=400", "preprocess.max_tokens=24", "model.text_dim=32", "model.text_layers=1",

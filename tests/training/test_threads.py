@@ -14,7 +14,7 @@ import torch
 
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
-from training.trainer.trainer import train
+from training.trainer.run import train
 from training.trainer.threads import CpuClock, apply_thread_policy, cgroup_quota, decide_threads
 
 AFFINITY = len(os.sched_getaffinity(0))
@@ -124,7 +124,7 @@ def test_the_run_sets_and_reports_its_threads(small_config: RetrainConfig) -> No
     small_config.train.loader.torch_threads = "auto"
     result = train(make_job(small_config, "threads-auto"))
     policy = result.threads
-    assert policy is not None and policy.setting == "auto" and result.num_workers["used"] == 0
+    assert policy is not None and policy.setting == "auto" and result.num_workers.used == 0
     assert policy.loader_busy is not None and policy.loader_busy < 0.5 and policy.reserved == 0
     assert policy.threads == decide_threads("auto", 0, others_busy=policy.others_busy, loader_busy=0.0).threads
     assert policy.threads == torch.get_num_threads()

@@ -12,7 +12,7 @@ import torch
 
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
-from training.trainer.trainer import train
+from training.trainer.run import train
 from training.data.features import FeatureStats
 from training.model.network import TabularMLP
 from training.model.objectives import BinaryTask
@@ -39,7 +39,7 @@ def test_workers_follow_the_measured_stall() -> None:
         return 0.0
 
     fast = choose_num_workers(_model(), BINARY, lambda i: ready, CPU, None, workers_fast)
-    assert fast["num_workers"] == 0 and fast["stall_without_workers"] < 0.02
+    assert fast.num_workers == 0 and fast.stall_without_workers < 0.02
     assert asked == []  # no stall: workers are not even tried
 
     def slow(i: int):
@@ -47,9 +47,9 @@ def test_workers_follow_the_measured_stall() -> None:
         return ready
 
     starved = choose_num_workers(_model(), BINARY, slow, CPU, None, workers_fast)
-    assert starved["stall_without_workers"] > 0.5
+    assert starved.stall_without_workers > 0.5
     spare = max(0, len(os.sched_getaffinity(0)) - torch.get_num_threads())  # cores the CPU step leaves idle
-    assert starved["spare_cpus"] == spare and starved["num_workers"] == min(8, spare)
+    assert starved.spare_cpus == spare and starved.num_workers == min(8, spare)
     assert asked == ([spare] if spare else [])
 
 
@@ -63,8 +63,8 @@ def test_auto_never_picks_workers_slower_than_in_process_loading() -> None:
         return ready
 
     probe = choose_num_workers(_model(), BINARY, slow, CPU, None, lambda k: 0.5)
-    assert probe["stall_without_workers"] > 0.5 and probe["num_workers"] == 0
-    assert probe["worker_seconds_per_batch"] in (None, 0.5)  # None: no spare core to try them on
+    assert probe.stall_without_workers > 0.5 and probe.num_workers == 0
+    assert probe.worker_seconds_per_batch in (None, 0.5)  # None: no spare core to try them on
 
 
 def test_the_worker_probe_measures_real_workers(small_config: RetrainConfig) -> None:
@@ -112,8 +112,8 @@ def test_auto_batch_size_keeps_the_effective_batch_under_a_simulated_limit(small
     job.config.train.simulated_memory_mb = (need40 + need41) / 2 / 0.9 / (1 << 20)
     result = train(job)
     layout = result.batch_layout
-    assert layout["auto"]["max_fitting"] == 40
-    assert layout["micro_batch"] == 32 and layout["grad_accum"] == 4  # 32 x 4 = the configured 128
+    assert layout is not None and layout.auto is not None and layout.auto["max_fitting"] == 40
+    assert layout.micro_batch == 32 and layout.grad_accum == 4  # 32 x 4 = the configured 128
     assert result.samples_seen == 20 * 128
 
 
@@ -170,7 +170,7 @@ def test_linear_lr_scaling_rule_follows_the_effective_batch(small_config: Retrai
     small_config.train.max_steps = 10
     small_config.train.eval_every = 10
     result = train(make_job(small_config))
-    assert result.batch_layout["peak_lr"] == pytest.approx(small_config.train.optim.lr * 4)
+    assert result.batch_layout.peak_lr == pytest.approx(small_config.train.optim.lr * 4)
     # Warmup is what makes a scaled-up rate safe: without it, refuse.
     with pytest.raises(ConfigError, match="warmup_steps"):
         load_config(overrides=["train.optim.lr_reference_batch=256", "train.schedule.warmup_steps=0"])

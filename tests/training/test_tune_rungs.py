@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from training.config import RetrainConfig
-from training.trainer.trainer import train
+from training.trainer.run import train
 from training.trainer.results import RungResult, TrainResult
 
 from tests.training.helpers import make_job

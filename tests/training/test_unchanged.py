@@ -15,6 +15,7 @@ from training.data.sources import dataset_fingerprint, source_files
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.handoffs import StageStates
 from training.pipeline.report_stage import report_stage
 from training.pipeline.train_stage import train_stage
 from training.pipeline.unchanged import find_unchanged
@@ -26,7 +27,7 @@ def _run_all(config: RetrainConfig) -> Path:
     prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
     trained = train_stage(config, packed, prep)
     evaluation = evaluate_stage(config, packed, trained)
-    return Path(report_stage(config, packed, prep, trained, evaluation, {}).report)
+    return Path(report_stage(config, packed, prep, trained, evaluation, StageStates()).report)
 
 
 def _config(root: Path, source: Path, *extra: str) -> RetrainConfig:

@@ -6,7 +6,6 @@ All arithmetic is `rate x time` on measured seconds; nothing here guesses a runt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
@@ -159,8 +158,11 @@ class CostReport(_Figure):
     tags: dict[str, str] = {}
 
 
-@dataclass(frozen=True)
-class PlanRow:
+class PlanRow(BaseModel):
+    """One (instance type, market) line of `retrain plan`."""
+
+    model_config = ConfigDict(frozen=True)
+
     instance_type: str
     market: str
     rate_per_hour: float
@@ -196,6 +198,7 @@ def plan_instances(
             preemptions = total / mean_hours_between_preemptions
         else:
             total, preemptions = runtime, 0.0
-        rows.append(PlanRow(name, market, rate, total, preemptions, total - runtime, rate * total,
-                            deadline_hours is None or total <= deadline_hours))
+        rows.append(PlanRow(instance_type=name, market=market, rate_per_hour=rate, runtime_hours=total,
+                            expected_preemptions=preemptions, preemption_overhead_hours=total - runtime,
+                            cost_usd=rate * total, meets_deadline=deadline_hours is None or total <= deadline_hours))
     return sorted(rows, key=lambda r: (not r.meets_deadline, r.cost_usd))

@@ -1,0 +1,1 @@
+"""Data: Parquet sources packed into verified shards, fitted features, the streaming loader."""

@@ -11,7 +11,7 @@ import logging
 from pathlib import Path
 
 from training.data.packing import DatasetManifest
-from training.data.shard_cache import REMOTE_MARKER
+from training.data.shard_cache import REMOTE_MARKER, RemoteMarker
 from training.errors import DataError
 from training.storage.files import write_atomic, write_json_atomic
 from training.storage.root import SHARD_CACHE, StorageRoot
@@ -35,13 +35,10 @@ class DatasetStore:
     def _mark_remote(self, dataset_dir: Path, rel: str) -> None:
         remote = self.root.remote
         assert remote is not None
-        marker = {
-            "settings": remote.settings.to_json(),
-            "rel": rel,
-            "cache_bytes": int(self.root.config.shard_cache_gb * (1 << 30)),
-            "cache_root": str(self.root.local / "datasets"),
-        }
-        write_json_atomic(dataset_dir / REMOTE_MARKER, marker)
+        marker = RemoteMarker(settings=remote.settings.to_json(), rel=rel,
+                              cache_bytes=int(self.root.config.shard_cache_gb * (1 << 30)),
+                              cache_root=str(self.root.local / "datasets"))
+        write_json_atomic(dataset_dir / REMOTE_MARKER, marker.model_dump())
 
     def publish(self, dataset_dir: Path, manifest: DatasetManifest) -> int:
         """Upload the shards that are not there yet, then the manifest; returns bytes uploaded."""

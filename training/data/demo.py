@@ -12,13 +12,14 @@ from their own random stream after the click columns (which stay what they were)
 
 from __future__ import annotations
 
-import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import BaseModel
 
 from training.config import DEMO_CATEGORICAL, DEMO_NUMERIC
 from training.metrics import roc_auc
@@ -27,7 +28,38 @@ __all__ = ["ensure_demo_dataset", "ensure_reviews_demo", "ensure_shapes_demo", "
 
 DEMO_ROWS = 200_000
 DEMO_SEED = 20261121
-_CARDINALITY = {"category": 40, "device": 3, "region": 60, "brand": 300}
+_CATEGORIES = 40
+_CARDINALITY = {"category": _CATEGORIES, "device": 3, "region": 60, "brand": 300}  # DEMO_CATEGORICAL's order
+
+
+@dataclass(frozen=True)
+class _Shop:
+    """The demo's numeric columns (DEMO_NUMERIC, in its order) and its category codes."""
+
+    price: np.ndarray
+    discount: np.ndarray
+    rating: np.ndarray
+    reviews_log: np.ndarray
+    position: np.ndarray
+    dwell_prev: np.ndarray
+    category: np.ndarray
+    device: np.ndarray
+    region: np.ndarray
+    brand: np.ndarray
+
+    def numeric(self) -> dict[str, np.ndarray]:
+        return {name: getattr(self, name) for name in DEMO_NUMERIC}
+
+
+def _draw(rng: np.random.Generator, rows: int) -> tuple[_Shop, np.ndarray, dict[str, np.ndarray]]:
+    """The columns, the unrounded price the click depends on, then each category's effect on the
+    click, in one fixed order of draws (the same seed gives the same bytes)."""
+    price = rng.lognormal(3.0, 0.8, rows)
+    numeric = [price.round(2), rng.beta(1.5, 6.0, rows).round(3), np.clip(rng.normal(4.0, 0.6, rows), 1, 5).round(1),
+               rng.gamma(2.0, 1.5, rows), rng.integers(1, 41, rows).astype(np.int64), rng.exponential(30.0, rows)]
+    codes = [rng.zipf(1.6, rows) % card for card in _CARDINALITY.values()]
+    effects = {name: rng.normal(0, 0.6, card) for name, card in _CARDINALITY.items()}
+    return _Shop(*numeric, *codes), price, effects
 
 
 def ensure_demo_dataset(root: Path, rows: int = DEMO_ROWS, seed: int = DEMO_SEED) -> tuple[Path, float]:
@@ -36,79 +68,70 @@ def ensure_demo_dataset(root: Path, rows: int = DEMO_ROWS, seed: int = DEMO_SEED
     path = demo_dir / f"shop-{rows}-{seed}.parquet"
     meta_path = path.with_suffix(".json")
     if path.exists() and meta_path.exists():
-        return path, float(json.loads(meta_path.read_text())["bayes_auc"])
+        return path, DemoMeta.model_validate_json(meta_path.read_text()).bayes_auc
 
     rng = np.random.default_rng(seed)
-    cols: dict[str, np.ndarray] = {}
-    price = rng.lognormal(3.0, 0.8, rows)
-    cols["price"] = price.round(2)
-    cols["discount"] = rng.beta(1.5, 6.0, rows).round(3)
-    cols["rating"] = np.clip(rng.normal(4.0, 0.6, rows), 1, 5).round(1)
-    cols["reviews_log"] = rng.gamma(2.0, 1.5, rows)
-    cols["position"] = rng.integers(1, 41, rows).astype(np.int64)
-    cols["dwell_prev"] = rng.exponential(30.0, rows)
-    assert list(cols) == DEMO_NUMERIC  # invariant: the demo config names these columns
-
-    cat_codes = {name: rng.zipf(1.6, rows) % card for name, card in _CARDINALITY.items()}
-    effects = {name: rng.normal(0, 0.6, card) for name, card in _CARDINALITY.items()}
-
+    shop, price, effects = _draw(rng, rows)
     logit = (
         -1.6
         - 0.35 * (np.log(price) - 3.0)
-        + 2.2 * cols["discount"]
-        + 0.5 * (cols["rating"] - 4.0)
-        + 0.15 * cols["reviews_log"]
-        - 0.9 * np.log(cols["position"])
-        + 0.01 * np.minimum(cols["dwell_prev"], 120)
-        + 1.5 * cols["discount"] * (cols["rating"] > 4.3)  # an interaction a linear model misses
+        + 2.2 * shop.discount
+        + 0.5 * (shop.rating - 4.0)
+        + 0.15 * shop.reviews_log
+        - 0.9 * np.log(shop.position)
+        + 0.01 * np.minimum(shop.dwell_prev, 120)
+        + 1.5 * shop.discount * (shop.rating > 4.3)  # an interaction a linear model misses
     )
     for name in DEMO_CATEGORICAL:
-        logit += effects[name][cat_codes[name]]
+        logit += effects[name][getattr(shop, name)]
     prob = 1.0 / (1.0 + np.exp(-logit))
     label = (rng.random(rows) < prob).astype(np.int8)
-    other_tasks = _other_tasks(np.random.default_rng([seed, 1]), cols, cat_codes)
-
-    table = pa.table(
-        {
-            **{k: v for k, v in cols.items()},
-            "category": pa.array([f"cat-{c:02d}" for c in cat_codes["category"]]),
-            "device": pa.array(np.array(["mobile", "desktop", "tablet"])[cat_codes["device"]]),
-            "region": pa.array(cat_codes["region"].astype(np.int64)),
-            "brand": pa.array([f"b{c}" for c in cat_codes["brand"]]),
-            "clicked": pa.array(label),
-            **other_tasks,
-        }
-    )
+    table = pa.table({
+        **shop.numeric(),
+        "category": pa.array([f"cat-{c:02d}" for c in shop.category]),
+        "device": pa.array(np.array(["mobile", "desktop", "tablet"])[shop.device]),
+        "region": pa.array(shop.region.astype(np.int64)),
+        "brand": pa.array([f"b{c}" for c in shop.brand]),
+        "clicked": pa.array(label),
+        **_other_tasks(np.random.default_rng([seed, 1]), shop),
+    })
     demo_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     pq.write_table(table, tmp, row_group_size=50_000)
     os.replace(tmp, path)
-    bayes_auc = roc_auc(label, prob)
+    meta = DemoMeta(rows=rows, seed=seed, bayes_auc=roc_auc(label, prob))
     meta_tmp = meta_path.with_name(f".{meta_path.name}.tmp-{os.getpid()}")
-    meta_tmp.write_text(json.dumps({"rows": rows, "seed": seed, "bayes_auc": bayes_auc}))
+    meta_tmp.write_text(meta.model_dump_json())
     os.replace(meta_tmp, meta_path)
-    return path, bayes_auc
+    return path, meta.bayes_auc
+
+
+class DemoMeta(BaseModel):
+    """Beside the demo file: how it was generated, and the best AUC any model can reach on it."""
+
+    rows: int
+    seed: int
+    bayes_auc: float
 
 
 SEGMENTS = np.array(["bargain", "mainstream", "niche", "premium"])
 
 
-def _other_tasks(rng: np.random.Generator, cols: dict[str, np.ndarray],
-                 cat_codes: dict[str, np.ndarray]) -> dict[str, pa.Array]:
+def _other_tasks(rng: np.random.Generator, shop: _Shop) -> dict[str, pa.Array]:
     """The multiclass label, the regression label and the vector column (see the docstring)."""
-    rows = len(cols["price"])
+    rows = len(shop.price)
     embedding = rng.normal(0.0, 1.0, (rows, 8)).astype(np.float32)
-    log_price = np.log(cols["price"]) - 3.0
+    log_price = np.log(shop.price) - 3.0
     segment_logits = np.stack([
-        -1.5 * log_price + 3.0 * cols["discount"],  # bargain
+        -1.5 * log_price + 3.0 * shop.discount,  # bargain
         np.zeros(rows),  # mainstream
-        0.02 * (cat_codes["brand"] % 50) - 0.5 + 0.8 * embedding[:, 0],  # niche
-        1.5 * log_price + 0.8 * (cols["rating"] - 4.0) + 0.8 * embedding[:, 1],  # premium
+        0.02 * (shop.brand % 50) - 0.5 + 0.8 * embedding[:, 0],  # niche
+        1.5 * log_price + 0.8 * (shop.rating - 4.0) + 0.8 * embedding[:, 1],  # premium
     ], axis=1)
     segment = (segment_logits + rng.gumbel(0.0, 0.5, segment_logits.shape)).argmax(axis=1)
-    category_effect = rng.normal(0.0, 8.0, _CARDINALITY["category"])
-    basket = (30.0 + 0.6 * cols["price"] * (1.0 - cols["discount"]) + 4.0 * np.log1p(cols["dwell_prev"])
-              + category_effect[cat_codes["category"]] + 3.0 * embedding[:, 2] + rng.normal(0.0, 5.0, rows))
+    category_effect = rng.normal(0.0, 8.0, _CATEGORIES)
+    basket = (30.0 + 0.6 * shop.price * (1.0 - shop.discount) + 4.0 * np.log1p(shop.dwell_prev)
+              + category_effect[shop.category] + 3.0 * embedding[:, 2] + rng.normal(0.0, 5.0, rows))
     return {
         "segment": pa.array(SEGMENTS[segment]),
         "basket_value": pa.array(basket.round(2)),

@@ -80,7 +80,8 @@ class BinaryLabels(LabelCodec):
         if total_pos in (0, total):
             raise DataError(f"{source}: label column '{name}' has only class {1 if total_pos else 0}; "
                             "training needs both 0 and 1")
-        if rows["train"] and positives["train"] in (0, rows["train"]):  # an empty split has its own error
+        train, train_positives = rows["train"], positives["train"]
+        if train and train_positives in (0, train):  # an empty split has its own error
             raise DataError(f"{source}: the train split of label '{name}' has a single class; add rows")
 
 

@@ -50,12 +50,6 @@ class Ragged:
         data = np.frombuffer(data_buf, dtype=np.uint8)[start:end] if data_buf is not None else np.zeros(0, np.uint8)
         return cls(data.copy(), offsets.astype(np.int64) - start)
 
-    @classmethod
-    def from_values(cls, values: Sequence[bytes]) -> Ragged:
-        lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-        offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-        return cls(np.frombuffer(b"".join(values), dtype=np.uint8).copy(), offsets)
-
     def value(self, i: int) -> bytes:
         return self.data[self.offsets[i]: self.offsets[i + 1]].tobytes()
 

@@ -18,10 +18,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from training.errors import StorageError
 from training.storage.files import inside
 
-__all__ = ["REMOTE_MARKER", "local_shard", "evict", "is_remote_dataset"]
+__all__ = ["REMOTE_MARKER", "RemoteMarker", "local_shard", "evict", "is_remote_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +35,21 @@ def is_remote_dataset(dataset_dir: Path) -> bool:
     return (dataset_dir / REMOTE_MARKER).exists()
 
 
-def _marker(dataset_dir: Path) -> dict[str, Any] | None:
+class RemoteMarker(BaseModel):
+    """remote.json in a dataset folder: where its shards live on S3, and the cache they go to."""
+
+    settings: dict[str, Any]  # S3Settings.to_json()
+    rel: str
+    cache_bytes: int
+    cache_root: str
+
+
+def _marker(dataset_dir: Path) -> RemoteMarker | None:
     try:
-        return json.loads((dataset_dir / REMOTE_MARKER).read_text())
+        return RemoteMarker.model_validate_json((dataset_dir / REMOTE_MARKER).read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError) as err:  # ValueError: pydantic's ValidationError too
         raise StorageError(f"{dataset_dir / REMOTE_MARKER} is unreadable ({err}); delete it and rerun") from None
 
 
@@ -57,12 +68,12 @@ def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> tuple[P
         raise StorageError(f"shard {path} is missing; delete {dataset_dir} to repack the dataset")
     from training.storage.s3 import S3Settings, S3Store
 
-    key = json.dumps(marker["settings"], sort_keys=True)
+    key = json.dumps(marker.settings, sort_keys=True)
     store = _stores.get(key)
     if store is None:
-        store = _stores[key] = S3Store(S3Settings(**marker["settings"]))
-    store.download_file(f"{marker['rel']}/{name}", path, size=size, sha256=sha256)
-    evict(Path(marker["cache_root"]), int(marker["cache_bytes"]), keep=path)
+        store = _stores[key] = S3Store(S3Settings(**marker.settings))
+    store.download_file(f"{marker.rel}/{name}", path, size=size, sha256=sha256)
+    evict(Path(marker.cache_root), marker.cache_bytes, keep=path)
     return path, True
 
 

@@ -274,11 +274,6 @@ class ShardReader:
     def block(self, key: str) -> dict[str, np.ndarray]:
         return {field: self._array(f"{key}.{field}.npy") for field in self.fields}
 
-    def read_all(self) -> dict[str, np.ndarray]:
-        """All rows of the shard, concatenated in member order (one copy)."""
-        blocks = [self.block(k) for k in self.keys]
-        return {field: np.concatenate([b[field] for b in blocks]) for field in self.fields}
-
     def close(self) -> None:
         try:
             self._mm.close()

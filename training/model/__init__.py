@@ -1,0 +1,1 @@
+"""Models: networks and encoders, task objectives, evaluation, the model package, export, batch scoring."""

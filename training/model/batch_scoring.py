@@ -54,8 +54,8 @@ READ_ROWS = 8 * SCORE_BATCH  # read and encoded at once: fewer calls; a multiple
 FORMAT = "1"
 PREDICTION_COLUMNS = {"binary": ["probability", "prediction"], "multiclass": ["prediction", "probabilities"],
                       "regression": ["prediction"]}
-META = {"model": b"retrain.model_sha256", "meta": b"retrain.model_meta_sha256", "input": b"retrain.input",
-        "keys": b"retrain.keys", "format": b"retrain.format", "classes": b"retrain.classes"}
+# The output's Parquet key-value metadata: what a rerun compares to skip scoring again.
+PREFIX = "retrain."
 
 
 class PredictResult(BaseModel):
@@ -99,10 +99,10 @@ def load_scoring_model(package_dir: Path, trusted_factory: str | None, expected_
     pointer's), the weights against model.json and against `expected_sha256` (a models/<sha>
     folder's name). A mismatch is a CheckpointError naming the file."""
     model, stats, meta = load_package(package_dir, trusted_factory, expected_meta_sha256)
-    if expected_sha256 is not None and meta["sha256"] != expected_sha256:
-        raise CheckpointError(f"model package {package_dir}: its weights' sha256 {meta['sha256'][:12]} is not "
+    if expected_sha256 is not None and meta.sha256 != expected_sha256:
+        raise CheckpointError(f"model package {package_dir}: its weights' sha256 {meta.sha256[:12]} is not "
                               f"{expected_sha256[:12]}, the model asked for (replaced or tampered with)")
-    return ScoringModel(model, stats, meta["sha256"], meta_sha256(package_dir))
+    return ScoringModel(model, stats, meta.sha256, meta_sha256(package_dir))
 
 
 def prediction_columns(task: str) -> list[str]:
@@ -248,9 +248,10 @@ def scoring_meta(files: list[Path], scoring: ScoringModel, keys: list[str] | Non
     if not files:
         raise DataError("no input Parquet files to score")
     keys = list(_schema(files[0]).names) if keys is None else keys
-    return keys, {META["model"]: scoring.sha256.encode(), META["meta"]: scoring.meta_sha256.encode(),
-                  META["input"]: input_fingerprint(files).encode(), META["keys"]: json.dumps(keys).encode(),
-                  META["format"]: FORMAT.encode(), META["classes"]: json.dumps(scoring.stats.classes).encode()}
+    recorded = {"model_sha256": scoring.sha256, "model_meta_sha256": scoring.meta_sha256,
+                "input": input_fingerprint(files), "keys": json.dumps(keys), "format": FORMAT,
+                "classes": json.dumps(scoring.stats.classes)}
+    return keys, {(PREFIX + name).encode(): value.encode() for name, value in recorded.items()}
 
 
 def predict_files(files: list[Path], scoring: ScoringModel, output: Path, keys: list[str] | None = None

@@ -16,23 +16,21 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from training.config import ModelConfig, RetrainConfig
+from training.config import RetrainConfig
 from training.data.features import FeatureStats
 from training.errors import CheckpointError
 from training.model.model_ref import ModelRef
+from training.model.package_meta import PackageMeta, ValMetric
 from training.model.network import ModelSchema, build_model, weights_sha256
-from training.storage.files import read_json, write_json_atomic
+from training.storage.files import write_json_atomic
 
 __all__ = ["UntrustedFactory", "export_model_package", "load_package", "load_warm_start", "meta_sha256",
            "package_stats"]
 
 log = logging.getLogger(__name__)
-
-
 
 
 class UntrustedFactory(CheckpointError):
@@ -48,41 +46,38 @@ def meta_sha256(package_dir: Path) -> str:
         raise CheckpointError(f"model package {package_dir} has no model.json") from None
 
 
-def _package_meta(package_dir: Path, expected_sha256: str | None = None) -> dict[str, Any]:
+def _package_meta(package_dir: Path, expected_sha256: str | None = None) -> PackageMeta:
     if expected_sha256 is not None and meta_sha256(package_dir) != expected_sha256:
         raise CheckpointError(f"model package {package_dir}: model.json does not match the sha256 recorded for it "
                               "(corrupted or replaced)")
-    meta = read_json(package_dir / "model.json")
-    if meta is None:
-        raise CheckpointError(f"model package {package_dir} has no model.json")
-    return meta
+    return PackageMeta.read(package_dir)
 
 
 def package_stats(package_dir: Path) -> FeatureStats:
     """A package's feature statistics, without loading its weights."""
-    return FeatureStats(**_package_meta(package_dir)["feature_stats"])
+    return _package_meta(package_dir).stats()
 
 
 def load_package(
     package_dir: Path, trusted_factory: str | None, expected_meta_sha256: str | None = None
-) -> tuple[torch.nn.Module, FeatureStats, dict[str, Any]]:
+) -> tuple[torch.nn.Module, FeatureStats, PackageMeta]:
     """A verified package's model in eval mode.
 
     `trusted_factory` is the running config's `model.factory`: a package read back from storage
     may only name that one (or none, the built-in MLP), because importing a name found in the
     root would let anyone who can write the root run code here."""
     meta = _package_meta(package_dir, expected_meta_sha256)
-    config = ModelConfig(**meta["model_config"])
+    config = meta.model()
     if config.factory is not None and config.factory != trusted_factory:
         raise UntrustedFactory(f"model package {package_dir} names model.factory '{config.factory}', which is not "
                                "this run's model.factory; a factory named by storage is never imported")
-    stats = FeatureStats(**meta["feature_stats"])
+    stats = meta.stats()
     model = build_model(config, ModelSchema.of(stats))
     try:
         state = torch.load(package_dir / "model.pt", map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001
         raise CheckpointError(f"model package {package_dir}: cannot load model.pt ({err})") from None
-    if weights_sha256(state) != meta["sha256"]:
+    if weights_sha256(state) != meta.sha256:
         raise CheckpointError(f"model package {package_dir}: weights do not match their sha256 (corrupted)")
     try:
         model.load_state_dict(state)
@@ -101,17 +96,11 @@ def export_model_package(out_dir: Path, state_dict: dict[str, torch.Tensor], con
     tmp = out_dir / f".model.pt.tmp-{os.getpid()}"
     torch.save(state_dict, tmp)
     os.replace(tmp, out_dir / "model.pt")
-    meta = {
-        "sha256": sha,
-        "run_key": run_key,
-        "best_step": best_step,
-        "val_auc": value if metric == "auc" else None,
-        "val_metric": {"name": metric, "value": value},
-        "model_config": config.model.model_dump(mode="json"),
-        "feature_stats": json.loads(stats.to_json()),
-        "tags": dict(config.cost.tags),
-    }
-    write_json_atomic(out_dir / "model.json", meta)
+    meta = PackageMeta(sha256=sha, run_key=run_key, best_step=best_step, val_auc=value if metric == "auc" else None,
+                       val_metric=ValMetric(name=metric, value=value),
+                       architecture=config.model.model_dump(mode="json"),
+                       feature_stats=json.loads(stats.to_json()), tags=dict(config.cost.tags))
+    write_json_atomic(out_dir / "model.json", meta.model_dump(mode="json", by_alias=True))
     return ModelRef(uri=str(out_dir / "model.pt"), sha256=sha, meta_sha256=meta_sha256(out_dir))
 
 

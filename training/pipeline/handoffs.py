@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Evaluation", "LaunchPhases", "PackResult", "PrepResult", "Promotion"]
+__all__ = ["Evaluation", "LaunchPhases", "PackResult", "PrepResult", "Promotion", "StageEnds", "StageStates"]
 
 
 class _Result(BaseModel):
@@ -84,3 +84,36 @@ class Evaluation(_Result):
     target_met: bool | None = None
     promotion: Promotion
     seconds: float
+
+
+class StageStates(_Result):
+    """The final Prefect state of each stage's task, as the flow saw it (None outside a flow)."""
+
+    pack: str | None = None
+    preprocess: str | None = None
+    train: str | None = None
+    evaluate: str | None = None
+
+
+class StageEnds(BaseModel):
+    """Epoch seconds when the flow began and when each stage ended: the report's phases. The flow
+    sets each as its stage ends."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    flow: float
+    pack: float | None = None
+    preprocess: float | None = None
+    train: float | None = None
+    evaluate: float | None = None
+
+    def durations(self) -> dict[str, float | None]:
+        """Each stage's seconds, from the end of the one before it."""
+        out: dict[str, float | None] = {}
+        previous: float | None = self.flow
+        for stage in ("pack", "preprocess", "train", "evaluate"):
+            end = getattr(self, stage)
+            out[stage] = end - previous if end is not None and previous is not None else None
+            previous = end
+        return out
+

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict
-from typing import Any
+
+from pydantic import BaseModel
 
 from training.config import RetrainConfig
-from training.cost.bill import plan_instances
+from training.cost.bill import PlanRow, plan_instances
 from training.errors import ConfigError
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
@@ -16,13 +16,35 @@ from training.pipeline.train_stage import run_key_for
 from training.storage.root import StorageRoot
 from training.trainer.job import TrainJob
 from training.trainer.results import TrainResult
-from training.trainer.trainer import train
+from training.trainer.run import train
 
-__all__ = ["plan_run"]
+__all__ = ["Calibration", "PlanReport", "plan_run"]
+
+
+class Calibration(BaseModel):
+    """What the short calibration run measured on this machine."""
+
+    steps: int
+    seconds_per_step: float
+    seconds_per_validation: float
+    seconds_per_checkpoint: float
+    startup_seconds: float
+    data_seconds: float
+    estimated_run_hours_here: float
+    wall_seconds: float
+
+
+class PlanReport(BaseModel):
+    """`retrain plan`'s answer: the calibration, every candidate cheapest first, the pick."""
+
+    calibration: Calibration
+    deadline_hours: float | None
+    rows: list[PlanRow]
+    cheapest: PlanRow | None
 
 
 def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: float | None,
-             calibration_steps: int = 50) -> dict[str, Any]:
+             calibration_steps: int = 50) -> PlanReport:
     unknown = [t for t in instance_types if t not in config.cost.prices]
     if unknown:
         raise ConfigError(f"--instance-types: no price for {unknown} in cost.prices (known: {sorted(config.cost.prices)})")
@@ -74,13 +96,8 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
         deadline_hours=deadline_hours,
     )
     cheapest = next((r for r in rows if r.meets_deadline), None)
-    return {
-        "calibration": {
-            "steps": steps, "seconds_per_step": per_step, "seconds_per_validation": per_eval,
-            "seconds_per_checkpoint": per_save, "startup_seconds": startup, "data_seconds": data_seconds,
-            "estimated_run_hours_here": run_seconds / 3600, "wall_seconds": time.time() - t1,
-        },
-        "deadline_hours": deadline_hours,
-        "rows": [asdict(r) for r in rows],
-        "cheapest": asdict(cheapest) if cheapest else None,
-    }
+    calibration = Calibration(
+        steps=steps, seconds_per_step=per_step, seconds_per_validation=per_eval, seconds_per_checkpoint=per_save,
+        startup_seconds=startup, data_seconds=data_seconds, estimated_run_hours_here=run_seconds / 3600,
+        wall_seconds=time.time() - t1)
+    return PlanReport(calibration=calibration, deadline_hours=deadline_hours, rows=rows, cheapest=cheapest)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from training.config import RetrainConfig
 from training.cost.bill import CostReport, compute_cost, naive_counterfactual, restarting_counterfactual, storage_cost
 from training.cost.utilization import utilization_summary
-from training.pipeline.handoffs import Evaluation, LaunchPhases, PackResult, PrepResult
+from training.pipeline.handoffs import Evaluation, LaunchPhases, PackResult, PrepResult, StageEnds, StageStates
 from training.pipeline.report_markdown import render_curves, render_markdown
 from training.pipeline.run_report import (
     Durations,
@@ -101,8 +101,8 @@ def cost_report(config: RetrainConfig, packed: PackResult, prep: PrepResult, tra
 
 def report_stage(
     config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
-    evaluation: Evaluation, stage_states: dict[str, str], flow_run_id: str | None = None,
-    launch: LaunchPhases | None = None, stage_ends: dict[str, float] | None = None,
+    evaluation: Evaluation, stage_states: StageStates, flow_run_id: str | None = None,
+    launch: LaunchPhases | None = None, stage_ends: StageEnds | None = None,
 ) -> ReportPaths:
     """Write report.json, curves.png and report.md into the run folder; return their paths.
     `flow_run_id` is the Prefect flow run that wrote it (None outside Prefect); `launch` what
@@ -123,7 +123,7 @@ def report_stage(
         tracker.save()
     report.files = ReportFiles(report_md=str(run_dir / "report.md"), curves_png=str(curves) if curves else None)
     report.storage = {**packed.storage, "run_uri": root.display(run_rel(trained.run_key))}
-    report.phases = _phases(launch, stage_ends or {}, trained, time.time() - started)
+    report.phases = _phases(launch, stage_ends, trained, time.time() - started)
     # One report per flow run (a rerun of the same run key is another flow run: it must not
     # overwrite the record of the first), and report.json the latest of them.
     rel = run_rel(trained.run_key)
@@ -137,7 +137,7 @@ def report_stage(
     return ReportPaths(report=str(path), markdown=str(run_dir / "report.md"), curves=str(curves) if curves else None)
 
 
-def _phases(launch: LaunchPhases | None, ends: dict[str, float], trained: TrainResult,
+def _phases(launch: LaunchPhases | None, ends: StageEnds | None, trained: TrainResult,
             report_seconds: float) -> Phases:
     """Where a run's wall time went, in seconds, in order: the CLI's share and Prefect's flow
     run creation (None for a deployed run), each stage as the flow saw it, and within training
@@ -145,15 +145,11 @@ def _phases(launch: LaunchPhases | None, ends: dict[str, float], trained: TrainR
     run, a temporary server's stop, the exit) the CLI prints."""
     phases: dict[str, float | None] = {}
     if launch is not None:
-        flow_began = ends.get("flow")
         phases.update(config=launch.config_seconds, imports=launch.imports_seconds,
                       server_start=launch.server_seconds,
-                      flow_start=flow_began - launch.flow_called_at if flow_began is not None else None)
-    previous = ends.get("flow")
-    for stage in ("pack", "preprocess", "train", "evaluate"):
-        end = ends.get(stage)
-        phases[stage] = end - previous if end is not None and previous is not None else None
-        previous = end
+                      flow_start=ends.flow - launch.flow_called_at if ends is not None else None)
+    if ends is not None:
+        phases.update(ends.durations())
     return Phases(**phases, child_start=None if trained.already_complete else trained.first_step_latency_seconds,
                   report=report_seconds)
 
@@ -189,20 +185,20 @@ def _track_report(tracker: MlflowTracker, config: RetrainConfig, trained: TrainR
 
 
 def _report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
-            evaluation: Evaluation, stage_states: dict[str, str], flow_run_id: str | None) -> RunReport:
+            evaluation: Evaluation, stage_states: StageStates, flow_run_id: str | None) -> RunReport:
     """report.json's content, less what the report stage adds as it writes it."""
     seconds = trained.seconds
     stages = StageSummaries(
-        pack=PackSummary(state=stage_states.get("pack"), reused=packed.reused, dataset=packed.fingerprint,
+        pack=PackSummary(state=stage_states.pack, reused=packed.reused, dataset=packed.fingerprint,
                          rows=packed.rows, shards=packed.shards, dir=packed.dataset_dir),
-        preprocess=PreprocessSummary(state=stage_states.get("preprocess"), key=prep.key, stats=prep.stats_path),
-        train=TrainSummary(state=stage_states.get("train"), already_complete=trained.already_complete,
+        preprocess=PreprocessSummary(state=stage_states.preprocess, key=prep.key, stats=prep.stats_path),
+        train=TrainSummary(state=stage_states.train, already_complete=trained.already_complete,
                            best_step=trained.best_step, best_val_auc=trained.best_val_auc,
                            best_val_metric=trained.best_val_metric, precision=trained.precision,
                            device=trained.device, seconds=seconds,
                            first_step_latency_seconds=trained.first_step_latency_seconds, history=trained.history,
                            threads=trained.threads, num_workers=trained.num_workers),
-        evaluate=EvaluateSummary(state=stage_states.get("evaluate")),
+        evaluate=EvaluateSummary(state=stage_states.evaluate),
     )
     return RunReport(
         run_key=trained.run_key, status=trained.status, stop_reason=trained.stop_reason, steps=trained.steps,

@@ -20,7 +20,7 @@ from training.errors import StorageError
 from training.model.model_ref import ModelRef
 from training.pipeline.handoffs import Promotion
 from training.pipeline.tracking import TrackingNotes
-from training.trainer.results import Seconds, Validation, WarmStart, validations
+from training.trainer.results import LoaderWorkers, Seconds, Validation, WarmStart, validations
 from training.trainer.threads import ThreadPolicy
 
 __all__ = ["Phases", "PreemptionSummary", "ReportFiles", "RunReport", "StageSummaries"]
@@ -94,7 +94,7 @@ class TrainSummary(_Part):
     first_step_latency_seconds: float | None = None
     history: list[Validation] = []
     threads: ThreadPolicy | None = None
-    num_workers: dict[str, Any] = {}  # what train.loader.num_workers used, and the probe behind "auto"
+    num_workers: LoaderWorkers = LoaderWorkers()
 
     @field_validator("history", mode="before")
     @classmethod

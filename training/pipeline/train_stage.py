@@ -26,9 +26,10 @@ from training.data.packing import (
     require_manifest,
 )
 from training.errors import ConfigError, DamagedShard, DataError
+from training.model.package_meta import PackageMeta
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.tracking import BackgroundTracker, flat_params, tracker_for
-from training.storage.files import read_json, write_json_atomic
+from training.storage.files import write_json_atomic
 from training.storage.root import StorageRoot
 from training.trainer.events import ChildEvent, Validated
 from training.trainer.job import TrainJob, train_fingerprint
@@ -74,18 +75,18 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None,
     if not champion.usable:
         return None, f"the champion is unusable ({champion.problem}): fresh start"
     package = champion.package
-    meta = read_json(package / "model.json")
-    if meta["model_config"] != config.model.model_dump(mode="json"):
+    meta = PackageMeta.read(package)
+    if meta.architecture != config.model.model_dump(mode="json"):
         return None, "the champion's model config differs from model.*: fresh start"
-    stats = meta["feature_stats"]
-    if stats["numeric"] != config.data.numeric or stats["categorical"] != config.data.categorical or (
-            manifest is not None and not compatible(FeatureStats(**stats), manifest)):
+    stats = meta.stats()
+    if stats.numeric != config.data.numeric or stats.categorical != config.data.categorical or (
+            manifest is not None and not compatible(stats, manifest)):
         return None, "the champion's feature columns differ from this run's data.* columns: fresh start"
-    other = other_target(FeatureStats(**stats), manifest) if manifest is not None else None
+    other = other_target(stats, manifest) if manifest is not None else None
     if other is not None:
         return None, f"the champion predicts something else ({other}): fresh start"
     return (
-        WarmStartPlan(weights=str(package / "model.pt"), sha256=champion.sha256, stats=stats),
+        WarmStartPlan(weights=str(package / "model.pt"), sha256=champion.sha256, stats=meta.feature_stats),
         f"warm start from champion {champion.sha256[:12]} with its feature statistics",
     )
 

@@ -1,0 +1,1 @@
+"""The storage root: local folders or S3, atomic writes, names checked at the trust boundary, leases."""

@@ -20,11 +20,13 @@ import os
 import shutil
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import IO, Any, Callable, cast
 
 import torch
+from pydantic import ValidationError
+from pydantic.dataclasses import dataclass
 
 from training.errors import CheckpointError, StorageError
 from training.storage.files import HashingWriter, fsync_dir, is_plain_name, process_alive
@@ -39,11 +41,21 @@ _MANIFEST = "manifest.json"
 
 
 @dataclass
+class FileEntry:
+    """One file of a checkpoint as its manifest lists it."""
+
+    sha256: str
+    bytes: int
+
+
+@dataclass
 class CheckpointManifest:
+    """manifest.json, validated as it is read (a pydantic dataclass): it comes from storage."""
+
     step: int
     run_key: str
     config_fingerprint: str
-    files: dict[str, dict[str, Any]]
+    files: dict[str, FileEntry]
     val_auc: float | None = None
     emergency: bool = False
     format: int = CHECKPOINT_FORMAT
@@ -99,7 +111,7 @@ def _write_state(tmp: Path, manifest: CheckpointManifest, state: dict[str, Any])
         torch.save(state, cast(IO[bytes], hashing))
         f.flush()
         os.fsync(f.fileno())
-    manifest.files = {_STATE: {"sha256": hashing.hexdigest(), "bytes": state_path.stat().st_size}}
+    manifest.files = {_STATE: FileEntry(sha256=hashing.hexdigest(), bytes=state_path.stat().st_size)}
     with open(tmp / _MANIFEST, "w") as f:
         json.dump(asdict(manifest), f, indent=1, sort_keys=True)
         f.flush()
@@ -132,6 +144,8 @@ def parse_manifest(raw: bytes | str, where: str) -> CheckpointManifest:
         manifest = CheckpointManifest(**json.loads(raw))
     except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"checkpoint {where}: unreadable manifest ({err})") from None
+    except ValidationError as err:
+        raise CheckpointError(f"checkpoint {where}: unreadable manifest ({err.errors()[0]['msg']})") from None
     bad = [name for name in manifest.files if not is_plain_name(name)]
     if bad:
         raise CheckpointError(f"checkpoint {where}: manifest names files outside the checkpoint ({bad[0]!r}); "
@@ -147,15 +161,15 @@ def _read_manifest(path: Path) -> CheckpointManifest:
     return parse_manifest(raw, str(path))
 
 
-def _read_verified(path: Path, name: str, meta: dict[str, Any]) -> bytes:
+def _read_verified(path: Path, name: str, meta: FileEntry) -> bytes:
     """The bytes of one listed file, checked against its manifest entry."""
     try:
         data = (path / name).read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path}: file {name} is missing") from None
-    if len(data) != meta["bytes"]:
-        raise CheckpointError(f"checkpoint {path}: {name} is {len(data)} bytes, manifest says {meta['bytes']}")
-    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+    if len(data) != meta.bytes:
+        raise CheckpointError(f"checkpoint {path}: {name} is {len(data)} bytes, manifest says {meta.bytes}")
+    if hashlib.sha256(data).hexdigest() != meta.sha256:
         raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 (corrupted)")
     return data
 
@@ -206,8 +220,8 @@ def _looks_complete(path: Path) -> bool:
     """Cheap check (manifest present, sizes match); the full sha256 check happens on load."""
     try:
         manifest = CheckpointManifest(**json.loads((path / _MANIFEST).read_text()))
-        return all((path / n).stat().st_size == m["bytes"] for n, m in manifest.files.items())
-    except (OSError, ValueError, TypeError):
+        return all((path / n).stat().st_size == m.bytes for n, m in manifest.files.items())
+    except (OSError, ValueError, TypeError):  # ValueError: pydantic's ValidationError too
         return False
 
 

@@ -15,7 +15,6 @@ newest and raises if it could not be uploaded.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import threading
@@ -68,8 +67,8 @@ def restore_newer_checkpoint(root: StorageRoot, ckpt_rel: str, ckpt_dir: Path) -
             manifest = parse_manifest(manifest_bytes, root.display(f"{ckpt_rel}/{name}"))
             for file, meta in manifest.files.items():
                 assert root.remote is not None
-                root.remote.download_file(f"{ckpt_rel}/{name}/{file}", tmp / file, size=meta["bytes"],
-                                          sha256=meta["sha256"])
+                root.remote.download_file(f"{ckpt_rel}/{name}/{file}", tmp / file, size=meta.bytes,
+                                          sha256=meta.sha256)
             (tmp / _MANIFEST).write_bytes(manifest_bytes)  # last, as on S3
             verify_checkpoint(tmp)
         except (CheckpointError, StorageError, ValueError, TypeError) as err:
@@ -173,16 +172,16 @@ class CheckpointUploader:
         if step is None:
             raise CheckpointError(f"{path} is not a checkpoint folder (step-NNNNNNNN)")
         rel = f"{self.ckpt_rel}/{path.name}"
-        manifest = json.loads((path / _MANIFEST).read_text())
+        manifest = parse_manifest((path / _MANIFEST).read_bytes(), str(path))
         tags = self.root.tags(CHECKPOINT, self.run_key)
-        for name in manifest["files"]:
+        for name in manifest.files:
             remote.upload_file(f"{rel}/{name}", path / name, tags)
         # Verified before it is declared complete: every file there, at its size. The same
         # listing of the run's checkpoints then serves retention (one LIST per checkpoint).
         checkpoints = remote_checkpoints(self.root, self.ckpt_rel)
-        for name, meta in manifest["files"].items():
-            if checkpoints.get(step, {}).get(name) != meta["bytes"]:
-                raise StorageError(f"{remote.uri(rel)}/{name} is not on S3 at {meta['bytes']} bytes after its upload")
+        for name, meta in manifest.files.items():
+            if checkpoints.get(step, {}).get(name) != meta.bytes:
+                raise StorageError(f"{remote.uri(rel)}/{name} is not on S3 at {meta.bytes} bytes after its upload")
         remote.upload_file(f"{rel}/{_MANIFEST}", path / _MANIFEST, tags)  # last: now it is complete
         checkpoints[step][_MANIFEST] = (path / _MANIFEST).stat().st_size
         ledger = self.root.path(f"{self.run_rel}/attempts.jsonl")

@@ -17,7 +17,6 @@ parent's death ends it. Any other ending (preempted, a user error, a crash) exit
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from training.trainer.events import Idle, read_event
+from training.trainer.events import Idle, JobOrder, read_event
 
 __all__ = ["Child", "WarmPool", "HOLD_FLAG"]
 
@@ -71,9 +70,9 @@ class Child:
     def hand(self, job_path: Path, error_path: Path) -> bool:
         """Give a warm child its next job; False if it is gone (then start a fresh one)."""
         assert self.hold and self.proc.stdin is not None
-        order = {"job": str(job_path), "error": str(error_path), "spawn_time": time.time()}
+        order = JobOrder(job=str(job_path), error=str(error_path), spawn_time=time.time())
         try:
-            self.proc.stdin.write(json.dumps(order) + "\n")
+            self.proc.stdin.write(order.model_dump_json() + "\n")
             self.proc.stdin.flush()
         except (OSError, ValueError):  # a broken pipe, or its stdin already closed
             return False

@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from training.trainer.results import Validation
 
-__all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "LogLine", "Paused", "RankDone", "Resumed",
-           "Validated", "read_event"]
+__all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "JobOrder", "LogLine", "Paused", "RankDone",
+           "Resumed", "Validated", "read_event"]
 
 
 class _Event(BaseModel):
@@ -110,3 +110,12 @@ def read_event(line: str) -> ChildEvent | None:
         return _ADAPTER.validate_json(line)
     except ValidationError:
         return None
+
+
+class JobOrder(BaseModel):
+    """The other direction: the parent hands a warm child its next job, one JSON line on stdin."""
+
+    job: str
+    error: str
+    spawn_time: float  # the job's start-up is billed from the hand-over
+

@@ -6,10 +6,11 @@ paying for the training loop's imports.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from pydantic import TypeAdapter
 
 from training.config import RetrainConfig, fingerprint, fingerprinted
 from training.storage.files import write_json_atomic
@@ -55,6 +56,4 @@ class TrainJob:
 
     @classmethod
     def load(cls, path: Path) -> TrainJob:
-        data = json.loads(path.read_text())
-        data["config"] = RetrainConfig.model_validate(data["config"])
-        return cls(**data)
+        return TypeAdapter(cls).validate_json(path.read_bytes())

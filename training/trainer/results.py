@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, field_serializer, field_validator, m
 from training.model.model_ref import ModelRef
 from training.trainer.threads import ThreadPolicy
 
-__all__ = ["RungResult", "Seconds", "TrainResult", "Validation", "WarmStart"]
+__all__ = ["BatchLayout", "LoaderWorkers", "RungResult", "Seconds", "TrainResult", "Validation", "WarmStart",
+           "WorkersProbe"]
 
 
 class _Result(BaseModel):
@@ -87,6 +88,33 @@ class WarmStart(_Result):
     champion_sha256: str | None = None
 
 
+class WorkersProbe(_Result):
+    """What `train.loader.num_workers: auto` measured, and the workers it chose."""
+
+    num_workers: int
+    stall_without_workers: float
+    data_seconds_per_batch: float
+    compute_seconds_per_batch: float
+    spare_cpus: int
+    worker_seconds_per_batch: float | None
+
+
+class LoaderWorkers(_Result):
+    """The DataLoader workers a run used, and the probe behind "auto" (None when set by hand)."""
+
+    used: int = 0
+    probe: WorkersProbe | None = None
+
+
+class BatchLayout(_Result):
+    """The micro-batch and accumulation a run used; `auto` is the memory search behind them."""
+
+    micro_batch: int
+    grad_accum: int
+    auto: dict[str, Any] | None
+    peak_lr: float
+
+
 class TrainResult(_Result):
     """A finished training run (`result.json`), plus what the train stage adds around it."""
 
@@ -117,8 +145,8 @@ class TrainResult(_Result):
     checkpoint_background_seconds: float = 0.0
     checkpoint_interval: dict[str, Any] | None = None
     samples_seen: int = 0
-    batch_layout: dict[str, Any] = {}
-    num_workers: dict[str, Any] = {}
+    batch_layout: BatchLayout | None = None
+    num_workers: LoaderWorkers = LoaderWorkers()
     threads: ThreadPolicy | None = None  # result.json written before the thread policy: None
     compile_seconds: float | None = None
     world_size: int = 1

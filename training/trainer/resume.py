@@ -33,11 +33,11 @@ import struct
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from training.errors import CheckpointError, RetrainError, StorageError
 from training.storage.files import read_json
@@ -124,16 +124,16 @@ class ResumeBook:
             # An earlier attempt died before its first checkpoint: all of it was lost.
             self.resumed_step, steps_lost, seconds_lost = 0, beat.step, beat.train_seconds
         self.heartbeat.start(progress.step, progress.seconds.train)
-        entry: dict[str, Any] = {"resumed_from": self.resumed_step, "steps_lost": steps_lost,
-                                 "seconds_lost": seconds_lost, "startup_seconds": time.time() - self.spawn_time}
+        entry = AttemptRecord(resumed_from=self.resumed_step, steps_lost=steps_lost, seconds_lost=seconds_lost,
+                              startup_seconds=time.time() - self.spawn_time)
         records = append_attempt(self.run_dir / "attempts.jsonl", entry) if self.rank == 0 else [entry]
         # A tuning trial's pauses at its rungs are planned stops, not preemptions.
-        pauses = sum(1 for e in records if "paused_at" in e)
-        entries = [e for e in records if "paused_at" not in e]
-        progress.resumed_from_steps = [e["resumed_from"] for e in entries if e["resumed_from"] is not None]
-        progress.steps_lost = sum(e["steps_lost"] for e in entries)
-        progress.seconds.lost = sum(e["seconds_lost"] for e in entries)
-        progress.seconds.startup = sum(e["startup_seconds"] for e in entries)
+        pauses = sum(1 for e in records if e.paused_at is not None)
+        entries = [e for e in records if e.paused_at is None]
+        progress.resumed_from_steps = [e.resumed_from for e in entries if e.resumed_from is not None]
+        progress.steps_lost = sum(e.steps_lost for e in entries)
+        progress.seconds.lost = sum(e.seconds_lost for e in entries)
+        progress.seconds.startup = sum(e.startup_seconds for e in entries)
         # An attempt killed before it got this far leaves only the launcher's count.
         progress.preemptions = max(len(entries) - 1, read_attempts(self.run_dir) - 1) - pauses
 
@@ -149,8 +149,10 @@ class ResumeBook:
             self.uploader.submit(self.resumed_from, {step})
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True)
 class Beat:
+    """heartbeat.json (and heartbeat.bin): how far the attempt that published it got."""
+
     step: int
     train_seconds: float
 
@@ -174,9 +176,8 @@ class RemoteHeartbeat:
             raw = self.root.remote.get_bytes(self.rel)
             if raw is None:
                 return None
-            data = json.loads(raw)
-            return Beat(int(data["step"]), float(data["train_seconds"]))
-        except (RetrainError, ValueError, TypeError, KeyError) as err:
+            return TypeAdapter(Beat).validate_json(raw)
+        except (RetrainError, ValueError) as err:  # ValueError: pydantic's ValidationError too
             log.warning("ignoring the run's heartbeat %s: %s", self.root.display(self.rel), err)
             return None
 
@@ -263,11 +264,22 @@ class Heartbeat:
         os.close(self._fd)
 
 
-def append_attempt(path: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
+class AttemptRecord(BaseModel):
+    """One line of attempts.jsonl: a process that started training (what it resumed from, what
+    the attempt before it lost), or a planned pause at a tuning rung (`paused_at`)."""
+
+    resumed_from: int | None = None
+    steps_lost: int = 0
+    seconds_lost: float = 0.0
+    startup_seconds: float = 0.0
+    paused_at: int | None = None
+
+
+def append_attempt(path: Path, entry: AttemptRecord) -> list[AttemptRecord]:
     """Append one attempt's record durably; return every record so far."""
     before = path.read_text() if path.exists() else ""
     torn = bool(before) and not before.endswith("\n")
-    line = ("\n" if torn else "") + json.dumps(entry) + "\n"  # never continue a torn line
+    line = ("\n" if torn else "") + entry.model_dump_json(exclude_none=True) + "\n"  # never continue a torn line
     with open(path, "a") as f:
         f.write(line)
         f.flush()
@@ -275,8 +287,8 @@ def append_attempt(path: Path, entry: dict[str, Any]) -> list[dict[str, Any]]:
     entries = []
     for record in (before + line).splitlines():
         try:
-            entries.append(json.loads(record))
-        except json.JSONDecodeError:
+            entries.append(AttemptRecord.model_validate_json(record))
+        except ValidationError:
             continue  # a line torn by a kill mid-write
     return entries
 

@@ -20,6 +20,7 @@ from training.config import TrainConfig
 from training.errors import ConfigError
 from training.model.network import Batch, forward_fn
 from training.model.objectives import Task
+from training.trainer.results import WorkersProbe
 from training.trainer.threads import cgroup_quota, usable_cpus
 
 __all__ = ["accelerator_stats", "auto_batch_layout", "choose_num_workers", "data_and_compute_seconds",
@@ -50,7 +51,7 @@ def _rng_untouched(device: torch.device) -> Any:
 
 def choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch], device: torch.device,
                        dtype: torch.dtype | None, worker_seconds: Callable[[int], float], probes: int = 8
-                       ) -> dict[str, Any]:
+                       ) -> WorkersProbe:
     with _rng_untouched(device):
         return _choose_num_workers(model, task, fetch, device, dtype, worker_seconds, probes)
 
@@ -80,7 +81,7 @@ def data_and_compute_seconds(model: torch.nn.Module, task: Task, fetch: Callable
 
 def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch], device: torch.device,
                         dtype: torch.dtype | None, worker_seconds: Callable[[int], float], probes: int
-                        ) -> dict[str, Any]:
+                        ) -> WorkersProbe:
     """Workers for `train.loader.num_workers: auto`, from the measured stall of in-process loading.
 
     Times `probes` batch fetches and `probes` forward/backward passes (on a copy of the model);
@@ -103,9 +104,9 @@ def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int
         log.info("num_workers auto: %d workers deliver a batch in %.2g s, in-process loading in %.2g s: none used",
                  workers, t_workers, t_data)
         workers = 0
-    return {"num_workers": workers, "stall_without_workers": stall, "data_seconds_per_batch": t_data,
-            "compute_seconds_per_batch": t_compute, "spare_cpus": spare_cpus,
-            "worker_seconds_per_batch": t_workers}
+    return WorkersProbe(num_workers=workers, stall_without_workers=stall, data_seconds_per_batch=t_data,
+                        compute_seconds_per_batch=t_compute, spare_cpus=spare_cpus,
+                        worker_seconds_per_batch=t_workers)
 
 
 def step_memory_bytes(model: torch.nn.Module, task: Task, batch: int, example: Batch, device: torch.device,

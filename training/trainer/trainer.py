@@ -1,12 +1,14 @@
-"""The Trainer: set-up in the constructor, then `fit()` over `train_step`, `validate` and `save`.
+"""The Trainer: set-up in the constructor, then `fit()` over `train_step`, `validate` and
+`save`. `training.trainer.run.train(job)` runs it and publishes what it made.
 
 What lives elsewhere, each in one file:
 - the checkpointed state (model, optimizer, scheduler, scaler, early stopping, progress, RNGs):
   `training.trainer.state`;
 - when to stop (budgets, plateau, champion gate, the DDP agreement): `training.trainer.stopping`;
 - where to resume and what the last attempt lost (S3 restore, heartbeat, ledger): `training.trainer.resume`;
-- when to checkpoint: `training.trainer.checkpoint`; how: `training.trainer.checkpoint`;
-- the exported model package: `training.model.package`.
+- when and how to checkpoint: `training.trainer.checkpoint` (on S3: `checkpoint_sync`);
+- what the end of training makes (the model package, result.json, a rung's record):
+  `training.trainer.publish`.
 
 Rank-aware through `rank`/`world_size` and free of module state, so it runs under torchrun.
 """
@@ -31,33 +33,28 @@ from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
 from training.model.network import Batch, ModelSchema, forward_fn
 from training.model.objectives import Task, higher_is_better, metric_for
-from training.model.package import export_model_package, load_warm_start
-from training.storage.files import write_json_atomic
-from training.storage.root import MODEL, RUN
+from training.model.package import load_warm_start
 from training.trainer.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
     CheckpointSchedule,
-    load_checkpoint_state,
-    step_dir_name,
 )
-from training.trainer.events import CheckpointSaved, ChildEvent, Paused, RankDone, Resumed, Validated
+from training.trainer.events import CheckpointSaved, ChildEvent, RankDone, Resumed, Validated
 from training.trainer.job import TrainJob, train_fingerprint
-from training.trainer.precision import autocast_dtype, measure_fp32_slowdown, resolve_device, resolve_precision
-from training.trainer.results import RungResult, TrainResult, Validation
-from training.trainer.resume import ResumeBook, append_attempt, finished_result, paused_result, rung_file
+from training.trainer.precision import autocast_dtype, resolve_device, resolve_precision
+from training.trainer.results import Validation
+from training.trainer.resume import ResumeBook
 from training.trainer.rng import capture_rng, configure_determinism, seed_everything
 from training.trainer.state import TrainState
 from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.trainer.threads import CpuClock, apply_thread_policy
 from training.trainer.throughput import (
-    accelerator_stats,
     auto_batch_layout,
     choose_num_workers,
     data_and_compute_seconds,
 )
 
-__all__ = ["EVAL_BATCH_SIZE", "StopFlag", "Trainer", "train"]
+__all__ = ["EVAL_BATCH_SIZE", "StopFlag", "Trainer"]
 
 log = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 8192
@@ -177,7 +174,7 @@ class Trainer:
             self.workers_probe = choose_num_workers(
                 self.state.model, self.task, lambda i: batches.batch(0, i % batches.batches_per_epoch), self.device,
                 self.dtype, lambda k: worker_seconds_per_batch(batches, k, self.rank, self.world_size))
-            num_workers = progress.num_workers = self.workers_probe["num_workers"]
+            num_workers = progress.num_workers = self.workers_probe.num_workers
         self.num_workers = int(num_workers)
         self._decide_threads()
         self.loader = make_train_loader(
@@ -192,7 +189,7 @@ class Trainer:
         progress, probe = self.state.progress, self.workers_probe
         decide = self.tc.loader.torch_threads == "auto" and progress.torch_threads is None
         if probe is not None:
-            t_data, t_compute = probe["data_seconds_per_batch"], probe["compute_seconds_per_batch"]
+            t_data, t_compute = probe.data_seconds_per_batch, probe.compute_seconds_per_batch
         elif decide and self.num_workers == 0:
             batches = self.train_batches  # the prefetch thread's load, as the workers probe measures it
             t_data, t_compute = data_and_compute_seconds(
@@ -230,9 +227,11 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def fit(self) -> TrainResult | RungResult | None:
-        """Train to the end or an early stop (or to `job.pause_at`); the result on rank 0, None on
-        the other ranks. Raises `Preempted` after an emergency checkpoint when asked to stop."""
+    def fit(self) -> str:
+        """Train to the end or an early stop (or to `job.pause_at`); how it ended: completed,
+        early_stopped, budget_stopped, or paused (at a tuning rung, with a checkpoint there).
+        Raises `Preempted` after an emergency checkpoint when asked to stop. What is made of
+        the end (the package, result.json, the rung record) is `training.trainer.publish`'s."""
         progress, max_steps = self.state.progress, self.tc.max_steps
         batches = iter(self.loader)
         self.state.model.train()
@@ -241,7 +240,8 @@ class Trainer:
         pause_at = self.job.pause_at
         while progress.step < max_steps and progress.stopped is None:
             if pause_at is not None and progress.step >= pause_at:
-                return self._pause(batches)  # a tuning rung: the study decides whether to go on
+                self._stop_at_rung(batches)  # a tuning rung: the study decides whether to go on
+                return "paused"
             # One process decides alone; under DDP every rank acts on the flag they agreed on at
             # the end of the last step, so all of them stop at the same step.
             if self.stop_agreed if self.world_size > 1 else self.stop.requested:
@@ -255,7 +255,9 @@ class Trainer:
                 break
         self._release(batches)
         self.emit_any_rank(RankDone(rank=self.rank, rows=self.rows_seen, step=progress.step))
-        return self._finish(status) if self.rank == 0 else None
+        if self.profiler is not None:
+            self.profiler.close()
+        return status
 
     def train_step(self, batches: Iterator[Any]) -> torch.Tensor:
         """One optimizer step over `grad_accum` micro-batches; the step's summed loss."""
@@ -387,34 +389,13 @@ class Trainer:
         raise Preempted(f"stopped at step {self.state.progress.step}: "
                         f"{self.stop.reason or 'another rank was stopped'}", step=self.state.progress.step)
 
-    def _pause(self, batches: Iterator[Any]) -> RungResult | None:
-        """Stop at a tuning rung: a checkpoint at this step (the next rung resumes from it, bit
-        for bit), made durable, then the rung's result in `rungs/step-<n>.json`. A pause is not
-        a preemption: the ledger records it so the report does not count it as one."""
+    def _stop_at_rung(self, batches: Iterator[Any]) -> None:
+        """A checkpoint at this step (the next rung resumes from it, bit for bit), on every rank:
+        the RNG gather is a collective."""
         progress = self.state.progress
         if self.saved_step != progress.step and self.book.resumed_step != progress.step:
-            self.save()  # on every rank: the RNG gather is a collective
+            self.save()
         self._release(batches)
-        if self.rank != 0:
-            return None
-        self.checkpointer.wait()
-        uploader = self.book.uploader
-        if uploader is not None:
-            uploader.flush()
-            uploader.close()
-        append_attempt(self.run_dir / "attempts.jsonl", {"paused_at": progress.step})
-        best = self.state.stopper.best
-        rung = RungResult(run_key=self.job.run_key, status="paused", step=progress.step, metric=self.metric,
-                          value=float("nan") if best is None else best, billed_seconds=progress.billed_seconds(),
-                          steps_lost=progress.steps_lost, preemptions=progress.preemptions,
-                          startup_seconds=progress.seconds.startup)
-        write_json_atomic(self.run_dir / rung_file(progress.step), rung.to_json())
-        root = self.book.root
-        if root is not None:
-            root.publish(f"{self.job.run_rel}/attempts.jsonl", RUN, self.job.run_key)
-            root.publish(f"{self.job.run_rel}/{rung_file(progress.step)}", RUN, self.job.run_key)
-        self.emit(Paused(step=progress.step, value=rung.value, metric=self.metric))
-        return rung
 
     def _release(self, batches: Iterator[Any]) -> None:
         self.book.heartbeat.close()
@@ -423,75 +404,3 @@ class Trainer:
         shutdown = getattr(batches, "_shutdown_workers", None)
         if shutdown is not None:
             shutdown()
-
-    # -- the end --------------------------------------------------------------------------
-
-    def _finish(self, status: str) -> TrainResult:
-        """Wait for the checkpoints, export the best as the model package, write result.json
-        and publish the run (result.json last: it marks the run done)."""
-        if self.profiler is not None:
-            self.profiler.close()
-        self.checkpointer.wait()  # the final and best checkpoints must be on disk before export
-        uploader = self.book.uploader
-        if uploader is not None:
-            uploader.flush()
-            uploader.close()
-        fp32_slowdown = 1.0
-        if self.precision != "fp32":
-            fp32_slowdown = measure_fp32_slowdown(self.state.model, self.task, self.train_batches.batch(0, 0),
-                                                  self.device, self.precision)
-        stopper = self.state.stopper
-        assert stopper.best_step is not None  # every run validates at least once: at its last step
-        best = load_checkpoint_state(self.run_dir / "checkpoints" / step_dir_name(stopper.best_step))["model"]
-        package = export_model_package(self.run_dir / "model", best, self.config, self.stats, self.job.run_key,
-                                       stopper.best_step, self.metric, stopper.best)
-        result = self._result(status, package, fp32_slowdown)
-        write_json_atomic(self.run_dir / "result.json", result.to_json())
-        root, rel, key = self.book.root, self.job.run_rel, self.job.run_key
-        if root is not None:
-            root.publish_all([f"{rel}/model/model.pt", f"{rel}/model/model.json"], MODEL, key)
-            root.publish(f"{rel}/attempts.jsonl", RUN, key)
-            root.publish(f"{rel}/result.json", RUN, key)  # last: the run is done
-        return result
-
-    def _result(self, status: str, package: Any, fp32_slowdown: float) -> TrainResult:
-        progress, stopper, tc = self.state.progress, self.state.stopper, self.tc
-        assert progress.micro_batch is not None and stopper.best_step is not None
-        uploader = self.book.uploader
-        upload = None if uploader is None else {
-            "uploaded": len(uploader.uploaded), "superseded": uploader.superseded, "failures": uploader.failures,
-            "background_seconds": uploader.seconds}
-        return TrainResult(
-            run_key=self.job.run_key, status=status, stop_reason=progress.stop_reason, fp32_slowdown=fp32_slowdown,
-            profile=self.profiler.summary() if self.profiler is not None else None, max_steps=tc.max_steps,
-            billed_seconds=progress.billed_seconds(), accelerator=accelerator_stats(self.device),
-            steps=progress.step, best_step=stopper.best_step, metric=self.metric, best_val_metric=stopper.best,
-            best_val_auc=stopper.best if self.metric == "auc" else None, precision=self.precision,
-            device=self.device.type, model=package, history=progress.history,
-            resumed_from_steps=progress.resumed_from_steps, preemptions=progress.preemptions,
-            steps_lost=progress.steps_lost, seconds=progress.seconds.model_copy(),
-            first_step_latency_seconds=self.first_step_latency,
-            restart_to_first_step_seconds=progress.restart_to_first_step_seconds,
-            checkpoints_saved=progress.checkpoints_saved,
-            checkpoint_background_seconds=self.checkpointer.background_seconds,
-            checkpoint_interval=self.schedule.describe(progress),
-            samples_seen=progress.step * progress.micro_batch * self.grad_accum,  # the micro-batch is global
-            batch_layout={"micro_batch": progress.micro_batch, "grad_accum": self.grad_accum,
-                          "auto": progress.auto_batch, "peak_lr": tc.peak_lr()},
-            num_workers={"used": self.num_workers, "probe": self.workers_probe}, threads=self.threads,
-            compile_seconds=self.compile_seconds, world_size=self.world_size, checkpoint_upload=upload,
-        )
-
-
-def train(job: TrainJob, stop: StopFlag | None = None, emit: Callable[[ChildEvent], None] = lambda event: None,
-          rank: int = 0, world_size: int = 1, now_fn: Callable[[], float] = time.perf_counter
-          ) -> TrainResult | RungResult | None:
-    """Train (or resume, or find already finished) the run in `job.run_dir`; its result (or its
-    pause at `job.pause_at`) on rank 0, None on the other ranks."""
-    finished = finished_result(job)
-    if finished is not None:
-        return finished
-    paused = paused_result(job, job.pause_at) if job.pause_at is not None else None
-    if paused is not None:
-        return paused  # this rung was reached before: nothing to train
-    return Trainer(job, stop, emit, rank, world_size, now_fn).fit()

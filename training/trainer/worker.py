@@ -16,7 +16,6 @@ EXIT_PREEMPTED rather than hang: the task's retry resumes from the last checkpoi
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import select
@@ -26,11 +25,11 @@ from pathlib import Path
 
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.trainer.child import HOLD_FLAG
-from training.trainer.events import ChildEvent, Done, ErrorReport, Idle, LogLine
+from training.trainer.events import ChildEvent, Done, ErrorReport, Idle, JobOrder, LogLine
 from training.trainer.job import TrainJob
 from training.trainer.results import RungResult
 from training.trainer.spot import start_spot_notice_poller
-from training.trainer.trainer import StopFlag, train
+from training.trainer.run import StopFlag, train
 
 __all__ = ["main"]
 
@@ -144,10 +143,10 @@ def _next_order(stop: StopFlag, parent: int | None) -> tuple[Path, Path] | None:
         line = sys.stdin.readline()
         if not line:
             return None
-        order = json.loads(line)
+        order = JobOrder.model_validate_json(line)
         # The job's start-up is billed from the hand-over, as a fresh child's is from its spawn.
-        os.environ["RETRAIN_SPAWN_TIME"] = repr(float(order["spawn_time"]))
-        return Path(order["job"]), Path(order["error"])
+        os.environ["RETRAIN_SPAWN_TIME"] = repr(order.spawn_time)
+        return Path(order.job), Path(order.error)
     return None
 
 

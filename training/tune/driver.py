@@ -59,7 +59,7 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     study = Study(config, packed.fingerprint, calibration.cost)
     if fresh:
         study.add_setup_seconds(calibration.billed_seconds, "calibration")
-        write_json_atomic(path, calibration.to_json())
+        write_json_atomic(path, calibration.model_dump())
         root.publish(rel, RUN)
     study.add_setup_seconds(packed.seconds + prep.seconds, "setup")
     if study.budget.unpriced:

@@ -9,9 +9,10 @@ is answered from disk without starting anything.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict
 
 from training.config import RetrainConfig, TuneConfig
 from training.pipeline.champion import check_champion
@@ -51,15 +52,19 @@ def rung_stage(config: RetrainConfig, packed: PackResult, prep: PrepResult, step
     return run_rung_process(job, on_event, pool=TRIAL_CHILDREN)
 
 
-@dataclass(frozen=True)
-class Calibration:
+class Calibration(BaseModel):
+    """calibration.json: the short run that prices every rung until real rungs are measured."""
+
+    model_config = ConfigDict(frozen=True)
+
     steps: int
     billed_seconds: float  # what the calibration itself cost
-    cost: RungCost
+    startup_seconds: float
+    seconds_per_step: float
 
-    def to_json(self) -> dict[str, Any]:
-        return {"steps": self.steps, "billed_seconds": self.billed_seconds,
-                "startup_seconds": self.cost.startup_seconds, "seconds_per_step": self.cost.seconds_per_step}
+    @property
+    def cost(self) -> RungCost:
+        return RungCost(self.startup_seconds, self.seconds_per_step)
 
 
 def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study: str,
@@ -85,16 +90,12 @@ def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study
     s = result.seconds
     # A rung pays the checkpoint and validation at its end, as the calibration did.
     per_step = (s.train + s.eval + s.checkpoint) / steps
-    return Calibration(steps=steps, billed_seconds=result.billed_seconds,
-                       cost=RungCost(startup_seconds=s.startup, seconds_per_step=per_step))
+    return Calibration(steps=steps, billed_seconds=result.billed_seconds, startup_seconds=s.startup,
+                       seconds_per_step=per_step)
 
 
 def read_calibration(path: Path) -> Calibration | None:
-    import json
-
     try:
-        raw = json.loads(path.read_text())
-        return Calibration(steps=int(raw["steps"]), billed_seconds=float(raw["billed_seconds"]),
-                           cost=RungCost(float(raw["startup_seconds"]), float(raw["seconds_per_step"])))
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return Calibration.model_validate_json(path.read_bytes())
+    except (FileNotFoundError, ValueError):  # ValueError: pydantic's ValidationError too
         return None

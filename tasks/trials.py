@@ -16,7 +16,7 @@ from tasks.runtime import flow_run_id
 from tasks.train import train_model
 from training.config import RetrainConfig
 from training.trainer.events import ChildEvent
-from training.pipeline.handoffs import PackResult, PrepResult
+from training.pipeline.handoffs import PackResult, PrepResult, StageStates
 from training.trainer.results import RungResult
 from training.tune.driver import drive, open_study
 from training.tune.study import RungWork
@@ -69,5 +69,5 @@ def promote_best(config: RetrainConfig, packed: PackResult, prep: PrepResult, re
         retry_delay_seconds=backoff(best.train.retry.delay_seconds, best.train.retry.max_retries),
     )(best, packed, prep)
     evaluation = evaluate_model(best, packed, trained)
-    states = {"pack": "Completed", "preprocess": "Completed", "train": "Completed", "evaluate": "Completed"}
+    states = StageStates(pack="Completed", preprocess="Completed", train="Completed", evaluate="Completed")
     return write_run_report(best, packed, prep, trained, evaluation, states, flow_run_id())

@@ -1,0 +1,1 @@
+"""Tuning under a dollar budget: an Optuna study whose trials are resumable runs paused at their rungs."""
