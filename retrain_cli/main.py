@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from retrain_cli.parser import build_parser
 from retrain_cli.temp_server import TemporaryServer, server_is_up
 from retrain_cli.tune_summary import tune_summary
 from training.config import RetrainConfig, load_config
@@ -98,49 +99,6 @@ def _quiet_expected_tracebacks() -> None:
             if isinstance(handler, PrefectConsoleHandler) and not getattr(handler, "_retrain_quiet", False):
                 handler.emit = without_traceback(handler.emit)  # type: ignore[method-assign]
                 handler._retrain_quiet = True  # type: ignore[attr-defined]
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="retrain", description="Cheap, preemption-safe retraining of PyTorch models.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the whole pipeline: pack -> preprocess -> train -> evaluate")
-    run.add_argument("--config", type=Path, help="YAML config file (defaults: the built-in demo)")
-    run.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config key, e.g. --set train.batch_size=256 (YAML value); repeatable",
-    )
-    run.add_argument("--force", action="store_true",
-                     help="run the flow even when a finished run's config, code, source data and champion are unchanged")
-    tune = sub.add_parser("tune", help="search tune.space with pruned trials within tune.max_usd / max_gpu_hours / "
-                          "max_wall_seconds; rerun the same command to resume")
-    tune.add_argument("--config", type=Path, help="YAML config file with a tune: section")
-    tune.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config key, e.g. --set tune.max_usd=5; repeatable")
-    plan = sub.add_parser("plan", help="estimate time and cost per instance type from a short calibration run")
-    plan.add_argument("--config", type=Path, help="YAML config file (defaults: the built-in demo)")
-    plan.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    plan.add_argument("--instance-types", default=None,
-                      help="comma-separated keys of cost.prices to compare (default: all)")
-    plan.add_argument("--deadline-hours", type=float, default=None, help="the run must finish within this")
-    plan.add_argument("--calibration-steps", type=int, default=50, help="optimizer steps to time (default 50)")
-    predict = sub.add_parser("predict", help="score Parquet with the champion (or --model) into a Parquet file")
-    predict.add_argument("--input", required=True, help="a Parquet file, a folder of them, or an s3:// prefix")
-    predict.add_argument("--output", required=True, help="the Parquet file to write (local path or s3:// key)")
-    predict.add_argument("--model", default="champion",
-                         help="'champion' (default), a promoted model's sha256, or a model package folder")
-    predict.add_argument("--keys", default=None,
-                         help="comma-separated input columns to copy into the output (default: all)")
-    predict.add_argument("--config", type=Path, help="YAML config: its storage.root holds the champion")
-    predict.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    automations = sub.add_parser("automations", help="install the shipped Prefect automations (reschedule crashed spot "
-                                 "runs, mark silent ones crashed) on the configured server; idempotent")
-    automations.add_argument("--dir", type=Path, default=Path("deployments/automations"),
-                             help="folder of automation YAML files (default: deployments/automations)")
-    join = sub.add_parser("join", help="run this node's training processes of a multi-node run (train.distributed.nnodes > 1)")
-    join.add_argument("--config", type=Path, help="the same YAML config as the flow run")
-    join.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    join.add_argument("--node-rank", type=int, required=True, help="this node's rank, 1..nnodes-1")
-    return parser
 
 
 def _join(args: argparse.Namespace) -> int:
@@ -394,7 +352,7 @@ def _drain_logs() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_terminated)  # unwind (stop the training child, the server)
     try:
         commands = {"plan": _plan, "join": _join, "run": _run, "tune": _tune, "predict": _predict,

@@ -1,0 +1,96 @@
+"""The `retrain` command line: every subcommand, its options, one example and its exit codes."""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+__all__ = ["build_parser"]
+
+_EXIT_CODES = """exit codes:
+  0    success{extra}
+  2    bad input (config, data, storage, checkpoint): one line naming the file, column or key
+  75   preempted more often than train.retry.max_retries allows, or SIGTERM: run it again to resume
+  130  Ctrl-C: run it again to resume"""
+
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run the pipeline: pack -> preprocess -> train -> evaluate -> report",
+            "retrain run --set data.source=/data/clicks/ --set train.max_steps=5000"),
+    "tune": ("search tune.space with pruned trials within tune.max_usd, max_gpu_hours or max_wall_seconds; "
+             "run it again to resume", "retrain tune --config examples/tune.yaml"),
+    "plan": ("estimate time and cost per instance type from a short calibration run",
+             "retrain plan --instance-types g4dn.xlarge,g5.xlarge --deadline-hours 2"),
+    "predict": ("score Parquet rows with the champion (or --model) into a Parquet file",
+                "retrain predict --input new_rows.parquet --output scores.parquet --keys user_id"),
+    "automations": ("install the shipped Prefect automations on the server PREFECT_API_URL names "
+                    "(reschedule crashed spot runs, mark silent ones crashed); idempotent", "retrain automations"),
+    "join": ("start this node's training processes of a multi-node run (train.distributed.nnodes > 1)",
+             "retrain join --config cluster.yaml --node-rank 1"),
+}
+_EXTRA_EXIT = {"plan": "\n  1    no instance type meets --deadline-hours"}  # after 0 in the list
+
+
+def _version() -> str:
+    try:
+        return version("retrain-pipeline")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
+def _config_options(parser: argparse.ArgumentParser, config_help: str) -> None:
+    parser.add_argument("--config", type=Path, metavar="FILE.yaml", help=config_help)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set train.batch_size=256 (the value is YAML); repeatable")
+
+
+def _subcommand(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    summary, example = _COMMANDS[name]
+    epilog = f"example:\n  {example}\n\n{_EXIT_CODES.format(extra=_EXTRA_EXIT.get(name, ''))}"
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=summary, epilog=epilog,
+                                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="retrain", description="Cheap, preemption-safe retraining of PyTorch models, orchestrated by Prefect.",
+        epilog=f"example:\n  retrain run\n\n{_EXIT_CODES.format(extra='')}", formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"retrain {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = _subcommand(sub, "run")
+    _config_options(run, "YAML config file (default: the built-in demo)")
+    run.add_argument("--force", action="store_true",
+                     help="run the flow even when a finished run's config, code, source data and champion are unchanged")
+
+    tune = _subcommand(sub, "tune")
+    _config_options(tune, "YAML config file with a tune: section")
+
+    plan = _subcommand(sub, "plan")
+    _config_options(plan, "YAML config file (default: the built-in demo)")
+    plan.add_argument("--instance-types", default=None, metavar="A,B",
+                      help="comma-separated keys of cost.prices to compare (default: all)")
+    plan.add_argument("--deadline-hours", type=float, default=None, metavar="H", help="the run must finish within this")
+    plan.add_argument("--calibration-steps", type=int, default=50, metavar="N",
+                      help="optimizer steps to time (default: 50)")
+
+    predict = _subcommand(sub, "predict")
+    predict.add_argument("--input", required=True, metavar="PARQUET",
+                         help="a Parquet file, a folder of them, or an s3:// prefix")
+    predict.add_argument("--output", required=True, metavar="PARQUET",
+                         help="the Parquet file to write (a local path or an s3:// key)")
+    predict.add_argument("--model", default="champion",
+                         help="'champion' (default), a promoted model's sha256, or a model package folder")
+    predict.add_argument("--keys", default=None, metavar="A,B",
+                         help="comma-separated input columns to copy into the output (default: all)")
+    _config_options(predict, "YAML config file: its storage.root holds the champion")
+
+    automations = _subcommand(sub, "automations")
+    automations.add_argument("--dir", type=Path, default=Path("deployments/automations"), metavar="FOLDER",
+                             help="folder of automation YAML files (default: deployments/automations)")
+
+    join = _subcommand(sub, "join")
+    _config_options(join, "the same YAML config as the flow run's")
+    join.add_argument("--node-rank", type=int, required=True, metavar="N", help="this node's rank, 1 to nnodes-1")
+    return parser

@@ -1,0 +1,40 @@
+"""The CLI explains itself: a version, help for every option, and each command's help ends with
+an example and the exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from importlib.metadata import version
+
+import pytest
+
+from retrain_cli.parser import build_parser
+
+PARSER = build_parser()
+COMMANDS = next(a for a in PARSER._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_version() -> None:
+    out = subprocess.run([sys.executable, "-m", "retrain_cli.main", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"retrain {version('retrain-pipeline')}"
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_option_has_help_and_the_help_ends_with_an_example_and_the_exit_codes(name: str) -> None:
+    command = COMMANDS[name]
+    undocumented = [a.option_strings for a in command._actions if a.option_strings and not a.help]
+    assert undocumented == []
+    text = command.format_help()
+    assert f"example:\n  retrain {name}" in text
+    tail = text.rstrip().split("exit codes:")[-1]
+    for code in ("0", "2", "75", "130"):
+        assert f"\n  {code} " in tail, f"exit code {code} missing from `retrain {name} --help`"
+
+
+def test_each_command_example_parses() -> None:
+    for name, command in COMMANDS.items():
+        example = command.epilog.split("example:\n  ", 1)[1].splitlines()[0]
+        args = PARSER.parse_args(example.split()[1:])
+        assert args.command == name
