@@ -200,6 +200,10 @@ def _started_from_the_empty_copy(stderr: str, had_copy: bool) -> None:
     assert runs == 0
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
 def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: Path, demo_source: Path,
                                                                     how: str, prefect_server) -> None:
@@ -210,8 +214,11 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
                                                       "train.checkpoint.every=10", "train.patience=0"]
     args = _sets(overrides)
     had_copy = empty_database_copy().exists()
+    # A terminal's foreground job has SIGINT at its default; a test session started in the
+    # background of a non-interactive shell hands its children SIGINT ignored.
     proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
     deadline = time.time() + 300
     while not list(root.glob("runs/*/checkpoints/step-*[0-9]")) and time.time() < deadline:
         time.sleep(0.05)

@@ -31,7 +31,7 @@ def _study_config(tmp_path: Path, demo_source: Path, **tune: Any) -> Path:
         "data": {"source": str(demo_source), "rows_per_member": 256, "shard_size_mb": 0.06},
         "model": {"hidden": [64, 32], "embedding_dim": 4},
         "train": {"max_steps": 120, "eval_every": 40, "checkpoint": {"every": 40}, "batch_size": 512,
-                  "schedule": {"warmup_steps": 5}, "loader": {"num_workers": 0}, "patience": 0,
+                  "schedule": {"warmup_steps": 5}, "loader": {"num_workers": 0, "torch_threads": 1}, "patience": 0,
                   "retry": {"delay_seconds": 0}},
         # A priced instance: the budget is in dollars.
         "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
