@@ -7,8 +7,11 @@ Writes benchmarks/results/<name>.json and prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
+import os
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +54,22 @@ SUITE = {
 }
 
 
+META = ("machine", "command", "commit", "date", "load_before", "load_after", "wall_seconds")
+
+
+def _commit() -> str:
+    """The commit measured, with "+changes" when the working tree differs from it."""
+    repo = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("names", nargs="*", choices=[*SUITE, []], help="benchmarks to run (default: all)")
@@ -61,16 +80,22 @@ def main() -> None:
     where = machine()
     for name in args.names or list(SUITE):
         with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+            load_before = os.getloadavg()[0]
             t0 = time.perf_counter()
             result = SUITE[name](Path(tmp))
+            # Where and when: the shared machines these run on are noisy, so the load is kept too.
             result["machine"] = where
             result["command"] = f"python -m benchmarks.run {name}"
+            result["commit"] = _commit()
+            result["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            result["load_before"] = round(load_before, 2)
+            result["load_after"] = round(os.getloadavg()[0], 2)
             result["wall_seconds"] = round(time.perf_counter() - t0, 1)
         (args.out / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
         print(f"\n### {name}  ({where})")
         print("| figure | value |\n|---|---|")
         for key, value in result.items():
-            if key not in ("machine", "command"):
+            if key not in META:
                 print(f"| {key} | {value} |")
 
 

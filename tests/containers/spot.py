@@ -1,6 +1,6 @@
-"""What the container tests (and `benchmarks/bench_containers.py`) need around a real Docker
-engine: the base image, the build's extra files, the docker deployment, and the containers and S3
-objects of a flow run. Plain functions: no pytest here."""
+"""What the container tests need around a real Docker engine: the base image, the build's extra
+files, the docker deployment, and the containers and S3 objects of a flow run. Plain functions:
+no pytest here."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ deployments deployed as CI does it (from a clone that is then deleted); workers 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -83,9 +84,9 @@ class _RetryingTransport(httpx.HTTPTransport):
         return super().handle_request(request)  # the eighth try, whatever it answers
 
 
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    home = tmp_path_factory.mktemp("prefect-server-home")
+@contextlib.contextmanager
+def running_server(home: Path) -> Iterator[PrefectServer]:
+    """`prefect server start` with its own SQLite home, until the block ends."""
     server = PrefectServer(home, _free_port())
     # The CLI's empty database copy, when an earlier test's temporary server kept one: the
     # server then skips its migrations (about 9 s here). Without it, it migrates as usual.
@@ -117,6 +118,12 @@ def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prefect
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    with running_server(tmp_path_factory.mktemp("prefect-server-home")) as server:
+        yield server
 
 
 POOL = "retrain-process"

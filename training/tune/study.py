@@ -59,8 +59,8 @@ def study_key(config: RetrainConfig, dataset_fingerprint: str) -> str:
     """What defines a study: the data, everything a trial computes besides its sampled keys,
     the metric, and the search (space, sampler, pruner, rungs, seed). Budgets, max_trials and
     concurrency are not part of it: raising them continues the same study."""
-    # "asha" decided like optuna_sh until session 13: its studies get a new key rather than
-    # continuing under another rule.
+    # An earlier "asha" decided like optuna_sh: its studies get a new key rather than continuing
+    # under another rule.
     rule = {"promotion": "deferred"} if config.tune.pruner == "asha" else {}
     return fingerprint("tune", dataset_fingerprint, fingerprinted(config), {"eval.metric": config.eval.metric},
                        fingerprinted(config.tune), rule)
