@@ -1,10 +1,16 @@
 """Scoring: `retrain predict`'s path (Parquet read, validation, encoding, the package's
 transform, the model, the output Parquet written) against a bare `model(x)` loop over the same
-rows already transformed and in memory, in batches of the same size."""
+rows already transformed and in memory, in batches of the same size, both on the torch thread
+count predict's policy picks on this machine.
+
+And the command's fixed cost: `retrain predict` on a 100-row file from a fresh process, beside
+`python -c "import torch"`, the floor any scoring command pays."""
 
 from __future__ import annotations
 
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +23,8 @@ from training.trainer.run import train
 from training.model.network import forward_fn
 from training.model.batch_scoring import SCORE_BATCH, load_scoring_model, predict_files
 from training.data.packing import FeatureValidator, feature_arrays
-from training.config import DataConfig
+from training.config import DataConfig, RetrainConfig
+from training.pipeline.predict_stage import scoring_threads
 
 
 def _bare_rows_per_s(scoring: Any, source: Path) -> float:
@@ -38,6 +45,26 @@ def _bare_rows_per_s(scoring: Any, source: Path) -> float:
     return table.num_rows / (time.perf_counter() - t0)
 
 
+def _wall(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def _fixed_cost(work: Path, source: Path, package: Path, rounds: int) -> dict[str, Any]:
+    small = work / "hundred.parquet"
+    pq.write_table(pq.read_table(source).slice(0, 100), small)
+    cli, floor = [], []
+    for r in range(rounds):  # interleaved
+        out = work / f"hundred-scores-{r}.parquet"
+        cli.append(_wall([sys.executable, "-m", "retrain_cli.main", "predict", "--input", str(small), "--output",
+                          str(out), "--model", str(package), "--set", f"storage.root={work / 'root'}"]))
+        floor.append(_wall([sys.executable, "-c", "import torch"]))
+    return {"cli_100_rows_seconds": [round(x, 3) for x in cli], "import_torch_seconds": [round(x, 3) for x in floor],
+            "cli_fixed_cost_seconds": round(statistics.median(cli), 3),
+            "cli_fixed_cost_beyond_import_torch_seconds": round(statistics.median(cli) - statistics.median(floor), 3)}
+
+
 def run(work: Path, rows: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
     source = demo_parquet(work, rows)
     job = train_job(work, "model", [f"data.source={source}", "train.max_steps=200", "train.eval_every=100"])
@@ -45,14 +72,16 @@ def run(work: Path, rows: int = 1_000_000, rounds: int = 3) -> dict[str, Any]:
     scoring = load_scoring_model(package, None)
     scoring.model.eval()
     predict, bare = [], []
-    for r in range(rounds):  # interleaved: drift on a shared box hits both
-        out = work / f"scores-{r}.parquet"
-        t0 = time.perf_counter()
-        result = predict_files([source], scoring, out)
-        predict.append(result.rows / (time.perf_counter() - t0))
-        bare.append(_bare_rows_per_s(scoring, source))
+    with scoring_threads(RetrainConfig()) as threads:  # both sides on predict's thread count
+        for r in range(rounds):  # interleaved: drift on a shared box hits both
+            out = work / f"scores-{r}.parquet"
+            t0 = time.perf_counter()
+            result = predict_files([source], scoring, out)
+            predict.append(result.rows / (time.perf_counter() - t0))
+            bare.append(_bare_rows_per_s(scoring, source))
     ratios = [p / b for p, b in zip(predict, bare, strict=True)]
-    return {"rows": rows, "batch": SCORE_BATCH, "rounds": rounds, "torch_threads": torch.get_num_threads(),
+    return {"rows": rows, "batch": SCORE_BATCH, "rounds": rounds, "torch_threads": threads,
             "predict_rows_per_s": [round(p) for p in predict], "bare_model_rows_per_s": [round(b) for b in bare],
             "ratio_predict_vs_bare_per_round": [round(x, 3) for x in ratios],
-            "ratio_predict_vs_bare": round(statistics.median(ratios), 3)}
+            "ratio_predict_vs_bare": round(statistics.median(ratios), 3),
+            **_fixed_cost(work, source, package, rounds)}

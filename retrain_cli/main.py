@@ -299,6 +299,10 @@ def _predict(args: argparse.Namespace) -> int:
     clock = _Clock()
     config = _loaded(args)
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys is not None else None
+    # Scoring needs no orchestration: without --flow it runs here, with no Prefect server to wait
+    # for. A credentials block lives on the server, so it takes the flow path.
+    if not args.flow and not (config.storage.is_s3 and config.storage.credentials_block):
+        return _predict_here(config, args, keys, clock)
 
     def load() -> Callable[[RetrainConfig], str]:
         from flows.predict import predict
@@ -311,6 +315,24 @@ def _predict(args: argparse.Namespace) -> int:
         return output
     sys.stderr.flush()
     print(output, flush=True)
+    return 0
+
+
+def _predict_here(config: RetrainConfig, args: argparse.Namespace, keys: list[str] | None, clock: _Clock) -> int:
+    from training.pipeline.predict_stage import predict_stage
+
+    try:
+        result = predict_stage(config, args.input, args.output, args.model, keys)
+    except (KeyboardInterrupt, _Terminated) as err:
+        # The output is written under a temporary name and renamed: nothing partial is left.
+        how = "Ctrl-C" if isinstance(err, KeyboardInterrupt) else "SIGTERM"
+        print(f"retrain: interrupted ({how}); no output was written; run the same command again",
+              file=sys.stderr, flush=True)
+        return 130 if isinstance(err, KeyboardInterrupt) else EXIT_PREEMPTED
+    done = "already scored (output unchanged):" if result.skipped else "scored"
+    _say(f"{done} {result.rows} rows with model {result.model_sha256[:12]} on {result.torch_threads} torch thread(s) in "
+         f"{result.seconds:.2f} s ({time.perf_counter() - clock.started:.2f} s in all)")
+    print(result.output, flush=True)
     return 0
 
 

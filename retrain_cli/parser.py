@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="'champion' (default), a promoted model's sha256, or a model package folder")
     predict.add_argument("--keys", default=None, metavar="A,B",
                          help="comma-separated input columns to copy into the output (default: all)")
+    predict.add_argument("--flow", action="store_true",
+                         help="run it as the Prefect flow `predict` (recorded on the server, like a deployed run) "
+                              "instead of scoring in this process")
     _config_options(predict, "YAML config file: its storage.root holds the champion")
 
     automations = _subcommand(sub, "automations")

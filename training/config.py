@@ -301,7 +301,8 @@ class LoaderConfig(_Section):
     torch_threads: int | Literal["auto"] = Field(
         "auto", description='Intra-op threads of the training process, or "auto": the CPUs it may use (affinity, '
         "container quota) less the cores other processes keep busy, shared among a node's processes, minus one per "
-        "DataLoader worker and one for the prefetch thread when it is measured busy; kept across resumes.",
+        "DataLoader worker and one for the prefetch thread when it is measured busy; kept across resumes. "
+        "`retrain predict` follows it too, keeping one core for its reading and writing threads under auto.",
         json_schema_extra=OPERATIONAL)
     cache_mb: float = Field(
         512.0, ge=0, description="RAM for transformed train shards kept from one epoch to the next, per process "

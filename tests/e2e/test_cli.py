@@ -61,17 +61,27 @@ def test_second_run_shows_cached_preprocessing_and_the_champion_scores(tmp_path:
     assert "already complete" in second.stdout
     assert first.stdout.splitlines()[-1] == second.stdout.splitlines()[-1]
 
-    # The champion in use: `retrain predict` scores new data with it.
+    # The champion in use: `retrain predict` scores new data with it, in its own process: no
+    # Prefect server is configured, running or started for it.
     predict = [sys.executable, "-m", "retrain_cli.main", "predict", "--input", str(demo_source), "--output",
                str(tmp_path / "scores.parquet"), "--keys", "clicked", *args]
-    scored = subprocess.run(predict, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=prefect_server.env)
+    no_server = {k: v for k, v in prefect_server.env.items() if k != "PREFECT_API_URL"}
+    scored = subprocess.run(predict, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=no_server)
     assert scored.returncode == 0, scored.stderr[-3000:]
     assert scored.stdout.strip().splitlines()[-1] == str(tmp_path / "scores.parquet")
+    assert "Prefect" not in scored.stderr, scored.stderr
     import pyarrow.parquet as pq
 
     table = pq.read_table(tmp_path / "scores.parquet")
     assert table.column_names == ["clicked", "probability", "prediction"] and table.num_rows == 8000
     assert "scored 8000 rows with model" in scored.stderr  # a rerun is a no-op: tests/training/test_predict.py
+    # --flow: the same scoring as the Prefect flow `predict`, recorded on the server; its output
+    # already holds these scores.
+    flowed = subprocess.run([*predict, "--flow"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            env=prefect_server.env)
+    assert flowed.returncode == 0, flowed.stderr[-3000:]
+    assert "already scored: 8000 rows" in flowed.stdout + flowed.stderr
+    assert flowed.stdout.strip().splitlines()[-1] == str(tmp_path / "scores.parquet")
 
 
 def test_config_error_is_one_line_and_starts_nothing(tmp_path: Path) -> None:

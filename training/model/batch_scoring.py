@@ -69,6 +69,7 @@ class PredictResult(BaseModel):
     skipped: bool  # the output already held this model's scores of this input
     seconds: float
     key_columns: list[str]  # not `keys`: Prefect treats a model with .keys() as a mapping
+    torch_threads: int | None = None  # the model's intra-op threads, when the stage chose them
 
 
 @dataclass(frozen=True)

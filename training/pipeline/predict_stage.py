@@ -5,12 +5,14 @@ or an s3:// key). The scoring itself is `training.model.batch_scoring`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 from training.config import RetrainConfig
 from training.data.sources import source_files
@@ -19,8 +21,9 @@ from training.model.batch_scoring import PredictResult, ScoringModel, load_scori
 from training.pipeline.champion import check_champion
 from training.storage.root import StorageRoot, settings_for
 from training.storage.s3 import S3Store, parse_s3_uri
+from training.trainer.threads import decide_threads
 
-__all__ = ["predict_stage", "resolve_model"]
+__all__ = ["predict_stage", "resolve_model", "scoring_threads"]
 
 _SHA = re.compile(r"[0-9a-f]{64}")
 
@@ -74,16 +77,34 @@ def _download_inputs(config: RetrainConfig, uri: str, into: Path) -> list[Path]:
 INPUT_SETTING = "--input (the predict flow's `input` parameter)"
 
 
+@contextlib.contextmanager
+def scoring_threads(config: RetrainConfig) -> Iterator[int]:
+    """torch's intra-op threads while scoring, by training's policy (`train.loader.torch_threads`:
+    N as given; `auto` keeps one core of the CPUs this process may use for the reading and
+    writing threads that run beside the model), restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    threads = decide_threads(config.train.loader.torch_threads, loader_workers=0).threads
+    torch.set_num_threads(threads)
+    try:
+        yield threads
+    finally:
+        torch.set_num_threads(before)
+
+
 def predict_stage(config: RetrainConfig, source: str, output: str, model: str = "champion",
                   keys: list[str] | None = None) -> PredictResult:
     """Score `source` with `model` into `output` (see `training.model.batch_scoring`)."""
     scoring = resolve_model(config, model)
-    with tempfile.TemporaryDirectory(prefix="retrain-predict-") as tmp:
+    with scoring_threads(config) as threads, tempfile.TemporaryDirectory(prefix="retrain-predict-") as tmp:
         files = (_download_inputs(config, source, Path(tmp) / "in") if source.startswith("s3://")
                  else source_files(Path(source).expanduser(), INPUT_SETTING))
         if not output.startswith("s3://"):
-            return predict_files(files, scoring, Path(output).expanduser(), keys)
-        return _predict_to_s3(config, files, scoring, output, keys, Path(tmp) / "out")
+            result = predict_files(files, scoring, Path(output).expanduser(), keys)
+        else:
+            result = _predict_to_s3(config, files, scoring, output, keys, Path(tmp) / "out")
+        return result.model_copy(update={"torch_threads": threads})
 
 
 def _predict_to_s3(config: RetrainConfig, files: list[Path], scoring: ScoringModel, output: str,
