@@ -166,6 +166,12 @@ class PreprocessConfig(_Section):
                             json_schema_extra=COMPUTED_SINCE)
     image_size: int = Field(32, ge=4, le=4096, description="data.image: images are decoded once, converted to RGB "
                             "and resized to image_size x image_size.", json_schema_extra=COMPUTED_SINCE)
+    target_transform: Literal["auto", "standardize", "log1p", "quantile"] = Field(
+        "auto", description="Regression: the label's transform for training, inverted exactly in evaluation, "
+        "predict and the export. standardize; log1p (labels >= 0), then standardised; quantile (the train split's "
+        "CDF, then the normal's inverse CDF); auto: standardize when the train labels' skewness is within ±1, log1p "
+        "when the labels are >= 0 and it brings the skewness within ±1, else quantile.",
+        json_schema_extra=COMPUTED_SINCE)
 
 
 class ModelConfig(_Section):

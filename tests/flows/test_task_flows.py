@@ -74,6 +74,8 @@ def test_multiclass_then_regression_flows(tmp_path: Path, demo_source: Path) -> 
     second = _report(retrain(regression))
     assert second["task"] == "regression" and set(second["metrics"]) == {"rmse", "mae", "r2"}
     assert second["metrics"]["r2"] > 0.5
+    assert second["stages"]["preprocess"]["target_transform"] == "log1p"  # auto's choice: a skewed amount
+    assert report["stages"]["preprocess"]["target_transform"] is None  # not a regression
     assert not second["promotion"]["promoted"]
     assert "promotion skipped" in second["promotion"]["reason"]
     assert "it is a multiclass model and this run is regression" in second["promotion"]["reason"]

@@ -32,6 +32,7 @@ from training.data.packing import DatasetManifest
 from training.data.ragged import OFFSETS, Ragged
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader, encode_npy
+from training.data.target import TargetStats
 from training.data.text import TextEncoder, fit_tokenizer, tokenizers_version
 from training.errors import DataError
 from training.storage.files import read_json, sha256_file, write_atomic, write_json_atomic
@@ -61,8 +62,12 @@ class FeatureStats:
     task: str = "binary"
     label: str = ""
     classes: list[Any] = field(default_factory=list)  # multiclass: the label value of each output
-    label_mean: float = 0.0  # regression: the model predicts (label - mean) / std
+    label_mean: float = 0.0  # regression: the model predicts (g(label) - mean) / std
     label_std: float = 1.0
+    # Since preprocess.target_transform: g (training.data.target); statistics written before are
+    # standardize.
+    target_transform: str = "standardize"
+    target_knots: list[float] = field(default_factory=list)  # quantile: the label at levels i / 1000; log1p: min, max
     vector: list[str] = field(default_factory=list)
     vector_dims: list[int] = field(default_factory=list)
     # Since data.text and data.image:
@@ -263,12 +268,17 @@ def derived_rels(stats_rel_dir: str, manifest: DatasetManifest) -> list[str]:
     return [f"{base}/{_derived_name(s.name)}" for s in manifest.shards] + [f"{base}/{DERIVED_INDEX}"]
 
 
-def preprocess_key(dataset_fingerprint: str, config: PreprocessConfig, text: bool = False) -> str:
+def preprocess_key(dataset_fingerprint: str, config: PreprocessConfig, text: bool = False,
+                   regression: bool = False) -> str:
     """The content address of preprocessing; with text columns the tokenizers release is part
-    of it, since another release may fit another tokenizer from the same texts."""
+    of it, since another release may fit another tokenizer from the same texts. A regression
+    label's transform is part of it whatever its setting: statistics fitted before the setting
+    existed hold `standardize`, which `auto` may not choose."""
     parts: list[Any] = ["preprocess", PREPROCESS_VERSION, dataset_fingerprint, fingerprinted(config)]
     if text:
         parts.append(f"tokenizers-{tokenizers_version()}")
+    if regression:
+        parts.append(f"target-{config.target_transform}")
     return fingerprint(*parts)
 
 
@@ -300,7 +310,7 @@ def fit_feature_stats(
     """Fit on the train split and write `<out_root>/<key>/feature_stats.json` and its sha256
     (each atomic, the checksum last), after the derived arrays of text and image columns; verified
     statistics already there (with their arrays) are reused."""
-    key = preprocess_key(manifest.fingerprint, config, bool(manifest.text))
+    key = preprocess_key(manifest.fingerprint, config, bool(manifest.text), manifest.task == "regression")
     out_path = out_root / key / "feature_stats.json"
     existing = verified_feature_stats(out_path)
     if existing is not None and (not existing.derives or (out_path.parent / DERIVED_DIR / DERIVED_INDEX).exists()):
@@ -341,16 +351,15 @@ def _tabular_stats(dataset_dir: Path, manifest: DatasetManifest, config: Preproc
     total_sq = np.zeros(n_num, dtype=np.float64)
     count = np.zeros(n_num, dtype=np.int64)
     counts: list[dict[int, int]] = [{} for _ in range(n_cat)]
-    label_sum = label_sq = 0.0
+    target = TargetStats(manifest.rows["train"]) if manifest.task == "regression" else None
     for block in _train_blocks(dataset_dir, manifest):
         num = block["num"].astype(np.float64)
         finite = np.isfinite(num)
         total += np.where(finite, num, 0).sum(axis=0)
         total_sq += np.where(finite, num * num, 0).sum(axis=0)
         count += finite.sum(axis=0)
-        label = block["label"].astype(np.float64)
-        label_sum += float(label.sum())
-        label_sq += float((label * label).sum())
+        if target is not None:
+            target.add(block["label"])
         for j in range(n_cat):
             values, freq = np.unique(block["cat"][:, j], return_counts=True)
             d = counts[j]
@@ -376,12 +385,14 @@ def _tabular_stats(dataset_dir: Path, manifest: DatasetManifest, config: Preproc
         std=std.tolist(), vocab=vocab, task=manifest.task, label=manifest.label, classes=list(manifest.classes),
         vector=list(manifest.vector), vector_dims=list(manifest.vector_dims),
     )
-    if manifest.task == "regression":
-        n = manifest.rows["train"]
-        stats.label_mean = label_sum / n
-        # A constant label keeps std 1: the model then learns the offset alone.
-        std_label = float(np.sqrt(max(label_sq / n - stats.label_mean**2, 0.0)))
-        stats.label_std = std_label if std_label > 1e-12 else 1.0
+    if target is not None:
+        try:
+            fit = target.fit(config.target_transform)
+        except ValueError as err:
+            raise DataError(f"preprocess.target_transform: {err} (label column {manifest.label!r}); use quantile "
+                            "or standardize, or auto") from None
+        stats.target_transform, stats.target_knots = fit.kind, fit.knots
+        stats.label_mean, stats.label_std = fit.mean, fit.std
     return stats
 
 

@@ -31,6 +31,7 @@ from training.data.features import FeatureStats
 from training.data.ragged import Ragged
 from training.data.text import TextEncoder
 from training.model.network import forward_fn
+from training.model.target_transform import LabelTransform
 from training.storage.files import write_atomic, write_json_atomic
 
 __all__ = ["EXPORT_DIR", "ExportScorer", "export_portable", "exported_files"]
@@ -72,6 +73,7 @@ class ExportScorer(nn.Module):
         self.n_cat = len(stats.vocab)
         self.names = input_names(stats)
         self.label_mean, self.label_std = stats.label_mean, stats.label_std
+        self.label = LabelTransform(stats)
         self.forward_model = forward_fn(model)
 
     def _lookup(self, cat: torch.Tensor) -> torch.Tensor:
@@ -93,7 +95,9 @@ class ExportScorer(nn.Module):
             return torch.sigmoid(out)
         if self.task == "multiclass":
             return torch.softmax(out, dim=-1)
-        return out.double() * self.label_std + self.label_mean
+        if self.label.kind == "standardize":
+            return out.double() * self.label_std + self.label_mean
+        return self.label(out)
 
 
 def input_names(stats: FeatureStats) -> list[str]:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from training.data.features import FeatureStats
 from training.errors import ConfigError
 from training.model.network import Batch, Forward
+from training.model.target_transform import LabelTransform
 from training.metrics import (accuracy, log_loss, mae, macro_f1, multiclass_accuracy, multiclass_log_loss, r2, rmse,
                               roc_auc)
 
@@ -99,17 +100,26 @@ class MulticlassTask(Task):
 
 
 class RegressionTask(Task):
-    """The model predicts the label standardised on the train split; predictions are
-    converted back, so metrics and users see the label's own units."""
+    """The model predicts the label transformed and standardised on the train split
+    (`preprocess.target_transform`); predictions are converted back, so metrics and users see
+    the label's own units."""
 
     name, default_metric = "regression", "rmse"
     metrics = {"rmse": Metric(rmse, False), "mae": Metric(mae, False), "r2": Metric(r2, True)}
 
+    def __init__(self, stats: FeatureStats) -> None:
+        super().__init__(stats)
+        self.transform = LabelTransform(stats)
+
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return F.mse_loss(output.float(), (y - self.label_mean) / self.label_std)
+        if self.transform.kind == "standardize":
+            return F.mse_loss(output.float(), (y - self.label_mean) / self.label_std)
+        return F.mse_loss(output.float(), self.transform.target(y))
 
     def predict(self, output: torch.Tensor) -> np.ndarray:
-        return output.float().cpu().numpy().astype(np.float64) * self.label_std + self.label_mean
+        if self.transform.kind == "standardize":
+            return output.float().cpu().numpy().astype(np.float64) * self.label_std + self.label_mean
+        return self.transform(output.float().cpu()).numpy()
 
 
 TASKS: dict[str, type[Task]] = {t.name: t for t in (BinaryTask, MulticlassTask, RegressionTask)}

@@ -59,6 +59,7 @@ class PrepResult(_Result):
     key: str
     code_version: int
     cardinalities: list[int]
+    target_transform: str | None = None  # regression: what preprocess.target_transform resolved to
     seconds: float
 
 

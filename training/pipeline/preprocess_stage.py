@@ -40,7 +40,8 @@ def preprocess_stage(
     config = PreprocessConfig.model_validate(preprocess)
     manifest = require_manifest(Path(dataset_dir))
     root = StorageRoot(StorageConfig.model_validate(storage or {"root": storage_root}), tags)
-    rel_dir = f"preprocess/{preprocess_key(manifest.fingerprint, config, bool(manifest.text))}"
+    key = preprocess_key(manifest.fingerprint, config, bool(manifest.text), manifest.task == "regression")
+    rel_dir = f"preprocess/{key}"
     rel = f"{rel_dir}/feature_stats.json"
     check_rel = f"{rel}.sha256"
     # Fitted before, on any machine, and still matching its checksum: reuse it.
@@ -62,5 +63,6 @@ def preprocess_stage(
         root.publish_all([*derived, rel, check_rel], CACHE)
     return PrepResult(stats_path=str(stats_path), stats_rel=rel, reused=reused, key=stats.key,
                       code_version=PREPROCESS_VERSION, cardinalities=stats.cardinalities,
+                      target_transform=stats.target_transform if stats.task == "regression" else None,
                       seconds=time.perf_counter() - t0)
 

@@ -191,7 +191,8 @@ def _report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained
     stages = StageSummaries(
         pack=PackSummary(state=stage_states.pack, reused=packed.reused, dataset=packed.fingerprint,
                          rows=packed.rows, shards=packed.shards, dir=packed.dataset_dir),
-        preprocess=PreprocessSummary(state=stage_states.preprocess, key=prep.key, stats=prep.stats_path),
+        preprocess=PreprocessSummary(state=stage_states.preprocess, key=prep.key, stats=prep.stats_path,
+                                      target_transform=prep.target_transform),
         train=TrainSummary(state=stage_states.train, already_complete=trained.already_complete,
                            best_step=trained.best_step, best_val_auc=trained.best_val_auc,
                            best_val_metric=trained.best_val_metric, precision=trained.precision,

@@ -80,6 +80,7 @@ class PreprocessSummary(_Part):
     state: str | None = None
     key: str = ""
     stats: str = ""
+    target_transform: str | None = None  # regression: the label's transform (auto resolved)
 
 
 class TrainSummary(_Part):

@@ -48,8 +48,9 @@ log = logging.getLogger(__name__)
 def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
     from training.trainer.precision import resolved_numerics
     numerics = resolved_numerics(config.train.device, config.train.precision)
-    parts = ["run", dataset_fingerprint, preprocess_key(dataset_fingerprint, config.preprocess, bool(config.data.text)),
-             train_fingerprint(config, *numerics)]
+    preprocessing = preprocess_key(dataset_fingerprint, config.preprocess, bool(config.data.text),
+                                   config.data.task == "regression")
+    parts = ["run", dataset_fingerprint, preprocessing, train_fingerprint(config, *numerics)]
     if init_sha256 is not None:
         parts.append(f"warm:{init_sha256}")  # a warm start computes something else: its own run
     return fingerprint(*parts)
