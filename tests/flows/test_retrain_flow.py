@@ -337,3 +337,41 @@ def test_nothing_read_back_from_the_root_is_unpickled(small_config: RetrainConfi
     second = _report(retrain(small_config))
     assert not marker.exists()
     assert second["stages"]["preprocess"]["state"] == "Cached"  # reused, verified by its sha256
+
+
+@pytest.mark.slow
+def test_packing_on_a_dask_cluster_of_worker_processes_is_byte_identical_to_serial(demo_source: Path,
+                                                                                 tmp_path: Path) -> None:
+    """The flow on prefect-dask's DaskTaskRunner, as docs/guides/scale-out.md shows it: the parts
+    packed by two worker processes of a dask.distributed cluster."""
+    import pyarrow.parquet as pq
+    from distributed import LocalCluster
+    from prefect_dask import DaskTaskRunner
+
+    from tests.conftest import small_overrides
+    from training.config import load_config
+
+    source = tmp_path / "multi"
+    source.mkdir()
+    table = pq.read_table(demo_source)
+    for i in range(3):
+        pq.write_table(table.slice(i * 2000, 2000), source / f"day-{i}.parquet", row_group_size=500)
+    config = load_config(overrides=small_overrides(tmp_path / "flow", source) + ["data.pack_parts=4",
+                                                                               "train.max_steps=20"])
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+        on_dask = retrain.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
+        state = on_dask(config, return_state=True)
+        # What the cluster's scheduler ran, by the task's name: Prefect keys a task as "<name>-<id>".
+        ran = set(cluster.scheduler.task_prefixes)
+    report = _report(state.result())
+    with get_client(sync_client=True) as client:
+        all_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    part_runs = [r for r in all_runs if r.name.startswith("pack-part")]
+    assert len(part_runs) >= 3 and all(r.state.is_completed() for r in part_runs)  # parts never span files
+    assert "pack_part" in ran  # on the cluster's worker processes, not the flow's threads
+
+    serial = pack_stage(load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.pack_parts=1"]))
+    assert report["stages"]["pack"]["dataset"] == serial.fingerprint
+    flow_dir = Path(report["stages"]["pack"]["dir"])
+    for shard in Path(serial.dataset_dir).iterdir():
+        assert (flow_dir / shard.name).read_bytes() == shard.read_bytes(), shard.name
