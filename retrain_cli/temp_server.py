@@ -94,6 +94,13 @@ def seed_database(target: Path) -> Path | None:
     return empty
 
 
+PORT_ATTEMPTS = 5
+
+
+class _PortTaken(Exception):
+    """uvicorn could not bind the chosen port: another process took it first."""
+
+
 class TemporaryServer:
     """Prefect's temporary API server on 127.0.0.1, with its database at `database_url`."""
 
@@ -110,7 +117,17 @@ class TemporaryServer:
         fresh = database is not None and not database.exists()
         if fresh and database is not None:
             self.seeded_from = seed_database(database)
-        self._launch(timeout)
+        # The port was free when chosen; another process may bind it before uvicorn does.
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._launch(timeout)
+                break
+            except _PortTaken:
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise RetrainError(f"the temporary Prefect server did not start: {PORT_ATTEMPTS} free ports were "
+                                       f"taken before it could bind them (log {self.log_path})") from None
+                self.port = free_port()
+                self.api_url = f"http://127.0.0.1:{self.port}/api"
         if fresh and database is not None and self.seeded_from is None:
             try:  # the first on this machine: keep its database, migrated and without runs
                 copy_database(database, empty_database_copy())
@@ -132,6 +149,7 @@ class TemporaryServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         from training.trainer.launch import with_parent_death_signal
 
+        start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 # Dies with the CLI even when the CLI is SIGKILLed: never an orphan server.
@@ -145,8 +163,13 @@ class TemporaryServer:
         deadline = time.monotonic() + timeout
         while not server_is_up(self.api_url):
             if self._proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_path.read_text(errors="replace")[-2000:]
+                with open(self.log_path, "rb") as log:
+                    log.seek(start)
+                    written = log.read().decode(errors="replace")  # by this launch
                 self.stop()
+                if "address already in use" in written:
+                    raise _PortTaken()
+                tail = written[-2000:]
                 raise RetrainError(f"the temporary Prefect server did not start (log {self.log_path}): {tail.strip()}")
             time.sleep(0.2)
 

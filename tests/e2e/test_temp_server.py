@@ -38,3 +38,23 @@ def test_a_damaged_or_unmigrated_copy_is_not_used(tmp_path: Path) -> None:
     damaged.write_bytes(b"not a database")
     assert not is_migrated(damaged)
     assert not is_migrated(tmp_path / "missing.db")
+
+
+def test_a_port_taken_between_choosing_and_binding_is_chosen_again(tmp_path: Path) -> None:
+    """Another process binds the free port first (on a busy machine, another server starting):
+    the temporary server binds a new one instead of failing the run."""
+    import socket
+
+    from retrain_cli.temp_server import TemporaryServer, server_is_up
+
+    server = TemporaryServer(f"sqlite+aiosqlite:///{tmp_path / 'server.db'}", tmp_path / "server.log")
+    taken = server.port
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            server.start()
+            assert server.port != taken and server_is_up(server.api_url)
+            assert "address already in use" in (tmp_path / "server.log").read_text()
+        finally:
+            server.stop()
