@@ -23,6 +23,7 @@ from benchmarks import (
     bench_packing,
     bench_peers,
     bench_predict,
+    bench_quality,
     bench_preemption,
     bench_s3,
     bench_scaling,
@@ -50,6 +51,7 @@ SUITE = {
     "tuning": bench_tuning.run,
     "tuning_replay": bench_tuning_replay.run,
     "predict": bench_predict.run,
+    "quality": bench_quality.run,
     "startup": bench_startup.run,
 }
 

@@ -169,8 +169,8 @@ class PreprocessConfig(_Section):
     target_transform: Literal["auto", "standardize", "log1p", "quantile"] = Field(
         "auto", description="Regression: the label's transform for training, inverted exactly in evaluation, "
         "predict and the export. standardize; log1p (labels >= 0), then standardised; quantile (the train split's "
-        "CDF, then the normal's inverse CDF); auto: standardize when the train labels' skewness is within ±1, log1p "
-        "when the labels are >= 0 and it brings the skewness within ±1, else quantile.",
+        "CDF, then the normal's inverse CDF); auto: log1p when the train labels are all > 0 with a skewness over 1 "
+        "and their log's within ±1 (a price, a duration), else standardize.",
         json_schema_extra=COMPUTED_SINCE)
 
 
