@@ -192,6 +192,16 @@ class ModelConfig(_Section):
     image_channels: list[int] = Field([32, 64], description="data.image: channels of each "
                                       "conv block of the CNN (each block halves the resolution).",
                                       json_schema_extra=COMPUTED_SINCE)
+    numeric_embedding: Literal["none", "periodic"] = Field(
+        "none", description="How numeric columns enter the MLP: none, as standardised values; periodic, each through "
+        "learned sin/cos features and a linear layer with ReLU (Gorishniy et al., \"On Embeddings for Numerical "
+        "Features in Tabular Deep Learning\", 2022; rtdl-num-embeddings' PeriodicEmbeddings).",
+        json_schema_extra=COMPUTED_SINCE)
+    numeric_embedding_dim: int = Field(24, gt=0, description="model.numeric_embedding: periodic: the width of each "
+                                       "numeric column's embedding.", json_schema_extra=COMPUTED_SINCE)
+    numeric_frequency_scale: float = Field(
+        0.01, gt=0, description="model.numeric_embedding: periodic: the standard deviation of the initial frequencies "
+        "(the paper's sigma, its most sensitive setting; a search space can tune it).", json_schema_extra=COMPUTED_SINCE)
     attention: Literal["auto", "math", "flash", "efficient", "cudnn"] = Field(
         "auto", description="Attention kernel of torch's scaled_dot_product_attention: auto lets torch choose (flash "
         "or memory-efficient on a GPU); the others force one, and one the device lacks is a config error.",

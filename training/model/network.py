@@ -75,7 +75,17 @@ class ColumnsNet(nn.Module):
         super().__init__()
         config = config or ModelConfig()
         self.embeddings = nn.ModuleList(nn.Embedding(c, embedding_dim) for c in schema.cardinalities)
-        width = len(schema.numeric) + embedding_dim * len(schema.cardinalities) + sum(schema.vector_dims)
+        self.numeric_embedding: nn.Module | None = None
+        numeric_width = len(schema.numeric)
+        if config.numeric_embedding == "periodic" and schema.numeric:
+            from rtdl_num_embeddings import PeriodicEmbeddings
+
+            # lite=False: a linear layer of its own per column (the paper's PLR), not one shared.
+            self.numeric_embedding = PeriodicEmbeddings(len(schema.numeric), config.numeric_embedding_dim,
+                                                        frequency_init_scale=config.numeric_frequency_scale,
+                                                        lite=False)
+            numeric_width = len(schema.numeric) * config.numeric_embedding_dim
+        width = numeric_width + embedding_dim * len(schema.cardinalities) + sum(schema.vector_dims)
         self.text_encoder: TextEncoder | None = None
         self.image_encoder: ImageEncoder | None = None
         if schema.text:
@@ -96,7 +106,8 @@ class ColumnsNet(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x_cat = batch["cat"]
-        parts = [batch["num"]] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
+        num = batch["num"] if self.numeric_embedding is None else self.numeric_embedding(batch["num"]).flatten(1)
+        parts = [num] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
         if self.uses_vectors:
             parts.append(batch["vec"])
         if self.text_encoder is not None:
