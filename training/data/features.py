@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from training.config import PreprocessConfig, fingerprint, fingerprinted
+from training.data.arrow_buffers import arrow_int64, int32_values, validity
 from training.data.images import UndecodableImage, decode_images
 from training.data.packing import DatasetManifest
 from training.data.ragged import OFFSETS, Ragged
@@ -195,7 +196,7 @@ class FeatureTransform:
                  out_cat: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Standardised numerics (float32) and vocabulary indices (int64), into `out_*` when given."""
         if self._value_sets is None:
-            self._value_sets = [_arrow_int64(v) for v in self.vocab]
+            self._value_sets = [arrow_int64(v) for v in self.vocab]
         x = np.subtract(num, self.mean, out=out_num, dtype=np.float32)
         x *= self.inv_std
         np.nan_to_num(x, copy=False, nan=0.0)
@@ -208,10 +209,10 @@ class FeatureTransform:
             # (measured, 262k rows), and it releases the GIL, so it overlaps the training step
             # when a shard is prepared in the background. Position p in the vocabulary is
             # index p + 1; a value not in it (null here) is index 0.
-            found = pc.index_in(_arrow_int64(cat[:, j]), value_set=values)
-            np.add(_int32_values(found), 1, out=out[:, j], casting="unsafe")
+            found = pc.index_in(arrow_int64(cat[:, j]), value_set=values)
+            np.add(int32_values(found), 1, out=out[:, j], casting="unsafe")
             if found.null_count:
-                out[:, j] *= _validity(found)
+                out[:, j] *= validity(found)
         return x, out
 
 
@@ -223,25 +224,6 @@ def _buffer(buffers: Arrays | None, key: str, shape: tuple[int, ...], dtype: Any
     if held is None or held.shape[1:] != shape[1:] or held.dtype != dtype or len(held) < shape[0]:
         held = buffers[key] = np.empty(shape, dtype=dtype)
     return held[: shape[0]]
-
-
-# Arrow arrays made and read through their buffers: pa.array(), pa.scalar() and to_numpy()
-# import pandas on first use (0.2 s, in every training process's first epoch), to check for
-# pandas objects these arrays never are.
-def _arrow_int64(values: np.ndarray) -> pa.Array:
-    values = np.ascontiguousarray(values, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
-
-
-def _int32_values(array: pa.Array) -> np.ndarray:
-    """The value slots of an int32 array (those under nulls are undefined)."""
-    return np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + array.offset)[array.offset:]
-
-
-def _validity(array: pa.Array) -> np.ndarray:
-    """1 where `array` holds a value, 0 where it holds null."""
-    bits = np.frombuffer(array.buffers()[0], dtype=np.uint8)
-    return np.unpackbits(bits, count=len(array) + array.offset, bitorder="little")[array.offset:]
 
 
 class UndecodableRow(DataError):

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from training.config import DataConfig
+from training.data.arrow_buffers import float32_values, int64_values, null_mask, validity
 from training.data.labels import LABELS, Classes, MulticlassLabels, train_classes
 from training.data.ragged import OFFSETS, Ragged, Rows, concat_rows, take_rows
 from training.data.shard_cache import is_remote_dataset
@@ -205,12 +206,16 @@ def category_hash(values: pa.Array) -> np.ndarray:
         ],
         dtype=np.int64,
     )
-    indices = encoded.indices.to_numpy(zero_copy_only=False)
+    indices = _one_chunk(pc.cast(encoded.indices, pa.int64()))
     out = np.full(len(values), MISSING_CATEGORY, dtype=np.int64)
-    valid = ~np.asarray(encoded.indices.is_null().to_numpy(zero_copy_only=False))
+    valid = validity(indices).astype(bool)
     if table.size:
-        out[valid] = table[indices[valid].astype(np.int64)]
+        out[valid] = table[int64_values(indices)[valid]]
     return out
+
+
+def _one_chunk(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
 
 class FeatureValidator:
@@ -248,23 +253,22 @@ class FeatureValidator:
     def image(self, path: Path, name: str, col: pa.Array, first_row: int) -> Ragged:
         """The encoded images as they are (decoded by preprocessing); a null one is an error."""
         if col.null_count:
-            i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            i = int(np.flatnonzero(null_mask(col))[0])
             raise DataError(f"{path}: image column '{name}' is null at row {first_row + i}")
         return Ragged.from_arrow(col)
 
     def vector(self, path: Path, name: str, col: pa.Array, first_row: int, dim: int) -> np.ndarray:
         """A (rows, dim) float32 matrix; a null, short, long or non-finite vector is an error."""
         if col.null_count:
-            i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
+            i = int(np.flatnonzero(null_mask(col))[0])
             raise DataError(f"{path}: vector column '{name}' is null at row {first_row + i}")
-        lengths = pc.list_value_length(col).to_numpy(zero_copy_only=False)
+        lengths = float32_values(pc.list_value_length(col))
         wrong = lengths != dim
         if wrong.any():
             i = int(np.flatnonzero(wrong)[0])
             raise DataError(f"{path}: vector column '{name}' has length {int(lengths[i])} at row {first_row + i}; "
                             f"every row needs {dim} values (the first row's length)")
-        flat = pc.cast(pc.list_flatten(col), pa.float32()).to_numpy(zero_copy_only=False)
-        values = np.asarray(flat, dtype=np.float32).reshape(len(col), dim)
+        values = float32_values(pc.list_flatten(col)).reshape(len(col), dim)
         bad = ~np.isfinite(values).all(axis=1)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
@@ -285,7 +289,7 @@ class FeatureValidator:
         elif not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)
                   or pa.types.is_decimal(col.type)):
             raise DataError(f"{path}: column '{name}' has type {col.type}, expected a numeric type")
-        values = pc.cast(col, pa.float32()).to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        values = float32_values(col)
         # Nulls become NaN and are imputed with the train mean by preprocessing; Inf is an error.
         inf = np.isinf(values)
         if inf.any():
