@@ -152,9 +152,26 @@ def benchmarks_page() -> str:
         lines += [f"## {path.stem}", "", f"`{result.get('command', f'python -m benchmarks.run {path.stem}')}`", ""]
         known = [f"{label}: {result[key]}" for key, label in RUN_FACTS if result.get(key) is not None]
         lines += ["; ".join(known) + ".", "", "| figure | value |", "|---|---|"]
-        lines += [f"| {name} | {_format(value)} |" for name, value in result.items() if name not in facts]
+        tables = {name: value for name, value in result.items() if _is_table(value)}
+        lines += [f"| {name} | {_format(value)} |" for name, value in result.items()
+                  if name not in facts and name not in tables]
         lines.append("")
+        for name, rows in tables.items():
+            lines += [f"### {name}", "", *_table(rows), ""]
     return "\n".join(lines)
+
+
+def _is_table(value: Any) -> bool:
+    """A result field holding one row per case (e.g. per dataset): a mapping of mappings."""
+    return isinstance(value, dict) and bool(value) and all(isinstance(v, dict) for v in value.values())
+
+
+def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
+    columns = list(dict.fromkeys(key for row in rows.values() for key in row))
+    out = ["| | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for name, row in rows.items():
+        out.append(f"| {name} | " + " | ".join(_format(row.get(c, "")) for c in columns) + " |")
+    return out
 
 
 PAGES = {"reference/config.md": config_reference, "reference/cli.md": cli_reference, "benchmarks.md": benchmarks_page}
