@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks import (
     bench_checkpoint,
+    bench_lightning,
     bench_loading,
     bench_overhead,
     bench_packing,
@@ -51,6 +52,7 @@ SUITE = {
     "tuning": bench_tuning.run,
     "tuning_replay": bench_tuning_replay.run,
     "predict": bench_predict.run,
+    "lightning": bench_lightning.run,
     "quality": bench_quality.run,
     "startup": bench_startup.run,
 }

@@ -1,0 +1,192 @@
+"""Training pace against what users would write instead: the same model (the built-in MLP at the
+default widths), optimiser (AdamW, the default learning rate and weight decay), batch size and
+number of steps, from the same Parquet file, trained
+
+- by the project (`train`, its defaults: thread policy, loader, checkpoints every 200 steps,
+  one validation at the end), over the dataset it packed and preprocessed (both cached across
+  runs, so not timed);
+- by PyTorch Lightning's `Trainer` over the idiomatic DataLoader: the Parquet read with pandas,
+  numerics standardised, categories as codes, a TensorDataset shuffled each epoch, checkpoints
+  as Lightning writes them by default, one validation at the end;
+- by a plain PyTorch loop over the same tensors.
+
+Wall time to the same number of steps, the Parquet read and tensor building included for the
+two that need it; the median over interleaved rounds, on an idle machine and beside a process
+spinning on one core. Each side keeps its own thread settings: the project its policy, the
+others torch's default (one thread per core).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common import demo_parquet, train_job
+from training.config import ModelConfig
+
+STEPS = 1000
+BATCH = 512
+NUMERIC = ["price", "discount", "rating", "reviews_log", "position", "dwell_prev"]
+CATEGORICAL = ["category", "device", "region", "brand"]
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+def _tensors(source: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[int]]:
+    """What a user would build from the Parquet file: train and validation tensors, 90/10."""
+    import pandas as pd
+
+    frame = pd.read_parquet(source)
+    num = frame[NUMERIC].astype("float32")
+    num = ((num - num.mean()) / num.std()).fillna(0.0).to_numpy(np.float32)
+    codes = [frame[c].astype("category").cat.codes.to_numpy(np.int64) + 1 for c in CATEGORICAL]  # 0: null
+    cat = np.stack(codes, axis=1)
+    label = frame["clicked"].to_numpy(np.float32)
+    order = np.random.default_rng(0).permutation(len(frame))
+    cut = int(len(frame) * 0.9)
+
+    def part(rows: np.ndarray) -> dict[str, torch.Tensor]:
+        return {"num": torch.from_numpy(num[rows]), "cat": torch.from_numpy(cat[rows]),
+                "label": torch.from_numpy(label[rows])}
+
+    return part(order[:cut]), part(order[cut:]), [int(c.max()) + 1 for c in codes]
+
+
+def _model(cardinalities: list[int]) -> torch.nn.Module:
+    from training.model.network import ModelSchema, build_model
+
+    schema = ModelSchema("binary", 1, NUMERIC, CATEGORICAL, cardinalities)
+    return build_model(ModelConfig(), schema)
+
+
+def _auc(model: torch.nn.Module, data: dict[str, torch.Tensor]) -> float:
+    from training.metrics import roc_auc
+
+    model.eval()
+    with torch.no_grad():
+        scores = torch.sigmoid(model({"num": data["num"], "cat": data["cat"]})).numpy()
+    return float(roc_auc(data["label"].numpy(), scores))
+
+
+def _plain(source: Path) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    train, val, cards = _tensors(source)
+    model = _model(cards)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train["num"], train["cat"], train["label"]),
+                                         batch_size=BATCH, shuffle=True, drop_last=True)
+    step = 0
+    model.train()
+    while step < STEPS:
+        for num, cat, y in loader:
+            loss = F.binary_cross_entropy_with_logits(model({"num": num, "cat": cat}), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step += 1
+            if step == STEPS:
+                break
+    auc = _auc(model, val)
+    return time.perf_counter() - t0, auc
+
+
+def _lightning(source: Path, work: Path) -> tuple[float, float]:
+    import lightning as L
+
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    train, val, cards = _tensors(source)
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = _model(cards)
+
+        def training_step(self, batch: Any, _index: int) -> torch.Tensor:
+            num, cat, y = batch
+            return F.binary_cross_entropy_with_logits(self.model({"num": num, "cat": cat}), y)
+
+        def validation_step(self, batch: Any, _index: int) -> None:
+            num, cat, y = batch
+            self.log("val_loss", F.binary_cross_entropy_with_logits(self.model({"num": num, "cat": cat}), y))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=1e-4)
+
+    def loader(data: dict[str, torch.Tensor], shuffle: bool) -> torch.utils.data.DataLoader:
+        dataset = torch.utils.data.TensorDataset(data["num"], data["cat"], data["label"])
+        return torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=shuffle, drop_last=shuffle)
+
+    module = Module()
+    trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, val_check_interval=STEPS,
+                        check_val_every_n_epoch=None, default_root_dir=str(work))
+    trainer.fit(module, loader(train, True), loader(val, False))
+    auc = _auc(module.model, val)
+    return time.perf_counter() - t0, auc
+
+
+def _project(work: Path, source: Path, name: str) -> tuple[float, float]:
+    from training.trainer.run import train
+
+    job = train_job(work, name, [f"data.source={source}", f"train.max_steps={STEPS}", f"train.eval_every={STEPS}",
+                                 f"train.batch_size={BATCH}", "train.patience=0"])
+    t0 = time.perf_counter()
+    result = train(job)
+    return time.perf_counter() - t0, float(result.best_val_metric or 0.0)
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def _outside_load(on: bool) -> Iterator[None]:
+    if not on:
+        yield
+        return
+    burner = multiprocessing.get_context("spawn").Process(target=_burn, daemon=True)
+    burner.start()
+    try:
+        yield
+    finally:
+        burner.kill()
+        burner.join()
+
+
+def _rounds(work: Path, source: Path, rounds: int, load: bool) -> dict[str, Any]:
+    seconds: dict[str, list[float]] = {"project": [], "lightning": [], "plain": []}
+    aucs: dict[str, list[float]] = {k: [] for k in seconds}
+    tag = "loaded" if load else "idle"
+    with _outside_load(load):
+        for r in range(rounds):  # interleaved: drift on a shared box hits all three
+            for name in seconds:
+                torch.set_num_threads(DEFAULT_THREADS)  # each starts from torch's default
+                if name == "project":
+                    wall, auc = _project(work, source, f"{tag}-{r}")
+                elif name == "lightning":
+                    wall, auc = _lightning(source, work / f"lightning-{tag}-{r}")
+                else:
+                    wall, auc = _plain(source)
+                seconds[name].append(round(wall, 2))
+                aucs[name].append(round(auc, 4))
+    median = {k: statistics.median(v) for k, v in seconds.items()}
+    return {f"{tag}_seconds_per_round": seconds, f"{tag}_validation_auc": aucs,
+            f"{tag}_project_vs_lightning": round(median["project"] / median["lightning"], 3),
+            f"{tag}_project_vs_plain": round(median["project"] / median["plain"], 3)}
+
+
+def run(work: Path, rows: int = 200_000, rounds: int = 3) -> dict[str, Any]:
+    source = demo_parquet(work, rows)
+    _project(work, source, "warm-up")  # packs and preprocesses once: cached for every round
+    return {"rows": rows, "steps": STEPS, "batch": BATCH, "rounds": rounds,
+            **_rounds(work, source, rounds, load=False), **_rounds(work, source, rounds, load=True)}
