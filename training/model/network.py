@@ -106,7 +106,9 @@ class ColumnsNet(nn.Module):
 
     def forward(self, batch: Batch) -> torch.Tensor:
         x_cat = batch["cat"]
-        num = batch["num"] if self.numeric_embedding is None else self.numeric_embedding(batch["num"]).flatten(1)
+        num = batch["num"]
+        if self.numeric_embedding is not None:
+            num = self.numeric_embedding(num).flatten(1)
         parts = [num] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
         if self.uses_vectors:
             parts.append(batch["vec"])
