@@ -11,7 +11,6 @@ States load with `torch.load(weights_only=True)`, which cannot execute code.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -19,7 +18,6 @@ import logging
 import math
 import os
 import shutil
-import sys
 import threading
 import time
 from dataclasses import asdict, field
@@ -343,27 +341,8 @@ class AsyncCheckpointer:
             write()
             self.wait()
             return
-        def write_behind_training() -> None:
-            _yield_to_training()
-            write()
-
-        self._thread = threading.Thread(target=write_behind_training, name=f"checkpoint-{manifest.step}", daemon=True)
+        self._thread = threading.Thread(target=write, name=f"checkpoint-{manifest.step}", daemon=True)
         self._thread.start()
-
-
-# How much nicer than the training thread the background writer runs: its serialising, hashing and fsync compete with the
-# training steps for the cores, and on a busy machine they should give way to the steps, which
-# are what the run is billed for. Idle cores still run the writer at full speed.
-WRITER_NICE = 10
-
-
-def _yield_to_training() -> None:
-    """Lower this thread's CPU priority (Linux schedules each thread as a task of its own, so
-    this leaves the training thread's alone); elsewhere, or where it is refused, do nothing."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            me = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + WRITER_NICE))
 
 
 class CheckpointSchedule:
