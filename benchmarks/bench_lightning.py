@@ -18,18 +18,16 @@ others torch's default (one thread per core).
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import demo_parquet, train_job
+from benchmarks.common import demo_parquet, outside_load, train_job
 from training.config import ModelConfig
 
 STEPS = 1000
@@ -144,30 +142,11 @@ def _project(work: Path, source: Path, name: str) -> tuple[float, float]:
     return time.perf_counter() - t0, float(result.best_val_metric or 0.0)
 
 
-def _burn() -> None:
-    while True:
-        pass
-
-
-@contextlib.contextmanager
-def _outside_load(on: bool) -> Iterator[None]:
-    if not on:
-        yield
-        return
-    burner = multiprocessing.get_context("spawn").Process(target=_burn, daemon=True)
-    burner.start()
-    try:
-        yield
-    finally:
-        burner.kill()
-        burner.join()
-
-
 def _rounds(work: Path, source: Path, rounds: int, load: bool) -> dict[str, Any]:
     seconds: dict[str, list[float]] = {"project": [], "lightning": [], "plain": []}
     aucs: dict[str, list[float]] = {k: [] for k in seconds}
     tag = "loaded" if load else "idle"
-    with _outside_load(load):
+    with outside_load(load):
         for r in range(rounds):  # interleaved: drift on a shared box hits all three
             for name in seconds:
                 torch.set_num_threads(DEFAULT_THREADS)  # each starts from torch's default

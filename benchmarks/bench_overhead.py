@@ -3,19 +3,17 @@ against the sum of the task bodies."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import multiprocessing
 import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common import demo_parquet, train_job
+from benchmarks.common import demo_parquet, outside_load, train_job
 from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches
@@ -96,26 +94,6 @@ def _prefect_overhead(work: Path, source: Path, rounds: int) -> dict[str, Any]:
             "demo_data_stall_fraction": round(statistics.median(stalls), 4)}
 
 
-def _burn() -> None:
-    while True:
-        pass
-
-
-@contextlib.contextmanager
-def _outside_load(on: bool) -> Iterator[None]:
-    """One process spinning on a core, as another job on a shared box would."""
-    if not on:
-        yield
-        return
-    burner = multiprocessing.get_context("spawn").Process(target=_burn, daemon=True)
-    burner.start()
-    try:
-        yield
-    finally:
-        burner.kill()
-        burner.join()
-
-
 def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool) -> dict[str, Any]:
     quiet_overrides = base + [f"train.eval_every={STEPS}", f"train.checkpoint.every={STEPS}"]
     # Checkpoints at the default interval (every 200 steps), validation still only at the end.
@@ -124,7 +102,7 @@ def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool)
     # Rounds interleave the loops, so drift on a shared box hits all of them; each figure is
     # the median over rounds of a ratio taken within one round.
     bare, bare_same, quiet, ckpt = [], [], [], []
-    with _outside_load(load):
+    with outside_load(load):
         for r in range(rounds):
             torch.set_num_threads(DEFAULT_THREADS)  # what a hand-written loop gets
             bare.append(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path))

@@ -1,8 +1,7 @@
-"""Fixed cost of `retrain run`, against the code before this work in the same benchmark run.
+"""Fixed cost of `retrain run`, against a baseline commit in the same benchmark run.
 
-The baseline is the commit the performance issue measured (a no-op rerun of the demo took
-36.2 s there, on a loaded box), checked out with `git worktree` beside this one and run with
-the same interpreter and packages. Both sides run the demo on their own storage root:
+The baseline (BASELINE below) ran every rerun as a whole flow on a freshly started server; it is
+checked out with `git worktree` beside this one and run with the same interpreter and packages. Both sides run the demo on their own storage root:
 - the first run (this side's phases from its report.json);
 - a no-op rerun (everything finished, nothing changed), with no Prefect server running (the CLI
   starts a temporary one, as a newcomer's does) and then with `prefect server start` running;
@@ -145,5 +144,5 @@ def _result(first: dict[str, Any], med: dict[str, dict[str, Any]]) -> dict[str, 
         "forced_flow_no_server_vs_baseline": ratio("current_force_no_server", base),
         "import_ratio": ratio("current_import", med["baseline_import"]["median"]),
         "note": "wall seconds of the whole `retrain run` process, medians of interleaved rounds; ratios over the "
-                "baseline's no-op rerun with no server running (the issue's 36 s case) unless named otherwise",
+                "baseline's no-op rerun with no server running unless named otherwise",
     }

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import platform
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -88,3 +90,23 @@ def signal_at_step(run_dir: str, step: int, sig: int):
         threading.Thread(target=watch, daemon=True).start()
 
     return on_start
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def outside_load(on: bool) -> Iterator[None]:
+    """One process spinning on a core, as another job on a shared box would."""
+    if not on:
+        yield
+        return
+    burner = multiprocessing.get_context("spawn").Process(target=_burn, daemon=True)
+    burner.start()
+    try:
+        yield
+    finally:
+        burner.kill()
+        burner.join()

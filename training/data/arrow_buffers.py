@@ -20,24 +20,25 @@ def _one_chunk(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
 
+def _arrow(values: np.ndarray, arrow_type: pa.DataType, dtype: type[np.generic]) -> pa.Array:
+    values = np.ascontiguousarray(values, dtype=dtype)
+    return pa.Array.from_buffers(arrow_type, len(values), [None, pa.py_buffer(values)])
+
+
 def arrow_int64(values: np.ndarray) -> pa.Array:
-    values = np.ascontiguousarray(values, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(values), [None, pa.py_buffer(values)])
+    return _arrow(values, pa.int64(), np.int64)
 
 
 def arrow_float32(values: np.ndarray) -> pa.Array:
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    return pa.Array.from_buffers(pa.float32(), len(values), [None, pa.py_buffer(values)])
+    return _arrow(values, pa.float32(), np.float32)
 
 
 def arrow_float64(values: np.ndarray) -> pa.Array:
-    values = np.ascontiguousarray(values, dtype=np.float64)
-    return pa.Array.from_buffers(pa.float64(), len(values), [None, pa.py_buffer(values)])
+    return _arrow(values, pa.float64(), np.float64)
 
 
 def arrow_int8(values: np.ndarray) -> pa.Array:
-    values = np.ascontiguousarray(values, dtype=np.int8)
-    return pa.Array.from_buffers(pa.int8(), len(values), [None, pa.py_buffer(values)])
+    return _arrow(values, pa.int8(), np.int8)
 
 
 def int32_values(array: pa.Array) -> np.ndarray:
