@@ -127,8 +127,11 @@ def _plan(args: argparse.Namespace) -> int:
           f"the whole run here ~{c.estimated_run_hours_here * 3600:.0f} s")
     print(f"{'instance':<16}{'market':<11}{'$/h':>8}{'hours':>10}{'preempt.':>10}{'cost $':>12}  deadline")
     for r in plan.rows:
+        verdict = ('ok' if r.meets_deadline else 'missed') if r.fits else "does not fit"
         print(f"{r.instance_type:<16}{r.market:<11}{r.rate_per_hour:>8.2f}{r.runtime_hours:>10.4f}"
-              f"{r.expected_preemptions:>10.2f}{r.cost_usd:>12.4f}  {'ok' if r.meets_deadline else 'missed'}")
+              f"{r.expected_preemptions:>10.2f}{r.cost_usd:>12.4f}  {verdict}")
+    for refused in dict.fromkeys(f"{r.instance_type}: {r.refused}" for r in plan.rows if r.refused):
+        print(f"refused {refused}")
     print(plan.model_dump_json(include={"cheapest", "deadline_hours"}))
     return 0 if plan.cheapest is not None else 1
 

@@ -485,6 +485,9 @@ class EvalConfig(_Section):
 
 class InstancePrice(_Section):
     gpus: int = Field(0, ge=0, description="Accelerators on the instance.", json_schema_extra=OPERATIONAL)
+    gpu_memory_gb: float | None = Field(None, gt=0, description="Memory of each accelerator in GB; `retrain plan` "
+                                        "refuses the instance for a model that would not fit. Empty: not checked.",
+                                        json_schema_extra=OPERATIONAL)
     on_demand_per_hour: float = Field(ge=0, description="On-demand $/h for the whole instance.", json_schema_extra=OPERATIONAL)
     spot_per_hour: float | None = Field(None, ge=0, description="Spot $/h for the whole instance; empty: not offered.", json_schema_extra=OPERATIONAL)
     relative_speed: float = Field(

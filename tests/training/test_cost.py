@@ -125,3 +125,30 @@ def test_a_saving_is_never_shown_as_a_negative_zero() -> None:
     assert savings(-3e-9, "it") == "saved $0.0000 against it"
     assert savings(0.01234, "it") == "saved $0.0123 against it"
     assert savings(-2.5, "it") == "cost $2.50 more than it"
+
+
+def test_plan_refuses_an_instance_whose_gpu_the_model_would_not_fit(small_config) -> None:
+    """A 1-billion-parameter MLP (built on the meta device: nothing allocated) needs about 18 GB
+    a GPU to train: refused on a T4 or a V100 (16 GB), planned on an A10G (24 GB), which
+    becomes the pick although its rate is higher."""
+    from tests.training.helpers import make_job
+    from training.pipeline.plan_stage import gpu_training_bytes, refuse_what_does_not_fit
+
+    job = make_job(small_config)  # packs and fits the statistics; trains nothing
+    big = small_config.model_copy(deep=True)
+    big.model.hidden = [32_000, 32_000]
+    big.train.batch_size = 512
+    need = gpu_training_bytes(big, job.stats_path)
+    assert need is not None and 16e9 < need < 24e9
+    assert gpu_training_bytes(small_config, job.stats_path) < 16e9  # the small model fits anything
+
+    prices = big.cost.prices
+    rows = plan_instances(calibrated_hours=1.0, deadline_hours=None, mean_hours_between_preemptions=10.0,
+                          restart_hours=0.01, checkpoint_interval_hours=0.1,
+                          candidates=[(t, "on_demand", prices[t].on_demand_per_hour, 1.0)
+                                      for t in ("g4dn.xlarge", "p3.2xlarge", "g5.xlarge")])
+    planned = refuse_what_does_not_fit(rows, big, need)
+    assert [(r.instance_type, r.fits) for r in planned] == [("g5.xlarge", True), ("g4dn.xlarge", False),
+                                                          ("p3.2xlarge", False)]
+    assert "its GPU has 16 GB" in (planned[1].refused or "") and "needs about 1" in (planned[1].refused or "")
+    assert refuse_what_does_not_fit(rows, small_config, gpu_training_bytes(small_config, job.stats_path)) == rows

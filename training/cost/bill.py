@@ -171,6 +171,8 @@ class PlanRow(BaseModel):
     preemption_overhead_hours: float
     cost_usd: float
     meets_deadline: bool
+    fits: bool = True  # the model's training memory fits each GPU (unknown counts as fitting)
+    refused: str | None = None  # why the instance cannot run this model
 
 
 def plan_instances(

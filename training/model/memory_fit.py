@@ -18,7 +18,7 @@ from training.config import RetrainConfig
 from training.errors import ConfigError
 from training.model.network import ModelSchema, build_model
 
-__all__ = ["available_bytes", "training_bytes", "check_model_fits", "check_space_fits"]
+__all__ = ["available_bytes", "training_bytes", "training_need", "check_model_fits", "check_space_fits"]
 
 # Weights, gradients and AdamW's exp_avg and exp_avg_sq, each as large as the weights.
 _COPIES_PER_PARAMETER = 4
@@ -73,7 +73,7 @@ def training_bytes(model: torch.nn.Module, batch_rows: int, widths: list[int]) -
     return params, param_bytes * _COPIES_PER_PARAMETER + activations
 
 
-def _needed(config: RetrainConfig, schema: ModelSchema) -> tuple[int, int]:
+def training_need(config: RetrainConfig, schema: ModelSchema) -> tuple[int, int]:
     """(parameters, bytes) of training `config`'s built-in model."""
     with torch.device("meta"):
         model = build_model(config.model, schema)
@@ -91,7 +91,7 @@ def check_model_fits(config: RetrainConfig, schema: ModelSchema, device: torch.d
     available = available_bytes(device)
     if available is None:
         return
-    params, needed = _needed(config, schema)
+    params, needed = training_need(config, schema)
     if needed > available * _HEADROOM:
         raise ConfigError(
             f"the model does not fit in memory: {params:,} parameters need about {needed / 1e9:.1f} GB to train "
@@ -112,7 +112,7 @@ def check_space_fits(config: RetrainConfig, schema: ModelSchema, device: torch.d
         for value in dim.extremes():
             trial = config.with_values({dim.key: value}, "(tuning trial)")
             check_model_fits(trial, schema, device, keys=f"tune.space.{dim.key} (its value {value!r})")
-            sized.append((_needed(trial, schema)[1], value))
+            sized.append((training_need(trial, schema)[1], value))
         largest[dim.key] = max(sized, key=lambda pair: pair[0])[1]
     if len(largest) > 1:
         check_model_fits(config.with_values(largest, "(tuning trial)"), schema, device,

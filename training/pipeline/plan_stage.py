@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import shutil
 import time
+from pathlib import Path
 
 from pydantic import BaseModel
 
 from training.config import RetrainConfig
-from training.cost.bill import PlanRow, plan_instances
+from training.cost.bill import GB, PlanRow, plan_instances
+from training.data.features import FeatureStats
 from training.errors import ConfigError
+from training.model.memory_fit import training_need
+from training.model.network import ModelSchema
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import run_key_for
@@ -18,7 +22,7 @@ from training.trainer.job import TrainJob
 from training.trainer.results import TrainResult
 from training.trainer.run import train
 
-__all__ = ["Calibration", "PlanReport", "plan_run"]
+__all__ = ["Calibration", "PlanReport", "gpu_training_bytes", "plan_run", "refuse_what_does_not_fit"]
 
 
 class Calibration(BaseModel):
@@ -41,6 +45,38 @@ class PlanReport(BaseModel):
     deadline_hours: float | None
     rows: list[PlanRow]
     cheapest: PlanRow | None
+
+
+# Beside the model's own bytes a GPU holds the CUDA context and the caching allocator's slack; an
+# allowance, not a measurement (no GPU here): PyTorch's context alone is several hundred MB.
+CUDA_OVERHEAD_BYTES = 1.5e9
+
+
+def gpu_training_bytes(config: RetrainConfig, stats_path: str) -> float | None:
+    """What one training process holds on its GPU: the built-in model's weights, gradients,
+    AdamW state and activations at its micro-batch (`memory_fit.training_need`), plus the CUDA
+    allowance. None for a user factory's model, which is not built twice."""
+    if config.model.factory is not None:
+        return None
+    stats = FeatureStats.from_json(Path(stats_path).read_text())
+    _params, need = training_need(config, ModelSchema.of(stats))
+    return need + CUDA_OVERHEAD_BYTES
+
+
+def refuse_what_does_not_fit(rows: list[PlanRow], config: RetrainConfig, need: float | None) -> list[PlanRow]:
+    """Each row whose GPU memory (cost.prices' gpu_memory_gb) is below `need`, marked not
+    fitting with the reason, and placed after every row that fits."""
+    if need is None:
+        return rows
+    out = []
+    for row in rows:
+        memory = config.cost.prices[row.instance_type].gpu_memory_gb
+        if memory is not None and need > memory * GB:
+            row = row.model_copy(update={"fits": False, "refused": (
+                f"training needs about {need / GB:.1f} GB a GPU (weights, gradients, AdamW state, activations at "
+                f"batch {config.train.batch_size // config.train.world_size}, CUDA context); its GPU has {memory:g} GB")})
+        out.append(row)
+    return sorted(out, key=lambda r: not r.fits)  # stable: the cost order holds within each group
 
 
 def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: float | None,
@@ -95,7 +131,8 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
         checkpoint_interval_hours=interval_s / 3600,
         deadline_hours=deadline_hours,
     )
-    cheapest = next((r for r in rows if r.meets_deadline), None)
+    rows = refuse_what_does_not_fit(rows, config, gpu_training_bytes(config, prep.stats_path))
+    cheapest = next((r for r in rows if r.meets_deadline and r.fits), None)
     calibration = Calibration(
         steps=steps, seconds_per_step=per_step, seconds_per_validation=per_eval, seconds_per_checkpoint=per_save,
         startup_seconds=startup, data_seconds=data_seconds, estimated_run_hours_here=run_seconds / 3600,
