@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["arrow_float32", "arrow_float64", "arrow_int8", "arrow_int64", "float32_values", "int32_values", "int64_values", "null_mask",
-           "validity"]
+__all__ = ["arrow_float32", "arrow_float64", "arrow_int8", "arrow_int64", "float32_values", "int32_values",
+           "int64_values", "null_mask", "one_chunk", "validity"]
 
 
-def _one_chunk(array: pa.Array | pa.ChunkedArray) -> pa.Array:
+def one_chunk(array: pa.Array | pa.ChunkedArray) -> pa.Array:
     return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
 
@@ -61,12 +61,12 @@ def validity(array: pa.Array) -> np.ndarray:
 
 def null_mask(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """True where `array` holds null."""
-    return validity(_one_chunk(array)) == 0
+    return validity(one_chunk(array)) == 0
 
 
 def float32_values(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A numeric array as float32, a null as NaN (read-only when no copy was needed)."""
-    floats = _one_chunk(pc.cast(array, pa.float32()))
+    floats = one_chunk(pc.cast(array, pa.float32()))
     if floats.null_count:
-        floats = _one_chunk(pc.fill_null(floats, pa.scalar(np.nan, pa.float32())))
+        floats = one_chunk(pc.fill_null(floats, pa.scalar(np.nan, pa.float32())))
     return np.frombuffer(floats.buffers()[1], dtype=np.float32, count=len(floats) + floats.offset)[floats.offset:]

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from training.config import DataConfig
-from training.data.arrow_buffers import float32_values, int64_values, null_mask, validity
+from training.data.arrow_buffers import float32_values, int64_values, null_mask, one_chunk, validity
 from training.data.labels import LABELS, Classes, MulticlassLabels, train_classes
 from training.data.ragged import OFFSETS, Ragged, Rows, concat_rows, take_rows
 from training.data.shard_cache import is_remote_dataset
@@ -206,16 +206,13 @@ def category_hash(values: pa.Array) -> np.ndarray:
         ],
         dtype=np.int64,
     )
-    indices = _one_chunk(pc.cast(encoded.indices, pa.int64()))
+    indices = one_chunk(pc.cast(encoded.indices, pa.int64()))
     out = np.full(len(values), MISSING_CATEGORY, dtype=np.int64)
     valid = validity(indices).astype(bool)
     if table.size:
         out[valid] = table[int64_values(indices)[valid]]
     return out
 
-
-def _one_chunk(array: pa.Array | pa.ChunkedArray) -> pa.Array:
-    return array.combine_chunks() if isinstance(array, pa.ChunkedArray) else array
 
 
 class FeatureValidator:

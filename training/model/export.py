@@ -72,7 +72,6 @@ class ExportScorer(nn.Module):
             self.register_buffer(f"index{j}", torch.tensor([p + 1 for p in order] or [0], dtype=torch.int64))
         self.n_cat = len(stats.vocab)
         self.names = input_names(stats)
-        self.label_mean, self.label_std = stats.label_mean, stats.label_std
         self.label = LabelTransform(stats)
         self.forward_model = forward_fn(model)
 
@@ -95,8 +94,6 @@ class ExportScorer(nn.Module):
             return torch.sigmoid(out)
         if self.task == "multiclass":
             return torch.softmax(out, dim=-1)
-        if self.label.kind == "standardize":
-            return out.double() * self.label_std + self.label_mean
         return self.label(out)
 
 

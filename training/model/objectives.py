@@ -2,7 +2,7 @@
 the predictions, the metrics and which way each metric is better.
 
 One class per task, found by name in `TASKS`; `Task.of(stats)` binds one to a dataset's label
-(its classes, or its train mean and std). The packer's side of a task (which label values are
+(its classes, or its fitted label transform). The packer's side of a task (which label values are
 valid, how they are stored) is `training.data.labels`.
 """
 
@@ -40,7 +40,6 @@ class Task:
 
     def __init__(self, stats: FeatureStats) -> None:
         self.classes = list(stats.classes)
-        self.label_mean, self.label_std = stats.label_mean, stats.label_std
 
     @staticmethod
     def of(stats: FeatureStats) -> Task:
@@ -112,13 +111,9 @@ class RegressionTask(Task):
         self.transform = LabelTransform(stats)
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.transform.kind == "standardize":
-            return F.mse_loss(output.float(), (y - self.label_mean) / self.label_std)
         return F.mse_loss(output.float(), self.transform.target(y))
 
     def predict(self, output: torch.Tensor) -> np.ndarray:
-        if self.transform.kind == "standardize":
-            return output.float().cpu().numpy().astype(np.float64) * self.label_std + self.label_mean
         return self.transform(output.float().cpu()).numpy()
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, field_serializer, field_validator
+from pydantic import BaseModel, ConfigDict
 
 from training.cost.bill import CostReport
 from training.cost.utilization import Utilization
@@ -20,7 +20,7 @@ from training.errors import StorageError
 from training.model.model_ref import ModelRef
 from training.pipeline.handoffs import Promotion
 from training.pipeline.tracking import TrackingNotes
-from training.trainer.results import LoaderWorkers, Seconds, Validation, WarmStart, validations
+from training.trainer.results import History, LoaderWorkers, Seconds, WarmStart
 from training.trainer.threads import ThreadPolicy
 
 __all__ = ["Phases", "PreemptionSummary", "ReportFiles", "RunReport", "StageSummaries"]
@@ -93,18 +93,10 @@ class TrainSummary(_Part):
     device: str = ""
     seconds: Seconds = Seconds()
     first_step_latency_seconds: float | None = None
-    history: list[Validation] = []
+    history: History = []
     threads: ThreadPolicy | None = None
     num_workers: LoaderWorkers = LoaderWorkers()
 
-    @field_validator("history", mode="before")
-    @classmethod
-    def _history_from_json(cls, history: Any) -> Any:
-        return validations(history)
-
-    @field_serializer("history")
-    def _history_to_json(self, history: list[Validation]) -> list[dict[str, float]]:
-        return [v.to_json() for v in history]
 
     @property
     def best(self) -> float | None:

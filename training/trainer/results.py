@@ -7,9 +7,9 @@ upgrades; validations keep the flat JSON form (`val_<metric>` keys) result.json 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, field_serializer, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
 
 from training.model.model_ref import ModelRef
 from training.trainer.threads import ThreadPolicy
@@ -81,6 +81,12 @@ def validations(history: Any) -> Any:
     return history
 
 
+# A run's validations: Validation models in Python, the flat dicts of result.json and
+# report.json in JSON (read back from either form).
+History = Annotated[list[Validation], BeforeValidator(validations),
+                    PlainSerializer(lambda history: [v.to_json() for v in history])]
+
+
 class WarmStart(_Result):
     requested: bool
     used: bool
@@ -130,7 +136,7 @@ class TrainResult(_Result):
     precision: str
     device: str
     model: ModelRef
-    history: list[Validation]
+    history: History
     resumed_from_steps: list[int]
     preemptions: int
     steps_lost: int
@@ -168,14 +174,6 @@ class TrainResult(_Result):
             data = {**data, "best_val_metric": data.get("best_val_auc")}
         return data
 
-    @field_validator("history", mode="before")
-    @classmethod
-    def _history_from_json(cls, history: Any) -> Any:
-        return validations(history)
-
-    @field_serializer("history")
-    def _history_to_json(self, history: list[Validation]) -> list[dict[str, float]]:
-        return [v.to_json() for v in history]
 
     def steps_to(self, target: float | None, higher_is_better: bool = True) -> int | None:
         """The first validated step whose validation metric reached `target`."""
