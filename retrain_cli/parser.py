@@ -28,7 +28,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "join": ("start this node's training processes of a multi-node run (train.distributed.nnodes > 1)",
              "retrain join --config cluster.yaml --node-rank 1"),
 }
-_EXTRA_EXIT = {"plan": "\n  1    no instance type meets --deadline-hours"}  # after 0 in the list
+_EXTRA_EXIT = {"plan": "\n  1    no instance type fits the model and meets --deadline-hours"}  # after 0 in the list
 
 
 def _version() -> str:
