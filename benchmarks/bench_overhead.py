@@ -17,7 +17,7 @@ from benchmarks.common import demo_parquet, outside_load, train_job
 from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches
-from training.data.packing import load_manifest
+from training.data.manifest import load_manifest
 from training.trainer.run import train
 from training.trainer.state import lr_lambda as _lr_lambda
 from training.model.network import ModelSchema, build_model

@@ -13,7 +13,7 @@ import webdataset as wds
 
 from benchmarks.common import best_of, demo_parquet
 from training.config import load_config
-from training.data.packing import category_hash
+from training.data.validation import category_hash
 from benchmarks.common import pack_local
 
 
@@ -27,16 +27,14 @@ def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
         shutil.rmtree(work / "datasets", ignore_errors=True)
         pack_local(source, config.data, work / "datasets")
 
-    def project_parts() -> None:
-        # The flow's fan-out path, run in this process: plan, 4 parts to pieces, assemble.
-        from training.data.packing import assemble_shards, pack_part, plan_pack, start_pack
+    grouped = work / "grouped.parquet"  # the same rows in 4 row groups: 4 segments of the flow's fan-out
+    pq.write_table(pq.read_table(source), grouped, row_group_size=-(-rows // 4))
+    segmented = config.data.model_copy(update={"segment_rows": -(-rows // 4)})
 
+    def project_parts() -> None:
+        # The flow's fan-out path, run in this process: plan, 4 segments packed one by one, assemble.
         shutil.rmtree(work / "datasets-parts", ignore_errors=True)
-        (work / "datasets-parts").mkdir()
-        plan, _ = plan_pack(source, config.data, work / "datasets-parts", max_parts=4)
-        assert plan is not None
-        start_pack(plan)
-        assemble_shards(plan, [pack_part(plan, part, config.data) for part in plan.parts], config.data)
+        pack_local(grouped, segmented, work / "datasets-parts")
 
     def raw_limit() -> None:
         # pyarrow reads the same Parquet and the same payload bytes go to one file.
@@ -74,9 +72,9 @@ def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
     wds_mb = mb * sub / rows
     project_bytes = sum(p.stat().st_size for p in (work / "datasets").rglob("*.tar"))
     wds_bytes = sum(p.stat().st_size for p in (work / "wds").glob("*.tar"))
-    from training.data.packing import load_manifest
+    from training.data.manifest import load_manifest
 
-    manifest = load_manifest(next((work / "datasets").iterdir()))
+    manifest = load_manifest(next(p.parent for p in (work / "datasets").glob("*/manifest.json")))
     target = config.data.shard_size_mb * 1e6
     full = [sh.bytes for split in ("train", "validation", "test") for sh in manifest.shards_of(split)[:-1]]
     return {

@@ -73,12 +73,12 @@ def peer_folder(peer: str) -> Path:
 # -- the peers' formats, written from the project's blocks ---------------------------------------
 
 def _blocks(dataset: Path) -> Iterator[dict[str, np.ndarray]]:
-    from training.data.packing import require_manifest
+    from training.data.manifest import require_manifest, shard_folder
     from training.data.shards import ShardReader
 
     manifest = require_manifest(dataset)
     for info in manifest.shards_of("train"):
-        reader = ShardReader(dataset / info.name)
+        reader = ShardReader(shard_folder(dataset, info) / info.name)
         try:
             for key in reader.keys:
                 yield {k: np.array(v) for k, v in reader.block(key).items()}
@@ -138,9 +138,9 @@ def _samples(reader: str, dataset: Path, converted: Path) -> Iterator[dict[str, 
     if reader == "webdataset":
         import webdataset as wds
 
-        from training.data.packing import require_manifest
+        from training.data.manifest import require_manifest, shard_folder
 
-        urls = [str(dataset / info.name) for info in require_manifest(dataset).shards_of("train")]
+        urls = [str(shard_folder(dataset, info) / info.name) for info in require_manifest(dataset).shards_of("train")]
         for sample in wds.WebDataset(urls, shardshuffle=len(urls), seed=0).decode():
             yield {k.removesuffix(".npy"): v for k, v in sample.items() if k.endswith(".npy")}
     elif reader == "litdata":
@@ -173,7 +173,7 @@ def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -
     rows = 0
     if reader == "project":
         from training.data.loader import ShardBatches, StreamPosition, make_train_loader
-        from training.data.packing import require_manifest
+        from training.data.manifest import require_manifest
 
         manifest = require_manifest(dataset)
         batches = ShardBatches(dataset, manifest, "train", BATCH, transform, seed=0)

@@ -22,7 +22,7 @@ from benchmarks.common import demo_parquet, train_job
 from training.trainer.run import train
 from training.model.network import forward_fn
 from training.model.batch_scoring import SCORE_BATCH, load_scoring_model, predict_files
-from training.data.packing import FeatureValidator, feature_arrays
+from training.data.validation import FeatureValidator, feature_arrays
 from training.config import DataConfig, RetrainConfig
 from training.pipeline.predict_stage import scoring_threads
 

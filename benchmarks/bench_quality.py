@@ -95,7 +95,7 @@ def _splits(job: Any) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(standardised numerics, category indices, label) of each split, as the model sees them."""
     from training.data.features import FeatureStats
     from training.data.loader import ShardBatches, iter_split
-    from training.data.packing import require_manifest
+    from training.data.manifest import require_manifest
 
     dataset_dir = Path(job.dataset_dir)
     stats = FeatureStats.from_json(Path(job.stats_path).read_text())
@@ -154,7 +154,7 @@ def _references(task: str, splits: dict[str, Any], cardinalities: list[int]) -> 
 
 def _one(work: Path, data: Dataset) -> dict[str, Any]:
     from training.data.features import FeatureStats
-    from training.data.packing import require_manifest
+    from training.data.manifest import require_manifest
     from training.model.evaluation import evaluate_package
     from training.trainer.run import train
 

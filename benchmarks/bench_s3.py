@@ -33,7 +33,7 @@ def _read_all(dataset_dir: Path) -> float:
     """Rows/s reading every train batch once, as the training loop would (unshuffled)."""
     from training.data.features import FeatureStats
     from training.data.loader import ShardBatches
-    from training.data.packing import load_manifest
+    from training.data.manifest import load_manifest
 
     manifest = load_manifest(dataset_dir)
     assert manifest is not None

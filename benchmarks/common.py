@@ -39,14 +39,19 @@ def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
 
 
 def pack_local(source: Path, data, datasets_root: Path):
-    """Pack `source` into `datasets_root` in this process: (dataset folder, manifest, reused?)."""
+    """Pack `source` into `datasets_root` (the `datasets` folder of a local storage root) in this
+    process: (dataset folder, manifest, whether nothing had to be packed)."""
+    from training.config import StorageConfig
+    from training.data.dataset_store import DatasetStore
     from training.data.packing import pack_serially, plan_pack
+    from training.storage.root import StorageRoot
 
-    datasets_root.mkdir(parents=True, exist_ok=True)
-    plan, existing = plan_pack(source, data, datasets_root)
-    if plan is None:
-        return datasets_root / existing.fingerprint, existing, True
-    return Path(plan.final_dir), pack_serially(plan, data), False
+    store = DatasetStore(StorageRoot(StorageConfig(root=str(datasets_root.parent))))
+    plan, legacy = plan_pack(source, data, store)
+    if legacy is not None:
+        return datasets_root / legacy.fingerprint, legacy, True
+    manifest, _ = pack_serially(plan, data, store)
+    return datasets_root / manifest.fingerprint, manifest, not plan.todo
 
 
 def demo_parquet(work: Path, rows: int) -> Path:

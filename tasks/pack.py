@@ -1,64 +1,66 @@
-"""Packing as three tasks: begin (plan or reuse), one task per part (mapped), finish (assemble).
+"""Packing as tasks: begin (list the source, plan what is missing), one task per segment
+(mapped), finish (the dataset's manifest, retention).
 
-The flow maps `pack_part` over the parts on its task runner: the default thread pool, or a
-Dask/Ray runner to spread packing over a cluster. Each part holds only its own row groups.
+The flow maps `pack_segment` over the segments on its task runner: the default thread pool, or
+a Dask/Ray runner to spread packing over a cluster. A segment task reads only its own row
+groups and publishes its segment to the storage root itself, so with an s3:// root and an
+s3:// source the workers share no folder with the flow.
 """
 
 from __future__ import annotations
 
-
 from prefect import task, unmapped
 
 from tasks.policies import retry_transient, task_logger
-from training.config import DataConfig, RetrainConfig
-from training.data.packing import PackedPart, PackPart, PackPlan, abandon_pack
+from training.config import RetrainConfig
+from training.data.segments import PackedSegment, SegmentPlan
 from training.pipeline.handoffs import PackResult
-from training.pipeline.pack_stage import PackBegun, pack_begin, pack_finish, pack_part_stage
+from training.pipeline.pack_stage import PackBegun, pack_begin, pack_finish, pack_segment_stage
 
-__all__ = ["begin_packing", "pack_part", "finish_packing", "pack_dataset"]
+__all__ = ["begin_packing", "pack_segment", "finish_packing", "pack_dataset"]
 
 
 @task(name="pack-plan", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
 def begin_packing(config: RetrainConfig) -> PackBegun:
-    """Check storage; reuse an already packed dataset or plan the parts to pack."""
+    """Check storage; list the source; plan the segments that are not packed yet."""
     begun = pack_begin(config)
-    if begun.plan is not None:
-        task_logger().info("packing %s in %d part(s)", begun.plan.fingerprint, len(begun.plan.parts))
+    plan = begun.plan
+    if plan.todo:
+        task_logger().info("packing %d segment(s) of %d file(s); %d segment(s) packed before", len(plan.todo),
+                           len({p.file.name for p in plan.todo}), len(plan.ready))
     return begun
 
 
-@task(name="pack-part", task_run_name="pack-part-{part.index}", retries=2, retry_delay_seconds=5,
+@task(name="pack-segment", task_run_name="pack-{plan.file.name}-{plan.file_row}", retries=2, retry_delay_seconds=5,
       retry_condition_fn=retry_transient)
-def pack_part(data: DataConfig, plan: PackPlan, part: PackPart) -> PackedPart:
-    """Validate and transform one part's row groups into per-split pieces (idempotent)."""
-    return pack_part_stage(data, plan, part)
+def pack_segment(config: RetrainConfig, plan: SegmentPlan) -> PackedSegment:
+    """Validate and pack one segment's row groups; publish it to the storage root (idempotent)."""
+    return pack_segment_stage(config, plan)
 
 
 @task(name="pack", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
-def finish_packing(config: RetrainConfig, begun: PackBegun, parts: list[PackedPart]) -> PackResult:
-    """Write the shards from the parts, then the manifest (last); publish them to the root."""
-    packed = pack_finish(config, begun, parts)
-    verb = "reused" if packed.reused else "packed"
-    task_logger().info("%s dataset %s: %s rows in %d shards", verb, packed.fingerprint, packed.rows, packed.shards)
-    return packed
+def finish_packing(config: RetrainConfig, begun: PackBegun, packed: list[PackedSegment]) -> PackResult:
+    """The dataset's manifest over its segments; retention of what no kept dataset lists."""
+    result = pack_finish(config, begun, packed)
+    verb = "reused" if result.reused else "packed"
+    task_logger().info("%s dataset %s: %s rows in %d segment(s) (%d packed now), %d shards", verb,
+                       result.fingerprint, result.rows, result.segments, result.segments_packed, result.shards)
+    return result
 
 
 def pack_dataset(config: RetrainConfig) -> PackResult:
-    """Plan, pack the parts (mapped over the flow's task runner), assemble: the pack stage.
-
-    A part that fails (bad data found while packing) fails the whole stage with its own error,
-    and the half-written dataset folder is removed: nothing of this attempt is left behind.
-    """
+    """Plan, pack the missing segments (mapped over the flow's task runner, `data.pack_parts` at
+    a time), finish: the pack stage. A segment that fails (bad data) fails the stage with its own
+    error; a half-packed segment leaves nothing behind, and the ones already packed are kept."""
     begun = begin_packing(config)
-    plan = begun.plan
-    futures = pack_part.map(unmapped(config.data), unmapped(plan), plan.parts if plan is not None else [])
-    try:
-        # Resolve every part here: a failed upstream would otherwise leave `finish_packing`
-        # NotReady and the flow holding None.
-        parts = [future.result() for future in futures]
-    except BaseException:
-        futures.wait()  # the other parts must stop writing before their folder goes
-        if plan is not None:
-            abandon_pack(plan)
-        raise
-    return finish_packing(config, begun, parts)
+    todo = begun.plan.todo if begun.done is None else []
+    packed: list[PackedSegment] = []
+    wave = config.data.pack_parts
+    for start in range(0, len(todo), wave):
+        futures = pack_segment.map(unmapped(config), todo[start:start + wave])
+        try:
+            packed += [future.result() for future in futures]
+        except BaseException:
+            futures.wait()  # the other segments finish or fail on their own; nothing half-written stays
+            raise
+    return finish_packing(config, begun, packed)

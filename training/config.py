@@ -27,6 +27,7 @@ __all__ = [
     "BudgetConfig",
     "InstancePrice",
     "DataConfig",
+    "WindowConfig",
     "PreprocessConfig",
     "ModelConfig",
     "TrainConfig",
@@ -106,6 +107,15 @@ def fingerprinted(section: BaseModel) -> dict[str, Any]:
     return view
 
 
+class WindowConfig(_Section):
+    last_segments: int | None = Field(
+        None, gt=0, description="Keep only the newest N segments (by data.time_column when set, else by source file "
+        "name, which orders daily files by day).", json_schema_extra=COMPUTED)
+    last_days: float | None = Field(
+        None, gt=0, description="Keep only segments whose newest row is within this many days of the newest row of "
+        "all (needs data.time_column).", json_schema_extra=COMPUTED)
+
+
 class DataConfig(_Section):
     source: str | None = Field(
         None,
@@ -136,12 +146,26 @@ class DataConfig(_Section):
     validation_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the validation split.", json_schema_extra=COMPUTED)
     test_fraction: float = Field(0.1, gt=0, lt=0.5, description="Share of rows in the test split.", json_schema_extra=COMPUTED)
     split_seed: int = Field(0, description="Seed of the deterministic row-to-split assignment.", json_schema_extra=COMPUTED)
+    split_key: str | None = Field(
+        None, description="A column (e.g. a user id) whose value alone decides a row's split: every row of one key "
+        "falls in one split, so no key leaks between train and test. Empty: a row's split follows its file and its "
+        "row there. Either way a row keeps its split as files are added.", json_schema_extra=COMPUTED_SINCE)
     rows_per_member: int = Field(4096, gt=0, description="Rows per tar member (micro-batch) in a shard.", json_schema_extra=COMPUTED)
     shard_size_mb: float = Field(16.0, gt=0, description="Target shard size in MB, tar headers counted.", json_schema_extra=COMPUTED)
+    segment_rows: int = Field(
+        1_048_576, gt=0, description="A source file is packed in segments of consecutive Parquet row groups of at most "
+        "this many rows (a row group is never split). A segment is packed once, reused by every dataset that holds it, "
+        "and is the unit of parallel packing.", json_schema_extra=COMPUTED_SINCE)
+    time_column: str | None = Field(
+        None, description="A timestamp, date or numeric (epoch seconds) column: each segment records its oldest and "
+        "newest value, which orders segments and lets data.window.last_days keep recent ones.",
+        json_schema_extra=COMPUTED_SINCE)
+    window: WindowConfig = Field(default_factory=lambda: WindowConfig(), description="Train on recent segments only.",
+                                 json_schema_extra=COMPUTED_SINCE)
     pack_parts: int = Field(
         8, ge=1, le=4096,
-        description="Packing fans out over at most this many parts (runs of Parquet row groups), one task each; "
-        "the shards are byte-identical for any value.", json_schema_extra=OPERATIONAL
+        description="At most this many segments are packed at once, one task each (on a Dask or Ray task runner, "
+        "across its workers); the shards are byte-identical for any value.", json_schema_extra=OPERATIONAL
     )
 
     @model_validator(mode="after")
@@ -153,6 +177,8 @@ class DataConfig(_Section):
         if len(columns) == 1:
             raise ValueError("no feature columns: set data.numeric, data.categorical, data.vector, data.text "
                              "and/or data.image")
+        if self.window.last_days is not None and self.time_column is None:
+            raise ValueError("data.window.last_days needs data.time_column: set it to a timestamp or date column")
         return self
 
 
@@ -616,6 +642,10 @@ class StorageConfig(_Section):
         None, description="Local working copy of an s3:// root. Empty: ~/.cache/retrain/s3/<bucket>/<prefix>.", json_schema_extra=OPERATIONAL
     )
     shard_cache_gb: float = Field(20.0, gt=0, description="Size limit of the local cache of shards read from S3.", json_schema_extra=OPERATIONAL)
+    keep_datasets: int = Field(
+        3, ge=0, description="Packed datasets kept besides the one a run uses (the newest); segments no kept dataset "
+        "lists are removed, here and on S3. A removed dataset is packed again, from its source, if asked for.",
+        json_schema_extra=OPERATIONAL)
     multipart_mb: int = Field(64, ge=5, description="Objects above this many MB upload in parts of this size.", json_schema_extra=OPERATIONAL)
     connect_timeout_s: float = Field(5.0, gt=0, description="S3 connect timeout per attempt.", json_schema_extra=OPERATIONAL)
     read_timeout_s: float = Field(30.0, gt=0, description="S3 read timeout per attempt.", json_schema_extra=OPERATIONAL)

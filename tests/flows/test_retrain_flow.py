@@ -185,7 +185,7 @@ def test_whole_flow_on_s3_then_a_fresh_machine_reuses_everything(
     }
     assert set(expected) <= set(keys), sorted(keys)
     checkpoints = [k for k in keys if k.startswith(f"{run}/checkpoints/")]
-    shards = [k for k in keys if k.startswith(f"team/retrain/datasets/{fp}/") and k.endswith(".tar")]
+    shards = [k for k in keys if k.startswith("team/retrain/datasets/segments/") and k.endswith(".tar")]
     stats = [k for k in keys if k.startswith("team/retrain/preprocess/")]
     assert checkpoints and shards and stats
     assert not [k for k in keys if k.startswith("team/retrain/prefect/")]  # no pickled Prefect results on S3
@@ -238,7 +238,15 @@ def test_flow_on_s3_with_credentials_from_a_prefect_block(
     assert report["status"] == "completed" and report["storage"]["remote"]
 
 
-def test_flow_fans_packing_out_over_parts_byte_identical_to_serial(demo_source: Path, tmp_path: Path) -> None:
+def _dataset_files(root: Path, fingerprint: str) -> dict[str, bytes]:
+    """A dataset's manifest and every file of its segments, by path under datasets/."""
+    manifest = json.loads((root / "datasets" / fingerprint / "manifest.json").read_text())
+    folders = [root / "datasets" / "segments" / s["key"] for s in manifest["segments"]]
+    files = [root / "datasets" / fingerprint / "manifest.json", *(p for f in folders for p in sorted(f.iterdir()))]
+    return {str(p.relative_to(root / "datasets")): p.read_bytes() for p in files}
+
+
+def test_flow_fans_packing_out_over_segments_byte_identical_to_serial(demo_source: Path, tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
     from tests.conftest import small_overrides
@@ -250,21 +258,22 @@ def test_flow_fans_packing_out_over_parts_byte_identical_to_serial(demo_source: 
     half = table.num_rows // 2
     pq.write_table(table.slice(0, half), source / "a.parquet", row_group_size=1000)
     pq.write_table(table.slice(half), source / "b.parquet", row_group_size=1000)
-    config = load_config(overrides=small_overrides(tmp_path / "flow", source) + ["data.pack_parts=4", "train.max_steps=20"])
+    segmented = ["data.segment_rows=2000", "train.max_steps=20"]
+    config = load_config(overrides=small_overrides(tmp_path / "flow", source) + ["data.pack_parts=3", *segmented])
     state = retrain(config, return_state=True)
     report = _report(state.result())
     runs = _task_runs(state.state_details.flow_run_id)
     with get_client(sync_client=True) as client:
         all_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
-    part_runs = [r for r in all_runs if r.name.startswith("pack-part")]
-    assert len(part_runs) == 4 and all(r.state.is_completed() for r in part_runs)
+    segment_runs = [r for r in all_runs if r.name.startswith("pack-")and r.name not in ("pack", "pack-plan")
+                    and "parquet" in r.name]
+    assert len(segment_runs) == 4 and all(r.state.is_completed() for r in segment_runs)
     assert {"pack-plan", "pack"} <= set(runs)
 
-    serial = pack_stage(load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.pack_parts=1"]))
+    serial = pack_stage(load_config(overrides=small_overrides(tmp_path / "serial", source) + segmented))
     assert report["stages"]["pack"]["dataset"] == serial.fingerprint
-    flow_dir = Path(report["stages"]["pack"]["dir"])
-    for shard in Path(serial.dataset_dir).iterdir():
-        assert (flow_dir / shard.name).read_bytes() == shard.read_bytes(), shard.name
+    assert _dataset_files(tmp_path / "flow", serial.fingerprint) == _dataset_files(tmp_path / "serial",
+                                                                                   serial.fingerprint)
 
 
 def _wait(predicate, timeout: float = 30.0):  # logs and events reach the server in batches
@@ -340,38 +349,57 @@ def test_nothing_read_back_from_the_root_is_unpickled(small_config: RetrainConfi
 
 
 @pytest.mark.slow
-def test_packing_on_a_dask_cluster_of_worker_processes_is_byte_identical_to_serial(demo_source: Path,
-                                                                                 tmp_path: Path) -> None:
-    """The flow on prefect-dask's DaskTaskRunner, as docs/guides/scale-out.md shows it: the parts
-    packed by two worker processes of a dask.distributed cluster."""
+def test_packing_on_a_dask_cluster_that_shares_no_folder_is_byte_identical_to_serial(
+        s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flow on prefect-dask's DaskTaskRunner over a dask.distributed cluster of two worker
+    processes, each with its own home and so its own storage.local_dir, the source and the
+    storage root on S3 (moto's server): the workers pack the segments and publish them
+    themselves, the flow's machine never holds a shard, and the dataset on S3 is byte for byte
+    the one a single process packs."""
+    import boto3
     import pyarrow.parquet as pq
-    from distributed import LocalCluster
+    from distributed import Nanny, Scheduler, SpecCluster
     from prefect_dask import DaskTaskRunner
 
-    from tests.conftest import small_overrides
+    from tests.conftest import s3_overrides, small_overrides
     from training.config import load_config
 
-    source = tmp_path / "multi"
-    source.mkdir()
+    raw = boto3.client("s3", endpoint_url=s3_server)
     table = pq.read_table(demo_source)
     for i in range(3):
-        pq.write_table(table.slice(i * 2000, 2000), source / f"day-{i}.parquet", row_group_size=500)
-    config = load_config(overrides=small_overrides(tmp_path / "flow", source) + ["data.pack_parts=4",
-                                                                               "train.max_steps=20"])
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
-        on_dask = retrain.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
-        state = on_dask(config, return_state=True)
-        # What the cluster's scheduler ran, by the task's name: Prefect keys a task as "<name>-<id>".
-        ran = set(cluster.scheduler.task_prefixes)
-    report = _report(state.result())
-    with get_client(sync_client=True) as client:
-        all_runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
-    part_runs = [r for r in all_runs if r.name.startswith("pack-part")]
-    assert len(part_runs) >= 3 and all(r.state.is_completed() for r in part_runs)  # parts never span files
-    assert "pack_part" in ran  # on the cluster's worker processes, not the flow's threads
+        pq.write_table(table.slice(i * 2000, 2000), tmp_path / f"day-{i}.parquet", row_group_size=500)
+        raw.upload_file(str(tmp_path / f"day-{i}.parquet"), s3_bucket, f"incoming/day-{i}.parquet")
+    homes = {name: tmp_path / f"home-{name}" for name in ("flow", "w0", "w1", "serial")}
+    monkeypatch.setenv("HOME", str(homes["flow"]))  # storage.local_dir unset: each machine's own ~/.cache
 
-    serial = pack_stage(load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.pack_parts=1"]))
+    def config_for(prefix: str) -> RetrainConfig:
+        s3 = [o for o in s3_overrides(s3_bucket, s3_server, tmp_path / "unused", prefix) if "local_dir" not in o]
+        return load_config(overrides=small_overrides(tmp_path / "unused", demo_source) + s3 + [
+            f"data.source=s3://{s3_bucket}/incoming/", "data.segment_rows=1000", "data.pack_parts=4",
+            "train.max_steps=20"])
+
+    workers = {name: {"cls": Nanny, "options": {"nthreads": 1, "env": {"HOME": str(homes[name])}}}
+               for name in ("w0", "w1")}
+    with SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}, workers=workers) as cluster:
+        on_dask = retrain.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
+        report = _report(on_dask(config_for("flow"), return_state=True).result())
+        ran = set(cluster.scheduler.task_prefixes)  # what the cluster ran, by the task's name
+    assert "pack_segment" in ran
+    assert report["stages"]["pack"]["segments"] == 6
+    for name in ("w0", "w1"):  # each worker packed into its own folder
+        assert list(homes[name].rglob("segments/*/train-*.tar")), name
+    adopted = list(homes["flow"].rglob("segments/*/segment.json"))
+    assert len(adopted) == 6 and all((p.parent / "remote.json").exists() for p in adopted)  # none packed here
+
+    monkeypatch.setenv("HOME", str(homes["serial"]))
+    serial = pack_stage(config_for("serial"))
     assert report["stages"]["pack"]["dataset"] == serial.fingerprint
-    flow_dir = Path(report["stages"]["pack"]["dir"])
-    for shard in Path(serial.dataset_dir).iterdir():
-        assert (flow_dir / shard.name).read_bytes() == shard.read_bytes(), shard.name
+
+    def objects(prefix: str) -> dict[str, bytes]:
+        keys = [o["Key"] for page in raw.get_paginator("list_objects_v2").paginate(
+            Bucket=s3_bucket, Prefix=f"{prefix}/datasets/") for o in page.get("Contents", [])]
+        return {k.removeprefix(f"{prefix}/"): raw.get_object(Bucket=s3_bucket, Key=k)["Body"].read()
+                for k in keys if "source-index" not in k}
+
+    flow, single = objects("flow"), objects("serial")
+    assert flow == single and len(flow) > 30

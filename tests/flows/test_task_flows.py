@@ -52,7 +52,7 @@ def test_multiclass_then_regression_flows(tmp_path: Path, demo_source: Path) -> 
     # The reference: logistic regression on the same train and test rows, read back from the shards.
     from training.data.features import FeatureStats
     from training.data.loader import ShardBatches, iter_split
-    from training.data.packing import require_manifest
+    from training.data.manifest import require_manifest
 
     dataset_dir = Path(report["stages"]["pack"]["dir"])
     manifest = require_manifest(dataset_dir)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prefect.states import Failed
 
-from tasks.pack import begin_packing, finish_packing, pack_part
+from tasks.pack import begin_packing, finish_packing, pack_segment
 from tasks.policies import backoff, retry_only_preemptions, retry_transient
 from tasks.preprocess import fit_features
 from training.config import RetrainConfig
@@ -14,8 +14,8 @@ from training.errors import ConfigError, DataError, Preempted, StorageError
 
 def _pack(config: RetrainConfig) -> PackResult:
     begun = begin_packing.fn(config)
-    parts = [pack_part.fn(config.data, begun.plan, part) for part in begun.plan.parts] if begun.plan else []
-    return finish_packing.fn(config, begun, parts)
+    packed = [pack_segment.fn(config, plan) for plan in begun.plan.todo] if begun.done is None else []
+    return finish_packing.fn(config, begun, packed)
 
 
 def test_pack_and_preprocess_tasks(small_config: RetrainConfig) -> None:

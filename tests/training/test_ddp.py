@@ -38,7 +38,7 @@ def test_two_ranks_match_one_process_and_see_equal_samples(demo_source: Path, tm
     one = run_training_process(make_job(_config(tmp_path / "one", demo_source)))
     events: list[ChildEvent] = []
     job = make_job(_config(tmp_path / "two", demo_source, "train.distributed.nproc_per_node=2"))
-    from training.data.packing import load_manifest
+    from training.data.manifest import load_manifest
 
     train_shards = load_manifest(Path(job.dataset_dir)).shards_of("train")
     assert len(train_shards) % 2 == 1, len(train_shards)

@@ -109,8 +109,8 @@ def test_a_damaged_champion_is_found_before_training_and_never_blocks_retraining
     assert champion is not None and not champion.usable
     assert str(package) in champion.problem or "missing" in champion.problem
 
-    small_config.train.max_steps = 20  # a shorter run: judged alone, against the target
-    small_config.train.eval_every = 10
+    small_config.train.max_steps = 40  # a shorter run: judged alone, against the target
+    small_config.train.eval_every = 20
     small_config.eval.target_auc = 0.5
     packed, weak = _trained(small_config, "weak")
     evaluation = evaluate_stage(small_config, packed, weak)

@@ -1,12 +1,21 @@
-"""A run written by an earlier version of this code stays what it was: the same config gives the
-same run key, its checkpoint (made by that code, committed under tests/fixtures/legacy_run) is
-resumed, and training ends with the weights that code ended with."""
+"""A run written by an earlier version of this code stays what it was: the dataset that version
+packed (format 1, whole-source shards) is read as it is, the same config gives the same run key,
+its checkpoint (made by that code, committed under tests/fixtures/legacy_run with the dataset)
+is resumed, and training ends with the weights that code ended with.
+
+"The same weights" is to float rounding, not to the bit: the fixture was made on one CPU, and
+PyTorch's CPU kernels round differently on others (AVX-512 against AVX2 changed the last bits of
+the final weights and of one validation log loss). Bit-identical resume on one machine is
+tested elsewhere (tests/training/test_resume.py, test_preemption.py)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+
+import pytest
+import torch
 
 from tests.conftest import small_overrides
 from tests.training.helpers import make_job
@@ -21,11 +30,19 @@ def test_an_earlier_versions_checkpoint_resumes_to_its_weights(demo_source: Path
 
     expected = json.loads((FIXTURE / "expected.json").read_text())
     config = load_config(overrides=small_overrides(tmp_path / "root", demo_source))
+    shutil.copytree(FIXTURE / "datasets", tmp_path / "root" / "datasets")
     job = make_job(config)
     assert job.run_key == expected["run_key"]  # the run key did not move
     shutil.copytree(FIXTURE / "step-00000040", Path(job.run_dir) / "checkpoints" / "step-00000040")
     events: list[ChildEvent] = []
     result = train(job, emit=events.append)
     assert [e.step for e in events if e.event == "resumed"] == [40]
-    assert result.model.sha256 == expected["final_weights_sha256"]
-    assert [v.to_json() for v in result.history] == expected["history"]
+    final = torch.load(result.model.uri, weights_only=True)
+    wanted = torch.load(FIXTURE / "final_weights.pt", weights_only=True)
+    assert final.keys() == wanted.keys()
+    for name, tensor in wanted.items():
+        torch.testing.assert_close(final[name], tensor, rtol=1e-4, atol=1e-6, msg=name)
+    history = [v.to_json() for v in result.history]
+    assert [h["step"] for h in history] == [h["step"] for h in expected["history"]]
+    for got, want in zip(history, expected["history"], strict=True):
+        assert got == pytest.approx(want, rel=1e-6)

@@ -10,6 +10,7 @@ from tests.training.helpers import pack_local
 from training.config import RetrainConfig
 from training.data.features import fit_feature_stats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+from training.data.manifest import shard_folder
 
 from training.errors import DataError
 
@@ -97,7 +98,7 @@ def test_transform_into_held_buffers_gives_the_same_rows(packed) -> None:
     d, manifest, stats = packed
     transform, buffers = stats.transformer(), {}
     for info in manifest.shards_of("train")[:2]:
-        reader = ShardReader(d / info.name)
+        reader = ShardReader(shard_folder(d, info) / info.name)
         blocks = [reader.block(key) for key in reader.keys]
         fresh, held = transform.shard(blocks, info.name), transform.shard(blocks, info.name, buffers)
         assert fresh.keys() == held.keys() and all(np.array_equal(fresh[k], held[k]) for k in fresh)
@@ -128,7 +129,7 @@ def test_each_epoch_sees_every_row_once_in_a_new_order(packed) -> None:
 
 def test_corrupt_shard_is_refused(packed) -> None:
     d, manifest, stats = packed
-    shard = d / manifest.shards_of("train")[0].name
+    shard = shard_folder(d, manifest.shards_of("train")[0]) / manifest.shards_of("train")[0].name
     data = bytearray(shard.read_bytes())
     data[2000] ^= 0xFF
     shard.write_bytes(bytes(data))
@@ -145,11 +146,11 @@ def test_a_manifest_from_before_xxh3_is_checked_with_sha256(packed) -> None:
 
     import xxhash
 
-    from training.data.packing import DatasetManifest
+    from training.data.manifest import DatasetManifest
 
     d, manifest, stats = packed
     info = manifest.shards_of("train")[0]
-    content = (d / info.name).read_bytes()
+    content = (shard_folder(d, info) / info.name).read_bytes()
     assert info.sha256 == hashlib.sha256(content).hexdigest()
     assert info.xxh3_128 == xxhash.xxh3_128(content).hexdigest()
     raw = json.loads(manifest.to_json())
@@ -160,7 +161,7 @@ def test_a_manifest_from_before_xxh3_is_checked_with_sha256(packed) -> None:
     ShardBatches(d, old, "train", 64, stats.transformer(), shuffle=False).batch(0, 0)  # intact: it matches
     data = bytearray(content)
     data[2000] ^= 0xFF
-    (d / info.name).write_bytes(bytes(data))
+    (shard_folder(d, info) / info.name).write_bytes(bytes(data))
     with pytest.raises(DataError, match="sha256 does not match"):
         ShardBatches(d, old, "train", 64, stats.transformer(), shuffle=False).batch(0, 0)
 
@@ -172,9 +173,9 @@ def test_a_corrupt_shard_met_on_the_prefetch_thread_stops_the_stream(packed) -> 
     batches = ShardBatches(d, manifest, "train", 64, stats.transformer(), seed=0)
     order, starts = batches._order(0)
     victim = manifest.shards_of("train")[int(order[1])]
-    data = bytearray((d / victim.name).read_bytes())
+    data = bytearray((shard_folder(d, victim) / victim.name).read_bytes())
     data[-20000] ^= 0xFF
-    (d / victim.name).write_bytes(bytes(data))
+    (shard_folder(d, victim) / victim.name).write_bytes(bytes(data))
     served = 0
     with pytest.raises(DataError, match=f"shard .*{victim.name}: xxh3_128 does not match"):
         for _epoch, _index, batch in make_train_loader(batches, StreamPosition(), 0, False):

@@ -11,7 +11,8 @@ import torch
 
 from tests.training.helpers import assert_resumes_bit_identically, make_job
 from training.config import RetrainConfig
-from training.data.packing import category_hash, require_manifest
+from training.data.manifest import require_manifest
+from training.data.validation import category_hash
 from training.model.evaluation import evaluate_package
 from training.trainer.run import train
 

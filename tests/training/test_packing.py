@@ -14,7 +14,7 @@ import webdataset as wds
 from tests.conftest import small_overrides
 from tests.training.helpers import pack_local
 from training.config import RetrainConfig, load_config
-from training.data.packing import load_manifest
+from training.data.manifest import load_manifest
 from training.data.shards import ShardReader
 from training.errors import DataError
 from training.pipeline.pack_stage import pack_stage
@@ -25,7 +25,17 @@ def _pack(config: RetrainConfig, source: Path, root: Path):
 
 
 def _tree_hashes(d: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+    """Every file of a dataset: its manifest and the files of its segments."""
+    manifest = json.loads((d / "manifest.json").read_text())
+    files = [d / "manifest.json", *(p for s in manifest["segments"]
+                                    for p in sorted((d.parent / "segments" / s["key"]).iterdir()))]
+    return {str(p.relative_to(d.parent)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def _shard(d: Path, info: object) -> Path:
+    from training.data.manifest import shard_folder
+
+    return shard_folder(d, info) / info.name  # type: ignore[attr-defined]
 
 
 def test_packing_is_byte_reproducible(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
@@ -33,12 +43,12 @@ def test_packing_is_byte_reproducible(small_config: RetrainConfig, demo_source: 
     b, man_b, _ = _pack(small_config, demo_source, tmp_path / "b")
     assert a.name == b.name == man_a.fingerprint
     assert _tree_hashes(a) == _tree_hashes(b)
-    assert len(man_a.shards) > 3
+    assert len(man_a.shards) > 3 and man_a.format_version == 2
 
 
 def test_shards_hold_micro_batches_with_fixed_metadata(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
     d, manifest, _ = _pack(small_config, demo_source, tmp_path)
-    shard = d / manifest.shards[0].name
+    shard = _shard(d, manifest.shards[0])
     with tarfile.open(shard) as tar:
         members = tar.getmembers()
     assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in members)
@@ -49,7 +59,7 @@ def test_shards_hold_micro_batches_with_fixed_metadata(small_config: RetrainConf
     reader.close()
     assert sum(manifest.rows.values()) == 8000
     for info in manifest.shards:
-        p = d / info.name
+        p = _shard(d, info)
         assert p.stat().st_size == info.bytes
         assert hashlib.sha256(p.read_bytes()).hexdigest() == info.sha256
 
@@ -63,7 +73,7 @@ def test_shard_sizes_stay_near_the_target(demo_source: Path, tmp_path: Path) -> 
 
 def test_webdataset_reads_the_shards(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
     d, manifest, _ = _pack(small_config, demo_source, tmp_path)
-    urls = [str(d / s.name) for s in manifest.shards_of("test")]
+    urls = [str(_shard(d, s)) for s in manifest.shards_of("test")]
     rows = 0
     for sample in wds.WebDataset(urls, shardshuffle=False).decode():
         assert sample["num.npy"].dtype == np.float32
@@ -74,11 +84,13 @@ def test_webdataset_reads_the_shards(small_config: RetrainConfig, demo_source: P
 def test_rerun_writes_nothing(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
     d, _, reused = _pack(small_config, demo_source, tmp_path)
     assert not reused
-    before = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    datasets = tmp_path / "datasets"
+    before = {p: p.stat().st_mtime_ns for p in datasets.rglob("*")}
     d2, _, reused2 = _pack(small_config, demo_source, tmp_path)
     assert reused2 and d2 == d
-    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == before
-    assert [p.name for p in (tmp_path / "datasets").iterdir() if not p.name.startswith(".")] == [d.name]
+    assert {p: p.stat().st_mtime_ns for p in datasets.rglob("*")} == before
+    assert sorted(p.name for p in datasets.iterdir() if not p.name.startswith(".")) == sorted(
+        [d.name, "segments", "source-index.json"])
 
 
 def test_split_is_deterministic_and_near_the_fractions(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
@@ -153,14 +165,17 @@ def test_bad_input_is_named_and_nothing_is_lost(
         assert source.name in str(info.value)
     d, hashes = packed_before
     assert _tree_hashes(d) == hashes
-    assert sorted(p.name for p in (tmp_path / "datasets").iterdir() if not p.name.startswith(".")) == [d.name]  # no partial leftovers
+    datasets = tmp_path / "datasets"
+    assert sorted(p.name for p in datasets.iterdir() if not p.name.startswith(".")) == sorted(
+        [d.name, "segments", "source-index.json"])
+    assert not list(datasets.glob("segments/.partial-*"))  # no partial leftovers
 
 
 def test_a_damaged_dataset_is_never_used_silently(small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
     d, manifest, _ = _pack(small_config, demo_source, tmp_path)
-    shard = d / manifest.shards[0].name
+    shard = _shard(d, manifest.shards[0])
     shard.write_bytes(shard.read_bytes()[:-512])
-    with pytest.raises(DataError, match="wrong size"):
+    with pytest.raises(DataError, match="wrong size; run the same command again"):
         load_manifest(d)
 
 
@@ -176,87 +191,78 @@ def _multi_file_source(tmp_path: Path, demo_source: Path) -> Path:
     return out
 
 
+SEGMENTED = ["data.segment_rows=1400"]  # two row groups a segment: several segments a file
+
+
 def test_parallel_packing_is_byte_identical_to_serial(tmp_path: Path, demo_source: Path) -> None:
     import random
     from concurrent.futures import ThreadPoolExecutor
 
-    from training.pipeline.pack_stage import pack_begin, pack_finish, pack_part_stage
+    from training.pipeline.pack_stage import pack_begin, pack_finish, pack_segment_stage
 
     source = _multi_file_source(tmp_path, demo_source)
-    serial_cfg = load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.pack_parts=1"])
-    serial = pack_stage(serial_cfg)
+    serial = pack_stage(load_config(overrides=small_overrides(tmp_path / "serial", source) + SEGMENTED))
 
-    config = load_config(overrides=small_overrides(tmp_path / "parallel", source) + ["data.pack_parts=7"])
+    config = load_config(overrides=small_overrides(tmp_path / "parallel", source) + SEGMENTED)
     begun = pack_begin(config)
-    assert begun.plan is not None
-    parts = begun.plan.parts
-    assert len(parts) == 7 or len(parts) > 3  # parts never span files, so about 7
-    order = list(range(len(parts)))
+    todo = begun.plan.todo
+    assert len(todo) >= 6 and len({p.file.name for p in todo}) == 3
+    order = list(range(len(todo)))
     random.Random(3).shuffle(order)  # finish order must not matter
-    data = config.data
     with ThreadPoolExecutor(4) as pool:
-        done = dict(zip(order, pool.map(lambda i: pack_part_stage(data, begun.plan, parts[i]), order), strict=True))
-    parallel = pack_finish(config, begun, [done[i] for i in range(len(parts))])
+        done = dict(zip(order, pool.map(lambda i: pack_segment_stage(config, todo[i]), order), strict=True))
+    parallel = pack_finish(config, begun, [done[i] for i in order])
 
-    assert parallel.fingerprint == serial.fingerprint
+    assert parallel.fingerprint == serial.fingerprint and parallel.segments == len(todo)
     a, b = Path(serial.dataset_dir), Path(parallel.dataset_dir)
-    names = sorted(p.name for p in a.iterdir())
-    assert names == sorted(p.name for p in b.iterdir())
-    for name in names:
-        assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    assert not list((tmp_path / "parallel").rglob("*.partial-*"))  # work folder renamed, pieces gone
+    assert _tree_hashes(a) == _tree_hashes(b)
+    assert not list((tmp_path / "parallel").rglob(".partial-*"))  # work folders renamed into place
 
 
-def test_a_bad_row_in_one_part_names_file_column_and_row(tmp_path: Path, demo_source: Path) -> None:
+def test_a_bad_row_in_one_segment_names_file_column_and_row(tmp_path: Path, demo_source: Path) -> None:
     source = _multi_file_source(tmp_path, demo_source)
     table = pq.read_table(source / "part-2.parquet")
     prices = table.column("price").to_pylist()
     prices[1500] = float("inf")
     table = table.set_column(table.schema.get_field_index("price"), "price", pa.array(prices, pa.float64()))
     pq.write_table(table, source / "part-2.parquet", row_group_size=700)
-    config = load_config(overrides=small_overrides(tmp_path / "root", source) + ["data.pack_parts=6"])
+    config = load_config(overrides=small_overrides(tmp_path / "root", source) + SEGMENTED)
     with pytest.raises(DataError, match=r"part-2\.parquet: column 'price' has an infinite value at row 1500"):
         pack_stage(config)
-    assert not list((tmp_path / "root" / "datasets").glob("*"))  # nothing half-written left behind
+    datasets = tmp_path / "root" / "datasets"
+    assert not list(datasets.glob("*/manifest.json"))  # no dataset of bad data
+    assert not list(datasets.glob("segments/.partial-*"))  # nothing half-written left behind
+    # The good segments are kept: once the row is fixed, only what held it is packed again.
+    prices[1500] = 1.0
+    pq.write_table(table.set_column(table.schema.get_field_index("price"), "price", pa.array(prices, pa.float64())),
+                   source / "part-2.parquet", row_group_size=700)
+    fixed = pack_stage(config)
+    assert fixed.segments_packed < fixed.segments
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full to fail a write")
-def test_a_failed_shard_write_is_named_and_leaves_no_dataset(small_config: RetrainConfig, demo_source: Path,
+def test_a_failed_shard_write_is_named_and_leaves_no_segment(small_config: RetrainConfig, demo_source: Path,
                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shard bytes go to disk on a background thread: its write error still stops the pack,
-    names the shard, and leaves neither a dataset nor a work folder behind."""
-    from training.data.packing import pack_part, plan_pack, split_writers, start_pack
+    names the shard, and leaves neither a segment nor a work folder behind."""
+    import training.data.segments as segments
     from training.errors import StorageError
 
-    root = tmp_path / "datasets"
-    root.mkdir()
-    plan, _ = plan_pack(demo_source, small_config.data, root)
-    assert plan is not None
-    start_pack(plan)
-    (Path(plan.work_dir) / "train-000000.tar").symlink_to("/dev/full")  # every write: ENOSPC
-    writers = split_writers(plan, small_config.data)
+    real = segments.SplitWriter
+
+    def to_dev_full(split: str, out_dir: Path, config: object) -> object:
+        if split == "train":
+            (out_dir / "train-000000.tar").symlink_to("/dev/full")  # every write: ENOSPC
+        return real(split, out_dir, config)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(segments, "SplitWriter", to_dev_full)
     with pytest.raises(StorageError, match=r"cannot write shard .*train-000000\.tar: No space left on device"):
-        for part in plan.parts:
-            pack_part(plan, part, small_config.data, writers)
-        for w in writers.values():
-            w.finish()
-    for w in writers.values():
-        w.abort()
-
-    # The public entry point cleans up after the same failure.
-    import training.data.shards as shards
-
-    def no_space(self: shards.ShardTarWriter, path: Path, *args: object) -> None:
-        raise StorageError(f"cannot write shard {path}: No space left on device")
-
-    monkeypatch.setattr(shards.ShardTarWriter, "__init__", no_space)
-    with pytest.raises(StorageError, match="No space left"):
-        pack_local(demo_source, small_config.data, tmp_path / "other")
-    assert list((tmp_path / "other").iterdir()) == []
+        pack_local(demo_source, small_config.data, tmp_path / "datasets")
+    assert [p.name for p in (tmp_path / "datasets" / "segments").iterdir()] == []
 
 
 @pytest.mark.parametrize("damage", ["flipped-byte", "missing-shard", "garbage-manifest"])
-def test_a_damaged_reused_dataset_is_packed_again_with_a_warning(
+def test_a_damaged_reused_segment_is_packed_again_with_a_warning(
     small_config: RetrainConfig, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     from training.pipeline.pack_stage import pack_stage
@@ -264,7 +270,9 @@ def test_a_damaged_reused_dataset_is_packed_again_with_a_warning(
     first = pack_stage(small_config)
     dataset = Path(first.dataset_dir)
     manifest = json.loads((dataset / "manifest.json").read_text())
-    shard = dataset / manifest["shards"][0]["name"]
+    folder = dataset.parent / "segments" / manifest["segments"][0]["key"]
+    segment = (folder / "segment.json").read_bytes()
+    shard = folder / manifest["shards"][0]["name"]
     assert pack_stage(small_config).reused  # sound: reused, and verified once
     if damage == "flipped-byte":
         data = bytearray(shard.read_bytes())
@@ -273,12 +281,13 @@ def test_a_damaged_reused_dataset_is_packed_again_with_a_warning(
     elif damage == "missing-shard":
         shard.unlink()
     else:
-        (dataset / "manifest.json").write_text('{"shards": 3}')
+        (folder / "segment.json").write_text('{"shards": 3}')
     with caplog.at_level("WARNING"):
         again = pack_stage(small_config)
     assert not again.reused and again.fingerprint == first.fingerprint
-    assert "packing it again from the Parquet source" in caplog.text
+    assert "packing" in caplog.text and "again" in caplog.text
     if damage == "flipped-byte":
         assert f"shard {shard.name} does not match its xxh3_128" in caplog.text  # the fast check found it
-    assert json.loads((dataset / "manifest.json").read_text()) == manifest  # the same bytes as before
-    assert not [p for p in dataset.parent.iterdir() if ".damaged-" in p.name or ".partial-" in p.name]
+    assert (folder / "segment.json").read_bytes() == segment  # the same bytes as before
+    assert json.loads((dataset / "manifest.json").read_text()) == manifest
+    assert not [p for p in folder.parent.iterdir() if ".removed-" in p.name or ".partial-" in p.name]

@@ -15,7 +15,8 @@ import torch
 
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
-from training.data.packing import _split_of_rows, load_manifest
+from training.data.manifest import load_manifest
+from training.data.segments import split_of_file
 from training.errors import CheckpointError, DataError
 from training.model.evaluation import evaluate_package
 from training.trainer.run import train
@@ -34,7 +35,7 @@ def trained(small_config: RetrainConfig) -> tuple[RetrainConfig, Path, Path]:
 def _test_split(config: RetrainConfig, out: Path) -> Path:
     """The source rows the pack stage put in the test split, in their order."""
     table = pq.read_table(config.data.source)
-    split = _split_of_rows(0, table.num_rows, config.data)
+    split = split_of_file(Path(str(config.data.source)), config.data)
     # Small row groups: the scorer must still batch exactly as evaluation does.
     pq.write_table(table.filter(pa.array(split == 2)), out, row_group_size=700)
     return out
@@ -142,7 +143,7 @@ def test_the_export_loads_without_the_project_and_scores_as_the_package(trained,
     import subprocess
     import sys
 
-    from training.data.packing import category_hash
+    from training.data.validation import category_hash
     from training.model.export import export_portable
 
     config, package, _ = trained

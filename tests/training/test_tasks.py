@@ -15,7 +15,7 @@ from tests.training.helpers import assert_resumes_bit_identically, assert_resume
 from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
-from training.data.packing import require_manifest
+from training.data.manifest import require_manifest
 from training.errors import ConfigError, DataError
 from training.model.evaluation import evaluate_package
 from training.trainer.run import train
@@ -124,19 +124,21 @@ def _bad(tmp_path: Path, overrides: list[str], columns: dict[str, pa.Array]) -> 
     config = load_config(overrides=[f"data.source={source}", "data.numeric=[x]", "data.categorical=[]", *overrides])
     with pytest.raises(DataError) as err:
         pack_local(source, config.data, tmp_path / "datasets")
-    assert not list((tmp_path / "datasets").glob("*.partial-*"))  # nothing half-written is left
+    assert not list((tmp_path / "datasets").glob("**/.partial-*"))  # nothing half-written is left
     return str(err.value)
 
 
 def test_an_unseen_class_names_value_and_row(tmp_path: Path) -> None:
-    labels = ["a", "b"] * 200
-    config = load_config(overrides=["data.split_seed=0"])
-    from training.data.packing import _split_of_rows
+    from training.data.segments import split_of_file
 
-    split = _split_of_rows(0, 400, config.data)
+    labels = ["a", "b"] * 200
+    keys = {"k": pa.array(np.arange(400))}  # data.split_key: the split does not depend on the labels
+    config = load_config(overrides=["data.split_key=k"])
+    split = split_of_file(_write(tmp_path / "keys.parquet", {**keys, "y": pa.array(labels)}), config.data)
     row = int(np.flatnonzero(split == 2)[0])  # a test row
     labels[row] = "zebra"
-    message = _bad(tmp_path, ["data.task=multiclass", "data.label=y"], {"y": pa.array(labels)})
+    message = _bad(tmp_path, ["data.task=multiclass", "data.label=y", "data.split_key=k"],
+                   {**keys, "y": pa.array(labels)})
     assert f"value 'zebra' at row {row}" in message and "not a class of the train split" in message
 
 

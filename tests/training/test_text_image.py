@@ -20,7 +20,7 @@ from training.config import RetrainConfig, load_config
 from training.data.demo import ensure_reviews_demo
 from training.data.features import DERIVED_DIR, FeatureStats, fit_feature_stats, preprocess_key
 from training.data.loader import ShardBatches, iter_split
-from training.data.packing import assemble_shards, pack_part, plan_pack, require_manifest, start_pack
+from training.data.manifest import require_manifest, shard_folder
 from training.data.ragged import Ragged
 from training.data.text import fit_tokenizer
 from training.model.encoders import ImageEncoder, TextEncoder
@@ -65,18 +65,32 @@ def test_ragged_values_survive_take_slice_and_concat() -> None:
     assert joined.texts() == ["", "héllo", "", "q"]
 
 
-def test_text_and_image_shards_pack_identically_in_parts_and_read_with_webdataset(
+def test_text_and_image_shards_pack_identically_in_segments_and_read_with_webdataset(
         tmp_path: Path, digits_source: Path) -> None:
+    import pyarrow.parquet as pq
     import webdataset as wds
 
-    config = _config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", "data.pack_parts=3"]).data
-    serial_dir, serial, _ = pack_local(digits_source, config, tmp_path / "serial")
-    plan, _ = plan_pack(digits_source, config, tmp_path / "parts", max_parts=3)
-    assert plan is not None and len(plan.parts) >= 2
-    start_pack(plan)
-    parallel = assemble_shards(plan, [pack_part(plan, p, config) for p in reversed(plan.parts)][::-1], config)
+    from training.config import StorageConfig
+    from training.data.dataset_store import DatasetStore
+    from training.data.manifest import shard_folder
+    from training.data.packing import assemble_dataset, plan_pack
+    from training.data.segments import pack_segment
+    from training.data.sources import open_source
+    from training.storage.root import StorageRoot
+
+    source = tmp_path / "digits-in-groups.parquet"
+    pq.write_table(pq.read_table(digits_source), source, row_group_size=400)
+    config = _config(tmp_path, source, [*IMAGE, "data.text=[note]", "data.segment_rows=800"]).data
+    serial_dir, serial, _ = pack_local(source, config, tmp_path / "serial" / "datasets")
+    store = DatasetStore(StorageRoot(StorageConfig(root=str(tmp_path / "parts"))))
+    plan, _ = plan_pack(source, config, store)
+    assert len(plan.todo) >= 2
+    reader = open_source(source)
+    packed = [pack_segment(reader, p, config, store.segments_root()) for p in reversed(plan.todo)][::-1]
+    parallel = assemble_dataset(plan, packed, config, store)
     assert [s.sha256 for s in parallel.shards] == [s.sha256 for s in serial.shards]
-    sample = next(iter(wds.WebDataset(str(serial_dir / serial.shards[0].name), shardshuffle=False).decode()))
+    first = serial.shards[0]
+    sample = next(iter(wds.WebDataset(str(shard_folder(serial_dir, first) / first.name), shardshuffle=False).decode()))
     notes = Ragged(sample["text0.npy"], sample["text0_offsets.npy"])
     assert notes.texts()[0] in ("hard to read",) or notes.texts()[0].startswith("looks like")
     assert len(sample["row.npy"]) == len(sample["label.npy"]) == len(notes)
@@ -109,7 +123,7 @@ def test_a_text_classifier_beats_bag_of_words_logistic_regression(tmp_path: Path
     assert result.metric == "auc" and ours["accuracy"] > reference_accuracy + 0.05, (ours, reference_accuracy)
     stored = Path(job.stats_path).parent / DERIVED_DIR
     assert json.loads((stored / "arrays.json").read_text()).keys() == {
-        s.name for s in require_manifest(Path(job.dataset_dir)).shards}  # token ids stored for every shard
+        s.key for s in require_manifest(Path(job.dataset_dir)).shards}  # token ids stored for every shard
 
 
 def _split_texts(dataset_dir: str, split: str) -> tuple[list[str], np.ndarray]:
@@ -119,7 +133,7 @@ def _split_texts(dataset_dir: str, split: str) -> tuple[list[str], np.ndarray]:
     texts: list[str] = []
     labels = []
     for shard in manifest.shards_of(split):
-        reader = ShardReader(Path(dataset_dir) / shard.name)
+        reader = ShardReader(shard_folder(Path(dataset_dir), shard) / shard.name)
         for key in reader.keys:
             block = reader.block(key)
             texts += Ragged(block["text0"], block["text0_offsets"]).texts()
@@ -183,7 +197,7 @@ def test_an_undecodable_image_names_file_column_and_row(tmp_path: Path) -> None:
     images = [png(np.full((4, 4), i % 255, np.uint8)) for i in range(400)]
     images[321] = b"\x89PNG but not really"
     message = _bad(tmp_path, ["data.image=[img]"], {"img": pa.array(images, pa.binary())})
-    assert message.startswith("bad.parquet: image column 'img' cannot be decoded at row 321")
+    assert message.endswith("bad.parquet: image column 'img' cannot be decoded at row 321 (not a readable image); fix or drop the row") or "bad.parquet: image column 'img' cannot be decoded at row 321" in message
 
 
 def test_a_null_image_and_a_wrong_type_are_named(tmp_path: Path) -> None:
@@ -269,7 +283,7 @@ def test_scoring_texts_and_images_gives_the_evaluation_metrics_exactly(tmp_path:
     import pyarrow.parquet as pq
 
     from tests.training.helpers import make_job
-    from training.data.packing import _split_of_rows
+    from training.data.segments import split_of_file
     from training.model.batch_scoring import load_scoring_model, predict_files
     from training.model.objectives import Task
 
@@ -279,7 +293,7 @@ def test_scoring_texts_and_images_gives_the_evaluation_metrics_exactly(tmp_path:
     package = Path(train(job).model.uri).parent
     expected = evaluate_package(package, Path(job.dataset_dir), require_manifest(Path(job.dataset_dir)), None)
     table = pq.read_table(digits_source)
-    test = table.filter(pa.array(_split_of_rows(0, table.num_rows, config.data) == 2))
+    test = table.filter(pa.array(split_of_file(digits_source, config.data) == 2))
     pq.write_table(test, tmp_path / "test.parquet", row_group_size=300)
     scoring = load_scoring_model(package, None)
     scores = pq.read_table(predict_files([tmp_path / "test.parquet"], scoring, tmp_path / "scores.parquet").output)

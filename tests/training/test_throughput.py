@@ -70,7 +70,7 @@ def test_auto_never_picks_workers_slower_than_in_process_loading() -> None:
 def test_the_worker_probe_measures_real_workers(small_config: RetrainConfig) -> None:
     from training.data.features import FeatureStats
     from training.data.loader import ShardBatches, worker_seconds_per_batch
-    from training.data.packing import load_manifest
+    from training.data.manifest import load_manifest
 
     job = make_job(small_config)
     stats = FeatureStats.from_json(Path(job.stats_path).read_text())
@@ -134,7 +134,7 @@ def test_worker_memory_does_not_grow_over_epochs(small_config: RetrainConfig) ->
     re-created per-epoch iterators cannot happen)."""
     from training.data.features import FeatureStats
     from training.data.loader import ShardBatches, StreamPosition, make_train_loader
-    from training.data.packing import load_manifest
+    from training.data.manifest import load_manifest
 
     job = make_job(small_config)
     manifest = load_manifest(Path(job.dataset_dir))

@@ -21,7 +21,8 @@ from tests.conftest import s3_overrides, small_overrides
 from tests.training.helpers import make_job
 from training.config import RetrainConfig, load_config
 from training.data.shards import ShardReader, ShardTarWriter
-from training.errors import DamagedShard, StorageError
+from training.data.manifest import load_manifest
+from training.errors import DamagedShard, DataError, StorageError
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import train_stage
@@ -48,6 +49,13 @@ def _escape_name(depth: int, target: Path) -> str:
     return "../" * depth + str(target).lstrip("/")
 
 
+def _segment(packed_dataset: Path) -> tuple[Path, dict]:
+    """The first segment of a packed dataset: its folder and its segment.json."""
+    manifest = json.loads((packed_dataset / "manifest.json").read_text())
+    folder = packed_dataset.parent / "segments" / manifest["segments"][0]["key"]
+    return folder, json.loads((folder / "segment.json").read_text())
+
+
 def test_a_tampered_manifest_on_s3_cannot_write_outside_the_working_copy(
         s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     def config_for(machine: str) -> RetrainConfig:
@@ -55,45 +63,56 @@ def test_a_tampered_manifest_on_s3_cannot_write_outside_the_working_copy(
                                       *s3_overrides(s3_bucket, s3_server, tmp_path / machine / "copy")])
 
     first = pack_stage(config_for("machine-a"))
-    rel = f"team/retrain/datasets/{first.fingerprint}"
+    folder, segment = _segment(Path(first.dataset_dir))
+    rel = f"team/retrain/datasets/segments/{folder.name}"
     raw = boto3.client("s3", endpoint_url=s3_server)
-    manifest = json.loads(raw.get_object(Bucket=s3_bucket, Key=f"{rel}/manifest.json")["Body"].read())
     victim = tmp_path / "victim" / "x.tar"
     victim.parent.mkdir()
     body = b"planted by whoever can write the bucket" * 100
     evil = _escape_name(12, victim)
-    manifest["shards"][0].update(name=evil, bytes=len(body), sha256=hashlib.sha256(body).hexdigest(), xxh3_128="")
+    segment["shards"][0].update(name=evil, bytes=len(body), sha256=hashlib.sha256(body).hexdigest(), xxh3_128="")
     raw.put_object(Bucket=s3_bucket, Key=f"{rel}/{evil}", Body=body)
-    raw.put_object(Bucket=s3_bucket, Key=f"{rel}/manifest.json", Body=json.dumps(manifest).encode())
+    raw.put_object(Bucket=s3_bucket, Key=f"{rel}/segment.json", Body=json.dumps(segment).encode())
 
     config = config_for("machine-b")
     with caplog.at_level(logging.WARNING):
-        packed = pack_stage(config)  # a fresh machine: it finds the dataset on S3, then reads its shards
+        packed = pack_stage(config)  # a fresh machine: it finds the segment on S3, then reads its shards
         prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
                                 config.storage.model_dump(mode="json"))
         trained = train_stage(config, packed, prep)
     assert not victim.exists()
-    assert "lists a shard that is not a file of the dataset" in caplog.text and "packing the dataset again" in caplog.text
-    assert not packed.reused and trained.status in ("completed", "early_stopped")
-    repaired = json.loads(raw.get_object(Bucket=s3_bucket, Key=f"{rel}/manifest.json")["Body"].read())
+    assert "lists a shard that is not a file of the segment" in caplog.text and "packing the segment again" in caplog.text
+    assert not packed.reused and packed.fingerprint == first.fingerprint
+    assert trained.status in ("completed", "early_stopped")
+    repaired = json.loads(raw.get_object(Bucket=s3_bucket, Key=f"{rel}/segment.json")["Body"].read())
     assert all("/" not in s["name"] for s in repaired["shards"])  # the repack replaced the tampered manifest
 
 
 def test_a_local_manifest_naming_a_file_outside_is_packed_again(
         small_config: RetrainConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     first = pack_stage(small_config)
-    dataset = Path(first.dataset_dir)
-    manifest = json.loads((dataset / "manifest.json").read_text())
+    folder, segment = _segment(Path(first.dataset_dir))
     outside = tmp_path / "outside.tar"
-    shard = manifest["shards"][0]
-    outside.write_bytes((dataset / shard["name"]).read_bytes())  # the right size and hashes: only the name is wrong
-    shard["name"] = os.path.relpath(outside, dataset)
-    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    shard = segment["shards"][0]
+    outside.write_bytes((folder / shard["name"]).read_bytes())  # the right size and hashes: only the name is wrong
+    shard["name"] = os.path.relpath(outside, folder)
+    (folder / "segment.json").write_text(json.dumps(segment))
     with caplog.at_level(logging.WARNING):
         again = pack_stage(small_config)
-    assert not again.reused and "lists a shard that is not a file of the dataset" in caplog.text
-    verified = json.loads((dataset.parent / f".{dataset.name}.verified.json").read_text())
+    assert not again.reused and "lists a shard that is not a file of the segment" in caplog.text
+    assert again.fingerprint == first.fingerprint
+    verified = json.loads((folder.parent / f".{folder.name}.verified.json").read_text())
     assert all("/" not in name for name in verified)
+
+    # The dataset's own manifest, tampered the same way, is refused when it is read.
+    dataset = Path(again.dataset_dir)
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    manifest["shards"][0]["name"] = "../../outside.tar"
+    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match="lists a shard that is not a file of the dataset"):
+        load_manifest(dataset)
+    assert pack_stage(small_config).fingerprint == first.fingerprint  # and rewritten by the next pack
+    assert load_manifest(dataset) is not None
 
 
 @pytest.mark.parametrize("linked", ["run", "checkpoints"])
@@ -144,10 +163,9 @@ def _object_member(name: str) -> bytes:
 def test_a_shard_with_an_object_member_is_damaged_and_packed_again(
         small_config: RetrainConfig, caplog: pytest.LogCaptureFixture) -> None:
     first = pack_stage(small_config)
-    dataset = Path(first.dataset_dir)
-    manifest = json.loads((dataset / "manifest.json").read_text())
-    entry = manifest["shards"][0]
-    shard = dataset / entry["name"]
+    folder, segment = _segment(Path(first.dataset_dir))
+    entry = segment["shards"][0]
+    shard = folder / entry["name"]
     reader = ShardReader(shard)
     keys, fields = reader.keys, reader.fields
     reader.close()
@@ -158,7 +176,7 @@ def test_a_shard_with_an_object_member_is_damaged_and_packed_again(
     written = writer.close().result()
     # The manifest rewritten by the same hand: its hashes match the damaged shard.
     entry.update(bytes=written.bytes, sha256=written.sha256, xxh3_128=written.xxh3_128)
-    (dataset / "manifest.json").write_text(json.dumps(manifest))
+    (folder / "segment.json").write_text(json.dumps(segment))
     with pytest.raises(DamagedShard, match="holds object values, not numbers"):
         ShardReader(shard).block(keys[0])
     with caplog.at_level(logging.WARNING):

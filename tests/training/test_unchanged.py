@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tests.conftest import small_overrides
 from training.config import RetrainConfig, load_config
-from training.data.sources import dataset_fingerprint, source_files
+from training.data.source_index import SourceIndex, known_fingerprints
+from training.data.sources import open_source
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
@@ -23,7 +24,9 @@ from training.pipeline.unchanged import find_unchanged
 
 def _run_all(config: RetrainConfig) -> Path:
     packed = pack_stage(config)
-    assert packed.fingerprint == dataset_fingerprint(source_files(Path(packed.source)), config.data)[0]
+    source = open_source(packed.source)
+    index = SourceIndex(Path(config.storage.root) / "datasets" / "source-index.json")
+    assert packed.fingerprint in known_fingerprints(index, config.data, source.uri, source.files())
     prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
     trained = train_stage(config, packed, prep)
     evaluation = evaluate_stage(config, packed, trained)

@@ -1,69 +1,212 @@
-"""Packed datasets under a storage root: `datasets/<fingerprint>/` (shards, then manifest.json).
+"""Packed datasets and their segments under a storage root, here and on S3.
 
-Datasets publish their shards, then the manifest; a machine that finds the manifest on S3 reads
-shards on demand through the size-limited local shard cache (`training.data.shard_cache`), so it
-fetches only the manifest here and leaves a marker saying where the shards are.
+    datasets/segments/<key>/     a segment: shards, stats.npz, segment.json (last)
+    datasets/<fingerprint>/      a dataset: manifest.json listing its segments
+    datasets/source-index.json   what each source file was packed into (training.data.source_index)
+
+Publishing uploads what S3 lacks and the marker file last (a segment's segment.json, a
+dataset's manifest.json), so a reader that finds the marker finds everything it lists. A
+segment uploaded once is never uploaded again: the next dataset that holds it only lists it.
+A machine that finds a segment on S3 fetches its manifest and statistics and leaves a marker
+saying where the shards are; they come down on demand, through the size-limited shard cache
+(`training.data.shard_cache`).
+
+Retention (`DatasetStore.retain`) keeps the newest datasets and removes the segments that no
+kept dataset lists, here and on S3.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
+import uuid
 from pathlib import Path
 
-from training.data.packing import DatasetManifest
+from training.data.manifest import DatasetManifest, is_segment_key
+from training.data.segments import MANIFEST, STATS_FILE, SegmentManifest, first_damage, load_segment, parse_segment
 from training.data.shard_cache import REMOTE_MARKER, RemoteMarker
+from training.data.source_index import INDEX_FILE, SourceIndex
 from training.errors import DataError
 from training.storage.files import write_atomic, write_json_atomic
-from training.storage.root import SHARD_CACHE, StorageRoot
+from training.storage.root import CACHE, SHARD_CACHE, StorageRoot
 
 __all__ = ["DatasetStore"]
 
 log = logging.getLogger(__name__)
 
+SEGMENTS = "datasets/segments"
+
 
 class DatasetStore:
-    """The packed datasets of one storage root."""
+    """The packed datasets and segments of one storage root."""
 
     def __init__(self, root: StorageRoot) -> None:
         self.root = root
+        self._remote_listing: dict[str, int] | None = None  # rel -> size under datasets/segments/
+        self.uploaded_bytes = 0
 
     def local_root(self) -> Path:
         path = self.root.path("datasets")
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _mark_remote(self, dataset_dir: Path, rel: str) -> None:
+    def segments_root(self) -> Path:
+        path = self.root.path(SEGMENTS)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- the source index ---------------------------------------------------------------------
+
+    def index(self) -> SourceIndex:
+        """The root's source index, fresh from S3 when the root is there (another machine may
+        have packed since this copy was made)."""
+        rel = f"datasets/{INDEX_FILE}"
+        if self.root.remote is not None:
+            self.root.fetch(rel, fresh=True)
+        return SourceIndex(self.root.path(rel))
+
+    def save_index(self, index: SourceIndex) -> None:
+        if index.save():
+            self.root.publish(f"datasets/{INDEX_FILE}", CACHE)
+
+    # -- segments -----------------------------------------------------------------------------
+
+    def _mark_remote(self, folder: Path, rel: str) -> None:
         remote = self.root.remote
         assert remote is not None
         marker = RemoteMarker(settings=remote.settings.to_json(), rel=rel,
                               cache_bytes=int(self.root.config.shard_cache_gb * (1 << 30)),
                               cache_root=str(self.root.local / "datasets"))
-        write_json_atomic(dataset_dir / REMOTE_MARKER, marker.model_dump())
+        write_json_atomic(folder / REMOTE_MARKER, marker.model_dump())
 
-    def publish(self, dataset_dir: Path, manifest: DatasetManifest) -> int:
-        """Upload the shards that are not there yet, then the manifest; returns bytes uploaded."""
+    def _listing(self) -> dict[str, int]:
+        """{"<key>/<file>": size} of every segment file on S3, listed once."""
+        if self._remote_listing is None:
+            assert self.root.remote is not None
+            strip = len(SEGMENTS) + 1
+            self._remote_listing = {rel[strip:]: size for rel, size in self.root.remote.list(SEGMENTS + "/").items()}
+        return self._remote_listing
+
+    def available_segment(self, key: str) -> SegmentManifest | None:
+        """The segment `key` when it is complete here or on S3 (its shards verified here, or all
+        present there), else None: it is packed again. A damaged local copy is removed."""
+        if not is_segment_key(key):
+            return None
+        folder = self.segments_root() / key
+        try:
+            manifest = load_segment(folder)
+        except DataError as err:
+            manifest = None
+            log.warning("%s; packing the segment again", err)
+            self._remove(folder)
+        if manifest is not None and not (folder / REMOTE_MARKER).exists():
+            damage = first_damage(folder, manifest.shards)
+            if damage is None:
+                return manifest
+            log.warning("%s; packing it again from the source", damage)
+            self._remove(folder)
+            manifest = None
+        if self.root.remote is None:
+            return None
+        return self._fetch_segment(key, folder, manifest)
+
+    def _fetch_segment(self, key: str, folder: Path, known: SegmentManifest | None) -> SegmentManifest | None:
+        """A segment published on S3: its manifest and statistics here, its shards on demand."""
+        listing = self._listing()
+        rel = f"{SEGMENTS}/{key}"
+        if f"{key}/{MANIFEST}" not in listing:
+            return None
+        manifest = known
+        if manifest is None:
+            data = self.root.remote.get_bytes(f"{rel}/{MANIFEST}")  # type: ignore[union-attr]
+            if data is None:
+                return None
+            try:
+                manifest = parse_segment(data, key, self.root.display(f"{rel}/{MANIFEST}"))
+            except DataError as err:
+                log.warning("%s; packing the segment again", err)
+                return None
+        missing = [s.name for s in manifest.shards if listing.get(f"{key}/{s.name}") != s.bytes]
+        if missing or listing.get(f"{key}/{STATS_FILE}") != manifest.stats_bytes:
+            # Expired by the lifecycle rule, or deleted: rebuildable from the source.
+            log.warning("%s lacks %s: packing the segment again", self.root.display(rel),
+                        f"shard {missing[0]}" if missing else STATS_FILE)
+            return None
+        folder.mkdir(parents=True, exist_ok=True)
+        self._mark_remote(folder, rel)
+        write_atomic(folder / MANIFEST, manifest.to_bytes())  # last, as on S3
+        return manifest
+
+    def stats_path(self, key: str) -> Path:
+        """The local path of a segment's statistics, fetched from S3 when they are only there."""
+        rel = f"{SEGMENTS}/{key}/{STATS_FILE}"
+        found = self.root.fetch(rel)
+        if found is None:
+            raise DataError(f"{self.root.display(rel)} is missing; run the same command again: the pack stage packs "
+                            "the segment again")
+        return found
+
+    def adopt_segment(self, manifest: SegmentManifest) -> None:
+        """A segment a worker on another machine packed and published: known here from now on."""
+        folder = self.segments_root() / manifest.key
+        if (folder / MANIFEST).exists():
+            return
+        if self.root.remote is None:
+            raise DataError(f"segment {manifest.key} of {manifest.source} was packed where this machine cannot see it "
+                            f"({folder} does not exist): with workers on other machines, set storage.root to an s3:// "
+                            "prefix or a folder every machine shares")
+        folder.mkdir(parents=True, exist_ok=True)
+        self._mark_remote(folder, f"{SEGMENTS}/{manifest.key}")
+        write_atomic(folder / MANIFEST, manifest.to_bytes())
+
+    def publish_segment(self, manifest: SegmentManifest) -> int:
+        """Upload a segment packed here, segment.json last; bytes uploaded. When S3 holds this
+        very segment already (its manifest byte for byte: another packer won), nothing is sent;
+        otherwise every file goes up except shards a packer of the same key left there before
+        it could write the manifest (same name and size: the key addresses their content, and
+        a reader checks each download against its sha256)."""
         remote = self.root.remote
         if remote is None:
             return 0
-        rel = f"datasets/{manifest.fingerprint}"
+        rel = f"{SEGMENTS}/{manifest.key}"
+        folder = self.segments_root() / manifest.key
+        ours = (folder / MANIFEST).read_bytes()
         present = remote.list(rel + "/")
+        if f"{rel}/{MANIFEST}" in present and remote.get_bytes(f"{rel}/{MANIFEST}") == ours:
+            return 0
         tags = self.root.tags(SHARD_CACHE)
         sent = 0
-        for shard in manifest.shards:
-            if present.get(f"{rel}/{shard.name}") != shard.bytes:
-                remote.upload_file(f"{rel}/{shard.name}", dataset_dir / shard.name, tags)
-                sent += shard.bytes
-        # Last: a reader that finds the manifest finds every shard it lists.
-        remote.upload_file(f"{rel}/manifest.json", dataset_dir / "manifest.json", tags)
-        self._mark_remote(dataset_dir, rel)
-        return sent
+        for name, size in [*((s.name, s.bytes) for s in manifest.shards), (STATS_FILE, manifest.stats_bytes)]:
+            if name == STATS_FILE or present.get(f"{rel}/{name}") != size:
+                remote.upload_file(f"{rel}/{name}", folder / name, tags)
+                sent += size
+        remote.upload_file(f"{rel}/{MANIFEST}", folder / MANIFEST, tags)
+        return sent + len(ours)
 
-    def fetch(self, fingerprint: str) -> Path | None:
-        """The local folder of a dataset published under this root (manifest only: shards come
-        on demand through the shard cache), or None when it is absent or incomplete there."""
+    # -- datasets -----------------------------------------------------------------------------
+
+    def write_dataset(self, manifest: DatasetManifest) -> Path:
+        """`datasets/<fingerprint>/manifest.json`, here and then on S3."""
+        folder = self.local_root() / manifest.fingerprint
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "manifest.json"
+        data = manifest.to_json().encode()
+        if not path.exists() or path.read_bytes() != data:
+            write_atomic(path, data)
+        if self.root.remote is not None:
+            rel = f"datasets/{manifest.fingerprint}/manifest.json"
+            if self.root.remote.head(rel) is None:
+                self.root.publish(rel, SHARD_CACHE)
+                self.uploaded_bytes += len(data)
+        return folder
+
+    def fetch_dataset(self, fingerprint: str) -> Path | None:
+        """The local folder of a dataset published under this root (its manifest; format-1
+        shards on demand), or None when it is absent there."""
         remote = self.root.remote
+        folder = self.local_root() / fingerprint
         if remote is None:
-            return None
+            return folder if (folder / "manifest.json").exists() else None
         rel = f"datasets/{fingerprint}"
         data = remote.get_bytes(f"{rel}/manifest.json")
         if data is None:
@@ -73,14 +216,63 @@ class DatasetStore:
         except DataError as err:
             log.warning("%s; packing the dataset again", err)
             return None
-        present = remote.list(rel + "/")
-        missing = [s.name for s in manifest.shards if present.get(f"{rel}/{s.name}") != s.bytes]
-        if missing:
-            # Expired by the lifecycle rule, or deleted: the dataset is rebuildable, so rebuild it.
-            log.warning("%s lacks %d of its shards (e.g. %s): packing again", remote.uri(rel), len(missing), missing[0])
-            return None
-        dataset_dir = self.root.path(rel)
-        dataset_dir.mkdir(parents=True, exist_ok=True)
-        self._mark_remote(dataset_dir, rel)
-        write_atomic(dataset_dir / "manifest.json", data)  # last, as on S3
-        return dataset_dir
+        if manifest.format_version < 2:
+            present = remote.list(rel + "/")
+            if any(present.get(f"{rel}/{s.name}") != s.bytes for s in manifest.shards):
+                return None  # expired by the lifecycle rule: packed again
+            folder.mkdir(parents=True, exist_ok=True)
+            self._mark_remote(folder, rel)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(folder / "manifest.json", data)
+        return folder
+
+    # -- retention ----------------------------------------------------------------------------
+
+    def retain(self, current: str, keep: int) -> list[str]:
+        """Keep `current` and the `keep` newest other datasets; remove the others and every
+        segment no kept dataset lists, here and on S3. Returns the removed segment keys."""
+        datasets = self._datasets()
+        newest = sorted((m for fp, m in datasets.items() if fp != current), key=lambda m: -m[0])[:keep]
+        kept = {current, *(m[1].fingerprint for m in newest)}
+        listed = {s.key for fp in kept if fp in datasets for s in datasets[fp][1].segments}
+        for fp in set(datasets) - kept:
+            self._remove(self.local_root() / fp)
+            self._delete_remote(f"datasets/{fp}/")
+        removed = []
+        for folder in sorted(self.segments_root().iterdir()):
+            if folder.name.startswith(".partial-") or (is_segment_key(folder.name) and folder.name not in listed):
+                self._remove(folder)
+                if not folder.name.startswith("."):
+                    removed.append(folder.name)
+        if self.root.remote is not None:
+            remote_keys = {rel.split("/", 1)[0] for rel in self._listing() if "/" in rel}
+            for key in sorted(remote_keys - listed):
+                if is_segment_key(key):
+                    self._delete_remote(f"{SEGMENTS}/{key}/")
+                    removed.append(key)
+        return sorted(set(removed))
+
+    def _datasets(self) -> dict[str, tuple[float, DatasetManifest]]:
+        """Every dataset manifest here, with its modification time."""
+        found: dict[str, tuple[float, DatasetManifest]] = {}
+        for path in self.local_root().glob("*/manifest.json"):
+            try:
+                manifest = DatasetManifest.from_json(path.read_bytes(), str(path))
+            except (DataError, OSError):
+                continue
+            found[path.parent.name] = (path.stat().st_mtime, manifest)
+        return found
+
+    def _remove(self, folder: Path) -> None:
+        trash = folder.with_name(f".{folder.name}.removed-{uuid.uuid4().hex[:12]}")
+        try:
+            folder.rename(trash)  # out of the way at once: readers never see half of it
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+        folder.with_name(f".{folder.name}.verified.json").unlink(missing_ok=True)
+
+    def _delete_remote(self, rel_prefix: str) -> None:
+        if self.root.remote is not None:
+            rels = list(self.root.remote.list(rel_prefix))
+            self.root.remote.delete(rels)

@@ -29,11 +29,13 @@ import pyarrow.compute as pc
 from training.config import PreprocessConfig, fingerprint, fingerprinted
 from training.data.arrow_buffers import arrow_int64, int32_values, validity
 from training.data.images import UndecodableImage, decode_images
-from training.data.packing import DatasetManifest
+from training.data.drift import drift_reference
+from training.data.manifest import DatasetManifest, segments_dir, shard_folder
 from training.data.ragged import OFFSETS, Ragged
+from training.data.segment_stats import SegmentStats, SegmentStatsBuilder, merge_stats
+from training.data.segments import load_segment, read_stats
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader, encode_npy
-from training.data.target import TargetStats
 from training.data.text import TextEncoder, fit_tokenizer, tokenizers_version
 from training.errors import DataError
 from training.storage.files import read_json, sha256_file, write_atomic, write_json_atomic
@@ -79,6 +81,10 @@ class FeatureStats:
     image_size: int = 0
     image_mean: list[float] = field(default_factory=list)  # per RGB channel, on the 0-255 scale
     image_std: list[float] = field(default_factory=list)
+    # Since segment datasets: the segments fitted on, and the features' training distribution
+    # (training.data.drift.DriftReference as JSON), against which new data's drift is measured.
+    segments: list[str] = field(default_factory=list)
+    drift: dict[str, Any] = field(default_factory=dict)
 
     @property
     def cardinalities(self) -> list[int]:
@@ -247,7 +253,7 @@ def _derived_name(shard_name: str) -> str:
 def derived_rels(stats_rel_dir: str, manifest: DatasetManifest) -> list[str]:
     """The derived arrays' paths under the storage root, the index last (it marks them complete)."""
     base = f"{stats_rel_dir}/{DERIVED_DIR}"
-    return [f"{base}/{_derived_name(s.name)}" for s in manifest.shards] + [f"{base}/{DERIVED_INDEX}"]
+    return [f"{base}/{_derived_name(s.key)}" for s in manifest.shards] + [f"{base}/{DERIVED_INDEX}"]
 
 
 def preprocess_key(dataset_fingerprint: str, config: PreprocessConfig, text: bool = False,
@@ -319,7 +325,7 @@ def _train_blocks(dataset_dir: Path, manifest: DatasetManifest, split: str = "tr
     """Every micro-batch of a split's shards, in order (views into the mapped shard: use them
     before asking for the next)."""
     for shard in manifest.shards_of(split):
-        reader = ShardReader(local_shard(dataset_dir, shard.name, shard.bytes, shard.sha256)[0])
+        reader = ShardReader(local_shard(shard_folder(dataset_dir, shard), shard.name, shard.bytes, shard.sha256)[0])
         try:
             for key_ in reader.keys:
                 yield reader.block(key_)
@@ -327,55 +333,62 @@ def _train_blocks(dataset_dir: Path, manifest: DatasetManifest, split: str = "tr
             reader.close()
 
 
-def _tabular_stats(dataset_dir: Path, manifest: DatasetManifest, config: PreprocessConfig) -> FeatureStats:
-    n_num, n_cat = len(manifest.numeric), len(manifest.categorical)
-    total = np.zeros(n_num, dtype=np.float64)
-    total_sq = np.zeros(n_num, dtype=np.float64)
-    count = np.zeros(n_num, dtype=np.int64)
-    counts: list[dict[int, int]] = [{} for _ in range(n_cat)]
-    target = TargetStats(manifest.rows["train"]) if manifest.task == "regression" else None
+def dataset_stats(dataset_dir: Path, manifest: DatasetManifest) -> SegmentStats:
+    """The sufficient statistics of the dataset's train rows: its segments' merged (each read
+    from its small stats.npz), or for a format-1 dataset, a pass over its train shards."""
+    regression = manifest.task == "regression"
+    if manifest.segments:
+        parts = []
+        for ref in manifest.segments:
+            folder = segments_dir(dataset_dir) / ref.key
+            segment = load_segment(folder)
+            if segment is None:
+                raise DataError(f"segment {ref.key} of dataset {manifest.fingerprint} is missing; run the same "
+                                "command again: the pack stage packs it again")
+            parts.append(read_stats(folder, segment, len(manifest.categorical), regression))
+        return merge_stats(parts)
+    builder = SegmentStatsBuilder(len(manifest.numeric), len(manifest.categorical), regression, manifest.rows["train"])
     for block in _train_blocks(dataset_dir, manifest):
-        num = block["num"].astype(np.float64)
-        finite = np.isfinite(num)
-        total += np.where(finite, num, 0).sum(axis=0)
-        total_sq += np.where(finite, num * num, 0).sum(axis=0)
-        count += finite.sum(axis=0)
-        if target is not None:
-            target.add(block["label"])
-        for j in range(n_cat):
-            values, freq = np.unique(block["cat"][:, j], return_counts=True)
-            d = counts[j]
-            for v, c in zip(values.tolist(), freq.tolist(), strict=True):
-                d[v] = d.get(v, 0) + c
+        builder.add(block["num"], block["cat"], block["label"])
         del block  # drop the views into the mmap before it is closed
+    return builder.finish()
+
+
+def _tabular_stats(dataset_dir: Path, manifest: DatasetManifest, config: PreprocessConfig) -> FeatureStats:
+    merged = dataset_stats(dataset_dir, manifest)
+    count = merged.numeric.n
     empty = [name for name, n in zip(manifest.numeric, count.tolist(), strict=True) if n == 0]
     if empty:
         # Imputing the mean of nothing would feed the model a constant 0 without a word.
         raise DataError(f"numeric column {empty[0]!r} has no non-null value in the train split of dataset "
                         f"{manifest.fingerprint}; fix the source or drop it from data.numeric")
-    mean = np.divide(total, count, out=np.zeros_like(total), where=count > 0)
-    var = np.divide(total_sq, count, out=np.zeros_like(total), where=count > 0) - mean**2
-    std = np.sqrt(np.maximum(var, 0))
+    std = merged.numeric.std.copy()
     std[std < 1e-12] = 1.0  # constant column: leave it centred, do not divide by ~0
-    vocab = []
-    for d in counts:
-        kept = [(c, h) for h, c in d.items() if c >= config.min_count and h != 0]
-        kept.sort(key=lambda t: (-t[0], t[1]))
-        vocab.append([h for _, h in kept[: config.max_vocab]])
     stats = FeatureStats(
-        numeric=list(manifest.numeric), categorical=list(manifest.categorical), mean=mean.tolist(),
-        std=std.tolist(), vocab=vocab, task=manifest.task, label=manifest.label, classes=list(manifest.classes),
-        vector=list(manifest.vector), vector_dims=list(manifest.vector_dims),
+        numeric=list(manifest.numeric), categorical=list(manifest.categorical), mean=merged.numeric.mean.tolist(),
+        std=std.tolist(), vocab=[_vocabulary(c.values, c.counts, config) for c in merged.categories],
+        task=manifest.task, label=manifest.label, classes=list(manifest.classes), vector=list(manifest.vector),
+        vector_dims=list(manifest.vector_dims), segments=[s.key for s in manifest.segments],
+        drift=drift_reference(merged, list(manifest.numeric), list(manifest.categorical)).model_dump(mode="json"),
     )
-    if target is not None:
+    if merged.target is not None:
         try:
-            fit = target.fit(config.target_transform)
+            fit = merged.target.fit(config.target_transform)
         except ValueError as err:
             raise DataError(f"preprocess.target_transform: {err} (label column {manifest.label!r}); use quantile "
                             "or standardize, or auto") from None
         stats.target_transform, stats.target_knots = fit.kind, fit.knots
         stats.label_mean, stats.label_std = fit.mean, fit.std
     return stats
+
+
+def _vocabulary(values: np.ndarray, counts: np.ndarray, config: PreprocessConfig) -> list[int]:
+    """The `max_vocab` most frequent hashes seen at least `min_count` times, most frequent first
+    (ties by hash); the null hash 0 is never in it."""
+    kept = (counts >= config.min_count) & (values != 0)
+    values, counts = values[kept], counts[kept]
+    order = np.lexsort((values, -counts))[: config.max_vocab]
+    return [int(v) for v in values[order]]
 
 
 def _fit_text(dataset_dir: Path, manifest: DatasetManifest, vocab_size: int) -> str:
@@ -408,12 +421,12 @@ def write_derived_arrays(dataset_dir: Path, manifest: DatasetManifest, stats: Fe
     total_sq = np.zeros(3)
     pixels = 0
     for shard in manifest.shards:
-        reader = ShardReader(local_shard(dataset_dir, shard.name, shard.bytes, shard.sha256)[0])
+        reader = ShardReader(local_shard(shard_folder(dataset_dir, shard), shard.name, shard.bytes, shard.sha256)[0])
         try:
             blocks = [reader.block(k) for k in reader.keys]
             derived = transform.derive(blocks)
         except UndecodableRow as err:
-            file, row = manifest.source_row(err.row)
+            file, row = manifest.source_row(shard, err.row)
             raise DataError(f"{file}: image column '{err.column}' cannot be decoded at row {row} "
                             f"({err.reason}); fix or drop the row") from None
         finally:
@@ -424,7 +437,7 @@ def write_derived_arrays(dataset_dir: Path, manifest: DatasetManifest, stats: Fe
             total += per_channel.sum(axis=1)
             total_sq += (per_channel * per_channel).sum(axis=1)
             pixels += per_channel.shape[1]
-        path = out_dir / _derived_name(shard.name)
+        path = out_dir / _derived_name(shard.key)
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:  # np.load reads it as an .npz
             for name, values in derived.items():
@@ -432,7 +445,7 @@ def write_derived_arrays(dataset_dir: Path, manifest: DatasetManifest, stats: Fe
                 archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), encode_npy(values))
         payload = buf.getvalue()  # one copy of the shard's arrays, not one per use
         write_atomic(path, payload)
-        index[shard.name] = [len(payload), hashlib.sha256(payload).hexdigest()]
+        index[shard.key] = [len(payload), hashlib.sha256(payload).hexdigest()]
     write_json_atomic(out_dir / DERIVED_INDEX, index)
     if not pixels:
         return [], []

@@ -8,27 +8,27 @@ one in `training.model.objectives` (its loss, predictions and metrics), not a br
     multiclass   integers or strings               stored as int64 index into `classes`
     regression   any finite number                 stored as float32 in the label's own units
 
-The classes of a multiclass label are the sorted distinct values of the train split, found
-before packing (`train_classes`), so every part of a parallel pack encodes them alike.
+The classes of a multiclass label are the sorted distinct values of the train split. Each
+segment stores its own codes (`SegmentClasses`), which the dataset maps to its classes.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, ClassVar, Iterable
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from training.data.manifest import Classes
 from training.errors import DataError
 
-__all__ = ["LABELS", "LabelCodec", "Classes"]
-
-Classes = list[int] | list[str]
+__all__ = ["LABELS", "LabelCodec", "Classes", "SegmentClasses"]
 
 
-def _first_null(path: Path, name: str, col: pa.Array, first_row: int) -> None:
+
+def _first_null(path: str | Path, name: str, col: pa.Array, first_row: int) -> None:
     if col.null_count:
         i = int(np.flatnonzero(col.is_null().to_numpy(zero_copy_only=False))[0])
         raise DataError(f"{path}: label column '{name}' is null at row {first_row + i}")
@@ -44,7 +44,7 @@ class LabelCodec:
     task: ClassVar[str]
     dtype: ClassVar[type]
 
-    def encode(self, path: Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
         raise NotImplementedError
 
     def check_splits(self, source: Path, name: str, rows: dict[str, int], positives: dict[str, int],
@@ -58,7 +58,7 @@ class LabelCodec:
 class BinaryLabels(LabelCodec):
     task, dtype = "binary", np.float32
 
-    def encode(self, path: Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
         if not _is_number(col):
             raise DataError(f"{path}: label column '{name}' has type {col.type}, expected 0/1 integers "
                             "(for other labels set data.task: multiclass or regression)")
@@ -89,13 +89,13 @@ class MulticlassLabels(LabelCodec):
     task, dtype = "multiclass", np.int64
 
     @staticmethod
-    def check_type(path: Path, name: str, col_type: pa.DataType) -> None:
+    def check_type(path: str | Path, name: str, col_type: pa.DataType) -> None:
         if not (pa.types.is_integer(col_type) or pa.types.is_string(col_type) or pa.types.is_large_string(col_type)
                 or pa.types.is_dictionary(col_type)):
             raise DataError(f"{path}: label column '{name}' has type {col_type}; a multiclass label holds integers "
                             "or strings")
 
-    def encode(self, path: Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
         self.check_type(path, name, col.type)
         _first_null(path, name, col, first_row)
         if pa.types.is_dictionary(col.type):
@@ -118,7 +118,7 @@ class MulticlassLabels(LabelCodec):
 class RegressionLabels(LabelCodec):
     task, dtype = "regression", np.float32
 
-    def encode(self, path: Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
         if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)):
             raise DataError(f"{path}: label column '{name}' has type {col.type}; a regression label must be numeric")
         _first_null(path, name, col, first_row)
@@ -139,18 +139,30 @@ def _show(classes: Classes, limit: int = 10) -> str:
     return shown + (f", ... ({len(classes)} in all)" if len(classes) > limit else "")
 
 
-def train_classes(files: list[Path], label: str, batches: Callable[[Path, list[str]], Iterable[pa.RecordBatch]],
-                  train_rows: Callable[[int, int], np.ndarray]) -> Classes:
-    """The sorted distinct labels of the train split: one pass over the label column only.
-    `train_rows(start, n)` says which of global rows [start, start+n) are in the train split."""
-    seen: set[object] = set()
-    row = 0
-    for path in files:
-        for batch in batches(path, [label]):
-            col = batch.column(0)
-            MulticlassLabels.check_type(path, label, col.type)
-            in_train = train_rows(row, batch.num_rows)
-            values = pc.unique(pc.filter(col, pa.array(in_train)).drop_null())
-            seen.update(values.to_pylist())
-            row += batch.num_rows
-    return sorted(seen)  # type: ignore[type-var,return-value]  # one column: all int or all str
+class SegmentClasses:
+    """A multiclass label coded within one segment: code i is the i-th distinct value in the
+    order the segment's rows first show it. The dataset maps codes to its classes (the sorted
+    distinct values of the train split, over every segment), so a segment never depends on the
+    others and is packed once."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self.first_rows: list[int] = []  # the file row where each value first appears
+        self._index: dict[Any, int] = {}
+
+    def encode(self, path: str, name: str, col: pa.Array, first_row: int) -> np.ndarray:
+        MulticlassLabels.check_type(path, name, col.type)
+        _first_null(path, name, col, first_row)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        for value in pc.unique(col).to_pylist():  # in order of first appearance
+            if value not in self._index:
+                kind = type(value)
+                if self.values and kind is not type(self.values[0]):
+                    raise DataError(f"{path}: label column '{name}' holds both {type(self.values[0]).__name__} and "
+                                    f"{kind.__name__} values; a multiclass label holds integers or strings")
+                self._index[value] = len(self.values)
+                self.values.append(value)
+                self.first_rows.append(first_row + pc.index(col, value).as_py())
+        found = pc.index_in(col, value_set=pa.array(self.values, type=col.type))
+        return found.to_numpy(zero_copy_only=False).astype(np.int64)

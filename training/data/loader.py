@@ -29,7 +29,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from training.data.features import FeatureTransform
-from training.data.packing import DatasetManifest
+from training.data.manifest import DatasetManifest, shard_folder
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader
 from training.errors import DataError
@@ -71,7 +71,7 @@ class ShardBatches:
         self,
         dataset_dir: Path,
         manifest: DatasetManifest,
-        split: str,
+        split: str | tuple[str, ...],
         batch_size: int,
         transform: FeatureTransform,
         seed: int = 0,
@@ -84,7 +84,9 @@ class ShardBatches:
         self.shards = manifest.shards_of(split)
         if not self.shards:
             raise DataError(f"dataset {dataset_dir}: no shards in split '{split}'")
-        self.split = split
+        self.split = split if isinstance(split, str) else "+".join(split)
+        # Multiclass segments store their own label codes: the dataset's class index of each.
+        self.label_maps = [manifest.label_map(shard) for shard in self.shards]
         self.batch_size = batch_size
         self.transform = transform
         self.seed = seed
@@ -201,7 +203,7 @@ class ShardBatches:
         Runs on the prefetch threads too, so it only reads this object's state; the caller
         records the result."""
         info = self.shards[i]
-        path, downloaded = local_shard(self.dataset_dir, info.name, info.bytes, info.sha256)
+        path, downloaded = local_shard(shard_folder(self.dataset_dir, info), info.name, info.bytes, info.sha256)
         # Checked once per process (a download is checked as it lands): never train on a corrupt shard.
         reader = ShardReader(path, None if downloaded or i in self._verified else info.checksum)
         try:
@@ -209,7 +211,10 @@ class ShardBatches:
             rows = sum(len(block["label"]) for block in blocks)
             if rows != info.rows or not blocks:
                 raise DataError(f"shard {path}: holds {rows} rows, manifest says {info.rows}")
-            out = self.transform.shard(blocks, info.name, buffers)
+            out = self.transform.shard(blocks, info.key, buffers)
+            label_map = self.label_maps[i]
+            if label_map is not None:
+                out["label"] = label_map[out["label"]]
         finally:
             blocks = []  # the views go before the mapping is closed
             reader.close()

@@ -1,7 +1,7 @@
 """Shards of S3-backed datasets, on demand, through a size-limited local cache.
 
-A dataset folder that holds `remote.json` (written by `StorageRoot`) has its shards on S3; a
-shard that is not on local disk is streamed down (resuming broken connections with ranged
+A folder of shards (a segment's, or a format-1 dataset's) that holds `remote.json` (written by
+`training.data.dataset_store`) has its shards on S3; a shard that is not on local disk is streamed down (resuming broken connections with ranged
 GETs, checked against the manifest's sha256) when a reader first needs it. Afterwards the
 cache evicts the least recently used shards of S3-backed datasets until it is under its limit.
 Shards of local-only datasets are never evicted: they have no other copy.
@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from training.errors import StorageError
 from training.storage.files import inside
 
-__all__ = ["REMOTE_MARKER", "RemoteMarker", "local_shard", "evict", "is_remote_dataset"]
+__all__ = ["REMOTE_MARKER", "RemoteMarker", "local_shard", "evict", "is_remote_dataset", "segment_is_remote"]
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,12 @@ def is_remote_dataset(dataset_dir: Path) -> bool:
     return (dataset_dir / REMOTE_MARKER).exists()
 
 
+def segment_is_remote(segment_dir: Path) -> bool:
+    return (segment_dir / REMOTE_MARKER).exists()
+
+
 class RemoteMarker(BaseModel):
-    """remote.json in a dataset folder: where its shards live on S3, and the cache they go to."""
+    """remote.json in a folder of shards: where they live on S3, and the cache they go to."""
 
     settings: dict[str, Any]  # S3Settings.to_json()
     rel: str
@@ -44,28 +48,29 @@ class RemoteMarker(BaseModel):
     cache_root: str
 
 
-def _marker(dataset_dir: Path) -> RemoteMarker | None:
+def _marker(folder: Path) -> RemoteMarker | None:
     try:
-        return RemoteMarker.model_validate_json((dataset_dir / REMOTE_MARKER).read_bytes())
+        return RemoteMarker.model_validate_json((folder / REMOTE_MARKER).read_bytes())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as err:  # ValueError: pydantic's ValidationError too
-        raise StorageError(f"{dataset_dir / REMOTE_MARKER} is unreadable ({err}); delete it and rerun") from None
+        raise StorageError(f"{folder / REMOTE_MARKER} is unreadable ({err}); delete it and rerun") from None
 
 
-def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> tuple[Path, bool]:
-    """(local path of shard `name`, whether it was just downloaded), downloading it first if
-    this dataset lives on S3. A download is checked against `sha256` as it streams."""
-    path = inside(dataset_dir, name, "dataset folder")  # the manifest that named it checked it too
+def local_shard(folder: Path, name: str, size: int, sha256: str) -> tuple[Path, bool]:
+    """(local path of shard `name` of `folder` (a segment's or a format-1 dataset's), whether it
+    was just downloaded), downloading it first if the folder's shards live on S3. A download is
+    checked against `sha256` as it streams."""
+    path = inside(folder, name, "dataset folder")  # the manifest that named it checked it too
     try:
         if path.stat().st_size == size:
             os.utime(path)  # recently used: evicted last
             return path, False
     except FileNotFoundError:
         pass
-    marker = _marker(dataset_dir)
+    marker = _marker(folder)
     if marker is None:
-        raise StorageError(f"shard {path} is missing; delete {dataset_dir} to repack the dataset")
+        raise StorageError(f"shard {path} is missing; run the same command again: the pack stage packs it again")
     from training.storage.s3 import S3Settings, S3Store
 
     key = json.dumps(marker.settings, sort_keys=True)
@@ -80,7 +85,8 @@ def local_shard(dataset_dir: Path, name: str, size: int, sha256: str) -> tuple[P
 def evict(cache_root: Path, limit: int, keep: Path | None = None) -> list[Path]:
     """Delete least recently used shards of S3-backed datasets until they fit in `limit` bytes."""
     files: list[tuple[float, int, Path]] = []
-    for marker in cache_root.glob(f"*/{REMOTE_MARKER}"):
+    markers = [*cache_root.glob(f"*/{REMOTE_MARKER}"), *cache_root.glob(f"segments/*/{REMOTE_MARKER}")]
+    for marker in markers:
         for shard in marker.parent.glob("*.tar"):
             try:
                 st = shard.stat()

@@ -16,9 +16,9 @@ learns better on a transformed label, and its predictions are mapped back exactl
   something near its median, and its R² fell from 0.083 to 0.025 (statsmodels' randhie). Not
   quantile either, for the same reason: it is there to be chosen.
 
-The statistics take one pass in bounded memory: running sums of shifted powers for the
-moments, and a deterministic sample of at most SAMPLE_ROWS labels, taken by stride over the
-split's row count, for the quantiles.
+The statistics take one pass in bounded memory and merge across segments: the moments
+(`training.data.moments`), and a deterministic sample of at most SAMPLE_ROWS labels a segment,
+taken by stride over its row count, for the quantiles (each kept label stands for `stride`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["KNOTS", "SAMPLE_ROWS", "SKEW_LIMIT", "TargetFit", "TargetStats", "quantile_forward"]
+from training.data.moments import Moments
+
+__all__ = ["KNOTS", "SAMPLE_ROWS", "SKEW_LIMIT", "TargetFit", "TargetStats", "quantile_forward", "weighted_quantiles"]
 
 TargetKind = Literal["standardize", "log1p", "quantile"]
 KNOTS = 1001  # quantiles at probability levels 0, 0.001, ..., 1
@@ -49,93 +51,108 @@ class TargetFit:
     knots: list[float] = field(default_factory=list)
 
 
-@dataclass
-class _Moments:
-    """Sums of powers of (x - shift), for the mean, variance and skewness in float64 without
-    the cancellation that raw sums of cubes suffer."""
-
-    shift: float | None = None
-    n: int = 0
-    s1: float = 0.0
-    s2: float = 0.0
-    s3: float = 0.0
-
-    def add(self, x: np.ndarray) -> None:
-        if x.size == 0:
-            return
-        if self.shift is None:
-            self.shift = float(x.mean())
-        d = x - self.shift
-        d2 = d * d
-        self.n += x.size
-        self.s1 += float(d.sum())
-        self.s2 += float(d2.sum())
-        self.s3 += float((d2 * d).sum())
-
-    @property
-    def mean(self) -> float:
-        return (self.shift or 0.0) + self.s1 / self.n
-
-    @property
-    def std(self) -> float:
-        m1 = self.s1 / self.n
-        return math.sqrt(max(self.s2 / self.n - m1 * m1, 0.0))
-
-    @property
-    def skew(self) -> float:
-        m1 = self.s1 / self.n
-        var = self.s2 / self.n - m1 * m1
-        if var <= 1e-24:
-            return 0.0
-        m3 = self.s3 / self.n - 3 * m1 * self.s2 / self.n + 2 * m1**3
-        return m3 / var**1.5
-
-
 class TargetStats:
-    """Accumulates a split's labels block by block; `fit(kind)` gives the transform."""
+    """A split's labels, accumulated batch by batch (`add`) and merged across segments (`merge`);
+    `fit(kind)` gives the transform."""
 
     def __init__(self, rows: int) -> None:
-        self.stride = max(1, math.ceil(rows / SAMPLE_ROWS))
+        self.stride = max(1, math.ceil(rows / SAMPLE_ROWS))  # the sample keeps every stride-th label
         self.seen = 0
-        self.raw = _Moments()
-        self.logged = _Moments()
-        self.minimum = math.inf
-        self.maximum = -math.inf
-        self.sample: list[np.ndarray] = []
+        self.raw = Moments.empty(1)
+        self.logged = Moments.empty(1)  # of log1p(y); meaningful while every label is >= 0
+        self.samples: list[tuple[np.ndarray, int]] = []  # (labels, the stride they were kept at)
+
+    @property
+    def minimum(self) -> float:
+        return float(self.raw.minimum[0])
+
+    @property
+    def maximum(self) -> float:
+        return float(self.raw.maximum[0])
 
     def add(self, label: np.ndarray) -> None:
-        y = label.astype(np.float64, copy=False)
-        self.raw.add(y)
-        if y.size:
-            self.minimum = min(self.minimum, float(y.min()))
-            self.maximum = max(self.maximum, float(y.max()))
+        y = label.astype(np.float64, copy=False).reshape(-1)
+        if y.size == 0:
+            return
+        self.raw = self.raw.add(y)
         if self.minimum >= 0:
-            self.logged.add(np.log1p(y))
-        first = (-self.seen) % self.stride  # the rows whose split-wide index is a multiple of the stride
-        self.sample.append(y[first::self.stride].copy())
+            self.logged = self.logged.add(np.log1p(y))
+        first = (-self.seen) % self.stride  # the rows whose index in the split is a multiple of the stride
+        self.samples.append((y[first::self.stride].copy(), self.stride))
         self.seen += y.size
+
+    def merge(self, other: TargetStats) -> TargetStats:
+        out = TargetStats(0)
+        out.seen = self.seen + other.seen
+        out.raw = self.raw.merge(other.raw)
+        out.logged = self.logged.merge(other.logged)
+        out.samples = [*self.samples, *other.samples]
+        return out
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        values = np.concatenate([v for v, _ in self.samples]) if self.samples else np.zeros(0)
+        weights = np.concatenate([np.full(v.size, w, dtype=np.int64) for v, w in self.samples]) if self.samples \
+            else np.zeros(0, dtype=np.int64)
+        return {**self.raw.arrays("label"), **self.logged.arrays("label_log1p"), "label.sample": values,
+                "label.sample_weight": weights, "label.seen": np.array(self.seen)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> TargetStats:
+        out = cls(0)
+        out.raw, out.logged = Moments.from_arrays(arrays, "label"), Moments.from_arrays(arrays, "label_log1p")
+        out.seen = int(np.asarray(arrays["label.seen"]).reshape(-1)[0])
+        values, weights = np.asarray(arrays["label.sample"]), np.asarray(arrays["label.sample_weight"])
+        out.samples = [(values[weights == w], int(w)) for w in np.unique(weights)]
+        return out
 
     def choose(self) -> TargetKind:
         """`auto`'s choice (see the module docstring)."""
-        if self.raw.n and self.minimum > 0 and self.raw.skew > SKEW_LIMIT and abs(self.logged.skew) <= SKEW_LIMIT:
+        skew, log_skew = float(self.raw.skew[0]), float(self.logged.skew[0])
+        if self.raw.n[0] and self.minimum > 0 and skew > SKEW_LIMIT and abs(log_skew) <= SKEW_LIMIT:
             return "log1p"
         return "standardize"
 
     def fit(self, kind: TargetKind | Literal["auto"]) -> TargetFit:
         if kind == "auto":
             kind = self.choose()
-        if self.raw.n == 0:
+        if self.raw.n[0] == 0:
             return TargetFit("standardize", 0.0, 1.0)
         if kind == "log1p":
             if self.minimum < 0:
                 raise ValueError(f"the train split has a label of {self.minimum:g}; log1p needs labels >= 0")
-            return TargetFit("log1p", self.logged.mean, _nonzero(self.logged.std), [self.minimum, self.maximum])
+            return TargetFit("log1p", float(self.logged.mean[0]), _nonzero(float(self.logged.std[0])),
+                             [self.minimum, self.maximum])
         if kind == "quantile":
-            sample = np.sort(np.concatenate(self.sample))
-            knots = np.quantile(sample, np.linspace(0.0, 1.0, KNOTS))
+            sample, weights = self._sample()
+            knots = weighted_quantiles(sample, weights, np.linspace(0.0, 1.0, KNOTS))
             z = quantile_forward(sample, knots)
-            return TargetFit("quantile", float(z.mean()), _nonzero(float(z.std())), knots.tolist())
-        return TargetFit("standardize", self.raw.mean, _nonzero(self.raw.std))
+            mean = float(np.average(z, weights=weights))
+            std = float(np.sqrt(np.average((z - mean) ** 2, weights=weights)))
+            return TargetFit("quantile", mean, _nonzero(std), knots.tolist())
+        return TargetFit("standardize", float(self.raw.mean[0]), _nonzero(float(self.raw.std[0])))
+
+    def _sample(self) -> tuple[np.ndarray, np.ndarray]:
+        """The kept labels in order, and how many labels each stands for."""
+        values = np.concatenate([v for v, _ in self.samples])
+        weights = np.concatenate([np.full(v.size, w, dtype=np.int64) for v, w in self.samples])
+        order = np.argsort(values, kind="stable")
+        return values[order], weights[order]
+
+
+def weighted_quantiles(sorted_values: np.ndarray, weights: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """np.quantile's (linear) quantiles of the array in which each sorted value appears
+    `weights` times, without building it: equal weights give np.quantile's exact answer."""
+    if sorted_values.size == 0:
+        return np.zeros(levels.size)
+    if (weights == weights[0]).all() and weights[0] == 1:
+        return np.quantile(sorted_values, levels)
+    ends = np.cumsum(weights)  # the expanded array's index just past each value's copies
+    position = levels * (ends[-1] - 1)
+    lo = np.floor(position)
+    frac = position - lo
+    at = np.searchsorted(ends, lo, side="right")
+    at_next = np.searchsorted(ends, np.minimum(lo + 1, ends[-1] - 1), side="right")
+    return sorted_values[at] + frac * (sorted_values[at_next] - sorted_values[at])
 
 
 def _nonzero(std: float) -> float:

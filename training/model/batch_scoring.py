@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict
 from training.config import DataConfig
 from training.data.arrow_buffers import arrow_float32, arrow_float64, arrow_int8, arrow_int64
 from training.data.features import FeatureStats, FeatureTransform
-from training.data.packing import FeatureValidator, feature_arrays
+from training.data.validation import FeatureValidator, feature_arrays
 from training.data.ragged import OFFSETS, Ragged
 from training.errors import CheckpointError, ConfigError, DataError
 from training.model.evaluation import EVAL_BATCH

@@ -11,7 +11,7 @@ import torch
 
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
-from training.data.packing import DatasetManifest
+from training.data.manifest import DatasetManifest
 from training.model.network import forward_fn
 from training.model.package import load_package
 from training.model.objectives import Task

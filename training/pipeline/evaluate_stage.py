@@ -12,10 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from training.config import RetrainConfig
-from training.data.packing import (
-    DatasetManifest,
-    require_manifest,
-)
+from training.data.manifest import DatasetManifest, require_manifest
 from training.errors import RetrainError, StorageError
 from training.pipeline.handoffs import Evaluation, PackResult, Promotion
 from training.pipeline.tracking import flat_params, register_model, tracker_for

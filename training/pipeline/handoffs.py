@@ -47,7 +47,14 @@ class PackResult(_Result):
     bayes_auc: float | None = None  # the demo generator's Bayes-optimal AUC (demo data only)
     started_at: float  # epoch seconds when the pipeline's first stage began
     seconds: float
-    parts: int | None = None  # pack parts this run packed (None: reused)
+    parts: int | None = None  # segments this run packed (None: none)
+    format_version: int = 2  # 1: a dataset packed by an earlier version, used as it is
+    segments: int = 0  # segments the dataset lists
+    segments_packed: int = 0  # of them, packed by this run
+    source_bytes_read: int = 0  # read from the source: footers of new files and the row groups packed
+    packed_bytes: int = 0  # written under datasets/ by this run's packing
+    segments_removed: int = 0  # by retention
+    dataset_bytes: int = 0  # the dataset's shards
 
 
 class PrepResult(_Result):

@@ -1,9 +1,10 @@
-"""The pack stage: the source's Parquet into a content-addressed dataset of WebDataset shards.
+"""The pack stage: the source's Parquet into a dataset of content-addressed segments.
 
-`pack_begin` checks the storage root and finds a dataset packed before (here or on S3) or plans
-the parts; `pack_part_stage` packs one part (a run of Parquet row groups), serially here or
-fanned out by the flow; `pack_finish` assembles the shards, manifest last, and publishes them.
-The shards' bytes do not depend on how the parts were packed.
+`pack_begin` checks the storage root, lists the source and plans what is missing (a file seen
+before costs a look-up: `training.data.packing`); `pack_segment_stage` packs one segment,
+serially here or fanned out by the flow, and publishes it to the root on its own (so a worker
+on another machine needs no shared folder); `pack_finish` lists the segments in the dataset's
+manifest and lets retention remove what no kept dataset lists.
 """
 
 from __future__ import annotations
@@ -11,28 +12,27 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from training.config import DataConfig, RetrainConfig
+from training.config import RetrainConfig
 from training.data.dataset_store import DatasetStore
 from training.data.demo import DEMOS, ensure_demo_dataset
-from training.data.packing import (DatasetManifest, PackedPart, PackPart, PackPlan, assemble_shards, pack_part,
-                                   pack_serially, plan_pack, require_manifest, start_pack)
-from training.data.sources import dataset_fingerprint, source_files
+from training.data.manifest import DatasetManifest
+from training.data.packing import PackPlan, assemble_dataset, plan_pack
+from training.data.segments import PackedSegment, SegmentPlan, pack_segment
+from training.data.sources import open_source
 from training.pipeline.handoffs import PackResult
 from training.storage.root import StorageRoot
 
-if TYPE_CHECKING:
-    pass
-
 log = logging.getLogger(__name__)
+
+__all__ = ["PackBegun", "pack_begin", "pack_finish", "pack_segment_stage", "pack_stage", "resolve_source"]
 
 
 class PackBegun(BaseModel):
-    """The pack stage's first step: the reused dataset (`done`), or the plan, whose parts
-    `pack_part_stage` packs, serially here or fanned out by the flow."""
+    """The pack stage's first step: the plan, and the dataset when nothing is left to pack."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -40,76 +40,80 @@ class PackBegun(BaseModel):
     storage: dict[str, Any]  # where the root is (StorageRoot.environment_summary; never credentials)
     bayes_auc: float | None
     started_at: float
+    plan: PackPlan
     done: PackResult | None = None
-    plan: PackPlan | None = None
+
+
+def resolve_source(config: RetrainConfig, root: StorageRoot) -> tuple[str, float | None]:
+    """data.source as packing reads it (a demo written first), and the demo's Bayes AUC."""
+    if config.data.source is None:
+        path, bayes_auc = ensure_demo_dataset(root.local)
+        return str(path), bayes_auc
+    if config.data.source in DEMOS:
+        return str(DEMOS[config.data.source](root.local)), None
+    spec = config.data.source
+    return (spec if spec.startswith("s3://") else str(Path(spec).expanduser())), None
 
 
 def pack_begin(config: RetrainConfig) -> PackBegun:
-    """Check storage, find an already packed dataset (here or on S3), or plan the packing."""
+    """Check storage, list the source and plan the segments still to pack."""
     started = time.time()
     root = StorageRoot.from_config(config)
     storage = {**root.environment_summary(), **root.prepare()}  # fail here, not mid-training
-    bayes_auc = None
-    if config.data.source is None:
-        source, bayes_auc = ensure_demo_dataset(root.local)
-    elif config.data.source in DEMOS:
-        source = DEMOS[config.data.source](root.local)
-    else:
-        source = Path(config.data.source).expanduser()
-    begun = PackBegun(source=str(source), storage=storage, bayes_auc=bayes_auc, started_at=started)
-    datasets = DatasetStore(root)
-    if root.is_remote:
-        fp, _ = dataset_fingerprint(source_files(source), config.data)
-        dataset_dir = datasets.fetch(fp)  # packed before, on any machine
-        if dataset_dir is not None:
-            packed = _packed(begun, root, dataset_dir, require_manifest(dataset_dir), reused=True, uploaded=0)
-            return begun.model_copy(update={"done": packed})
-    local_root = datasets.local_root()
-    plan, existing = plan_pack(source, config.data, local_root, config.data.pack_parts)
-    if plan is None:
-        assert existing is not None
-        dataset_dir = local_root / existing.fingerprint
-        uploaded = datasets.publish(dataset_dir, existing)  # packed here before, maybe never uploaded
-        return begun.model_copy(update={"done": _packed(begun, root, dataset_dir, existing, True, uploaded)})
-    start_pack(plan)
-    return begun.model_copy(update={"plan": plan})
+    source, bayes_auc = resolve_source(config, root)
+    store = DatasetStore(root)
+    plan, legacy = plan_pack(source, config.data, store, config.storage)
+    begun = PackBegun(source=source, storage=storage, bayes_auc=bayes_auc, started_at=started, plan=plan)
+    if legacy is not None:
+        return begun.model_copy(update={"done": _packed(begun, root, legacy, [], store, reused=True)})
+    if not plan.todo:
+        return begun.model_copy(update={"done": _finish(config, begun, [], root, store)})
+    return begun
 
 
-def pack_part_stage(data: DataConfig, plan: PackPlan, part: PackPart) -> PackedPart:
-    """Pack one part (see `training.data.packing.PackPart`); small result, pieces on disk."""
-    return pack_part(plan, part, data)
+def pack_segment_stage(config: RetrainConfig, plan: SegmentPlan) -> PackedSegment:
+    """Pack one segment and publish it to the root (small result: its manifest)."""
+    store = DatasetStore(StorageRoot.from_config(config))
+    done = pack_segment(open_source(plan.source, config.storage), plan, config.data, store.segments_root())
+    return done.model_copy(update={"uploaded_bytes": store.publish_segment(done.manifest)})
 
 
-def pack_finish(config: RetrainConfig, begun: PackBegun, parts: list[PackedPart]) -> PackResult:
-    """Assemble the shards from the parts' pieces (or pass on the reused dataset) and publish them."""
+def pack_finish(config: RetrainConfig, begun: PackBegun, packed: list[PackedSegment]) -> PackResult:
+    """The dataset of every segment (the reused one when nothing was packed)."""
     if begun.done is not None:
         return begun.done.model_copy(update={"seconds": time.time() - begun.started_at})
-    assert begun.plan is not None
-    return _published(config, begun, assemble_shards(begun.plan, parts, config.data), len(parts))
-
-
-def _published(config: RetrainConfig, begun: PackBegun, manifest: DatasetManifest, parts: int) -> PackResult:
-    assert begun.plan is not None
     root = StorageRoot.from_config(config)
-    dataset_dir = Path(begun.plan.final_dir)
-    uploaded = DatasetStore(root).publish(dataset_dir, manifest)
-    return _packed(begun, root, dataset_dir, manifest, reused=False, uploaded=uploaded, parts=parts)
+    return _finish(config, begun, packed, root, DatasetStore(root))
 
 
-def _packed(begun: PackBegun, root: StorageRoot, dataset_dir: Path, manifest: DatasetManifest, reused: bool,
-            uploaded: int, parts: int | None = None) -> PackResult:
+def _finish(config: RetrainConfig, begun: PackBegun, packed: list[PackedSegment], root: StorageRoot,
+            store: DatasetStore) -> PackResult:
+    manifest = assemble_dataset(begun.plan, packed, config.data, store)
+    removed = store.retain(manifest.fingerprint, config.storage.keep_datasets)
+    if removed:
+        log.info("retention: removed %d segment(s) no kept dataset lists", len(removed))
+    return _packed(begun, root, manifest, packed, store, reused=not packed, removed=len(removed))
+
+
+def _packed(begun: PackBegun, root: StorageRoot, manifest: DatasetManifest, packed: list[PackedSegment],
+            store: DatasetStore, reused: bool, removed: int = 0) -> PackResult:
     return PackResult(
-        source=begun.source, dataset_dir=str(dataset_dir), dataset_uri=root.display(f"datasets/{manifest.fingerprint}"),
-        fingerprint=manifest.fingerprint, rows=manifest.rows, shards=len(manifest.shards), reused=reused,
-        uploaded_bytes=uploaded, storage=begun.storage, bayes_auc=begun.bayes_auc, started_at=begun.started_at,
-        seconds=time.time() - begun.started_at, parts=parts,
+        source=begun.source, dataset_dir=str(store.local_root() / manifest.fingerprint),
+        dataset_uri=root.display(f"datasets/{manifest.fingerprint}"), fingerprint=manifest.fingerprint,
+        rows=manifest.rows, shards=len(manifest.shards), reused=reused,
+        uploaded_bytes=store.uploaded_bytes + sum(p.uploaded_bytes for p in packed), storage=begun.storage,
+        bayes_auc=begun.bayes_auc, started_at=begun.started_at, seconds=time.time() - begun.started_at,
+        parts=len(packed) or None, format_version=manifest.format_version, segments=len(manifest.segments),
+        segments_packed=sum(1 for p in packed if not p.reused),
+        source_bytes_read=begun.plan.source_bytes_read + sum(p.source_bytes_read for p in packed),
+        packed_bytes=sum(p.packed_bytes for p in packed if not p.reused), segments_removed=removed,
+        dataset_bytes=sum(s.bytes for s in manifest.shards),
     )
 
 
 def pack_stage(config: RetrainConfig) -> PackResult:
-    """The whole pack stage in this process: begin, every part in turn, finish."""
+    """The whole pack stage in this process: begin, every segment in turn, finish."""
     begun = pack_begin(config)
-    if begun.plan is None:
+    if begun.done is not None:
         return pack_finish(config, begun, [])
-    return _published(config, begun, pack_serially(begun.plan, config.data), len(begun.plan.parts))
-
+    return pack_finish(config, begun, [pack_segment_stage(config, plan) for plan in begun.plan.todo])

@@ -17,9 +17,7 @@ from training.data.features import (
     preprocess_key,
     verified_feature_stats,
 )
-from training.data.packing import (
-    require_manifest,
-)
+from training.data.manifest import require_manifest
 from training.pipeline.handoffs import PrepResult
 from training.storage.root import CACHE, StorageRoot
 

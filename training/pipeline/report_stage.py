@@ -66,7 +66,7 @@ def cost_report(config: RetrainConfig, packed: PackResult, prep: PrepResult, tra
     compute = compute_cost(stages, rate, gpus)
     run_dir = Path(trained.run_dir)
     storage = storage_cost(
-        {"shards": _dir_bytes(Path(packed.dataset_dir)), "checkpoints": _dir_bytes(run_dir / "checkpoints"),
+        {"shards": packed.dataset_bytes, "checkpoints": _dir_bytes(run_dir / "checkpoints"),
          "models": _dir_bytes(run_dir / "model")},
         config.cost.storage_class, config.cost.storage_per_gb_month, config.cost.retention_days,
     )
@@ -190,7 +190,9 @@ def _report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained
     seconds = trained.seconds
     stages = StageSummaries(
         pack=PackSummary(state=stage_states.pack, reused=packed.reused, dataset=packed.fingerprint,
-                         rows=packed.rows, shards=packed.shards, dir=packed.dataset_dir),
+                         rows=packed.rows, shards=packed.shards, dir=packed.dataset_dir, segments=packed.segments,
+                         segments_packed=packed.segments_packed, source_bytes_read=packed.source_bytes_read,
+                         packed_bytes=packed.packed_bytes, uploaded_bytes=packed.uploaded_bytes),
         preprocess=PreprocessSummary(state=stage_states.preprocess, key=prep.key, stats=prep.stats_path,
                                       target_transform=prep.target_transform),
         train=TrainSummary(state=stage_states.train, already_complete=trained.already_complete,

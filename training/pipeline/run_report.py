@@ -74,6 +74,11 @@ class PackSummary(_Part):
     rows: dict[str, int] = {}
     shards: int = 0
     dir: str = ""
+    segments: int = 0  # the dataset's segments
+    segments_packed: int = 0  # of them, packed by this run
+    source_bytes_read: int = 0
+    packed_bytes: int = 0  # written under datasets/ by this run
+    uploaded_bytes: int = 0  # to an s3:// root by this run
 
 
 class PreprocessSummary(_Part):

@@ -20,11 +20,8 @@ from training.data.features import (
     preprocess_key,
     write_derived_arrays,
 )
-from training.data.packing import (
-    DatasetManifest,
-    forget_verification,
-    require_manifest,
-)
+from training.data.manifest import DatasetManifest, require_manifest
+from training.data.packing import forget_verification
 from training.errors import ConfigError, DamagedShard, DataError
 from training.model.package_meta import PackageMeta
 from training.pipeline.handoffs import PackResult, PrepResult

@@ -28,7 +28,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import RetrainConfig, fingerprint
-from training.data.sources import dataset_fingerprint, source_files
+from training.data.source_index import INDEX_FILE, SourceIndex, known_fingerprints
+from training.data.sources import open_source
 from training.errors import RetrainError
 from training.model.model_ref import read_pointer
 from training.pipeline.run_report import RunReport
@@ -124,8 +125,11 @@ def _find(config: RetrainConfig) -> UnchangedRun | None:
     content = RunReport.read(report)
     if content.run_key != record.run_key:
         return None
-    if dataset_fingerprint(source_files(Path(record.source)), config.data)[0] != record.dataset:
-        return None  # the source's bytes changed: a new dataset
+    source = open_source(record.source, config.storage)
+    rel = f"datasets/{INDEX_FILE}"
+    index = SourceIndex(root.fetch(rel, fresh=True) or root.path(rel))
+    if record.dataset not in known_fingerprints(index, config.data, source.uri, source.files()):
+        return None  # a file is new or changed (its bytes are not read here): a new dataset
     if _champion_sha(root) != record.champion_sha256:
         return None  # promoted or replaced since: the promotion decision would differ
     return UnchangedRun(run_key=record.run_key, report=report, content=content)

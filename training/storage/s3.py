@@ -256,13 +256,27 @@ class S3Store:
         except Exception as err:  # noqa: BLE001
             raise self._error(err, "look up", rel) from None
 
-    def open_reader(self, rel: str, size: int | None = None) -> ResumableObjectReader:
+    def open_reader(self, rel: str, size: int | None = None, start: int = 0) -> ResumableObjectReader:
+        """A stream of the object from byte `start` to `size` (its length when None)."""
         if size is None:
             head = self.head(rel)
             if head is None:
                 raise StorageError(f"{self.uri(rel)} does not exist at endpoint {self.settings.endpoint}")
             size = int(head["ContentLength"])
-        return ResumableObjectReader(self, rel, size)
+        return ResumableObjectReader(self, rel, size, start)
+
+    def get_range(self, rel: str, start: int, length: int) -> bytes:
+        """Bytes [start, start + length) of an object: one ranged GET, resumed if it breaks off."""
+        out = bytearray(length)
+        view = memoryview(out)
+        with self.open_reader(rel, start + length, start) as reader:
+            done = 0
+            while done < length:
+                n = reader.readinto(view[done:])
+                if n == 0:
+                    raise StorageError(f"{self.uri(rel)} ended at byte {start + done}, before byte {start + length}")
+                done += n
+        return bytes(out)
 
     def download_file(self, rel: str, dest: Path, size: int | None = None, sha256: str | None = None) -> Path:
         """Stream an object to `dest` (atomically: temp file, then rename), checking its sha256."""
@@ -283,13 +297,17 @@ class S3Store:
 
     def list(self, rel_prefix: str) -> dict[str, int]:
         """{relative key: size} of every object under `rel_prefix`."""
-        out: dict[str, int] = {}
+        return {rel: size for rel, (size, _) in self.list_objects(rel_prefix).items()}
+
+    def list_objects(self, rel_prefix: str) -> dict[str, tuple[int, str]]:
+        """{relative key: (size, ETag)} of every object under `rel_prefix`."""
+        out: dict[str, tuple[int, str]] = {}
         paginator = self.client.get_paginator("list_objects_v2")
         strip = len(self.key(""))
         try:
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self.key(rel_prefix)):
                 for obj in page.get("Contents", []):
-                    out[obj["Key"][strip:]] = int(obj["Size"])
+                    out[obj["Key"][strip:]] = (int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
         except Exception as err:  # noqa: BLE001 - ClientError/BotoCoreError, mapped to one line
             raise self._error(err, "list", rel_prefix) from None
         return out
@@ -356,12 +374,12 @@ class ResumableObjectReader(io.RawIOBase):
     `max_attempts` consecutive failures without progress.
     """
 
-    def __init__(self, store: S3Store, rel: str, size: int) -> None:
+    def __init__(self, store: S3Store, rel: str, size: int, start: int = 0) -> None:
         super().__init__()
         self.store = store
         self.rel = rel
-        self.size = size
-        self.pos = 0
+        self.size = size  # the byte to stop before
+        self.pos = start
         self.resumes = 0
         self._body: Any = None
         self._failures = 0
@@ -374,8 +392,7 @@ class ResumableObjectReader(io.RawIOBase):
 
         try:
             kwargs: dict[str, Any] = {"Bucket": self.store.bucket, "Key": self.store.key(self.rel)}
-            if self.pos:
-                kwargs["Range"] = f"bytes={self.pos}-"
+            kwargs["Range"] = f"bytes={self.pos}-{self.size - 1}"  # a part of the object, or the rest of it
             self._body = self.store.client.get_object(**kwargs)["Body"]
         except (ClientError, BotoCoreError) as err:
             raise self.store._error(err, "read", self.rel) from None

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 
 from training.data.features import DERIVED_DIR, FeatureStats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader, worker_seconds_per_batch
-from training.data.packing import require_manifest
+from training.data.manifest import require_manifest
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
 from training.model.network import Batch, ModelSchema, forward_fn

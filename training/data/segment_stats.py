@@ -1,0 +1,143 @@
+"""Sufficient statistics of a segment's train rows, taken while it is packed, that merge.
+
+A dataset's feature statistics are the merge of its segments' (`merge_stats`), so adding a
+segment costs that segment, never a pass over the others:
+
+- numeric columns: count, mean, M2, M3, min and max (`training.data.moments`), and a sample of
+  rows for quantiles (drift bins);
+- categorical columns: the count of every value (by its 63-bit hash);
+- a regression label: its moments and a sample (`training.data.target.TargetStats`).
+
+Stored as `stats.npz` in the segment, with fixed zip dates: the same rows give the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from training.data.moments import Moments
+from training.data.shards import encode_npy
+from training.data.target import TargetStats
+
+__all__ = ["NUMERIC_SAMPLE_ROWS", "CategoryCounts", "SegmentStats", "SegmentStatsBuilder", "merge_stats"]
+
+NUMERIC_SAMPLE_ROWS = 4096  # rows of numerics kept a segment, for quantile bins (drift)
+
+
+@dataclass
+class CategoryCounts:
+    """Distinct values (sorted hashes) and how many rows hold each."""
+
+    values: np.ndarray
+    counts: np.ndarray
+
+    @classmethod
+    def of(cls, parts: list[tuple[np.ndarray, np.ndarray]]) -> CategoryCounts:
+        if not parts:
+            return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        values = np.concatenate([v for v, _ in parts])
+        counts = np.concatenate([c for _, c in parts])
+        unique, inverse = np.unique(values, return_inverse=True)
+        return cls(unique.astype(np.int64), np.bincount(inverse, weights=counts, minlength=unique.size).astype(np.int64))
+
+
+@dataclass
+class SegmentStats:
+    """What a segment's train rows contribute to the dataset's statistics."""
+
+    rows: int  # train rows
+    numeric: Moments
+    numeric_sample: np.ndarray  # (k, numeric columns) float32, NaN for nulls
+    numeric_sample_weight: np.ndarray  # (k,) int64: rows each sampled row stands for
+    categories: list[CategoryCounts]
+    target: TargetStats | None = None
+
+    def to_bytes(self) -> bytes:
+        arrays: dict[str, np.ndarray] = {"rows": np.array(self.rows, dtype=np.int64), **self.numeric.arrays("num"),
+                                         "num.sample": self.numeric_sample,
+                                         "num.sample_weight": self.numeric_sample_weight}
+        for j, counts in enumerate(self.categories):
+            arrays[f"cat{j}.values"], arrays[f"cat{j}.counts"] = counts.values, counts.counts
+        if self.target is not None:
+            arrays.update(self.target.arrays())
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:  # np.load reads it as an .npz
+            for name in sorted(arrays):
+                archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)),
+                                 encode_npy(np.asarray(arrays[name])))
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, categorical: int, regression: bool) -> SegmentStats:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            a = {k: npz[k] for k in npz.files}
+        return cls(
+            rows=int(a["rows"].reshape(-1)[0]), numeric=Moments.from_arrays(a, "num"), numeric_sample=a["num.sample"],
+            numeric_sample_weight=a["num.sample_weight"],
+            categories=[CategoryCounts(a[f"cat{j}.values"], a[f"cat{j}.counts"]) for j in range(categorical)],
+            target=TargetStats.from_arrays(a) if regression else None)
+
+
+class SegmentStatsBuilder:
+    """Accumulates a segment's train rows, batch by batch, in bounded memory."""
+
+    def __init__(self, numeric: int, categorical: int, regression: bool, expected_rows: int) -> None:
+        self.numeric = Moments.empty(numeric)
+        self.n_numeric = numeric
+        self.stride = max(1, math.ceil(expected_rows / NUMERIC_SAMPLE_ROWS))
+        self.rows = 0
+        self.sample: list[np.ndarray] = []
+        self.categories: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in range(categorical)]
+        self.target = TargetStats(expected_rows) if regression else None
+
+    def add(self, num: np.ndarray, cat: np.ndarray, label: np.ndarray) -> None:
+        """Train rows: numerics (float32, NaN for nulls), category hashes, labels."""
+        if len(label) == 0:
+            return
+        if self.n_numeric:
+            self.numeric = self.numeric.add(num)
+        first = (-self.rows) % self.stride  # rows whose index among the train rows is a multiple of the stride
+        self.sample.append(np.asarray(num[first::self.stride], dtype=np.float32))
+        for j, parts in enumerate(self.categories):
+            values, counts = np.unique(cat[:, j], return_counts=True)
+            parts.append((values, counts))
+            if len(parts) > 64:  # keep the pending parts few: merged as they come
+                self.categories[j] = [_merged(parts)]
+        if self.target is not None:
+            self.target.add(label)
+        self.rows += len(label)
+
+    def finish(self) -> SegmentStats:
+        sample = (np.concatenate(self.sample) if self.sample else np.zeros((0, self.n_numeric), np.float32))
+        return SegmentStats(
+            rows=self.rows, numeric=self.numeric, numeric_sample=sample.reshape(len(sample), self.n_numeric),
+            numeric_sample_weight=np.full(len(sample), self.stride, dtype=np.int64),
+            categories=[CategoryCounts.of(parts) for parts in self.categories], target=self.target)
+
+
+def _merged(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    merged = CategoryCounts.of(parts)
+    return merged.values, merged.counts
+
+
+def merge_stats(parts: list[SegmentStats]) -> SegmentStats:
+    """The statistics of the union of the segments' train rows."""
+    first = parts[0]
+    numeric = first.numeric
+    target = first.target
+    for part in parts[1:]:
+        numeric = numeric.merge(part.numeric)
+        if target is not None and part.target is not None:
+            target = target.merge(part.target)
+    categories = [CategoryCounts.of([(p.categories[j].values, p.categories[j].counts) for p in parts])
+                  for j in range(len(first.categories))]
+    return SegmentStats(
+        rows=sum(p.rows for p in parts), numeric=numeric,
+        numeric_sample=np.concatenate([p.numeric_sample for p in parts]),
+        numeric_sample_weight=np.concatenate([p.numeric_sample_weight for p in parts]),
+        categories=categories, target=target)
