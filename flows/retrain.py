@@ -1,4 +1,5 @@
-"""The retraining pipeline: pack (fanned out over parts) -> preprocess (cached) -> train (resumable) -> evaluate -> report."""
+"""The retraining pipeline: pack (fanned out over segments) -> decide (anything to learn?) -> preprocess (cached)
+-> train (resumable) -> evaluate -> report."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import time
 
 from prefect import flow
 
+from tasks.decide import decide_training
 from tasks.evaluate import evaluate_model, score_champion
 from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block, backoff
 from tasks.preprocess import preprocess_dataset
-from tasks.report import StageEnds, StageStates, write_report
+from tasks.report import StageEnds, StageStates, keep_champion, write_report
 from tasks.runtime import check_restarts, effective_config, flow_run_id, flow_run_name, one_writer_per_root
 from tasks.train import train_model
 from training.config import RetrainConfig
@@ -20,7 +22,8 @@ __all__ = ["retrain"]
 
 @flow(name="retrain", flow_run_name=flow_run_name, log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
-    """Retrain the model on the configured data; returns the path of the run's report.json."""
+    """Retrain the model on the configured data; returns the path of the run's report.json (or of
+    runs/kept/<flow run>.json when train.retrain_when found nothing to learn)."""
     ended = StageEnds(flow=time.time())  # for the report's phases
     config = effective_config(config)
     check_restarts(config)
@@ -28,6 +31,9 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
         ended.pack = time.time()
+        decision = decide_training(config, packed)
+        if not decision.train:
+            return keep_champion(config, packed, decision, flow_run_id())
         prep_state = preprocess_dataset(config, packed)
         prep = prep_state.result()
         ended.preprocess = time.time()
@@ -42,4 +48,4 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
         ended.evaluate = time.time()
         states = StageStates(pack="Completed", preprocess=str(prep_state.name), train=str(train_state.name),
                              evaluate="Completed")
-        return write_report(config, packed, prep, trained, evaluation, states, flow_run_id(), ended)
+        return write_report(config, packed, prep, trained, evaluation, states, flow_run_id(), ended, decision)

@@ -22,7 +22,7 @@ from training.config import RetrainConfig, load_config
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.pipeline.handoffs import LaunchPhases
 from training.pipeline.report_markdown import savings
-from training.pipeline.run_report import Phases, RunReport
+from training.pipeline.run_report import KeptReport, Phases, RunReport, read_report
 
 __all__ = ["main"]
 
@@ -269,11 +269,28 @@ def _run(args: argparse.Namespace) -> int:
     report_path = _call_flow(config, clock, load, "pack -> preprocess -> train -> evaluate -> report")
     if isinstance(report_path, int):
         return report_path
-    report = RunReport.read(Path(report_path))
+    report = read_report(Path(report_path))
     clock.mark("teardown")
     sys.stderr.flush()
-    print(_summary(report, report_path, clock), flush=True)
+    summary = _summary(report, report_path, clock) if isinstance(report, RunReport) else _kept(report, report_path)
+    print(summary, flush=True)
     return 0
+
+
+def _kept(report: KeptReport, path: str) -> str:
+    """The summary of a run that kept the champion (train.retrain_when)."""
+    d = report.decision
+    lines = [f"champion kept: {d.reason}",
+             f"  pack        dataset {report.dataset} ({sum(report.rows.values())} rows, {d.new_rows} new in "
+             f"{d.new_segments} segment(s))"]
+    if d.drift:
+        top = sorted(d.drift.items(), key=lambda kv: -kv[1])[:3]
+        lines.append("  drift       PSI " + ", ".join(f"{k} {v:.3f}" for k, v in top) + f" (threshold {d.threshold:g})")
+    if report.champion is not None:
+        lines.append(f"  model       {report.champion.sha256[:16]}  {report.champion.uri}")
+    lines.append(f"  cost        ${report.compute.usd:.4f} ({report.compute.billed_seconds:.1f} s of compute)")
+    lines.append(path)
+    return "\n".join(lines)
 
 
 def _tune(args: argparse.Namespace) -> int:

@@ -16,14 +16,14 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.events import emit_event
 
-from training.pipeline.handoffs import Evaluation
+from training.pipeline.handoffs import Evaluation, TrainingDecision
 
 if TYPE_CHECKING:  # the retrain flow imports this module: no Optuna for it
     from training.pipeline.run_report import RunReport
     from training.tune.study_report import TuneReport
 
-__all__ = ["announce_run_completed", "publish_promotion", "publish_report", "publish_tune_report", "TrainingProgress",
-           "PROMOTED_EVENT", "RUN_COMPLETED_EVENT"]
+__all__ = ["announce_run_completed", "announce_champion_kept", "publish_decision", "publish_promotion", "publish_report",
+           "publish_tune_report", "TrainingProgress", "PROMOTED_EVENT", "RUN_COMPLETED_EVENT", "CHAMPION_KEPT_EVENT"]
 
 # Hang an Automation on this (README, "Notify on promotion"): resource id retrain.model.<sha256>.
 PROMOTED_EVENT = "retrain.model.promoted"
@@ -32,6 +32,8 @@ PROMOTED_EVENT = "retrain.model.promoted"
 # flow-run state events of a run its scheduler created reach triggers only after their 15-minute
 # look-back (the scheduler stores no Scheduled event for it), this one at once.
 RUN_COMPLETED_EVENT = "retrain.run.completed"
+# Emitted instead when a run kept the champion (train.retrain_when): nothing new to score with.
+CHAMPION_KEPT_EVENT = "retrain.run.kept-champion"
 
 
 def in_run() -> bool:
@@ -145,3 +147,29 @@ class TrainingProgress:
     def update(self, step: int) -> None:
         if self.artifact_id is not None:
             update_progress_artifact(self.artifact_id, 100.0 * step / self.max_steps)
+
+
+def publish_decision(decision: TrainingDecision) -> None:
+    """Why this run trains or keeps the champion: a markdown artifact with the drift table."""
+    if not in_run():
+        return
+    verdict = "trains" if decision.train else "keeps the champion"
+    lines = [f"**This run {verdict}**: {decision.reason}.", ""]
+    if decision.new_segments:
+        lines.append(f"New since the champion was trained: {decision.new_segments} segment(s), {decision.new_rows} rows.")
+    if decision.drift:
+        lines += ["", f"| feature | PSI | over {decision.threshold:g} |", "|---|---:|:-:|"]
+        for name, value in sorted(decision.drift.items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {name} | {value:.4f} | {'yes' if name in decision.drifted else ''} |")
+    create_markdown_artifact("\n".join(lines), key="training-decision",
+                             description="train.retrain_when: drift and the champion's score on the new data")
+
+
+def announce_champion_kept(decision: TrainingDecision, report_path: str) -> None:
+    if not in_run():
+        return
+    emit_event(
+        event=CHAMPION_KEPT_EVENT,
+        resource={"prefect.resource.id": f"retrain.model.{decision.champion_sha256}"},
+        payload={"reason": decision.reason, "report": report_path, "drifted": decision.drifted},
+    )

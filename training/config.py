@@ -455,6 +455,15 @@ class TrainConfig(_Section):
                           "report.", json_schema_extra=OPERATIONAL)
     # Sections. optim and schedule compute: their fields join the run key as if they were this
     # section's own (FLAT), so run keys written before the sections existed stay what they were.
+    retrain_when: Literal["always", "drift", "degraded"] = Field(
+        "always", description="always: every run trains. drift: a run trains when a feature of the data new since "
+        "the champion was trained drifted (PSI over train.drift_threshold) or the champion scores worse on it than "
+        "when it was promoted (by more than eval.min_delta); otherwise it keeps the champion, says why and costs "
+        "seconds. degraded: only the champion's score on the new data decides. A champion of another model.* or "
+        "other data columns always trains.", json_schema_extra=OPERATIONAL)
+    drift_threshold: float = Field(
+        0.2, gt=0, description="train.retrain_when: drift: the population stability index (PSI) over which a feature "
+        "counts as drifted (0.1-0.2 is commonly read as moderate, over 0.2 as large).", json_schema_extra=OPERATIONAL)
     optim: OptimConfig = Field(default_factory=OptimConfig, json_schema_extra=FLAT_COMPUTED)
     schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, json_schema_extra=FLAT_COMPUTED)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, json_schema_extra=OPERATIONAL)

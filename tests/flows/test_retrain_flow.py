@@ -403,3 +403,20 @@ def test_packing_on_a_dask_cluster_that_shares_no_folder_is_byte_identical_to_se
 
     flow, single = objects("flow"), objects("serial")
     assert flow == single and len(flow) > 30
+
+
+def test_a_run_with_nothing_new_keeps_the_champion_says_why_and_trains_nothing(small_config: RetrainConfig) -> None:
+    from training.pipeline.run_report import KeptReport, read_report
+
+    first = _report(retrain(small_config))
+    assert first["promotion"]["promoted"]
+    small_config.train.retrain_when = "drift"
+    small_config.train.max_steps = 80  # another run key: without the check, this would train
+    state = retrain(small_config, return_state=True)
+    kept = read_report(Path(state.result()))
+    assert isinstance(kept, KeptReport) and Path(state.result()).parent.name == "kept"
+    assert kept.decision.reason == "no data new since the champion was trained" and not kept.decision.train
+    assert kept.champion is not None and kept.champion.sha256 == first["model"]["sha256"]
+    runs = _task_runs(state.state_details.flow_run_id)
+    assert {"pack-plan", "pack", "decide", "keep-champion"} <= set(runs) and "train" not in runs
+    assert "keeps the champion" in str(_artifacts(state.state_details.flow_run_id)["training-decision"].data)

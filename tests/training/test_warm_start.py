@@ -1,6 +1,14 @@
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
 from training.config import RetrainConfig
+from training.data.validation import category_hash
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
@@ -45,3 +53,61 @@ def test_no_champion_means_fresh_start(small_config: RetrainConfig) -> None:
     trained = _run(small_config)
     assert trained.warm_start is not None and trained.warm_start.to_json() == {"requested": True, "used": False, "reason": "no champion yet: fresh start",
                                      "champion_sha256": None}
+
+
+def test_a_warm_start_grows_the_vocabulary_by_value_and_scores_as_the_champion_did(
+        tmp_path: Path, demo_source: Path) -> None:
+    """Day 2 brings brands day 1 never had. The warm-started model's vocabulary is the
+    champion's, in the champion's order, with the new brands after it; before it trains, it
+    scores every row exactly as the champion does: old categories through the champion's own
+    embedding rows, new ones through copies of the unknown category's row (as the champion saw
+    them)."""
+    from tests.conftest import small_overrides
+    from training.config import load_config
+    from training.data.features import FeatureStats
+    from training.model.network import ModelSchema, build_model, forward_fn
+    from training.model.package import load_package, load_warm_start
+    from training.pipeline.champion import check_champion
+    from training.pipeline.train_stage import build_train_job
+    from training.storage.root import StorageRoot
+
+    table = pq.read_table(demo_source)
+    brands = np.array([int(b[1:]) for b in table.column("brand").to_pylist()])  # "b17"
+    day1, day2 = table.filter(pa.array(brands < 150)), table
+    source = tmp_path / "days"
+    source.mkdir()
+    pq.write_table(day1, source / "day-1.parquet")
+    config = load_config(overrides=small_overrides(tmp_path / "root", source) + ["eval.target_auc=0.5"])
+    champion_run = _run(config)
+    pq.write_table(day2.slice(0, 3000), source / "day-2.parquet")
+
+    config.train.init_from = "champion"
+    packed = pack_stage(config)
+    assert packed.segments == 2 and packed.segments_packed == 1
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+    root = StorageRoot.from_config(config)
+    champion = check_champion(root, None)
+    assert champion is not None and champion.sha256 == champion_run.model.sha256
+    job, warm = build_train_job(config, packed, prep, champion)
+    assert warm.used, warm.reason
+    old_model, old_stats, _ = load_package(champion.package, None)
+    grown = FeatureStats.from_json(Path(job.stats_path).read_text())
+    brand = config.data.categorical.index("brand")
+    assert grown.vocab[brand][: len(old_stats.vocab[brand])] == old_stats.vocab[brand]  # by value, in place
+    assert len(grown.vocab[brand]) > len(old_stats.vocab[brand])  # the new brands, after the old ones
+    assert grown.mean == old_stats.mean and grown.std == old_stats.std
+
+    new_model = build_model(config.model, ModelSchema.of(grown))
+    load_warm_start(new_model, Path(job.init_weights or ""), job.init_sha256)
+    rows = day2.slice(0, 2048)
+    num = np.stack([rows.column(c).to_numpy().astype(np.float32) for c in config.data.numeric], axis=1)
+    cat = np.stack([category_hash(rows.column(c).combine_chunks()) for c in config.data.categorical], axis=1)
+    new_codes = ~np.isin(cat[:, brand], old_stats.vocab[brand])
+    assert new_codes.any() and (~new_codes).any()
+    scores = []
+    for model, stats in ((old_model, old_stats), (new_model, grown)):
+        x_num, x_cat = stats.transformer()(num, cat)
+        model.eval()
+        with torch.no_grad():
+            scores.append(forward_fn(model)({"num": torch.from_numpy(x_num), "cat": torch.from_numpy(x_cat)}))
+    assert torch.equal(scores[0], scores[1])

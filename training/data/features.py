@@ -18,7 +18,7 @@ import io
 import json
 import logging
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,7 +42,7 @@ from training.storage.files import read_json, sha256_file, write_atomic, write_j
 
 __all__ = ["PREPROCESS_VERSION", "FeatureStats", "FeatureTransform", "fit_feature_stats", "preprocess_key",
            "verified_feature_stats", "checksum_path", "derived_rels", "write_derived_arrays", "DERIVED_DIR",
-           "DERIVED_INDEX"]
+           "DERIVED_INDEX", "dataset_stats", "grown_for_warm_start"]
 
 Arrays = dict[str, np.ndarray]
 _CHUNK_MEMBERS = 16  # members transformed per call: 64k rows at the default 4096 per member
@@ -452,3 +452,23 @@ def write_derived_arrays(dataset_dir: Path, manifest: DatasetManifest, stats: Fe
     mean = total / pixels
     std = np.sqrt(np.maximum(total_sq / pixels - mean**2, 0.0))
     return mean.tolist(), np.where(std < 1e-6, 1.0, std).tolist()
+
+
+def grown_for_warm_start(champion: FeatureStats, dataset_dir: Path, manifest: DatasetManifest,
+                         config: PreprocessConfig) -> FeatureStats:
+    """The champion's statistics for a warm start on this dataset: its input scaling and its
+    vocabularies as they are (an embedding row keeps meaning the same category), each vocabulary
+    grown by the categories this dataset's train split adds, most frequent first, up to
+    `preprocess.max_vocab`. A new category's index comes after every old one, so the champion's
+    weights load as they are, plus fresh rows (`training.model.package.load_warm_start`). The
+    drift reference describes this dataset: the model is trained on it."""
+    merged = dataset_stats(dataset_dir, manifest)
+    vocab = []
+    for old, counts in zip(champion.vocab, merged.categories, strict=True):
+        room = config.max_vocab - len(old)
+        known = set(old)
+        new = [h for h in _vocabulary(counts.values, counts.counts, config) if h not in known] if room > 0 else []
+        vocab.append([*old, *new[:max(room, 0)]])
+    return replace(champion, vocab=vocab, segments=[s.key for s in manifest.segments],
+                   drift=drift_reference(merged, list(manifest.numeric), list(manifest.categorical))
+                   .model_dump(mode="json"))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +153,12 @@ class DatasetManifest:
             raise DataError(f"{self.where(ref.source)}: label column '{self.label}' has value {ref.classes[i]!r}{at}, which is not a "
                             "class of the train split; add train rows with it or drop the row")
         return np.array([index[v] for v in ref.classes], dtype=np.int64)
+
+    def restricted_to(self, keys: set[str]) -> DatasetManifest:
+        """This dataset with only the segments `keys` (to score some of its rows)."""
+        segments = [s for s in self.segments if s.key in keys]
+        return replace(self, segments=segments, shards=[s for s in self.shards if s.segment in keys],
+                       rows={split: sum(s.rows[split] for s in segments) for split in SPLITS})
 
     def shards_of(self, split: str | tuple[str, ...]) -> list[ShardInfo]:
         splits = (split,) if isinstance(split, str) else split

@@ -64,7 +64,7 @@ def predict_split(
 
 def evaluate_package(
     package_dir: Path, dataset_dir: Path, manifest: DatasetManifest, trusted_factory: str | None,
-    split: str = "test", expected_meta_sha256: str | None = None,
+    split: str | tuple[str, ...] = "test", expected_meta_sha256: str | None = None,
 ) -> dict[str, float]:
     """Every metric of the task (exact) of a model package on a split, with its own feature
     statistics, and the row count."""

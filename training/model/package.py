@@ -112,5 +112,20 @@ def load_warm_start(model: torch.nn.Module, weights: Path, sha256: str | None) -
         raise CheckpointError(f"warm start: cannot load {weights} ({err})") from None
     if sha256 is not None and weights_sha256(state) != sha256:
         raise CheckpointError(f"warm start: {weights} does not match the champion's sha256 (corrupted)")
-    model.load_state_dict(state)
+    model.load_state_dict(_grown_embeddings(state, model.state_dict()))
     log.info("warm start from %s", weights)
+
+
+def _grown_embeddings(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The champion's weights for a model whose categorical vocabularies grew: a grown
+    embedding table keeps the champion's rows, and each new category's row starts as a copy of
+    row 0, the unknown category's. The warm-started model then scores every row exactly as the
+    champion did (a new category was unknown to it), and training moves the new rows apart."""
+    out = dict(state)
+    for name, tensor in state.items():
+        wanted = target.get(name)
+        if (wanted is not None and name.startswith("embeddings.") and tensor.dim() == 2
+                and wanted.shape[1:] == tensor.shape[1:] and wanted.shape[0] > tensor.shape[0]):
+            fresh = tensor[:1].expand(wanted.shape[0] - tensor.shape[0], -1)
+            out[name] = torch.cat([tensor, fresh])
+    return out

@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["Evaluation", "LaunchPhases", "PackResult", "PrepResult", "Promotion", "StageEnds", "StageStates"]
+__all__ = ["Evaluation", "LaunchPhases", "PackResult", "PrepResult", "Promotion", "StageEnds", "StageStates",
+           "TrainingDecision"]
 
 
 class _Result(BaseModel):
@@ -125,3 +126,20 @@ class StageEnds(BaseModel):
             previous = end
         return out
 
+
+class TrainingDecision(_Result):
+    """Whether this run trains, and why (a report field and a Prefect artifact)."""
+
+    train: bool
+    reason: str
+    mode: str  # train.retrain_when
+    new_segments: int = 0
+    new_rows: int = 0
+    drift: dict[str, float] = {}  # PSI of each feature on the new rows
+    drifted: list[str] = []  # the features over the threshold
+    threshold: float = 0.0
+    metric: str = ""
+    champion_sha256: str | None = None
+    champion_metric: float | None = None  # the test metric it was promoted on
+    champion_metric_new: float | None = None  # on the new rows
+    seconds: float = 0.0

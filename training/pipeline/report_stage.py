@@ -14,11 +14,13 @@ from pydantic import BaseModel, ConfigDict
 from training.config import RetrainConfig
 from training.cost.bill import CostReport, compute_cost, naive_counterfactual, restarting_counterfactual, storage_cost
 from training.cost.utilization import utilization_summary
-from training.pipeline.handoffs import Evaluation, LaunchPhases, PackResult, PrepResult, StageEnds, StageStates
+from training.pipeline.handoffs import (Evaluation, LaunchPhases, PackResult, PrepResult, StageEnds, StageStates,
+                                        TrainingDecision)
 from training.pipeline.report_markdown import render_curves, render_markdown
 from training.pipeline.run_report import (
     Durations,
     EvaluateSummary,
+    KeptReport,
     PackSummary,
     Phases,
     PreemptionSummary,
@@ -103,6 +105,7 @@ def report_stage(
     config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
     evaluation: Evaluation, stage_states: StageStates, flow_run_id: str | None = None,
     launch: LaunchPhases | None = None, stage_ends: StageEnds | None = None,
+    decision: TrainingDecision | None = None,
 ) -> ReportPaths:
     """Write report.json, curves.png and report.md into the run folder; return their paths.
     `flow_run_id` is the Prefect flow run that wrote it (None outside Prefect); `launch` what
@@ -112,6 +115,7 @@ def report_stage(
     run_dir = Path(trained.run_dir)
     root = StorageRoot.from_config(config)
     report = _report(config, packed, prep, trained, evaluation, stage_states, flow_run_id)
+    report.decision = decision if decision is not None and decision.mode != "always" else None
     curves = render_curves(trained.history, run_dir / "curves.png", evaluation.metric)
     tracker = tracker_for(config, trained.run_key, run_dir)
     if tracker is not None:
@@ -224,3 +228,28 @@ def _report(config: RetrainConfig, packed: PackResult, prep: PrepResult, trained
         warm_start=trained.warm_start, steps_to_target=trained.steps_to_target, bayes_auc=packed.bayes_auc,
         prefect_flow_run_id=flow_run_id, pipeline_started_at=packed.started_at,
     )
+
+
+def kept_report_stage(config: RetrainConfig, packed: PackResult, decision: TrainingDecision,
+                      flow_run_id: str | None = None) -> str:
+    """Write runs/kept/<flow run>.json for a run that kept the champion; its path."""
+    from training.model.model_ref import ModelRef, read_pointer
+
+    root = StorageRoot.from_config(config)
+    started = time.time()
+    found, _ = root.fetch_versioned("models/champion")
+    pointer = read_pointer(found) if found is not None else None
+    champion = None if pointer is None else ModelRef(uri=pointer.uri, sha256=pointer.sha256,
+                                                     meta_sha256=pointer.meta_sha256)
+    rate, gpus = config.cost.rate()
+    seconds = {"pack": packed.seconds, "decide": decision.seconds}
+    report = KeptReport(
+        decision=decision, dataset=packed.fingerprint, source=packed.source, rows=packed.rows, champion=champion,
+        durations=seconds, compute=compute_cost(seconds, rate, gpus), tags=dict(config.cost.tags),
+        prefect_flow_run_id=flow_run_id, storage=packed.storage)
+    rel = f"runs/kept/{flow_run_id or time.strftime('local-%Y%m%dT%H%M%S', time.gmtime(started))}.json"
+    path = root.path(rel)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, report.to_json())
+    root.publish(rel, RUN)
+    return str(path)

@@ -14,16 +14,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from training.cost.bill import CostReport
+from training.cost.bill import ComputeCost, CostReport
 from training.cost.utilization import Utilization
 from training.errors import StorageError
 from training.model.model_ref import ModelRef
-from training.pipeline.handoffs import Promotion
+from training.pipeline.handoffs import Promotion, TrainingDecision
 from training.pipeline.tracking import TrackingNotes
 from training.trainer.results import History, LoaderWorkers, Seconds, WarmStart
 from training.trainer.threads import ThreadPolicy
 
-__all__ = ["Phases", "PreemptionSummary", "ReportFiles", "RunReport", "StageSummaries"]
+__all__ = ["KeptReport", "Phases", "PreemptionSummary", "ReportFiles", "RunReport", "StageSummaries", "read_report"]
 
 
 class _Part(BaseModel):
@@ -159,6 +159,7 @@ class RunReport(_Part):
     files: ReportFiles | None = None
     storage: dict[str, Any] = {}  # where the run's files are (StorageRoot.environment_summary; never credentials)
     phases: Phases = Phases()
+    decision: TrainingDecision | None = None  # why it trained, under train.retrain_when drift or degraded
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -173,3 +174,37 @@ class RunReport(_Part):
             raise StorageError(f"{path} is not a readable run report ({first})") from None
         except OSError as err:
             raise StorageError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+class KeptReport(_Part):
+    """The report of a run that kept the champion (`train.retrain_when`): what it looked at and
+    why it did not train. Written to runs/kept/<flow run>.json."""
+
+    status: str = "kept_champion"
+    decision: TrainingDecision
+    dataset: str
+    source: str
+    rows: dict[str, int]
+    champion: ModelRef | None = None
+    durations: dict[str, float] = {}  # pack, decide
+    compute: ComputeCost
+    tags: dict[str, str] = {}
+    prefect_flow_run_id: str | None = None
+    storage: dict[str, Any] = {}
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def read_report(path: Path) -> RunReport | KeptReport:
+    """A run's report (it trained) or a kept-champion report, by what the file holds."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise StorageError(f"cannot read {path}: {err.strerror or err}") from None
+    if b'"kept_champion"' in raw:
+        try:
+            return KeptReport.model_validate_json(raw)
+        except ValueError as err:
+            raise StorageError(f"{path} is not a readable report ({str(err).splitlines()[0]})") from None
+    return RunReport.read(path)

@@ -4,6 +4,7 @@ other nodes of a multi-node run (`retrain join`)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -17,6 +18,7 @@ from training.data.features import (
     DERIVED_INDEX,
     FeatureStats,
     derived_rels,
+    grown_for_warm_start,
     preprocess_key,
     write_derived_arrays,
 )
@@ -85,7 +87,8 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None,
         return None, f"the champion predicts something else ({other}): fresh start"
     return (
         WarmStartPlan(weights=str(package / "model.pt"), sha256=champion.sha256, stats=meta.feature_stats),
-        f"warm start from champion {champion.sha256[:12]} with its feature statistics",
+        f"warm start from champion {champion.sha256[:12]} with its feature statistics, its vocabularies grown "
+        "by this dataset's new categories",
     )
 
 
@@ -106,17 +109,18 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     warm, warm_reason = warm_start_plan(config, champion, manifest)
     init_sha = None
     if warm is not None:
-        # Embedding rows and input scaling must mean what they meant for the champion, so the
-        # warm-started model keeps the champion's preprocessing; unseen categories share index 0.
+        # Embedding rows and input scaling must mean what they meant for the champion: the
+        # warm-started model keeps the champion's preprocessing, its vocabularies grown by this
+        # dataset's new categories (the built-in model; a user's model keeps them as they are).
         init_sha = warm.sha256
-        # The champion's token ids and pixels of *this* dataset live beside its statistics, so
-        # with text or image columns the folder is per dataset too: another dataset's arrays
-        # (same shard names) must never be read for this one.
-        per_dataset = f"-{packed.fingerprint[:16]}" if manifest.text or manifest.image else ""
-        stats_path = root.path(f"preprocess/champion-{init_sha[:16]}{per_dataset}/feature_stats.json")
+        stats = FeatureStats(**warm.stats)
+        if config.model.factory is None:
+            stats = grown_for_warm_start(stats, Path(packed.dataset_dir), manifest, config.preprocess)
+        # Per dataset: the vocabularies, token ids and pixels depend on it.
+        stats_path = root.path(f"preprocess/champion-{init_sha[:16]}-{packed.fingerprint[:16]}/feature_stats.json")
         if not stats_path.exists():
-            write_json_atomic(stats_path, warm.stats)
-        _derive_for(Path(packed.dataset_dir), manifest, FeatureStats(**warm.stats), stats_path.parent)
+            write_json_atomic(stats_path, json.loads(stats.to_json()))
+        _derive_for(Path(packed.dataset_dir), manifest, stats, stats_path.parent)
     elif manifest.text or manifest.image:  # preprocessing's token ids and pixels, on this machine
         for rel in derived_rels(str(Path(prep.stats_rel).parent), manifest):
             root.fetch(rel)
