@@ -13,7 +13,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import pytest
 
 from tests.conftest import s3_overrides, small_overrides
 from training.config import RetrainConfig, load_config
