@@ -18,9 +18,11 @@ from pathlib import Path
 
 from benchmarks import (
     bench_checkpoint,
+    bench_incremental,
     bench_lightning,
     bench_loading,
     bench_overhead,
+    bench_pack_memory,
     bench_packing,
     bench_peers,
     bench_predict,
@@ -55,6 +57,8 @@ SUITE = {
     "lightning": bench_lightning.run,
     "quality": bench_quality.run,
     "startup": bench_startup.run,
+    "incremental": bench_incremental.run,
+    "pack_memory": bench_pack_memory.run,
 }
 
 

@@ -420,8 +420,13 @@ class TrainConfig(_Section):
     init_from: Literal["none", "champion"] = Field(
         "none",
         description="champion: warm-start from the current champion when its architecture and feature "
-        "columns match (it then keeps the champion's preprocessing); otherwise a fresh start.",
-        json_schema_extra=COMPUTED)
+        "columns match (it then keeps the champion's preprocessing, its vocabularies grown by new categories); "
+        "otherwise a fresh start.", json_schema_extra=COMPUTED)
+    warm_steps: int | None = Field(
+        None, gt=0, description="Optimizer steps of a warm start. Empty: scaled to the data new since the champion "
+        "was trained, so that a run on data that grew by 5 % costs about 5 %: three times the new rows' share of the "
+        "train split, times train.max_steps, at least train.eval_every (one validation) and at most train.max_steps.",
+        json_schema_extra=COMPUTED_SINCE)
     batch_size: int = Field(
         512, gt=0, description="Rows per micro-batch, across all processes: each of N processes takes batch_size/N.",
         json_schema_extra=COMPUTED)

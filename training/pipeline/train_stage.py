@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -114,6 +115,8 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         # dataset's new categories (the built-in model; a user's model keeps them as they are).
         init_sha = warm.sha256
         stats = FeatureStats(**warm.stats)
+        config = config.model_copy(update={"train": config.train.model_copy(
+            update={"max_steps": warm_steps(config, manifest, stats)})})
         if config.model.factory is None:
             stats = grown_for_warm_start(stats, Path(packed.dataset_dir), manifest, config.preprocess)
         # Per dataset: the vocabularies, token ids and pixels depend on it.
@@ -139,6 +142,19 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     warm_start = WarmStart(requested=config.train.init_from == "champion", used=warm is not None,
                            reason=warm_reason, champion_sha256=init_sha)
     return job, warm_start
+
+
+def warm_steps(config: RetrainConfig, manifest: DatasetManifest, champion: FeatureStats) -> int:
+    """A warm start's optimizer steps: train.warm_steps, or scaled to the share of the train
+    split that is new since the champion was trained (see its description). A champion whose
+    statistics list no segments (fitted before segment datasets) counts as having seen nothing."""
+    t = config.train
+    if t.warm_steps is not None:
+        return t.warm_steps
+    seen = set(champion.segments)
+    new = sum(s.rows["train"] for s in manifest.segments if s.key not in seen) if manifest.segments else 0
+    share = new / max(1, manifest.rows["train"]) if seen else 1.0
+    return max(min(t.eval_every, t.max_steps), min(t.max_steps, math.ceil(3 * share * t.max_steps)))
 
 
 def _derive_for(dataset_dir: Path, manifest: DatasetManifest, stats: FeatureStats, stats_dir: Path) -> None:

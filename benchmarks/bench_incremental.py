@@ -1,0 +1,178 @@
+"""Incremental retraining: 30 daily files, then a 31st, then a 32nd from the same distribution.
+
+The runs are the flow's stages in this process (pack, decide, preprocess, train, evaluate), so
+each is timed without Prefect's fixed start-up, on both sides of every ratio:
+
+- day 31's run: bytes read from the source against the new file's size; bytes written under
+  datasets/ against its share of the dataset; on moto's S3 server (in this process, on
+  127.0.0.1), bytes PUT against the new segment's files;
+- day 31's run warm-started from the champion (train.init_from: champion) against a run from
+  scratch on all 31 days (a fresh root: packing everything, training train.max_steps): wall
+  time and test AUC;
+- train.retrain_when: drift on no new data, and on a 32nd day like the others: wall time against
+  that run from scratch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from training.config import RetrainConfig, load_config
+from training.data.demo import ensure_demo_dataset
+
+DAYS, DAY_ROWS = 30, 200_000
+
+
+def _daily_files(work: Path, days: int, rows: int) -> list[Path]:
+    """`days` daily files cut from one draw of the demo generator: one distribution, one label model."""
+    full, _ = ensure_demo_dataset(work / "gen", rows=days * rows, seed=31)
+    table = pq.read_table(full)
+    out = work / "days"
+    out.mkdir()
+    paths = []
+    for d in range(days):
+        path = out / f"day-{d:02d}.parquet"
+        pq.write_table(table.slice(d * rows, rows), path, row_group_size=rows)
+        paths.append(path)
+    full.unlink()
+    return paths
+
+
+def _pipeline(config: RetrainConfig) -> dict[str, Any]:
+    """The retrain flow's stages, as the flow runs them; the wall time and what each returned."""
+    from training.pipeline.decide_stage import decide_stage
+    from training.pipeline.evaluate_stage import evaluate_stage
+    from training.pipeline.pack_stage import pack_stage
+    from training.pipeline.preprocess_stage import preprocess_stage
+    from training.pipeline.train_stage import train_stage
+
+    marks = [time.perf_counter()]
+    packed = pack_stage(config)
+    marks.append(time.perf_counter())
+    decision = decide_stage(config, packed)
+    marks.append(time.perf_counter())
+    out: dict[str, Any] = {"packed": packed, "decision": decision}
+    if decision.train:
+        prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+        marks.append(time.perf_counter())
+        trained = train_stage(config, packed, prep)
+        marks.append(time.perf_counter())
+        out.update(trained=trained, evaluation=evaluate_stage(config, packed, trained))
+        marks.append(time.perf_counter())
+    out["seconds"] = marks[-1] - marks[0]
+    names = ("pack", "decide", "preprocess", "train", "evaluate")
+    out["stages"] = {name: round(b - a, 2) for name, a, b in zip(names, marks, marks[1:], strict=False)}
+    return out
+
+
+def _du(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _config(root: Path, source: Path, *extra: str) -> RetrainConfig:
+    # eval.min_delta: the champion's AUC on 200k new rows wanders by about 0.002 around its test
+    # AUC with no change at all; a drop past 0.005 counts as degraded.
+    return load_config(overrides=[f"storage.root={root}", f"data.source={source}", "eval.min_delta=0.005",
+                                  *extra])
+
+
+def _s3_bytes_put(work: Path, files: list[Path], days: int) -> dict[str, Any]:
+    """Packing onto an s3:// root on moto's server: what day 31 uploads."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from training.pipeline.pack_stage import pack_stage
+
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "benchmark")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "benchmark")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+        raw = boto3.client("s3", endpoint_url=endpoint)
+        raw.create_bucket(Bucket="bench")
+        source = work / "s3-src"
+        source.mkdir()
+        for path in files[:days]:
+            os.link(path, source / path.name)
+        config = load_config(overrides=[f"data.source={source}", "storage.root=s3://bench/root",
+                                        f"storage.endpoint_url={endpoint}", f"storage.local_dir={work / 's3-local'}"])
+        pack_stage(config)
+
+        def objects() -> dict[str, int]:
+            pages = raw.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix="root/datasets/")
+            return {o["Key"]: o["Size"] for page in pages for o in page.get("Contents", [])}
+
+        before = objects()
+        os.link(files[days], source / files[days].name)
+        grown = pack_stage(config)
+        after = objects()
+        put = sum(size for key, size in after.items() if before.get(key) != size)
+        segment = [k for k in after if k not in before and k.endswith("/segment.json")]
+        segment_files = sum(size for key, size in after.items() if segment and key.startswith(segment[0][:-12]))
+        return {"s3_bytes_put": put, "s3_new_segment_bytes": segment_files,
+                "s3_put_over_new_segment": round(put / segment_files, 3),
+                "s3_uploaded_bytes_reported": grown.uploaded_bytes}
+    finally:
+        server.stop()
+
+
+def run(work: Path, days: int = DAYS, day_rows: int = DAY_ROWS, rounds: int = 3) -> dict[str, Any]:
+    files = _daily_files(work, days + 2, day_rows)
+    source = work / "src"
+    source.mkdir()
+    for path in files[:days]:
+        os.link(path, source / path.name)
+    root = work / "root"
+    champion = _pipeline(_config(root, source))
+
+    os.link(files[days], source / files[days].name)  # day 31 arrives
+    written_before = _du(root / "datasets")
+    warm = _pipeline(_config(root, source, "train.init_from=champion"))
+    written = _du(root / "datasets") - written_before
+    scratch = _pipeline(_config(work / "scratch-root", source))  # everything, from nothing
+    share = sum(s.bytes for s in _shards(scratch)) / (days + 1)
+
+    same = [_pipeline(_config(root, source, "train.retrain_when=drift"))["seconds"] for _ in range(rounds)]
+    os.link(files[days + 1], source / files[days + 1].name)  # day 32, like the others
+    calm = [_pipeline(_config(root, source, "train.retrain_when=drift")) for _ in range(rounds)]
+    full = scratch["seconds"]
+    packed = warm["packed"]
+    return {
+        "days": days, "rows_per_day": day_rows, "rounds_of_skipped_runs": rounds,
+        "day31_source_bytes_read": packed.source_bytes_read, "day31_file_bytes": files[days].stat().st_size,
+        "day31_read_over_file": round(packed.source_bytes_read / files[days].stat().st_size, 3),
+        "day31_bytes_written_under_datasets": written, "day31_share_of_dataset_bytes": round(share),
+        "day31_written_over_share": round(written / share, 3),
+        **_s3_bytes_put(work, files, days),
+        "champion_run_seconds": round(champion["seconds"], 1),
+        "warm_day31_seconds": round(warm["seconds"], 1), "scratch_31_days_seconds": round(full, 1),
+        "warm_over_scratch_seconds": round(warm["seconds"] / full, 3),
+        "warm_stage_seconds": warm["stages"], "scratch_stage_seconds": scratch["stages"],
+        "warm_steps": warm["trained"].steps, "scratch_steps": scratch["trained"].steps,
+        "warm_test_auc": round(warm["evaluation"].metrics["auc"], 4),
+        "scratch_test_auc": round(scratch["evaluation"].metrics["auc"], 4),
+        "warm_minus_scratch_test_auc": round(warm["evaluation"].metrics["auc"] - scratch["evaluation"].metrics["auc"], 4),
+        "no_new_data_seconds": [round(s, 2) for s in same],
+        "no_new_data_over_scratch": round(statistics.median(same) / full, 4),
+        "no_drift_day32_seconds": [round(c["seconds"], 2) for c in calm],
+        "no_drift_day32_over_scratch": round(statistics.median(c["seconds"] for c in calm) / full, 4),
+        "no_drift_day32_trained": [c["decision"].train for c in calm],
+        "no_drift_day32_reason": calm[0]["decision"].reason,
+        "no_drift_day32_max_psi": round(max(calm[0]["decision"].drift.values(), default=0.0), 4),
+    }
+
+
+def _shards(result: dict[str, Any]) -> list[Any]:
+    from training.data.manifest import require_manifest
+
+    return require_manifest(Path(result["packed"].dataset_dir)).shards
