@@ -36,11 +36,12 @@ def status(field):
             return int(line.split()[1]) * 1024
     return 0
 
-peak_anon = [0]
+peak_anon = {"pack": 0, "preprocess": 0}
+stage = ["pack"]
 done = threading.Event()
 def sample():
     while not done.is_set():
-        peak_anon[0] = max(peak_anon[0], status("RssAnon"))
+        peak_anon[stage[0]] = max(peak_anon[stage[0]], status("RssAnon"))
         time.sleep(0.02)
 threading.Thread(target=sample, daemon=True).start()
 base_rss, base_anon = status("VmRSS"), status("RssAnon")
@@ -48,11 +49,15 @@ config = load_config(overrides=[f"storage.root={root}", f"data.source={source}"]
 t0 = time.perf_counter()
 packed = pack_stage(config)
 t1 = time.perf_counter()
+pack_rss = status("VmHWM")
+stage[0] = "preprocess"
 preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
 t2 = time.perf_counter()
 done.set()
 print(json.dumps({"rows": sum(packed.rows.values()), "segments": packed.segments, "pack_seconds": t1 - t0,
-                  "preprocess_seconds": t2 - t1, "peak_rss": status("VmHWM"), "peak_anon": peak_anon[0],
+                  "preprocess_seconds": t2 - t1, "peak_rss": status("VmHWM"), "pack_peak_rss": pack_rss,
+                  "peak_anon": max(peak_anon.values()), "pack_peak_anon": peak_anon["pack"],
+                  "preprocess_peak_anon": peak_anon["preprocess"],
                   "base_rss": base_rss, "base_anon": base_anon}))
 """
 
@@ -81,6 +86,10 @@ def run(work: Path) -> dict[str, Any]:
         "peak_rss_mb": [round(small["peak_rss"] / mb), round(large["peak_rss"] / mb)],
         "peak_anon_mb": [round(small["peak_anon"] / mb), round(large["peak_anon"] / mb)],
         "rss_at_start_mb": [round(small["base_rss"] / mb), round(large["base_rss"] / mb)],
+        "pack_peak_rss_mb": [round(small["pack_peak_rss"] / mb), round(large["pack_peak_rss"] / mb)],
+        "pack_peak_anon_mb": [round(small["pack_peak_anon"] / mb), round(large["pack_peak_anon"] / mb)],
+        "preprocess_peak_anon_mb": [round(small["preprocess_peak_anon"] / mb),
+                                    round(large["preprocess_peak_anon"] / mb)],
         "peak_rss_60m_over_20m": round(large["peak_rss"] / small["peak_rss"], 3),
         "peak_anon_60m_over_20m": round(large["peak_anon"] / small["peak_anon"], 3),
         "pack_seconds": [round(small["pack_seconds"], 1), round(large["pack_seconds"], 1)],

@@ -40,9 +40,15 @@ SMALL_ROWS = 8000
 
 @pytest.fixture(scope="session")
 def demo_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small demo-generator Parquet file shared by the session (read-only by convention)."""
-    path, _ = ensure_demo_dataset(tmp_path_factory.mktemp("demo-src"), rows=SMALL_ROWS, seed=7)
-    return path
+    """A small demo-generator Parquet file shared by the session (read-only by convention), in
+    row groups of 2,000 rows: with `small_overrides` it packs into two segments, so the suite's
+    datasets are made of several, as a growing source's are."""
+    import pyarrow.parquet as pq
+
+    path, _ = ensure_demo_dataset(tmp_path_factory.mktemp("demo-gen"), rows=SMALL_ROWS, seed=7)
+    grouped = tmp_path_factory.mktemp("demo-src") / path.name
+    pq.write_table(pq.read_table(path), grouped, row_group_size=2000)
+    return grouped
 
 
 def small_overrides(root: Path, source: Path) -> list[str]:
@@ -51,6 +57,7 @@ def small_overrides(root: Path, source: Path) -> list[str]:
         f"data.source={source}",
         "data.rows_per_member=256",
         "data.shard_size_mb=0.06",
+        "data.segment_rows=4000",
         "train.batch_size=128",
         "train.max_steps=60",
         "train.eval_every=20",

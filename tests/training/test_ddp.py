@@ -24,8 +24,12 @@ WEIGHT_TOLERANCE = 1e-4
 AUC_TOLERANCE = 1e-4
 
 
+# Two segments of 6000 and 2000 rows, 9 train shards in all: the odd count the first test needs.
+DATA = ["data.segment_rows=6000", "data.shard_size_mb=0.07"]
+
+
 def _config(root: Path, source: Path, *extra: str):
-    return load_config(overrides=small_overrides(root, source) + ["train.checkpoint.every=10", *extra])
+    return load_config(overrides=small_overrides(root, source) + ["train.checkpoint.every=10", *DATA, *extra])
 
 
 def _weights(result: dict) -> dict[str, torch.Tensor]:
@@ -123,7 +127,7 @@ def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, t
         port = s.getsockname()[1]
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2")))
-    overrides = small_overrides(tmp_path / "nodes", demo_source) + [
+    overrides = small_overrides(tmp_path / "nodes", demo_source) + DATA + [
         "train.checkpoint.every=10", "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
     job = make_job(load_config(overrides=overrides))
     args = [sys.executable, "-m", "retrain_cli.main", "join", "--node-rank", "1"]
@@ -152,7 +156,7 @@ def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: st
     # the run finished first once in five clean-clone CI runs here.
     reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2",
                                                       "train.max_steps=300")))
-    overrides = small_overrides(tmp_path / "unused", demo_source) + s3_overrides(
+    overrides = small_overrides(tmp_path / "unused", demo_source) + DATA + s3_overrides(
         s3_bucket, s3_server, tmp_path / "machine-a") + ["train.checkpoint.every=10", "train.distributed.nproc_per_node=2",
                                                          "train.max_steps=300"]
     job = make_job(load_config(overrides=overrides))

@@ -19,11 +19,10 @@ from training.trainer.launch import run_training_process
 def _fill(disk: Path) -> Path:
     """Write a ballast file until the filesystem is full."""
     ballast = disk / "ballast"
-    with open(ballast, "wb") as f:
+    with open(ballast, "wb", buffering=0) as f:  # unbuffered: no bytes left to fail at close
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError as err:
             assert err.errno == errno.ENOSPC
     return ballast

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import small_overrides
+from tests.conftest import SMALL_ROWS, small_overrides
 from tests.training.helpers import make_job
 from training.trainer.events import ChildEvent
 from training.config import load_config
@@ -25,11 +25,15 @@ from training.config import load_config
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_run"
 
 
-def test_an_earlier_versions_checkpoint_resumes_to_its_weights(demo_source: Path, tmp_path: Path) -> None:
+def test_an_earlier_versions_checkpoint_resumes_to_its_weights(tmp_path: Path) -> None:
+    from training.data.demo import ensure_demo_dataset
     from training.trainer.run import train
 
     expected = json.loads((FIXTURE / "expected.json").read_text())
-    config = load_config(overrides=small_overrides(tmp_path / "root", demo_source))
+    source, _ = ensure_demo_dataset(tmp_path / "src", rows=SMALL_ROWS, seed=7)  # the file that version packed
+    # That version's overrides: data.segment_rows did not exist.
+    overrides = [o for o in small_overrides(tmp_path / "root", source) if not o.startswith("data.segment_rows")]
+    config = load_config(overrides=overrides)
     shutil.copytree(FIXTURE / "datasets", tmp_path / "root" / "datasets")
     job = make_job(config)
     assert job.run_key == expected["run_key"]  # the run key did not move

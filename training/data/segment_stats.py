@@ -27,6 +27,7 @@ from training.data.target import TargetStats
 __all__ = ["NUMERIC_SAMPLE_ROWS", "CategoryCounts", "SegmentStats", "SegmentStatsBuilder", "merge_stats"]
 
 NUMERIC_SAMPLE_ROWS = 4096  # rows of numerics kept a segment, for quantile bins (drift)
+MERGED_SAMPLE_ROWS = 65_536  # ... and at most (about) this many in a dataset's merged statistics
 
 
 @dataclass
@@ -125,19 +126,31 @@ def _merged(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.
     return merged.values, merged.counts
 
 
+def _thinned(values: np.ndarray, weights: np.ndarray, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    """At most about `cap` rows of a weighted sample: every k-th row, standing for k times as many."""
+    if len(values) <= cap:
+        return values, weights
+    k = -(-len(values) // cap)
+    return values[::k], weights[::k] * k
+
+
 def merge_stats(parts: list[SegmentStats]) -> SegmentStats:
-    """The statistics of the union of the segments' train rows."""
+    """The statistics of the union of the segments' train rows. The numeric sample is thinned as
+    it grows, so merging N segments holds a sample of at most MERGED_SAMPLE_ROWS rows, whatever N."""
     first = parts[0]
     numeric = first.numeric
     target = first.target
+    sample, weight = first.numeric_sample, first.numeric_sample_weight
     for part in parts[1:]:
         numeric = numeric.merge(part.numeric)
         if target is not None and part.target is not None:
             target = target.merge(part.target)
+        sample = np.concatenate([sample, part.numeric_sample])
+        weight = np.concatenate([weight, part.numeric_sample_weight])
+        if len(sample) > 2 * MERGED_SAMPLE_ROWS:
+            sample, weight = _thinned(sample, weight, MERGED_SAMPLE_ROWS)
     categories = [CategoryCounts.of([(p.categories[j].values, p.categories[j].counts) for p in parts])
                   for j in range(len(first.categories))]
-    return SegmentStats(
-        rows=sum(p.rows for p in parts), numeric=numeric,
-        numeric_sample=np.concatenate([p.numeric_sample for p in parts]),
-        numeric_sample_weight=np.concatenate([p.numeric_sample_weight for p in parts]),
-        categories=categories, target=target)
+    sample, weight = _thinned(sample, weight, MERGED_SAMPLE_ROWS)
+    return SegmentStats(rows=sum(p.rows for p in parts), numeric=numeric, numeric_sample=sample,
+                        numeric_sample_weight=weight, categories=categories, target=target)

@@ -82,11 +82,17 @@ class TargetStats:
         self.seen += y.size
 
     def merge(self, other: TargetStats) -> TargetStats:
+        """The labels of both; the sample thinned to about SAMPLE_ROWS labels (each kept label then
+        stands for more), so merging many segments holds a bounded sample."""
         out = TargetStats(0)
         out.seen = self.seen + other.seen
         out.raw = self.raw.merge(other.raw)
         out.logged = self.logged.merge(other.logged)
         out.samples = [*self.samples, *other.samples]
+        kept = sum(v.size for v, _ in out.samples)
+        if kept > 2 * SAMPLE_ROWS:
+            k = -(-kept // SAMPLE_ROWS)
+            out.samples = [(v[::k], w * k) for v, w in out.samples]
         return out
 
     def arrays(self) -> dict[str, np.ndarray]:
