@@ -158,6 +158,7 @@ def run(work: Path, days: int = DAYS, day_rows: int = DAY_ROWS, rounds: int = 3)
         "warm_day31_seconds": round(warm["seconds"], 1), "scratch_31_days_seconds": round(full, 1),
         "warm_over_scratch_seconds": round(warm["seconds"] / full, 3),
         "warm_stage_seconds": warm["stages"], "scratch_stage_seconds": scratch["stages"],
+        "warm_train_seconds": _train_seconds(warm), "scratch_train_seconds": _train_seconds(scratch),
         "warm_steps": warm["trained"].steps, "scratch_steps": scratch["trained"].steps,
         "warm_test_auc": round(warm["evaluation"].metrics["auc"], 4),
         "scratch_test_auc": round(scratch["evaluation"].metrics["auc"], 4),
@@ -170,6 +171,12 @@ def run(work: Path, days: int = DAYS, day_rows: int = DAY_ROWS, rounds: int = 3)
         "no_drift_day32_reason": calm[0]["decision"].reason,
         "no_drift_day32_max_psi": round(max(calm[0]["decision"].drift.values(), default=0.0), 4),
     }
+
+
+def _train_seconds(result: dict[str, Any]) -> dict[str, float]:
+    """Where the training stage's time went: the process's start-up, steps, validations, checkpoints."""
+    seconds = result["trained"].seconds
+    return {k: round(getattr(seconds, k), 2) for k in ("startup", "train", "eval", "checkpoint")}
 
 
 def _shards(result: dict[str, Any]) -> list[Any]:
