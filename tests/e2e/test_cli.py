@@ -130,8 +130,9 @@ def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("retrain: error: ") and named in last, last
     assert "Traceback" not in out.stderr and "TypeError" not in out.stderr, out.stderr[-3000:]
-    assert not list((tmp_path / "root" / "datasets").glob("*.partial-*"))  # nothing half-written left
-    assert not [p for p in (tmp_path / "root" / "datasets").iterdir() if p.is_dir()]
+    datasets = tmp_path / "root" / "datasets"
+    assert not list(datasets.glob("**/.partial-*"))  # nothing half-written left
+    assert not list(datasets.glob("*/manifest.json"))  # and no dataset of bad data
 
 
 def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
@@ -271,8 +272,8 @@ def test_a_running_local_server_is_used_instead_of_a_temporary_one(tmp_path: Pat
 
 def test_a_full_disk_while_packing_parts_is_one_line_and_leaves_nothing(
         tmp_path: Path, demo_source: Path, prefect_server) -> None:
-    """Pieces are memory-mapped: on a full disk an unallocated page used to be a SIGBUS
-    ("Bus error", exit 135, no message, the disk left full)."""
+    """Segments packed at once on a full disk: one line naming the shard, and no partial segment
+    left filling the disk."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -281,12 +282,14 @@ def test_a_full_disk_while_packing_parts_is_one_line_and_leaves_nothing(
     table = pq.read_table(demo_source)
     source = tmp_path / "src" / "big.parquet"
     source.parent.mkdir()
-    pq.write_table(pa.concat_tables([table] * 8), source, row_group_size=8000)  # 64,000 rows, 8 parts
+    pq.write_table(pa.concat_tables([table] * 8), source, row_group_size=8000)  # 64,000 rows, 8 segments
     with small_filesystem(tmp_path / "disk", 768) as disk:
-        args = _sets(small_overrides(disk / "root", source) + ["data.pack_parts=4"])
+        args = _sets(small_overrides(disk / "root", source) + ["data.pack_parts=4", "data.segment_rows=8000"])
         out = _retrain(args, tmp_path, env=prefect_server.env)
         assert out.returncode == 2, out.stderr[-3000:]
         last = out.stderr.strip().splitlines()[-1]
-        assert last.startswith("retrain: error: cannot write pack piece ") and "No space left" in last, last
+        assert last.startswith("retrain: error: cannot write shard ") and "No space left" in last, last
         assert "Traceback" not in out.stderr, out.stderr[-3000:]
-        assert not [p for p in (disk / "root" / "datasets").iterdir() if p.is_dir()]  # the partial folder is gone
+        datasets = disk / "root" / "datasets"
+        assert not list(datasets.glob("**/.partial-*"))  # the partial segments are gone
+        assert not list(datasets.glob("*/manifest.json"))

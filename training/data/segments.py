@@ -224,8 +224,10 @@ def pack_segment(source: Source, plan: SegmentPlan, config: DataConfig, segments
         manifest = _finish(packer, plan, config, ranges, groups, work_dir)
         reused = _publish(work_dir, segments_root / manifest.key)
     except BaseException:
-        packer.abort()
-        shutil.rmtree(work_dir, ignore_errors=True)
+        try:
+            packer.abort()
+        finally:
+            shutil.rmtree(work_dir, ignore_errors=True)  # nothing of this attempt is left behind
         raise
     return PackedSegment(manifest=manifest, source_bytes_read=source.bytes_read - before,
                          seconds=time.perf_counter() - t0, reused=reused)

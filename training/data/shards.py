@@ -165,7 +165,10 @@ class ShardTarWriter:
         else:
             self._error = self._error or OSError("aborted")  # queued writes skip
             self._executor.submit(lambda: None).result()
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:
+            pass  # its buffered bytes could not go either (a full disk): the file is deleted next
 
 
 @dataclass(frozen=True)
