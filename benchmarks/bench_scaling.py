@@ -91,6 +91,6 @@ def run(work: Path) -> dict[str, Any]:
         "step_ms_2_processes": round(step_seconds_2 * 1000, 3),
         "allreduce_share_of_2_process_step": round(measured / step_seconds_2, 3),
         "efficiency_estimate_if_only_allreduce_cost": round(1 / (1 + measured / (step_seconds_2 - measured)), 3),
-        "max_weight_diff_1_vs_2_processes": float(max((w1[k] - w2[k]).abs().max().item() for k in w1)),
+        "max_weight_diff_1_vs_2_processes": float(max((w1[k].double() - w2[k].double()).abs().max().item() for k in w1)),
         "val_auc_1_vs_2_processes": [results[1].best_val_auc, results[2].best_val_auc],
     }

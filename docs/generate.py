@@ -77,6 +77,8 @@ def _run_key(section: str, info: FieldInfo) -> str:
     if not extra.get("fingerprint"):
         return "no"
     keys = SECTION_KEYS.get(section, "run")
+    if "omit_value" in extra:
+        return f"{keys} (when not `{extra['omit_value']}`)"
     return f"{keys} (when not the default)" if extra.get("omit_default") else keys
 
 

@@ -50,7 +50,7 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
             forward_child_event(logger, event)
 
     logger.info("starting the training process: up to %d steps, a progress line every %d steps",
-                config.train.max_steps, config.train.eval_every)
+                config.train.max_steps, config.train.for_train_rows(packed.rows["train"]).validate_every)
     try:
         trained = train_stage(config, packed, prep, log_event, champion_val_metric)
     except Preempted:

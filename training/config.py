@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +73,13 @@ OPERATIONAL: dict[str, Any] = {"fingerprint": False}
 # fingerprint while it holds its default, so existing content addresses (and the runs that
 # resume under them) stay what they were; any other value is part of it.
 COMPUTED_SINCE: dict[str, Any] = {"fingerprint": True, "omit_default": True}
+# A computed field whose default changed: left out of the fingerprint while it holds the value
+# that reproduces the code before the change (set explicitly, an earlier run keeps its key); the
+# new default is part of it, so a run on the new default is a new run.
+def computed_before(legacy: Any) -> dict[str, Any]:
+    return {"fingerprint": True, "omit_value": legacy}
+
+
 # A computed section whose fields count as its parent's own: the parent's fingerprint is the
 # one it had before the fields were grouped into the section.
 FLAT_COMPUTED: dict[str, Any] = {"fingerprint": True, "flatten": True}
@@ -98,6 +106,8 @@ def fingerprinted(section: BaseModel) -> dict[str, Any]:
         value = getattr(section, name)
         extra = info.json_schema_extra
         if isinstance(extra, dict) and extra.get("omit_default") and value == info.get_default(call_default_factory=True):
+            continue
+        if isinstance(extra, dict) and "omit_value" in extra and value == extra["omit_value"]:
             continue
         if isinstance(extra, dict) and extra.get("flatten") and isinstance(value, BaseModel):
             view.update(fingerprinted(value))
@@ -192,6 +202,10 @@ class PreprocessConfig(_Section):
                             json_schema_extra=COMPUTED_SINCE)
     image_size: int = Field(32, ge=4, le=4096, description="data.image: images are decoded once, converted to RGB "
                             "and resized to image_size x image_size.", json_schema_extra=COMPUTED_SINCE)
+    numeric_bins: int = Field(
+        48, ge=2, le=1024, description="Quantile bins of each numeric column's train values, for "
+        "model.numeric_embedding: piecewise (fewer where a column has fewer distinct values).",
+        json_schema_extra=COMPUTED_SINCE)
     target_transform: Literal["auto", "standardize", "log1p", "quantile"] = Field(
         "auto", description="Regression: the label's transform for training, inverted exactly in evaluation, "
         "predict and the export. standardize; log1p (labels >= 0), then standardised; quantile (the train split's "
@@ -218,13 +232,15 @@ class ModelConfig(_Section):
     image_channels: list[int] = Field([32, 64], description="data.image: channels of each "
                                       "conv block of the CNN (each block halves the resolution).",
                                       json_schema_extra=COMPUTED_SINCE)
-    numeric_embedding: Literal["none", "periodic"] = Field(
-        "none", description="How numeric columns enter the MLP: none, as standardised values; periodic, each through "
-        "learned sin/cos features and a linear layer with ReLU (Gorishniy et al., \"On Embeddings for Numerical "
-        "Features in Tabular Deep Learning\", 2022; rtdl-num-embeddings' PeriodicEmbeddings).",
-        json_schema_extra=COMPUTED_SINCE)
-    numeric_embedding_dim: int = Field(24, gt=0, description="model.numeric_embedding: periodic: the width of each "
-                                       "numeric column's embedding.", json_schema_extra=COMPUTED_SINCE)
+    numeric_embedding: Literal["none", "periodic", "piecewise"] = Field(
+        "piecewise", description="How numeric columns enter the MLP: none, as standardised values; periodic, each "
+        "through learned sin/cos features and a linear layer with ReLU; piecewise, each through its piecewise-linear "
+        "encoding over preprocess.numeric_bins quantile bins of the train split and a linear layer (both from Gorishniy "
+        "et al., \"On Embeddings for Numerical Features in Tabular Deep Learning\", 2022, through "
+        "rtdl-num-embeddings; piecewise is the paper's version B, which starts as a linear embedding).",
+        json_schema_extra=computed_before("none"))
+    numeric_embedding_dim: int = Field(24, gt=0, description="model.numeric_embedding: periodic or piecewise: the "
+                                       "width of each numeric column's embedding.", json_schema_extra=COMPUTED_SINCE)
     numeric_frequency_scale: float = Field(
         0.01, gt=0, description="model.numeric_embedding: periodic: the standard deviation of the initial frequencies "
         "(the paper's sigma, its most sensitive setting; a search space can tune it).", json_schema_extra=COMPUTED_SINCE)
@@ -432,9 +448,14 @@ class TrainConfig(_Section):
         json_schema_extra=COMPUTED)
     grad_accum: int = Field(1, gt=0, description="Micro-batches per optimizer step; the loss is divided by it.",
                             json_schema_extra=COMPUTED)
-    eval_every: int = Field(200, gt=0, description="Validate every N optimizer steps.", json_schema_extra=COMPUTED)
-    patience: int = Field(5, ge=0, description="Validations without improvement before early stop; 0 disables.",
-                          json_schema_extra=COMPUTED)
+    eval_every: int | Literal["auto"] = Field(
+        "auto", description="Validate every N optimizer steps. auto: once an epoch of the train split (its rows / "
+        "(batch_size x grad_accum)), at least every 10 and at most every 200 steps: a small dataset is validated "
+        "often enough for early stopping to find its best step.", json_schema_extra=COMPUTED)
+    patience: int | Literal["auto"] = Field(
+        "auto", description="Validations without improvement before early stop; 0 disables. auto: as many as "
+        "make 500 optimizer steps, at least 5 (a noisy validation metric on a small split stops nothing early).",
+        json_schema_extra=COMPUTED)
     min_delta: float = Field(1e-4, ge=0, description="Smallest gain of the validation eval.metric that counts as "
                              "improvement.", json_schema_extra=COMPUTED)
     seed: int = Field(0, description="Seed of model init, data order and dropout.", json_schema_extra=COMPUTED)
@@ -492,9 +513,40 @@ class TrainConfig(_Section):
                              "from every node)")
         return self
 
+    @field_validator("eval_every", "patience", mode="before")
+    @classmethod
+    def _count_or_auto(cls, v: Any, info: Any) -> Any:
+        least = 1 if info.field_name == "eval_every" else 0
+        if isinstance(v, str) and v.strip().lower() == "auto":
+            return "auto"
+        if isinstance(v, bool) or not isinstance(v, int) or v < least:
+            raise ValueError(f"must be an integer >= {least} or auto")
+        return v
+
     @property
     def world_size(self) -> int:
         return self.distributed.world_size
+
+    def for_train_rows(self, rows: int) -> TrainConfig:
+        """This section with `auto` validation settings resolved for a train split of `rows`
+        rows (see train.eval_every and train.patience)."""
+        every = (self.eval_every if self.eval_every != "auto"
+                 else max(10, min(200, math.ceil(rows / (self.batch_size * self.grad_accum)))))
+        patience = self.patience if self.patience != "auto" else max(5, math.ceil(500 / every))
+        return self.model_copy(update={"eval_every": every, "patience": patience})
+
+    @property
+    def validate_every(self) -> int:
+        """train.eval_every, resolved (`for_train_rows`) before training reads it."""
+        if self.eval_every == "auto":
+            raise RuntimeError("train.eval_every is auto here: resolve it with for_train_rows first")
+        return self.eval_every
+
+    @property
+    def patience_validations(self) -> int:
+        if self.patience == "auto":
+            raise RuntimeError("train.patience is auto here: resolve it with for_train_rows first")
+        return self.patience
 
     def peak_lr(self) -> float:
         """optim.lr, scaled linearly with the effective batch when optim.lr_reference_batch is set."""
@@ -773,6 +825,10 @@ class RetrainConfig(_Section):
             self._check_space()
         return self
 
+    def for_train_rows(self, rows: int) -> RetrainConfig:
+        """This config with its data-dependent `auto` settings resolved for a train split of `rows` rows."""
+        return self.model_copy(update={"train": self.train.for_train_rows(rows)})
+
     def with_values(self, values: dict[str, Any], origin: str) -> RetrainConfig:
         """This config with each dotted key of `values` set (e.g. a tuning trial's parameters),
         validated; `origin` names where the values come from in an error."""
@@ -800,7 +856,12 @@ class RetrainConfig(_Section):
                 except ValidationError as err:
                     detail = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
                     raise SpaceError(f"tune.space.{dim.key}: {value!r} is not a valid value: {detail}") from None
-        t, every, last = self.tune, self.train.eval_every, self.train.max_steps
+        if self.train.eval_every != "auto":  # otherwise checked once the data is packed (check_rungs)
+            self.check_rungs()
+
+    def check_rungs(self) -> None:
+        """The rungs fit train.eval_every and train.max_steps (a SpaceError says how not)."""
+        t, every, last = self.tune, self.train.validate_every, self.train.max_steps
         if t.min_resource is not None and (t.min_resource % every or t.min_resource >= last):
             raise SpaceError(f"tune.min_resource ({t.min_resource}) must be a multiple of train.eval_every ({every}) "
                              f"and below train.max_steps ({last}): a trial reports at validated steps")
@@ -815,8 +876,8 @@ class RetrainConfig(_Section):
         t, last = self.tune, self.train.max_steps
         if t.pruner == "none":
             return [last]
-        step = t.min_resource or max(self.train.eval_every,
-                                     last // t.reduction_factor**2 // self.train.eval_every * self.train.eval_every)
+        every = self.train.validate_every
+        step = t.min_resource or max(every, last // t.reduction_factor**2 // every * every)
         rungs = []
         while step < last:
             rungs.append(step)

@@ -60,7 +60,7 @@ def test_two_ranks_match_one_process_and_see_equal_samples(demo_source: Path, tm
         assert abs(a.train_loss - b.train_loss) < 1e-4
     w1, w2 = _weights(one), _weights(two)
     assert set(w1) == set(w2)  # DDP's "module." prefix never reaches the package
-    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
+    assert max((w1[k].double() - w2[k].double()).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
 
 
 def test_killed_rank_fails_the_job_fast_and_the_retry_resumes_bit_identical(demo_source: Path, tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_resume_on_another_world_size_continues_the_same_batches(demo_source: Pa
     assert [e for e in events if e.event == "resumed"]
     assert result.world_size == 1 and result.steps == 60
     w1, w2 = _weights(reference), _weights(result)
-    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
+    assert max((w1[k].double() - w2[k].double()).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
 
 
 def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, tmp_path: Path, monkeypatch) -> None:
@@ -143,7 +143,7 @@ def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, t
     assert node1.returncode == 0, out[-3000:]
     assert result.world_size == 2 and result.steps == 60
     w1, w2 = _weights(reference), _weights(result)
-    assert max((w1[k] - w2[k]).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
+    assert max((w1[k].double() - w2[k].double()).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
 
 
 def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: str, demo_source: Path,

@@ -16,7 +16,8 @@ from training.trainer.run import train
 from training.data.features import FeatureStats
 from training.model.network import TabularMLP
 from training.model.objectives import BinaryTask
-from training.trainer.throughput import choose_num_workers, find_micro_batch, step_memory_bytes
+from training.trainer.throughput import (choose_num_workers, data_and_compute_seconds, find_micro_batch,
+                                         step_memory_bytes, workers_for)
 
 CPU = torch.device("cpu")
 BINARY = BinaryTask(FeatureStats([], [], [], [], []))
@@ -30,41 +31,45 @@ def _batch(n: int = 64) -> dict[str, torch.Tensor]:
     return {"num": torch.randn(n, 6), "cat": torch.zeros(n, 4, dtype=torch.long), "label": torch.zeros(n)}
 
 
-def test_workers_follow_the_measured_stall() -> None:
-    ready = _batch()
+def test_workers_follow_the_stall() -> None:
+    """The decision, on given seconds per batch (the timing itself is measured below)."""
     asked: list[int] = []
 
     def workers_fast(k: int) -> float:
         asked.append(k)
         return 0.0
 
-    fast = choose_num_workers(_model(), BINARY, lambda i: ready, CPU, None, workers_fast)
-    assert fast.num_workers == 0 and fast.stall_without_workers < 0.02
+    fast = workers_for(t_data=0.00002, t_compute=0.003, spare_cpus=3, worker_seconds=workers_fast)
+    assert fast.num_workers == 0 and fast.stall_without_workers < 0.01
     assert asked == []  # no stall: workers are not even tried
-
-    def slow(i: int):
-        time.sleep(0.02)  # a data path far slower than the step
-        return ready
-
-    starved = choose_num_workers(_model(), BINARY, slow, CPU, None, workers_fast)
-    assert starved.stall_without_workers > 0.5
-    spare = max(0, len(os.sched_getaffinity(0)) - torch.get_num_threads())  # cores the CPU step leaves idle
-    assert starved.spare_cpus == spare and starved.num_workers == min(8, spare)
-    assert asked == ([spare] if spare else [])
+    starved = workers_for(t_data=0.02, t_compute=0.003, spare_cpus=3, worker_seconds=workers_fast)
+    assert starved.stall_without_workers > 0.8 and starved.num_workers == 3 and asked == [3]  # capped by spare cores
+    roomy = workers_for(t_data=0.02, t_compute=0.003, spare_cpus=32, worker_seconds=workers_fast)
+    assert roomy.num_workers == 7  # ceil(0.02 / 0.003): each worker has a step of compute to fill
+    none_spare = workers_for(t_data=0.02, t_compute=0.003, spare_cpus=0, worker_seconds=workers_fast)
+    assert none_spare.num_workers == 0 and none_spare.worker_seconds_per_batch is None
 
 
 def test_auto_never_picks_workers_slower_than_in_process_loading() -> None:
     """Even when loading stalls the step, workers that deliver batches more slowly than the
     in-process path (as the per-batch hand-off did, 28x slower) are measured and refused."""
+    probe = workers_for(t_data=0.02, t_compute=0.003, spare_cpus=3, worker_seconds=lambda k: 0.5)
+    assert probe.stall_without_workers > 0.5 and probe.num_workers == 0 and probe.worker_seconds_per_batch == 0.5
+
+
+def test_the_probe_times_loading_and_the_step() -> None:
+    """Lower bounds only: a fetch that sleeps 20 ms takes at least that long, on any load."""
     ready = _batch()
 
     def slow(i: int):
         time.sleep(0.02)
         return ready
 
-    probe = choose_num_workers(_model(), BINARY, slow, CPU, None, lambda k: 0.5)
-    assert probe.stall_without_workers > 0.5 and probe.num_workers == 0
-    assert probe.worker_seconds_per_batch in (None, 0.5)  # None: no spare core to try them on
+    t_data, t_compute = data_and_compute_seconds(_model(), BINARY, slow, CPU, None)
+    assert t_data >= 0.02 and t_compute > 0
+    probe = choose_num_workers(_model(), BINARY, slow, CPU, None, lambda k: 0.0)
+    spare = max(0, len(os.sched_getaffinity(0)) - torch.get_num_threads())  # cores the CPU step leaves idle
+    assert probe.spare_cpus == spare and probe.data_seconds_per_batch >= 0.02
 
 
 def test_the_worker_probe_measures_real_workers(small_config: RetrainConfig) -> None:

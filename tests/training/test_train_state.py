@@ -17,7 +17,7 @@ from training.trainer.state import Progress, TrainState
 def _state(seed: int) -> TrainState:
     torch.manual_seed(seed)
     config = load_config(overrides=["train.max_steps=50", "train.schedule.warmup_steps=5", "train.patience=3"])
-    schema = ModelSchema("binary", 1, ["a", "b", "c", "d"], ["e", "f"], [5, 7])
+    schema = ModelSchema("binary", 1, ["a", "b", "c", "d"], ["e", "f"], [5, 7], numeric_bins=[[-1.0, 0.0, 1.0]] * 4)
     return TrainState.create(config, schema, device=torch.device("cpu"), precision="fp32")
 
 

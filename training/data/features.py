@@ -36,6 +36,7 @@ from training.data.segment_stats import SegmentStats, SegmentStatsBuilder, merge
 from training.data.segments import load_segment, read_stats
 from training.data.shard_cache import local_shard
 from training.data.shards import ShardReader, encode_npy
+from training.data.target import weighted_quantiles
 from training.data.text import TextEncoder, fit_tokenizer, tokenizers_version
 from training.errors import DataError
 from training.storage.files import read_json, sha256_file, write_atomic, write_json_atomic
@@ -85,6 +86,9 @@ class FeatureStats:
     # (training.data.drift.DriftReference as JSON), against which new data's drift is measured.
     segments: list[str] = field(default_factory=list)
     drift: dict[str, Any] = field(default_factory=dict)
+    # Since piecewise-linear numeric embeddings: each numeric column's quantile bin edges, in the
+    # standardised units the model sees (preprocess.numeric_bins bins at most).
+    numeric_bins: list[list[float]] = field(default_factory=list)
 
     @property
     def cardinalities(self) -> list[int]:
@@ -285,11 +289,17 @@ def verified_feature_stats(stats_path: Path) -> FeatureStats | None:
         expected = checksum_path(stats_path).read_text().strip()
         if hashlib.sha256(data).hexdigest() != expected:
             raise ValueError("sha256 mismatch")
-        return FeatureStats.from_json(data.decode())
+        stats = FeatureStats.from_json(data.decode())
     except (OSError, ValueError, TypeError, KeyError) as err:
         reason = "no checksum" if isinstance(err, FileNotFoundError) else str(err) or type(err).__name__
         log.warning("feature statistics %s failed verification (%s): fitting them again", stats_path, reason)
         return None
+    if stats.numeric and not stats.numeric_bins:
+        # Fitted by a version before piecewise-linear embeddings and drift references: the same
+        # statistics are fitted again, with what they lack.
+        log.info("feature statistics %s predate numeric bins and drift references: fitting them again", stats_path)
+        return None
+    return stats
 
 
 def fit_feature_stats(
@@ -371,6 +381,7 @@ def _tabular_stats(dataset_dir: Path, manifest: DatasetManifest, config: Preproc
         vector_dims=list(manifest.vector_dims), segments=[s.key for s in manifest.segments],
         drift=drift_reference(merged, list(manifest.numeric), list(manifest.categorical)).model_dump(mode="json"),
     )
+    stats.numeric_bins = _numeric_bins(merged, stats, config.numeric_bins)
     if merged.target is not None:
         try:
             fit = merged.target.fit(config.target_transform)
@@ -380,6 +391,24 @@ def _tabular_stats(dataset_dir: Path, manifest: DatasetManifest, config: Preproc
         stats.target_transform, stats.target_knots = fit.kind, fit.knots
         stats.label_mean, stats.label_std = fit.mean, fit.std
     return stats
+
+
+def _numeric_bins(merged: SegmentStats, stats: FeatureStats, bins: int) -> list[list[float]]:
+    """Each numeric column's quantile bin edges (at least two), in standardised units, from the
+    train rows' sample: nulls enter the model as 0, the mean, so they count as 0 here too."""
+    mean, std = np.asarray(stats.mean), np.asarray(stats.std)
+    levels = np.linspace(0.0, 1.0, bins + 1)
+    out = []
+    for j in range(len(stats.numeric)):
+        x = (merged.numeric_sample[:, j].astype(np.float64) - mean[j]) / std[j]
+        x = np.where(np.isfinite(x), x, 0.0)
+        order = np.argsort(x, kind="stable")
+        edges = np.unique(weighted_quantiles(x[order], merged.numeric_sample_weight[order], levels))
+        if edges.size < 2:  # a constant column: one bin around it
+            centre = float(edges[0]) if edges.size else 0.0
+            edges = np.array([centre - 1.0, centre + 1.0])
+        out.append([float(v) for v in edges])
+    return out
 
 
 def _vocabulary(values: np.ndarray, counts: np.ndarray, config: PreprocessConfig) -> list[int]:

@@ -53,6 +53,7 @@ class ModelSchema:
     image_size: int = 0
     image_mean: list[float] = field(default_factory=list)  # per RGB channel, 0-255 scale (train split)
     image_std: list[float] = field(default_factory=list)
+    numeric_bins: list[list[float]] = field(default_factory=list)  # per numeric column, in standardised units
 
     @classmethod
     def of(cls, stats: FeatureStats) -> ModelSchema:
@@ -61,7 +62,7 @@ class ModelSchema:
         return cls(stats.task, n_outputs, list(stats.numeric), list(stats.categorical), stats.cardinalities,
                    list(stats.vector), list(stats.vector_dims), list(stats.classes), list(stats.text), vocab_size,
                    stats.max_tokens, list(stats.image), stats.image_size, list(stats.image_mean),
-                   list(stats.image_std))
+                   list(stats.image_std), [list(b) for b in stats.numeric_bins])
 
 
 class ColumnsNet(nn.Module):
@@ -84,6 +85,9 @@ class ColumnsNet(nn.Module):
             self.numeric_embedding = PeriodicEmbeddings(len(schema.numeric), config.numeric_embedding_dim,
                                                         frequency_init_scale=config.numeric_frequency_scale,
                                                         lite=False)
+            numeric_width = len(schema.numeric) * config.numeric_embedding_dim
+        elif config.numeric_embedding == "piecewise" and schema.numeric:
+            self.numeric_embedding = _piecewise(schema, config.numeric_embedding_dim)
             numeric_width = len(schema.numeric) * config.numeric_embedding_dim
         width = numeric_width + embedding_dim * len(schema.cardinalities) + sum(schema.vector_dims)
         self.text_encoder: TextEncoder | None = None
@@ -128,6 +132,26 @@ class ColumnsNet(nn.Module):
         return out.squeeze(-1) if out.shape[-1] == 1 else out
 
 
+def _piecewise(schema: ModelSchema, width: int) -> nn.Module:
+    """Piecewise-linear encodings over the train split's quantile bins, then a linear layer per
+    column (the paper's PLE; version B, its recommended initialisation)."""
+    import warnings
+
+    from rtdl_num_embeddings import PiecewiseLinearEmbeddings
+
+    if len(schema.numeric_bins) != len(schema.numeric):
+        raise ConfigError("model.numeric_embedding: piecewise needs the numeric bins that preprocessing fits; these "
+                          "feature statistics have none (refit them: run the same command again)")
+    bins = [torch.tensor(edges, dtype=torch.float32, device="cpu") for edges in schema.numeric_bins]
+    # Built on the CPU even inside a meta-device context (the memory estimate builds models
+    # there): rtdl reads the edges back as numbers while it builds the encoding.
+    with warnings.catch_warnings(), torch.device("cpu"):
+        # A binary or constant column has one bin, which rtdl warns about; it is a scaled copy of
+        # the column, as intended.
+        warnings.filterwarnings("ignore", message=".*has just two bin edges.*")
+        return PiecewiseLinearEmbeddings(bins, width, activation=False, version="B")
+
+
 class TabularMLP(ColumnsNet):
     """The binary MLP over numerics and categoricals, called as model(x_num, x_cat)."""
 
@@ -135,7 +159,8 @@ class TabularMLP(ColumnsNet):
                  dropout: float = 0.0, gradient_checkpointing: bool = False) -> None:
         schema = ModelSchema("binary", 1, [f"n{i}" for i in range(n_numeric)],
                              [f"c{i}" for i in range(len(cardinalities))], list(cardinalities))
-        super().__init__(schema, hidden, embedding_dim, dropout, gradient_checkpointing)
+        super().__init__(schema, hidden, embedding_dim, dropout, gradient_checkpointing,
+                         ModelConfig(numeric_embedding="none"))  # its numerics enter as they are
         setattr(self, _LEGACY, True)
 
     def forward(self, x_num: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]

@@ -36,7 +36,8 @@ class PackageMeta(BaseModel):
     tags: dict[str, str] = {}
 
     def model(self) -> ModelConfig:
-        return ModelConfig(**self.architecture)
+        # A package written before model.numeric_embedding existed took its numerics as they are.
+        return ModelConfig(**{"numeric_embedding": "none", **self.architecture})
 
     def stats(self) -> FeatureStats:
         return FeatureStats(**self.feature_stats)

@@ -91,7 +91,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     data_seconds = time.perf_counter() - t0
 
     # Calibrate: the real loop, on the real data and model, for a few steps in a scratch folder.
-    tc = config.train
+    tc = config.train.for_train_rows(packed.rows["train"])
     steps = min(calibration_steps, tc.max_steps)
     calib = config.model_copy(deep=True)
     calib.train.max_steps = steps
@@ -110,7 +110,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     per_step = seconds.train / steps
     per_eval = seconds.eval  # one validation pass
     per_save = seconds.checkpoint
-    evals = -(-tc.max_steps // tc.eval_every)
+    evals = -(-tc.max_steps // tc.validate_every)
     mode, value = tc.checkpoint.interval()
     interval_s = per_step * value if mode == "steps" else value if mode == "seconds" else (
         (2 * max(per_save, 1e-3) * tc.checkpoint.mean_seconds_between_preemptions) ** 0.5)

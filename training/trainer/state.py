@@ -153,7 +153,7 @@ class TrainState:
         # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         return cls(model, optimizer, scheduler, scaler,
-                   EarlyStopping(tc.patience, tc.min_delta, higher_is_better=higher_is_better))
+                   EarlyStopping(tc.patience_validations, tc.min_delta, higher_is_better=higher_is_better))
 
     def _parts(self) -> dict[str, _Stateful]:
         # The checkpoint's keys. "run" is the Progress (its name in every checkpoint so far).

@@ -116,13 +116,13 @@ class StopPolicy:
         tc = self.train
         # Budgets: at a validation, stop if the next interval would cross a limit; at any step,
         # stop once a limit is crossed (a step far slower than the average so far).
-        over = self.budget.exceeded(progress, tc.eval_every if validated else 0)
+        over = self.budget.exceeded(progress, tc.validate_every if validated else 0)
         if over is not None:
             return Decision("budget_stopped", over, validate_first=not validated)
         if not validated:
             return CONTINUE
         if stopper.should_stop:
-            return Decision("early_stopped", f"no validation {metric_name(self.metric)} gain > {tc.min_delta} in {tc.patience} validations")
+            return Decision("early_stopped", f"no validation {metric_name(self.metric)} gain > {tc.min_delta} in {tc.patience_validations} validations")
         if self.gate:
             gated = champion_gate(progress.history, self.champion_value, self.min_delta_vs_champion, tc.max_steps,
                                   self.metric, self.higher_is_better)

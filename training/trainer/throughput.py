@@ -82,22 +82,27 @@ def data_and_compute_seconds(model: torch.nn.Module, task: Task, fetch: Callable
 def _choose_num_workers(model: torch.nn.Module, task: Task, fetch: Callable[[int], Batch], device: torch.device,
                         dtype: torch.dtype | None, worker_seconds: Callable[[int], float], probes: int
                         ) -> WorkersProbe:
-    """Workers for `train.loader.num_workers: auto`, from the measured stall of in-process loading.
-
-    Times `probes` batch fetches and `probes` forward/backward passes (on a copy of the model);
-    with no workers the loop waits `t_data` per step, so the stall is t_data / (t_data +
-    t_compute). Below STALL_TARGET: 0 workers. Otherwise enough workers that each has a whole
-    step of compute time to produce its batch, ceil(t_data / t_compute), capped by the cores
-    the training process leaves idle; and only if `worker_seconds(k)`, the measured seconds per
-    batch those k workers deliver, beats in-process loading (workers must copy every batch out
-    of its shard and hand it over, which in-process loading never does)."""
+    """Workers for `train.loader.num_workers: auto`: times `probes` batch fetches and `probes`
+    forward/backward passes (on a copy of the model), then `workers_for` decides."""
     t_data, t_compute = data_and_compute_seconds(model, task, fetch, device, dtype, probes)
-    stall = t_data / (t_data + t_compute) if t_data + t_compute > 0 else 0.0
     # A worker helps only on a core the training process leaves idle: on CPU its intra-op
     # threads take torch.get_num_threads() cores (a worker there competes with the step and
     # was measured 3.5x slower on a 2-core box); on an accelerator the process needs one.
     busy = torch.get_num_threads() if device.type == "cpu" else 1
     spare_cpus = max(0, math.floor(usable_cpus(cgroup_quota())) - busy)
+    return workers_for(t_data, t_compute, spare_cpus, worker_seconds)
+
+
+def workers_for(t_data: float, t_compute: float, spare_cpus: int, worker_seconds: Callable[[int], float]
+                ) -> WorkersProbe:
+    """The decision, from the measured seconds per batch of in-process loading (`t_data`) and
+    of a forward/backward pass (`t_compute`): with no workers the loop waits `t_data` per step,
+    so the stall is t_data / (t_data + t_compute). Below STALL_TARGET: 0 workers. Otherwise
+    enough workers that each has a whole step of compute time to produce its batch,
+    ceil(t_data / t_compute), capped by the spare cores; and only if `worker_seconds(k)`, the
+    measured seconds per batch those k workers deliver, beats in-process loading (workers must
+    copy every batch out of its shard and hand it over, which in-process loading never does)."""
+    stall = t_data / (t_data + t_compute) if t_data + t_compute > 0 else 0.0
     workers = 0 if stall < STALL_TARGET else min(MAX_WORKERS, spare_cpus, math.ceil(t_data / max(t_compute, 1e-9)))
     t_workers = worker_seconds(workers) if workers else None
     if t_workers is not None and t_workers >= t_data:

@@ -89,6 +89,9 @@ class Trainer:
         configure_determinism(self.tc.deterministic, self.device)
         self.dataset_dir = Path(job.dataset_dir)
         self.manifest = require_manifest(self.dataset_dir)
+        # `auto` validation settings follow this dataset's train split (train.eval_every, train.patience).
+        self.config = self.config.for_train_rows(self.manifest.rows["train"])
+        self.tc = self.config.train
         self.stats = FeatureStats.from_json(Path(job.stats_path).read_text())
         # Token ids and pixels stored by preprocessing beside the statistics (see features.py).
         self.transform = self.stats.transformer(Path(job.stats_path).parent / DERIVED_DIR)
@@ -310,7 +313,7 @@ class Trainer:
         """Validate when due, decide whether to stop, agree across ranks, checkpoint when due."""
         progress, tc, leader = self.state.progress, self.tc, self.rank == 0
         improved = False
-        validated = progress.step % tc.eval_every == 0 or progress.step == tc.max_steps
+        validated = progress.step % tc.validate_every == 0 or progress.step == tc.max_steps
         if validated and self.world_size > 1:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)  # the global batch's loss, as with one process
         if validated and leader:

@@ -47,6 +47,7 @@ def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 
 def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                 on_event: Callable[[ChildEvent], None]) -> Study:
+    config = _resolved(config, packed)
     _check_space_fits(config, prep)
     root = StorageRoot.from_config(config)
     key = study_key(config, packed.fingerprint)
@@ -68,6 +69,20 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                     "price" if study.budget.rate == 0 else "GPUs")
     study.check_first_rung()
     return study
+
+
+def _resolved(config: RetrainConfig, packed: PackResult) -> RetrainConfig:
+    """The study's config with train.eval_every and train.patience resolved for this data: the
+    rungs are multiples of the validation interval."""
+    from training.errors import ConfigError
+    from training.search_space import SpaceError
+
+    resolved = config.for_train_rows(packed.rows["train"])
+    try:
+        resolved.check_rungs()
+    except SpaceError as err:
+        raise ConfigError(f"{err} (train.eval_every auto is {resolved.train.validate_every} for this dataset)") from None
+    return resolved
 
 
 def _check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
