@@ -1,4 +1,4 @@
-"""Checkpoint stall per save vs a plain torch.save, and restart-to-first-step for a ~100 MB state."""
+"""Checkpoint stall per save vs a plain torch.save, idle and beside a one-core CPU burner, and restart-to-first-step for a ~100 MB state."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import demo_parquet, signal_at_step, train_job
+from benchmarks.common import demo_parquet, outside_load, signal_at_step, train_job
 from training.trainer.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
@@ -44,15 +44,11 @@ def _import_floor() -> float:
     return time.perf_counter() - t0
 
 
-def run(work: Path) -> dict[str, Any]:
-    state = _state()
-    state_mb = sum(t.numel() * t.element_size() for t in state["model"].values()) * 3 / 1e6
-    ckpt_root = work / "ckpt"
-    checkpointer = AsyncCheckpointer(ckpt_root, keep_last=2)
-
-    # Interleaved rounds, medians with every round beside them (never the best round): each
-    # round times one background save's stall, a plain torch.save and a synchronous verified save.
+def _stall_rounds(work: Path, checkpointer: AsyncCheckpointer, state: dict[str, Any]) -> dict[str, Any]:
+    """Interleaved rounds, medians with every round beside them (never the best round): each
+    round times one background save's stall, a plain torch.save and a synchronous verified save."""
     stalls, plains, syncs = [], [], []
+    background0 = checkpointer.background_seconds
     for step in range(1, ROUNDS + 1):
         checkpointer.wait()  # measure the stall alone, not waiting on the previous write
         t0 = time.perf_counter()
@@ -67,6 +63,27 @@ def run(work: Path) -> dict[str, Any]:
         save_checkpoint(work / "sync", CheckpointManifest(1, "bench", "bench", {}), state)
         syncs.append(time.perf_counter() - t0)
     ratios = [a / b for a, b in zip(stalls, plains, strict=True)]
+    return {
+        "loop_stall_per_save_seconds": round(statistics.median(stalls), 4),
+        "loop_stall_per_save_seconds_per_round": [round(x, 4) for x in stalls],
+        "background_write_seconds": round((checkpointer.background_seconds - background0) / len(stalls), 3),
+        "synchronous_verified_save_seconds": round(statistics.median(syncs), 3),
+        "plain_torch_save_seconds": round(statistics.median(plains), 3),
+        "plain_torch_save_seconds_per_round": [round(x, 3) for x in plains],
+        "stall_ratio_vs_torch_save": round(statistics.median(ratios), 3),
+        "stall_ratio_vs_torch_save_per_round": [round(x, 3) for x in ratios],
+    }
+
+
+def run(work: Path) -> dict[str, Any]:
+    state = _state()
+    state_mb = sum(t.numel() * t.element_size() for t in state["model"].values()) * 3 / 1e6
+    ckpt_root = work / "ckpt"
+    checkpointer = AsyncCheckpointer(ckpt_root, keep_last=2)
+
+    idle = _stall_rounds(work, checkpointer, state)
+    with outside_load(True):
+        loaded = _stall_rounds(work, checkpointer, state)
 
     source = demo_parquet(work, 200_000)
     job = train_job(work, "restart", [f"data.source={source}", f"model.hidden={WIDE}", "train.max_steps=100000",
@@ -82,14 +99,8 @@ def run(work: Path) -> dict[str, Any]:
     return {
         "state_mb": round(state_mb, 1),
         "rounds": ROUNDS,
-        "loop_stall_per_save_seconds": round(statistics.median(stalls), 4),
-        "loop_stall_per_save_seconds_per_round": [round(x, 4) for x in stalls],
-        "background_write_seconds": round(checkpointer.background_seconds / len(stalls), 3),
-        "synchronous_verified_save_seconds": round(statistics.median(syncs), 3),
-        "plain_torch_save_seconds": round(statistics.median(plains), 3),
-        "plain_torch_save_seconds_per_round": [round(x, 3) for x in plains],
-        "stall_ratio_vs_torch_save": round(statistics.median(ratios), 3),
-        "stall_ratio_vs_torch_save_per_round": [round(x, 3) for x in ratios],
+        **idle,
+        **{f"loaded_{key}": value for key, value in loaded.items()},
         "restart_checkpoint_mb": round((path / "state.pt").stat().st_size / 1e6, 1),
         "restart_to_first_step_seconds": round(restart, 2),
         "bare_import_torch_seconds": round(floor, 2),

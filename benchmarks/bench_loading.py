@@ -17,7 +17,7 @@ from benchmarks.common import demo_parquet
 from training.config import load_config
 from training.data.features import fit_feature_stats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader
-from benchmarks.common import pack_local
+from training.data.packing import pack_local
 
 BATCH = 256
 

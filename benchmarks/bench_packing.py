@@ -14,7 +14,7 @@ import webdataset as wds
 from benchmarks.common import best_of, demo_parquet
 from training.config import load_config
 from training.data.validation import category_hash
-from benchmarks.common import pack_local
+from training.data.packing import pack_local
 
 
 def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:

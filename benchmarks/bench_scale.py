@@ -32,7 +32,7 @@ if what == "generate":
     ensure_demo_dataset(work, rows=rows, seed=1)
     print(json.dumps({}))
     sys.exit()
-from benchmarks.common import pack_local
+from training.data.packing import pack_local
 base = hwm()
 t0 = time.perf_counter()
 d, manifest, _ = pack_local(source, config.data, work / "datasets")

@@ -38,22 +38,6 @@ def best_of(fn: Callable[[], object], repeat: int = 3) -> float:
     return min(times)
 
 
-def pack_local(source: Path, data, datasets_root: Path):
-    """Pack `source` into `datasets_root` (the `datasets` folder of a local storage root) in this
-    process: (dataset folder, manifest, whether nothing had to be packed)."""
-    from training.config import StorageConfig
-    from training.data.dataset_store import DatasetStore
-    from training.data.packing import pack_serially, plan_pack
-    from training.storage.root import StorageRoot
-
-    store = DatasetStore(StorageRoot(StorageConfig(root=str(datasets_root.parent))))
-    plan, legacy = plan_pack(source, data, store)
-    if legacy is not None:
-        return datasets_root / legacy.fingerprint, legacy, True
-    manifest, _ = pack_serially(plan, data, store)
-    return datasets_root / manifest.fingerprint, manifest, not plan.todo
-
-
 def demo_parquet(work: Path, rows: int) -> Path:
     path, _ = ensure_demo_dataset(work, rows=rows, seed=1)
     return path

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from training.trainer.events import ChildEvent
-from training.config import DataConfig, RetrainConfig, StorageConfig
-from training.data.dataset_store import DatasetStore
-from training.data.manifest import DatasetManifest
-from training.data.packing import pack_serially, plan_pack
+from training.config import RetrainConfig
 from training.trainer.job import TrainJob
 from training.storage.root import StorageRoot
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import run_key_for
-
-
-def pack_local(source: Path, data: DataConfig, datasets_root: Path) -> tuple[Path, DatasetManifest, bool]:
-    """Pack `source` into `datasets_root` (the `datasets` folder of a local storage root) in this
-    process: (dataset folder, manifest, whether nothing had to be packed)."""
-    store = DatasetStore(StorageRoot(StorageConfig(root=str(datasets_root.parent))))
-    plan, legacy = plan_pack(source, data, store)
-    if legacy is not None:
-        return datasets_root / legacy.fingerprint, legacy, True
-    manifest, _ = pack_serially(plan, data, store)
-    return datasets_root / manifest.fingerprint, manifest, not plan.todo
 
 
 def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:

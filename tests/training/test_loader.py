@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.training.helpers import pack_local
+from training.data.packing import pack_local
 from training.config import RetrainConfig
 from training.data.features import fit_feature_stats
 from training.data.loader import ShardBatches, StreamPosition, make_train_loader

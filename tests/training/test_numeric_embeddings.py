@@ -56,3 +56,27 @@ def test_periodic_embeddings_train_and_the_export_scores_as_predict(small_config
 
 def test_periodic_embeddings_resume_bit_identically(small_config: RetrainConfig) -> None:
     assert_resumes_bit_identically(_periodic(small_config), stop_at=20)
+
+
+def test_piecewise_scoring_path_agrees_with_rtdls_encoding() -> None:
+    """Columns of several bin counts (one bin, two, many), values below, on and above every edge:
+    the by-bin lookup used without gradients gives rtdl's output to float rounding."""
+    from rtdl_num_embeddings import PiecewiseLinearEmbeddings
+
+    from training.model.piecewise import PiecewiseLinear
+
+    torch.manual_seed(0)
+    bins = [torch.tensor([-1.0, 2.0]), torch.tensor([-2.0, 0.0, 3.0]), torch.sort(torch.randn(49) * 2).values,
+            torch.tensor([0.0, 0.5, 1.0, 4.0])]
+    ours, theirs = PiecewiseLinear(bins, 8), PiecewiseLinearEmbeddings(bins, 8, activation=False, version="B")
+    for p in ours.parameters():  # rtdl starts the piecewise part at zero: give it weights to check
+        torch.nn.init.normal_(p)
+    theirs.load_state_dict(ours.state_dict())
+    on_edges = torch.stack([torch.cat([b, b[:1] - 1, b[-1:] + 1]).repeat(60)[:60] for b in bins], dim=1)
+    x = torch.cat([torch.randn(500, 4) * 4, on_edges])
+    with torch.no_grad():
+        fast, reference = ours(x), theirs(x)
+    torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-5)
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    with torch.enable_grad():  # training keeps rtdl's own path, and its backward
+        torch.testing.assert_close(ours(x), reference, rtol=0, atol=0)

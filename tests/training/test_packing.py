@@ -12,7 +12,7 @@ import pytest
 import webdataset as wds
 
 from tests.conftest import small_overrides
-from tests.training.helpers import pack_local
+from training.data.packing import pack_local
 from training.config import RetrainConfig, load_config
 from training.data.manifest import load_manifest
 from training.data.shards import ShardReader

@@ -11,7 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job, pack_local
+from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job
+from training.data.packing import pack_local
 from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from tests.shipped_data import png, write_digit_images
-from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job, pack_local
+from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job
+from training.data.packing import pack_local
 from training.config import RetrainConfig, load_config
 from training.data.demo import ensure_reviews_demo
 from training.data.features import DERIVED_DIR, FeatureStats, fit_feature_stats, preprocess_key

@@ -32,10 +32,11 @@ from training.data.sources import LocalSource, S3Source, SourceFile, open_source
 from training.data.validation import FeatureValidator
 from training.errors import DataError
 from training.storage.files import sha256_file
+from training.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PACK_FORMAT_VERSION", "PackPlan", "assemble_dataset", "forget_verification", "pack_serially", "plan_pack"]
+__all__ = ["PACK_FORMAT_VERSION", "PackPlan", "assemble_dataset", "forget_verification", "pack_local", "pack_serially", "plan_pack"]
 
 PACK_FORMAT_VERSION = SEGMENT_FORMAT
 
@@ -93,6 +94,17 @@ def pack_serially(plan: PackPlan, config: DataConfig, store: DatasetStore,
         done = pack_segment(source, segment, config, store.segments_root())
         packed.append(done.model_copy(update={"uploaded_bytes": store.publish_segment(done.manifest)}))
     return assemble_dataset(plan, packed, config, store), packed
+
+
+def pack_local(source: Path, config: DataConfig, datasets_root: Path) -> tuple[Path, DatasetManifest, bool]:
+    """Pack `source` into `datasets_root` (the `datasets` folder of a local storage root) in this
+    process: (dataset folder, manifest, whether nothing had to be packed)."""
+    store = DatasetStore(StorageRoot(StorageConfig(root=str(datasets_root.parent))))
+    plan, legacy = plan_pack(source, config, store)
+    if legacy is not None:
+        return datasets_root / legacy.fingerprint, legacy, True
+    manifest, _ = pack_serially(plan, config, store)
+    return datasets_root / manifest.fingerprint, manifest, not plan.todo
 
 
 def assemble_dataset(plan: PackPlan, packed: list[PackedSegment], config: DataConfig,

@@ -137,7 +137,7 @@ def _piecewise(schema: ModelSchema, width: int) -> nn.Module:
     column (the paper's PLE; version B, its recommended initialisation)."""
     import warnings
 
-    from rtdl_num_embeddings import PiecewiseLinearEmbeddings
+    from training.model.piecewise import PiecewiseLinear
 
     if len(schema.numeric_bins) != len(schema.numeric):
         raise ConfigError("model.numeric_embedding: piecewise needs the numeric bins that preprocessing fits; these "
@@ -149,7 +149,7 @@ def _piecewise(schema: ModelSchema, width: int) -> nn.Module:
         # A binary or constant column has one bin, which rtdl warns about; it is a scaled copy of
         # the column, as intended.
         warnings.filterwarnings("ignore", message=".*has just two bin edges.*")
-        return PiecewiseLinearEmbeddings(bins, width, activation=False, version="B")
+        return PiecewiseLinear(bins, width)
 
 
 class TabularMLP(ColumnsNet):

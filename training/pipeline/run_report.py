@@ -91,6 +91,8 @@ class PreprocessSummary(_Part):
 class TrainSummary(_Part):
     state: str | None = None
     already_complete: bool = False
+    eval_every: int | None = None  # train.eval_every as used (auto resolved for the train split)
+    patience: int | None = None  # train.patience as used, in validations
     best_step: int = 0
     best_val_auc: float | None = None
     best_val_metric: float | None = None

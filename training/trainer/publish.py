@@ -90,6 +90,7 @@ def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: flo
     return TrainResult(
         run_key=trainer.job.run_key, status=status, stop_reason=progress.stop_reason, fp32_slowdown=fp32_slowdown,
         profile=trainer.profiler.summary() if trainer.profiler is not None else None, max_steps=tc.max_steps,
+        eval_every=tc.validate_every, patience=tc.patience_validations,
         billed_seconds=progress.billed_seconds(), accelerator=accelerator_stats(trainer.device),
         steps=progress.step, best_step=stopper.best_step, metric=trainer.metric, best_val_metric=stopper.best,
         best_val_auc=stopper.best if trainer.metric == "auc" else None, precision=trainer.precision,

@@ -129,6 +129,8 @@ class TrainResult(_Result):
     stop_reason: str | None = None
     steps: int
     max_steps: int
+    eval_every: int | None = None  # train.eval_every as used (auto resolved for the train split)
+    patience: int | None = None  # train.patience as used, in validations
     best_step: int
     best_val_auc: float | None  # binary runs judged on auc; None otherwise (see metric, best_val_metric)
     metric: str = "auc"  # eval.metric of the run
