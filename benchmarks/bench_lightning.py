@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import demo_parquet, outside_load, train_job
-from training.config import ModelConfig
+from training.config import ModelConfig, PreprocessConfig
 
 STEPS = 1000
 BATCH = 512
@@ -57,10 +57,16 @@ def _tensors(source: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Ten
     return part(order[:cut]), part(order[cut:]), [int(c.max()) + 1 for c in codes]
 
 
-def _model(cardinalities: list[int]) -> torch.nn.Module:
+def _model(cardinalities: list[int], train_num: torch.Tensor) -> torch.nn.Module:
+    """The project's default model; its piecewise-linear embeddings' bins from the train rows by
+    rtdl's own `compute_bins`, as a user of the library would fit them."""
+    from rtdl_num_embeddings import compute_bins
+
     from training.model.network import ModelSchema, build_model
 
-    schema = ModelSchema("binary", 1, NUMERIC, CATEGORICAL, cardinalities)
+    bins = compute_bins(train_num, n_bins=PreprocessConfig().numeric_bins)
+    schema = ModelSchema("binary", 1, NUMERIC, CATEGORICAL, cardinalities,
+                         numeric_bins=[edges.tolist() for edges in bins])
     return build_model(ModelConfig(), schema)
 
 
@@ -77,7 +83,7 @@ def _plain(source: Path) -> tuple[float, float]:
     t0 = time.perf_counter()
     torch.manual_seed(0)
     train, val, cards = _tensors(source)
-    model = _model(cards)
+    model = _model(cards, train["num"])
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=1e-4)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(train["num"], train["cat"], train["label"]),
                                          batch_size=BATCH, shuffle=True, drop_last=True)
@@ -106,7 +112,7 @@ def _lightning(source: Path, work: Path) -> tuple[float, float]:
     class Module(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = _model(cards)
+            self.model = _model(cards, train["num"])
 
         def training_step(self, batch: Any, _index: int) -> torch.Tensor:
             num, cat, y = batch
