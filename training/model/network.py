@@ -79,7 +79,7 @@ class ColumnsNet(nn.Module):
         self.numeric_embedding: nn.Module | None = None
         numeric_width = len(schema.numeric)
         if config.numeric_embedding == "periodic" and schema.numeric:
-            from rtdl_num_embeddings import PeriodicEmbeddings
+            from training.model.piecewise import PeriodicEmbeddings
 
             # lite=False: a linear layer of its own per column (the paper's PLR), not one shared.
             self.numeric_embedding = PeriodicEmbeddings(len(schema.numeric), config.numeric_embedding_dim,
