@@ -54,7 +54,10 @@ def test_multipart_upload_with_checksums_tags_and_resumable_download(s3_bucket, 
     assert fault_proxy.cuts == 1
     ranged = [start for method, path, start in fault_proxy.requests if method == "GET" and start]
     assert len(ranged) == 1 and ranged[0] >= 2 << 20
-    assert fault_proxy.response_bytes - before < 13 << 20  # no second full download
+    # The bytes served are the cut stream plus only the remainder from where the client resumed
+    # (which may be short of the cut: bytes in flight when the socket broke are lost); headers aside.
+    served = fault_proxy.response_bytes - before
+    assert served <= (3 << 20) + ((12 << 20) - ranged[0]) + (64 << 10)
 
 
 @pytest.mark.parametrize("fault", ["reset", "503", "slow", "restart"])
