@@ -122,18 +122,37 @@ def _plan(args: argparse.Namespace) -> int:
     config = _loaded(args)
     types = args.instance_types.split(",") if args.instance_types else sorted(config.cost.prices)
     plan = plan_run(config, [t.strip() for t in types if t.strip()], args.deadline_hours, args.calibration_steps)
-    c = plan.calibration
-    print(f"calibration: {c.steps} steps here, {c.seconds_per_step * 1000:.2f} ms/step; "
-          f"the whole run here ~{c.estimated_run_hours_here * 3600:.0f} s")
-    print(f"{'instance':<16}{'market':<11}{'$/h':>8}{'hours':>10}{'preempt.':>10}{'cost $':>12}  deadline")
-    for r in plan.rows:
-        verdict = ('ok' if r.meets_deadline else 'missed') if r.fits else "does not fit"
-        print(f"{r.instance_type:<16}{r.market:<11}{r.rate_per_hour:>8.2f}{r.runtime_hours:>10.4f}"
-              f"{r.expected_preemptions:>10.2f}{r.cost_usd:>12.4f}  {verdict}")
+    c, count = plan.calibration, plan.calibration.step_costs.as_run
+    print(f"calibration: {c.steps} steps here, {c.here.seconds_per_step * 1000:.2f} ms/step; the whole run here "
+          f"~{c.estimated_run_hours_here * 3600:.0f} s; one step at micro-batch {count.micro_batch}: "
+          f"{count.flops / 1e9:.3g} GFLOP, {(count.matmul_bytes + count.other_bytes) / 1e6:.3g} MB moved, "
+          f"{count.kernels} kernels, {count.parameters:,} parameters")
+    for line in plan_table(plan.rows):
+        print(line)
     for refused in dict.fromkeys(f"{r.instance_type}: {r.refused}" for r in plan.rows if r.refused):
         print(f"refused {refused}")
+    print(f"recommended: {plan.why}")
+    if plan.cheapest is not None and plan.cheapest.set:
+        print("  set: " + " ".join(f"--set {k}={v}" for k, v in plan.cheapest.set.items()))
     print(plan.model_dump_json(include={"cheapest", "deadline_hours"}))
     return 0 if plan.cheapest is not None else 1
+
+
+def plan_table(rows: list[Any]) -> list[str]:
+    """The ranked table a person reads: step times are predictions (ranges) unless measured."""
+    out = [f"{'instance':<26}{'market':<10}{'variant':<24}{'ms/step (range)':<22}{'fits':<6}"
+           f"{'hours':>9}{'cost $ (range)':>24}{'P(deadline)':>12}  step time"]
+    for r in rows:
+        if not r.fits:
+            out.append(f"{r.instance_type:<26}{r.market:<10}{'-':<24}{'-':<22}{'no':<6}{'-':>9}{'-':>24}{'-':>12}")
+            continue
+        lo, mid, hi = (1000 * s for s in r.step_seconds)
+        step = f"{mid:.3g}" if lo == hi else f"{mid:.3g} ({lo:.3g}-{hi:.3g})"
+        cost = f"{r.cost_usd[1]:.4f} ({r.cost_usd[0]:.4f}-{r.cost_usd[2]:.4f})"
+        p = "-" if r.p_deadline is None else f"{r.p_deadline:.0%}"
+        out.append(f"{r.instance_type:<26}{r.market:<10}{r.variant:<24}{step:<22}{'yes':<6}{r.hours[1]:>9.4f}"
+                   f"{cost:>24}{p:>12}  {r.step_source}")
+    return out
 
 
 _PHASES = {"imports": "imports", "server_start": "server", "flow_start": "flow start", "pack": "pack",

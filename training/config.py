@@ -583,8 +583,33 @@ class InstancePrice(_Section):
     on_demand_per_hour: float = Field(ge=0, description="On-demand $/h for the whole instance.", json_schema_extra=OPERATIONAL)
     spot_per_hour: float | None = Field(None, ge=0, description="Spot $/h for the whole instance; empty: not offered.", json_schema_extra=OPERATIONAL)
     relative_speed: float = Field(
-        1.0, gt=0, description="Training throughput relative to the machine `retrain plan` calibrates on.", json_schema_extra=OPERATIONAL
+        1.0, gt=0, description="Training throughput relative to the machine `retrain plan` calibrates on; used only "
+        "for an instance without a `gpu` (a GPU's step time is predicted from its published figures).",
+        json_schema_extra=OPERATIONAL
     )
+    gpu: str | None = Field(None, description="The GPU model, a key of training.cost.hardware.GPUS (T4, A10G, "
+                            "V100-16GB, A100-40GB, A100-80GB, A100-80GB-PCIe, H100): `retrain plan` predicts its step "
+                            "time from the GPU's published throughput and bandwidth.", json_schema_extra=OPERATIONAL)
+    vcpus: int | None = Field(None, gt=0, description="The host's vCPUs: `retrain plan` caps the step rate at what "
+                              "they can load, from this machine's measured loading pace per core.",
+                              json_schema_extra=OPERATIONAL)
+    interruption_band: Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%"] | None = Field(
+        None, description="Monthly spot interruption frequency band (AWS Spot Instance Advisor); empty: the shipped "
+        "band for cost.region, else train.checkpoint.mean_seconds_between_preemptions.", json_schema_extra=OPERATIONAL)
+
+    measured_step_seconds: float | None = Field(
+        None, gt=0, description="Seconds per optimizer step measured on this instance type for this model (a run's "
+        "report: `plan.actual_step_seconds`); `retrain plan` uses it instead of the prediction.",
+        json_schema_extra=OPERATIONAL)
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, v: str | None) -> str | None:
+        from training.cost.hardware import GPUS
+
+        if v is not None and v not in GPUS:
+            raise ValueError(f"unknown GPU {v!r}; known: {', '.join(GPUS)}")
+        return v
 
 
 
@@ -592,6 +617,8 @@ class InstancePrice(_Section):
 class CostConfig(_Section):
     instance_type: str = Field("local-cpu", description="The instance type this run runs on (a key of cost.prices).", json_schema_extra=OPERATIONAL)
     market: Literal["on_demand", "spot"] = Field("on_demand", description="Market this run is billed on.", json_schema_extra=OPERATIONAL)
+    region: str = Field("us-east-1", description="Cloud region whose shipped spot interruption bands `retrain plan` "
+                        "uses (us-east-1, us-west-2, eu-west-1).", json_schema_extra=OPERATIONAL)
     prices: dict[str, InstancePrice] = Field(
         {k: InstancePrice(**v) for k, v in DEFAULT_PRICES.items()},
         description="Instance type -> GPUs and $/h; entries given here are merged over the defaults.", json_schema_extra=OPERATIONAL

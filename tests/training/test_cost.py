@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from training.config import load_config
-from training.cost.bill import compute_cost, naive_counterfactual, plan_instances, restarting_counterfactual, storage_cost
+from training.cost.bill import compute_cost, naive_counterfactual, restarting_counterfactual, storage_cost
 from training.errors import ConfigError
 
 
@@ -61,28 +61,6 @@ def test_the_restarting_counterfactual_redoes_everything_before_each_preemption(
     assert none.seconds == naive.seconds  # never preempted: the same job at this run's rate
 
 
-def test_plan_worked_example_cheaper_slower_instance_wins_when_the_deadline_allows() -> None:
-    # Seed 002: $1.40/h x 2.2 h = $3.08 beats $4.00/h x 1 h = $4.00.
-    candidates = [("big", "on_demand", 4.00, 2.2), ("small", "on_demand", 1.40, 1.0)]
-    kwargs = dict(calibrated_hours=2.2, candidates=candidates, mean_hours_between_preemptions=10.0,
-                  restart_hours=0.0, checkpoint_interval_hours=0.0)
-    rows = plan_instances(deadline_hours=3.0, **kwargs)
-    assert rows[0].instance_type == "small" and rows[0].cost_usd == pytest.approx(3.08)
-    assert rows[1].cost_usd == pytest.approx(4.00)
-    tight = plan_instances(deadline_hours=1.5, **kwargs)
-    assert tight[0].instance_type == "big" and not tight[1].meets_deadline
-
-
-def test_plan_inflates_spot_by_expected_preemptions() -> None:
-    # 10 h job, a preemption every 5 h, each costing 0.1 h restart + 0.2 h / 2 lost:
-    # t = 10 + t/5 * 0.2  =>  t = 10 / 0.96.
-    (row,) = plan_instances(calibrated_hours=10, candidates=[("x", "spot", 1.0, 1.0)],
-                            mean_hours_between_preemptions=5, restart_hours=0.1, checkpoint_interval_hours=0.2,
-                            deadline_hours=None)
-    assert row.runtime_hours == pytest.approx(10 / 0.96)
-    assert row.expected_preemptions == pytest.approx(10 / 0.96 / 5)
-
-
 def test_price_table_entries_merge_and_are_validated(tmp_path) -> None:
     import yaml
 
@@ -125,30 +103,3 @@ def test_a_saving_is_never_shown_as_a_negative_zero() -> None:
     assert savings(-3e-9, "it") == "saved $0.0000 against it"
     assert savings(0.01234, "it") == "saved $0.0123 against it"
     assert savings(-2.5, "it") == "cost $2.50 more than it"
-
-
-def test_plan_refuses_an_instance_whose_gpu_the_model_would_not_fit(small_config) -> None:
-    """A 1-billion-parameter MLP (built on the meta device: nothing allocated) needs about 18 GB
-    a GPU to train: refused on a T4 or a V100 (16 GB), planned on an A10G (24 GB), which
-    becomes the pick although its rate is higher."""
-    from tests.training.helpers import make_job
-    from training.pipeline.plan_stage import gpu_training_bytes, refuse_what_does_not_fit
-
-    job = make_job(small_config)  # packs and fits the statistics; trains nothing
-    big = small_config.model_copy(deep=True)
-    big.model.hidden = [32_000, 32_000]
-    big.train.batch_size = 512
-    need = gpu_training_bytes(big, job.stats_path)
-    assert need is not None and 16e9 < need < 24e9
-    assert gpu_training_bytes(small_config, job.stats_path) < 16e9  # the small model fits anything
-
-    prices = big.cost.prices
-    rows = plan_instances(calibrated_hours=1.0, deadline_hours=None, mean_hours_between_preemptions=10.0,
-                          restart_hours=0.01, checkpoint_interval_hours=0.1,
-                          candidates=[(t, "on_demand", prices[t].on_demand_per_hour, 1.0)
-                                      for t in ("g4dn.xlarge", "p3.2xlarge", "g5.xlarge")])
-    planned = refuse_what_does_not_fit(rows, big, need)
-    assert [(r.instance_type, r.fits) for r in planned] == [("g5.xlarge", True), ("g4dn.xlarge", False),
-                                                          ("p3.2xlarge", False)]
-    assert "its GPU has 16 GB" in (planned[1].refused or "") and "needs about 1" in (planned[1].refused or "")
-    assert refuse_what_does_not_fit(rows, small_config, gpu_training_bytes(small_config, job.stats_path)) == rows

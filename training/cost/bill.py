@@ -1,11 +1,10 @@
-"""Dollars and GPU-hours: prices, the run's bill, the naive counterfactual, and run plans.
+"""Dollars and GPU-hours: prices, the run's bill and the naive counterfactual.
 
 All arithmetic is `rate x time` on measured seconds; nothing here guesses a runtime.
 """
 
 from __future__ import annotations
 
-import math
 
 from pydantic import BaseModel, ConfigDict
 
@@ -20,8 +19,6 @@ __all__ = [
     "storage_cost",
     "naive_counterfactual",
     "restarting_counterfactual",
-    "plan_instances",
-    "PlanRow",
 ]
 
 SECONDS_PER_HOUR = 3600.0
@@ -156,51 +153,3 @@ class CostReport(_Figure):
     naive_restarting: Counterfactual
     savings_vs_restarting_usd: float
     tags: dict[str, str] = {}
-
-
-class PlanRow(BaseModel):
-    """One (instance type, market) line of `retrain plan`."""
-
-    model_config = ConfigDict(frozen=True)
-
-    instance_type: str
-    market: str
-    rate_per_hour: float
-    runtime_hours: float
-    expected_preemptions: float
-    preemption_overhead_hours: float
-    cost_usd: float
-    meets_deadline: bool
-    fits: bool = True  # the model's training memory fits each GPU (unknown counts as fitting)
-    refused: str | None = None  # why the instance cannot run this model
-
-
-def plan_instances(
-    *,
-    calibrated_hours: float,
-    candidates: list[tuple[str, str, float, float]],
-    mean_hours_between_preemptions: float,
-    restart_hours: float,
-    checkpoint_interval_hours: float,
-    deadline_hours: float | None,
-) -> list[PlanRow]:
-    """Cost and runtime per (instance type, market, $/h, speed relative to the calibration box).
-
-    Spot runs are inflated by the expected preemptions: each costs a restart plus, on average,
-    half a checkpoint interval of lost work. Sorted cheapest first.
-    """
-    rows = []
-    for name, market, rate, speed in candidates:
-        runtime = calibrated_hours / speed
-        if market == "spot":
-            per_preemption = restart_hours + checkpoint_interval_hours / 2
-            # Preemptions also hit the overhead itself: solve t = runtime + (t / mtbp) * per_preemption.
-            denom = 1 - per_preemption / mean_hours_between_preemptions
-            total = runtime / denom if denom > 0 else math.inf
-            preemptions = total / mean_hours_between_preemptions
-        else:
-            total, preemptions = runtime, 0.0
-        rows.append(PlanRow(instance_type=name, market=market, rate_per_hour=rate, runtime_hours=total,
-                            expected_preemptions=preemptions, preemption_overhead_hours=total - runtime,
-                            cost_usd=rate * total, meets_deadline=deadline_hours is None or total <= deadline_hours))
-    return sorted(rows, key=lambda r: (not r.meets_deadline, r.cost_usd))

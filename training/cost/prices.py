@@ -23,6 +23,8 @@ Azure, from `catalogs/v6/azure/vms.csv` at commit 098741e70562f65d7af1cceb81e33b
 2026-11-23; the newest Azure catalog file reachable from here), region eastus, one row per instance (GPUs
 included): Standard_NC4as_T4_v3, Standard_NC24ads_A100_v4, Standard_ND96amsr_A100_v4.
 
+`gpu` names the GPU in `training.cost.hardware.GPUS` (its published throughput, bandwidth and
+memory, with sources) and `vcpus` the host's vCPUs, both from the same catalogs' columns.
 `gpu_memory_gb` is each GPU's memory as its vendor's datasheet gives it (NVIDIA T4 16 GB, A10G
 24 GB, V100 16 GB on p3, A100 40 GB on p4d and a2-highgpu, A100 80 GB on the Azure A100 v4
 sizes, H100 80 GB), matching the cloud's own instance-type pages; `retrain plan` refuses an
@@ -45,20 +47,20 @@ PRICE_SOURCE = ("skypilot-catalog (read 2026-11-23): catalogs/v7/aws/vms.csv @ 0
 DEFAULT_PRICES: dict[str, dict[str, Any]] = {
     # Your own machine: no marginal compute bill.
     "local-cpu": {"gpus": 0, "on_demand_per_hour": 0.0, "spot_per_hour": 0.0},
-    "g4dn.xlarge": {"gpus": 1, "gpu_memory_gb": 16, "on_demand_per_hour": 0.526, "spot_per_hour": 0.1869},  # 1x T4 16 GB
-    "g5.xlarge": {"gpus": 1, "gpu_memory_gb": 24, "on_demand_per_hour": 1.006, "spot_per_hour": 0.4028},  # 1x A10G 24 GB
-    "g5.12xlarge": {"gpus": 4, "gpu_memory_gb": 24, "on_demand_per_hour": 5.672, "spot_per_hour": 2.5445},  # 4x A10G
-    "p3.2xlarge": {"gpus": 1, "gpu_memory_gb": 16, "on_demand_per_hour": 3.06, "spot_per_hour": 0.6929},  # 1x V100 16 GB
-    "p3.8xlarge": {"gpus": 4, "gpu_memory_gb": 16, "on_demand_per_hour": 12.24, "spot_per_hour": 1.936},  # 4x V100
-    "p4d.24xlarge": {"gpus": 8, "gpu_memory_gb": 40, "on_demand_per_hour": 32.7726, "spot_per_hour": 6.7915},  # 8x A100 40 GB
-    "p5.48xlarge": {"gpus": 8, "gpu_memory_gb": 80, "on_demand_per_hour": 98.32, "spot_per_hour": 26.7861},  # 8x H100 80 GB
+    "g4dn.xlarge": {"gpus": 1, "gpu": "T4", "vcpus": 4, "gpu_memory_gb": 16, "on_demand_per_hour": 0.526, "spot_per_hour": 0.1869},  # 1x T4 16 GB
+    "g5.xlarge": {"gpus": 1, "gpu": "A10G", "vcpus": 4, "gpu_memory_gb": 24, "on_demand_per_hour": 1.006, "spot_per_hour": 0.4028},  # 1x A10G 24 GB
+    "g5.12xlarge": {"gpus": 4, "gpu": "A10G", "vcpus": 48, "gpu_memory_gb": 24, "on_demand_per_hour": 5.672, "spot_per_hour": 2.5445},  # 4x A10G
+    "p3.2xlarge": {"gpus": 1, "gpu": "V100-16GB", "vcpus": 8, "gpu_memory_gb": 16, "on_demand_per_hour": 3.06, "spot_per_hour": 0.6929},  # 1x V100 16 GB
+    "p3.8xlarge": {"gpus": 4, "gpu": "V100-16GB", "vcpus": 32, "gpu_memory_gb": 16, "on_demand_per_hour": 12.24, "spot_per_hour": 1.936},  # 4x V100
+    "p4d.24xlarge": {"gpus": 8, "gpu": "A100-40GB", "vcpus": 96, "gpu_memory_gb": 40, "on_demand_per_hour": 32.7726, "spot_per_hour": 6.7915},  # 8x A100 40 GB
+    "p5.48xlarge": {"gpus": 8, "gpu": "H100", "vcpus": 192, "gpu_memory_gb": 80, "on_demand_per_hour": 98.32, "spot_per_hour": 26.7861},  # 8x H100 80 GB
     # GCP us-central1, host + GPUs (see above).
-    "a2-highgpu-1g": {"gpus": 1, "gpu_memory_gb": 40, "on_demand_per_hour": 3.67339, "spot_per_hour": 1.44296},  # 1x A100 40 GB
-    "a2-highgpu-8g": {"gpus": 8, "gpu_memory_gb": 40, "on_demand_per_hour": 29.38708, "spot_per_hour": 11.54364},  # 8x A100 40 GB
+    "a2-highgpu-1g": {"gpus": 1, "gpu": "A100-40GB", "vcpus": 12, "gpu_memory_gb": 40, "on_demand_per_hour": 3.67339, "spot_per_hour": 1.44296},  # 1x A100 40 GB
+    "a2-highgpu-8g": {"gpus": 8, "gpu": "A100-40GB", "vcpus": 96, "gpu_memory_gb": 40, "on_demand_per_hour": 29.38708, "spot_per_hour": 11.54364},  # 8x A100 40 GB
     # Azure eastus.
-    "Standard_NC4as_T4_v3": {"gpus": 1, "gpu_memory_gb": 16, "on_demand_per_hour": 0.526, "spot_per_hour": 0.062699},  # 1x T4
-    "Standard_NC24ads_A100_v4": {"gpus": 1, "gpu_memory_gb": 80, "on_demand_per_hour": 3.673, "spot_per_hour": 0.444433},  # 1x A100 80 GB
-    "Standard_ND96amsr_A100_v4": {"gpus": 8, "gpu_memory_gb": 80, "on_demand_per_hour": 32.77, "spot_per_hour": 3.6047},  # 8x A100 80 GB
+    "Standard_NC4as_T4_v3": {"gpus": 1, "gpu": "T4", "vcpus": 4, "gpu_memory_gb": 16, "on_demand_per_hour": 0.526, "spot_per_hour": 0.062699},  # 1x T4
+    "Standard_NC24ads_A100_v4": {"gpus": 1, "gpu": "A100-80GB-PCIe", "vcpus": 24, "gpu_memory_gb": 80, "on_demand_per_hour": 3.673, "spot_per_hour": 0.444433},  # 1x A100 80 GB
+    "Standard_ND96amsr_A100_v4": {"gpus": 8, "gpu": "A100-80GB", "vcpus": 96, "gpu_memory_gb": 80, "on_demand_per_hour": 32.77, "spot_per_hour": 3.6047},  # 8x A100 80 GB
 }
 
 # AWS S3 list prices per GB-month, us-east-1: Standard, Standard-IA, Glacier Instant Retrieval.

@@ -1,19 +1,17 @@
-"""`retrain plan`: time and cost per candidate instance from a short measured calibration run."""
+"""`retrain plan`: each candidate instance's step time, memory fit, expected hours and cost, from
+a short calibration run of the real model on the real data and the GPUs' published figures."""
 
 from __future__ import annotations
 
 import shutil
 import time
-from pathlib import Path
 
 from pydantic import BaseModel
 
 from training.config import RetrainConfig
-from training.cost.bill import GB, PlanRow, plan_instances
-from training.data.features import FeatureStats
+from training.cost.planner import DEADLINE_CONFIDENCE, HereFigures, PlanRow, plan_rows
+from training.cost.step_count import StepCosts
 from training.errors import ConfigError
-from training.model.memory_fit import training_need
-from training.model.network import ModelSchema
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import run_key_for
@@ -22,61 +20,64 @@ from training.trainer.job import TrainJob
 from training.trainer.results import TrainResult
 from training.trainer.run import train
 
-__all__ = ["Calibration", "PlanReport", "gpu_training_bytes", "plan_run", "refuse_what_does_not_fit"]
+__all__ = ["Calibration", "PlanReport", "plan_run"]
 
 
 class Calibration(BaseModel):
-    """What the short calibration run measured on this machine."""
+    """What the short calibration run measured and counted on this machine."""
 
     steps: int
-    seconds_per_step: float
-    seconds_per_validation: float
-    seconds_per_checkpoint: float
-    startup_seconds: float
-    data_seconds: float
+    here: HereFigures
+    micro_batch: int
+    step_costs: StepCosts
     estimated_run_hours_here: float
     wall_seconds: float
 
 
 class PlanReport(BaseModel):
-    """`retrain plan`'s answer: the calibration, every candidate cheapest first, the pick."""
+    """`retrain plan`'s answer: the calibration, every candidate (fitting rows that meet the
+    deadline first, cheapest first), the pick and why."""
 
     calibration: Calibration
     deadline_hours: float | None
     rows: list[PlanRow]
     cheapest: PlanRow | None
+    why: str
 
 
-# Beside the model's own bytes a GPU holds the CUDA context and the caching allocator's slack; an
-# allowance, not a measurement (no GPU here): PyTorch's context alone is several hundred MB.
-CUDA_OVERHEAD_BYTES = 1.5e9
+def _calibrate(config: RetrainConfig, steps: int, dataset_dir: str, stats_path: str, fingerprint: str) -> TrainResult:
+    """The real loop on the real data and model for a few steps in a scratch folder (local
+    even for an s3:// root: its output is thrown away), counting one step's cost at the end."""
+    calib = config.model_copy(deep=True)
+    calib.train.max_steps = steps
+    calib.train.eval_every = steps
+    calib.train.checkpoint.every = steps
+    calib.train.patience = 0
+    scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, fingerprint)
+    shutil.rmtree(scratch, ignore_errors=True)
+    result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=dataset_dir, stats_path=stats_path,
+                            config=calib, count_step=True))
+    shutil.rmtree(scratch, ignore_errors=True)
+    assert isinstance(result, TrainResult) and result.step_costs is not None  # rank 0, no pause, counted
+    return result
 
 
-def gpu_training_bytes(config: RetrainConfig, stats_path: str) -> float | None:
-    """What one training process holds on its GPU: the built-in model's weights, gradients,
-    AdamW state and activations at its micro-batch (`memory_fit.training_need`), plus the CUDA
-    allowance. None for a user factory's model, which is not built twice."""
-    if config.model.factory is not None:
-        return None
-    stats = FeatureStats.from_json(Path(stats_path).read_text())
-    _params, need = training_need(config, ModelSchema.of(stats))
-    return need + CUDA_OVERHEAD_BYTES
-
-
-def refuse_what_does_not_fit(rows: list[PlanRow], config: RetrainConfig, need: float | None) -> list[PlanRow]:
-    """Each row whose GPU memory (cost.prices' gpu_memory_gb) is below `need`, marked not
-    fitting with the reason, and placed after every row that fits."""
-    if need is None:
-        return rows
-    out = []
-    for row in rows:
-        memory = config.cost.prices[row.instance_type].gpu_memory_gb
-        if memory is not None and need > memory * GB:
-            row = row.model_copy(update={"fits": False, "refused": (
-                f"training needs about {need / GB:.1f} GB a GPU (weights, gradients, AdamW state, activations at "
-                f"batch {config.train.batch_size // config.train.world_size}, CUDA context); its GPU has {memory:g} GB")})
-        out.append(row)
-    return sorted(out, key=lambda r: not r.fits)  # stable: the cost order holds within each group
+def _why(best: PlanRow | None, rows: list[PlanRow], deadline: float | None) -> str:
+    if best is None:
+        return ("no candidate fits and ends by the deadline with "
+                f"{DEADLINE_CONFIDENCE:.0%} probability" if deadline is not None else "no candidate fits")
+    beaten = [r for r in rows if r is not best and r.fits and r.meets_deadline]
+    text = (f"{best.instance_type} ({best.market}, {best.variant}): expected ${best.cost_usd[1]:.4f} "
+            f"in {best.hours[1]:.3f} h")
+    if best.p_deadline is not None:
+        text += f", {best.p_deadline:.0%} likely to end within {deadline:g} h"
+    if beaten:
+        text += f"; the next, {beaten[0].instance_type} ({beaten[0].market}), expects ${beaten[0].cost_usd[1]:.4f}"
+    slower_cheaper_rate = [r for r in rows if r.fits and r.rate_per_hour < best.rate_per_hour and not r.meets_deadline]
+    if slower_cheaper_rate:
+        r = slower_cheaper_rate[0]
+        text += f"; {r.instance_type} ({r.market}) has a lower rate but misses the deadline"
+    return text
 
 
 def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: float | None,
@@ -89,52 +90,24 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
                             config.storage.model_dump(mode="json"), config.cost.tags)
     data_seconds = time.perf_counter() - t0
-
-    # Calibrate: the real loop, on the real data and model, for a few steps in a scratch folder.
     tc = config.train.for_train_rows(packed.rows["train"])
     steps = min(calibration_steps, tc.max_steps)
-    calib = config.model_copy(deep=True)
-    calib.train.max_steps = steps
-    calib.train.eval_every = steps
-    calib.train.checkpoint.every = steps
-    calib.train.patience = 0
-    # Local even for an s3:// root: calibration output is thrown away.
-    scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, packed.fingerprint)
-    shutil.rmtree(scratch, ignore_errors=True)
     t1 = time.time()
-    result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=packed.dataset_dir,
-                            stats_path=prep.stats_path, config=calib))
-    shutil.rmtree(scratch, ignore_errors=True)
-    assert isinstance(result, TrainResult)  # one process (rank 0), no pause
+    result = _calibrate(config, steps, packed.dataset_dir, prep.stats_path, packed.fingerprint)
+    assert result.step_costs is not None and result.batch_layout is not None
     seconds = result.seconds
-    per_step = seconds.train / steps
-    per_eval = seconds.eval  # one validation pass
-    per_save = seconds.checkpoint
-    evals = -(-tc.max_steps // tc.validate_every)
-    mode, value = tc.checkpoint.interval()
-    interval_s = per_step * value if mode == "steps" else value if mode == "seconds" else (
-        (2 * max(per_save, 1e-3) * tc.checkpoint.mean_seconds_between_preemptions) ** 0.5)
-    saves = tc.max_steps * per_step / max(interval_s, 1e-9)
-    startup = seconds.startup
-    run_seconds = data_seconds + startup + per_step * tc.max_steps + per_eval * evals + per_save * saves
-    candidates = []
-    for name in instance_types:
-        price = config.cost.prices[name]
-        candidates.append((name, "on_demand", price.on_demand_per_hour, price.relative_speed))
-        if price.spot_per_hour is not None:
-            candidates.append((name, "spot", price.spot_per_hour, price.relative_speed))
-    rows = plan_instances(
-        calibrated_hours=run_seconds / 3600,
-        candidates=candidates,
-        mean_hours_between_preemptions=tc.checkpoint.mean_seconds_between_preemptions / 3600,
-        restart_hours=startup / 3600,
-        checkpoint_interval_hours=interval_s / 3600,
-        deadline_hours=deadline_hours,
-    )
-    rows = refuse_what_does_not_fit(rows, config, gpu_training_bytes(config, prep.stats_path))
-    cheapest = next((r for r in rows if r.meets_deadline and r.fits), None)
-    calibration = Calibration(
-        steps=steps, seconds_per_step=per_step, seconds_per_validation=per_eval, seconds_per_checkpoint=per_save,
-        startup_seconds=startup, data_seconds=data_seconds, estimated_run_hours_here=run_seconds / 3600,
-        wall_seconds=time.time() - t1)
-    return PlanReport(calibration=calibration, deadline_hours=deadline_hours, rows=rows, cheapest=cheapest)
+    probe = result.num_workers.probe if result.num_workers is not None else None
+    here = HereFigures(
+        steps=tc.max_steps, evals=-(-tc.max_steps // tc.validate_every), seconds_per_step=seconds.train / steps,
+        seconds_per_validation=seconds.eval, seconds_per_checkpoint=seconds.checkpoint,
+        startup_seconds=seconds.startup, data_seconds=data_seconds,
+        load_seconds_per_batch=probe.data_seconds_per_batch if probe is not None else None)
+    micro_batch = result.batch_layout.micro_batch
+    rows = plan_rows(config, instance_types, result.step_costs, micro_batch, here, deadline_hours)
+    cheapest = next((r for r in rows if r.fits and r.meets_deadline), None)
+    here_hours = (here.data_seconds + here.startup_seconds + here.seconds_per_step * here.steps
+                  + here.evals * here.seconds_per_validation) / 3600
+    calibration = Calibration(steps=steps, here=here, micro_batch=micro_batch, step_costs=result.step_costs,
+                              estimated_run_hours_here=here_hours, wall_seconds=time.time() - t1)
+    return PlanReport(calibration=calibration, deadline_hours=deadline_hours, rows=rows, cheapest=cheapest,
+                      why=_why(cheapest, rows, deadline_hours))

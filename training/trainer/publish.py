@@ -71,6 +71,11 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
     package = export_model_package(trainer.run_dir / "model", best, trainer.config, trainer.stats, job.run_key,
                                    stopper.best_step, trainer.metric, stopper.best)
     result = _result(trainer, status, package, fp32_slowdown)
+    if job.count_step:
+        from training.trainer.step_cost import measure_step_costs
+
+        result = result.model_copy(update={"step_costs": measure_step_costs(
+            trainer.state.model, trainer.task, trainer.train_batches.batch(0, 0), trainer.tc.precision)})
     write_json_atomic(trainer.run_dir / "result.json", result.to_json())
     root, rel, key = trainer.book.root, job.run_rel, job.run_key
     if root is not None:

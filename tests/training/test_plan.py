@@ -1,0 +1,156 @@
+"""`retrain plan`'s step-time model: FLOPs counted on the real model, the roofline over the GPUs'
+published figures, memory fit and its variants, expected spot cost and the ranked table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from training.config import RetrainConfig
+from training.cost.hardware import GPUS, peak_flops
+from training.cost.interruptions import SPOT_BANDS, hourly_rates
+from training.cost.planner import HereFigures, plan_rows
+from training.cost.roofline import predict_step
+from training.cost.spot_risk import spot_outlook, young_daly_seconds
+from training.cost.step_count import StepCosts, StepCount
+from training.data.features import FeatureStats
+from training.model.network import ModelSchema, build_model
+from training.model.objectives import BinaryTask
+from training.trainer.step_cost import count_step, measure_step_costs
+
+B, N_NUM, HIDDEN = 32, 5, [16, 8]
+
+
+def _mlp(checkpointing: bool = False) -> torch.nn.Module:
+    config = RetrainConfig().model.model_copy(update={"numeric_embedding": "none", "hidden": HIDDEN,
+                                                      "gradient_checkpointing": checkpointing, "dropout": 0.0})
+    schema = ModelSchema(task="binary", n_outputs=1, numeric=[f"x{i}" for i in range(N_NUM)], categorical=[],
+                         cardinalities=[])
+    return build_model(config, schema)
+
+
+def _batch() -> dict[str, torch.Tensor]:
+    return {"num": torch.randn(B, N_NUM), "cat": torch.zeros(B, 0, dtype=torch.int64),
+            "label": torch.randint(0, 2, (B,)).float()}
+
+
+TASK = BinaryTask(FeatureStats([], [], [], [], []))
+
+
+def test_the_mlps_flops_are_the_hand_count() -> None:
+    """Forward 2·B·in·out per linear layer; backward the same for the weight gradients, and again
+    for the input gradients of every layer but the first (its input needs no gradient)."""
+    widths = [N_NUM, *HIDDEN, 1]
+    layers = [a * b for a, b in zip(widths, widths[1:], strict=False)]
+    hand = 2 * B * sum(layers) * 2 + 2 * B * sum(layers[1:])
+    count = count_step(_mlp(), TASK, _batch(), None)
+    assert count.flops == hand
+    assert count.parameters == sum(layers) + sum(widths[1:])
+    # Gradient checkpointing recomputes the first block's forward in backward.
+    checkpointed = count_step(_mlp(checkpointing=True), TASK, _batch(), None, checkpointing=True)
+    assert checkpointed.flops == hand + 2 * B * layers[0]
+    # bf16 autocast moves fewer bytes through the matmuls for the same FLOPs.
+    half = count_step(_mlp(), TASK, _batch(), torch.bfloat16)
+    assert half.flops == hand and half.matmul_bytes < count.matmul_bytes
+
+
+def test_counting_leaves_the_model_and_rng_untouched() -> None:
+    model, batch = _mlp(), _batch()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = torch.random.get_rng_state()
+    costs = measure_step_costs(model, TASK, batch, "auto")
+    assert costs.as_run.precision == "bf16" and costs.checkpointed is not None
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(state, torch.random.get_rng_state())
+
+
+def _count(flops: float, params: int, activations: float, kernels: int = 50) -> StepCount:
+    return StepCount(micro_batch=512, precision="bf16", gradient_checkpointing=False, flops=flops,
+                     matmul_bytes=flops / 50, other_bytes=flops / 100, kernels=kernels, parameters=params,
+                     parameter_bytes=4 * params, activation_bytes=int(activations), optimizer_bytes=28.0 * params)
+
+
+def test_the_roofline_follows_the_published_figures() -> None:
+    heavy = _count(flops=5e13, params=10_000_000, activations=1e9)
+    t4, a100 = (predict_step(heavy, GPUS[g], 1, "auto") for g in ("T4", "A100-40GB"))
+    assert t4.precision == "fp16" and a100.precision == "bf16"  # no bf16 on Turing
+    assert t4.bound == a100.bound == "compute"
+    assert t4.low < t4.mid < t4.high
+    # Compute-bound: the middle estimates stand in the ratio of the half-precision peaks.
+    assert t4.mid / a100.mid == pytest.approx(312 / 65, rel=0.1)
+    tiny = _count(flops=1e6, params=1000, activations=1e5)
+    assert predict_step(tiny, GPUS["H100"], 1, "auto").bound == "launch"
+    assert peak_flops(GPUS["V100-16GB"], "fp32") == (15.7e12, "fp32")
+
+
+def _here(seconds_per_step: float = 0.01) -> HereFigures:
+    return HereFigures(steps=3600, evals=10, seconds_per_step=seconds_per_step, seconds_per_validation=0.0,
+                       seconds_per_checkpoint=1.0, startup_seconds=0.0, data_seconds=0.0,
+                       load_seconds_per_batch=None)
+
+
+def test_a_model_too_large_for_a_t4_is_refused_there_or_planned_with_checkpointing() -> None:
+    """As configured the model needs ~18 GB a GPU: it fits an A10G (24 GB) as is; on a T4 (16 GB)
+    only with gradient checkpointing (~14 GB), which the row says and prices; with no variant
+    small enough the T4 is refused with the reason."""
+    params = 3_000_000_000 // 4  # 3 GB of fp32 weights: 12 GB with gradients and AdamW moments
+    base = _count(1e12, params, activations=4.5e9)
+    costs = StepCosts(as_run=base, bf16=base, checkpointed=base.model_copy(
+        update={"activation_bytes": int(0.5e9), "flops": 1.3e12, "gradient_checkpointing": True}))
+    config = RetrainConfig()
+    rows = {(r.instance_type, r.market): r for r in plan_rows(config, ["g4dn.xlarge", "g5.xlarge"], costs, 512,
+                                                              _here(), None)}
+    a10g, t4 = rows[("g5.xlarge", "on_demand")], rows[("g4dn.xlarge", "on_demand")]
+    assert a10g.fits and a10g.variant == "as configured" and 16 < (a10g.need_gb or 0) < 24
+    assert t4.fits and t4.variant == "gradient checkpointing" and t4.set == {"model.gradient_checkpointing": "true"}
+    assert (t4.need_gb or 0) < 16
+
+    nothing_fits = StepCosts(as_run=base, bf16=base, checkpointed=None)
+    huge = nothing_fits.model_copy(update={"as_run": _count(1e12, 4 * params, 4.5e9)})
+    rows_huge = plan_rows(config, ["g4dn.xlarge"], huge.model_copy(update={"bf16": huge.as_run}), 1, _here(), None)
+    assert not rows_huge[0].fits and "its GPU has 16 GB" in (rows_huge[0].refused or "")
+
+
+def test_the_worked_example_a_cheaper_slower_instance_wins_when_the_deadline_allows() -> None:
+    """$1.40/h for 2.2 h ($3.08) beats $4.00/h for 1 h ($4.00) when the deadline allows 2.2 h;
+    with 1.5 h only the dearer one meets it. Step times as measured on each instance."""
+    config = RetrainConfig.model_validate({"cost": {"prices": {
+        "small": {"gpus": 1, "on_demand_per_hour": 1.40, "measured_step_seconds": 2.2},
+        "big": {"gpus": 1, "on_demand_per_hour": 4.00, "measured_step_seconds": 1.0}}}})
+    costs = StepCosts(as_run=_count(1e9, 1000, 1e6), bf16=_count(1e9, 1000, 1e6), checkpointed=None)
+    rows = plan_rows(config, ["small", "big"], costs, 512, _here(), 3.0)
+    assert [r.instance_type for r in rows] == ["small", "big"]
+    assert rows[0].cost_usd[1] == pytest.approx(3.08) and rows[1].cost_usd[1] == pytest.approx(4.00)
+    tight = plan_rows(config, ["small", "big"], costs, 512, _here(), 1.5)
+    assert tight[0].instance_type == "big" and not tight[1].meets_deadline and tight[1].p_deadline == 0.0
+
+
+def test_expected_spot_time_uses_young_daly_and_the_published_band() -> None:
+    rate = hourly_rates(">20%")[1]
+    assert rate == pytest.approx(-math.log(1 - 0.35) / 730)
+    assert SPOT_BANDS["us-east-1"]["g4dn.xlarge"] == "15-20%"
+    out = spot_outlook(10.0, 0.2, save_seconds=30.0, restart_seconds=120.0, deadline_hours=None)
+    tau = young_daly_seconds(30.0, 0.2)
+    assert out.checkpoint_every_seconds == pytest.approx(math.sqrt(2 * 30 * 3600 / 0.2)) == tau
+    stalled = 10.0 * (1 + 30.0 / tau)
+    assert out.hours == pytest.approx(stalled / (1 - 0.2 * (120 + tau / 2) / 3600))
+    assert out.interruptions == pytest.approx(0.2 * out.hours)
+    # The chance of ending in time grows with the deadline and is 0 below the work itself.
+    chances = [spot_outlook(10.0, 0.2, 30.0, 120.0, d).p_deadline for d in (9.0, 11.0, 12.0, 14.0)]
+    assert chances[0] == 0.0 and chances == sorted(chances) and (chances[-1] or 0) > 0.9
+    on_demand = spot_outlook(10.0, 0.0, 30.0, 120.0, 12.0)
+    assert on_demand.hours == 10.0 and on_demand.p_deadline == 1.0
+
+
+def test_every_shipped_gpu_instance_names_a_sourced_gpu() -> None:
+    config = RetrainConfig()
+    for name, price in config.cost.prices.items():
+        if price.gpus:
+            assert price.gpu in GPUS and price.vcpus, name
+            assert GPUS[price.gpu].memory_gb == price.gpu_memory_gb, name
+    assert all(g.source for g in GPUS.values())
+    with pytest.raises(ValueError, match="unknown GPU 'K80'"):
+        RetrainConfig.model_validate({"cost": {"prices": {"x": {"gpus": 1, "on_demand_per_hour": 1.0, "gpu": "K80"}}}})

@@ -1,0 +1,184 @@
+"""`retrain plan`'s rows: per instance type and market, the step time (predicted from the GPU's
+published figures, or measured), whether the model fits and in which variant, and the expected
+hours, cost and chance of meeting the deadline. Pure arithmetic on a calibration and step counts."""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict
+
+from training.config import InstancePrice, RetrainConfig
+from training.cost.bill import GB
+from training.cost.hardware import GPUS
+from training.cost.interruptions import SPOT_BANDS, hourly_rates
+from training.cost.roofline import StepPrediction, predict_step, training_bytes
+from training.cost.spot_risk import spot_outlook
+from training.cost.step_count import StepCosts, StepCount
+
+__all__ = ["DEADLINE_CONFIDENCE", "HereFigures", "PlanRow", "Variant", "plan_rows", "variants"]
+
+# The recommendation must end by the deadline with at least this probability.
+DEADLINE_CONFIDENCE = 0.9
+MAX_ACCUMULATION = 8
+
+
+class HereFigures(BaseModel):
+    """What calibration measured on this machine, for the parts that do not run on the GPU."""
+
+    steps: int  # optimizer steps of the whole run
+    evals: int  # validations of the whole run
+    seconds_per_step: float
+    seconds_per_validation: float
+    seconds_per_checkpoint: float
+    startup_seconds: float
+    data_seconds: float  # pack and preprocess
+    load_seconds_per_batch: float | None  # one core producing one training batch
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    set: dict[str, str]  # the keys to set for it
+    count: StepCount
+    accumulation: int = 1
+
+
+class PlanRow(BaseModel):
+    """One (instance type, market) line of `retrain plan`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    instance_type: str
+    market: str
+    rate_per_hour: float
+    variant: str = "as configured"
+    set: dict[str, str] = {}
+    step_seconds: tuple[float, float, float] | None = None  # low, middle, high
+    step_source: str = ""
+    need_gb: float | None = None
+    fits: bool = True
+    refused: str | None = None
+    hours: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    cost_usd: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    interruptions: float = 0.0
+    interruption_band: str | None = None
+    checkpoint_every_seconds: float | None = None
+    p_deadline: float | None = None
+    meets_deadline: bool = True
+
+
+def variants(costs: StepCosts, configured_precision: str, micro_batch: int) -> list[Variant]:
+    """As configured, then what would cut memory, cheapest in step time first: bf16, gradient
+    checkpointing, then smaller micro-batches with accumulation (the same effective batch)."""
+    out = [Variant(name="as configured", set={}, count=costs.as_run)]
+    if configured_precision == "fp32":
+        out.append(Variant(name="bf16", set={"train.precision": "auto"}, count=costs.bf16))
+    if costs.checkpointed is not None:
+        out.append(Variant(name="gradient checkpointing", set={"model.gradient_checkpointing": "true"},
+                           count=costs.checkpointed))
+    base = costs.checkpointed or costs.as_run
+    k = 2
+    while k <= MAX_ACCUMULATION and micro_batch // k >= 1:
+        # Activations shrink with the micro-batch; each optimizer step launches k times the
+        # kernels and reads the weights k times.
+        count = base.model_copy(update={
+            "activation_bytes": int(base.activation_bytes / k), "kernels": base.kernels * k,
+            "matmul_bytes": base.matmul_bytes + (k - 1) * 3 * base.parameter_bytes})
+        out.append(Variant(name=f"micro-batch {micro_batch // k} x {k} accumulated", accumulation=k, count=count,
+                           set={**({"model.gradient_checkpointing": "true"} if costs.checkpointed else {}),
+                                "train.batch_size": str(micro_batch // k), "train.grad_accum": str(k)}))
+        k *= 2
+    return out
+
+
+def _work_hours(here: HereFigures, step: float) -> float:
+    """The run's hours at `step` seconds per step: steps, validations scaled by the same
+    speed-up, start-up and pack and preprocess (the host's work, as measured here)."""
+    evals = here.evals * here.seconds_per_validation * step / max(here.seconds_per_step, 1e-9)
+    return (here.data_seconds + here.startup_seconds + step * here.steps + evals) / 3600.0
+
+
+def _step_for(price: InstancePrice, variant: Variant, config: RetrainConfig, here: HereFigures
+              ) -> tuple[StepPrediction, str]:
+    if price.measured_step_seconds is not None:
+        s = price.measured_step_seconds
+        return StepPrediction(low=s, mid=s, high=s, precision="", bound="measured"), "measured on the instance"
+    if price.gpu is None:
+        s = here.seconds_per_step / price.relative_speed
+        return StepPrediction(low=s, mid=s, high=s, precision="", bound="measured"), (
+            f"measured here / relative_speed {price.relative_speed:g}")
+    precision = config.train.precision if not variant.set.get("train.precision") else "auto"
+    pred = predict_step(variant.count, GPUS[price.gpu], price.gpus, precision)
+    source = f"predicted: {price.gpu} {pred.precision}, {pred.bound}-bound"
+    if here.load_seconds_per_batch is not None and price.vcpus is not None:
+        # The host's cores (one kept for the training process) load batches at this machine's
+        # measured pace per core: a GPU that would wait on data is not faster.
+        floor = here.load_seconds_per_batch * variant.accumulation / max(1, price.vcpus - 1)
+        if floor > pred.low:
+            pred = StepPrediction(low=max(floor, pred.low), mid=max(floor, pred.mid), high=max(floor, pred.high),
+                                  precision=pred.precision, bound="data")
+            source = f"predicted: {price.gpu} waits on data ({price.vcpus} vCPUs)"
+    return pred, source
+
+
+def _interruption_rates(name: str, price: InstancePrice, config: RetrainConfig
+                        ) -> tuple[tuple[float, float, float], str | None]:
+    band = price.interruption_band or SPOT_BANDS.get(config.cost.region, {}).get(name)
+    if band is None:
+        rate = 3600.0 / config.train.checkpoint.mean_seconds_between_preemptions
+        return (rate, rate, rate), None
+    return hourly_rates(band), band
+
+
+def _row(name: str, market: str, rate: float, price: InstancePrice, variant: Variant, config: RetrainConfig,
+         here: HereFigures, deadline: float | None) -> PlanRow:
+    pred, source = _step_for(price, variant, config, here)
+    rates, band = _interruption_rates(name, price, config) if market == "spot" else ((0.0, 0.0, 0.0), None)
+    # Optimistic: fast steps and few interruptions; pessimistic: slow steps and many.
+    low, mid, high = (spot_outlook(_work_hours(here, s), r, here.seconds_per_checkpoint, here.startup_seconds,
+                                   deadline) for s, r in zip((pred.low, pred.mid, pred.high), rates, strict=True))
+    p = None if deadline is None else (low.p_deadline or 0.0) / 4 + (mid.p_deadline or 0.0) / 2 + (
+        high.p_deadline or 0.0) / 4
+    hours = (low.hours, mid.hours, high.hours)
+    return PlanRow(instance_type=name, market=market, rate_per_hour=rate, variant=variant.name, set=variant.set,
+                   step_seconds=(pred.low, pred.mid, pred.high), step_source=source, hours=hours,
+                   cost_usd=(rate * hours[0], rate * hours[1], rate * hours[2]), interruptions=mid.interruptions,
+                   interruption_band=band, checkpoint_every_seconds=mid.checkpoint_every_seconds, p_deadline=p,
+                   meets_deadline=p is None or p >= DEADLINE_CONFIDENCE)
+
+
+def _fitting(name: str, price: InstancePrice, options: list[Variant]) -> tuple[Variant | None, float | None, str]:
+    """The first variant whose training memory fits one of the instance's GPUs."""
+    memory = price.gpu_memory_gb or (GPUS[price.gpu].memory_gb if price.gpu else None)
+    if memory is None:
+        return options[0], None, ""
+    needs = [(v, training_bytes(v.count, max(1, price.gpus))) for v in options]
+    for variant, need in needs:
+        if need <= memory * GB:
+            return variant, need / GB, ""
+    least = min(n for _, n in needs)
+    return None, needs[0][1] / GB, (f"training needs about {needs[0][1] / GB:.1f} GB a GPU as configured and at least "
+                                    f"{least / GB:.1f} GB in any variant (weights, gradients, AdamW state, activations, "
+                                    f"CUDA context); its GPU has {memory:g} GB")
+
+
+def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_batch: int,
+              here: HereFigures, deadline: float | None) -> list[PlanRow]:
+    """Every (instance, market) row; fitting rows that meet the deadline first, cheapest first."""
+    rows = []
+    for name in names:
+        price = config.cost.prices[name]
+        variant, need, why = _fitting(name, price, variants(costs, config.train.precision, micro_batch))
+        for market, rate in (("on_demand", price.on_demand_per_hour), ("spot", price.spot_per_hour)):
+            if rate is None:
+                continue
+            if variant is None:
+                rows.append(PlanRow(instance_type=name, market=market, rate_per_hour=rate, need_gb=need, fits=False,
+                                    refused=why, hours=(math.inf,) * 3, cost_usd=(math.inf,) * 3,
+                                    meets_deadline=False))
+                continue
+            rows.append(_row(name, market, rate, price, variant, config, here, deadline).model_copy(
+                update={"need_gb": need}))
+    return sorted(rows, key=lambda r: (not r.fits, not r.meets_deadline, r.cost_usd[1]))

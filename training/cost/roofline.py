@@ -1,0 +1,72 @@
+"""A GPU's step time for a counted step (`training.trainer.step_cost`), from its published figures.
+
+Per step: the matmul-class ops take the longer of their FLOPs at the precision's peak and their
+bytes at the memory bandwidth (a roofline); every other kernel is bandwidth-bound; AdamW streams
+the weights, gradients and moments once; and each kernel pays a launch. Peaks are never reached,
+so each term is scaled by an efficiency. The efficiencies and the launch cost below are priors,
+not measurements (no GPU runs here): they give every prediction a low-high range, and a step
+time measured on an instance replaces the prediction (`cost.prices.<type>.measured_step_seconds`).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from training.cost.hardware import GpuSpec, peak_flops
+from training.cost.step_count import StepCount
+
+__all__ = ["Efficiency", "PRIORS", "StepPrediction", "predict_step", "training_bytes"]
+
+
+class Efficiency(BaseModel):
+    compute: float  # fraction of peak FLOP/s the matmuls reach
+    bandwidth: float  # fraction of peak bandwidth the memory-bound kernels reach
+    launch_seconds: float  # per kernel, eager mode
+
+
+# Optimistic, middle, pessimistic. Small tabular matmuls reach a modest share of peak; eager
+# PyTorch pays a few microseconds per kernel launch on the host.
+PRIORS = (Efficiency(compute=0.7, bandwidth=0.85, launch_seconds=4e-6),
+          Efficiency(compute=0.45, bandwidth=0.7, launch_seconds=6e-6),
+          Efficiency(compute=0.25, bandwidth=0.5, launch_seconds=10e-6))
+# Gradients of a multi-GPU instance are all-reduced over its links each step: 10-100 GB/s
+# (PCIe to NVLink), an assumption like the priors.
+ALLREDUCE_GBS = (100.0, 25.0, 10.0)
+# Beside the model's own bytes a GPU holds the CUDA context and the caching allocator's slack; an
+# allowance, not a measurement (no GPU here): PyTorch's context alone is several hundred MB.
+CUDA_OVERHEAD_BYTES = 1.5e9
+
+
+class StepPrediction(BaseModel):
+    low: float
+    mid: float
+    high: float
+    precision: str  # what the step runs in on this GPU
+    bound: str  # the largest term at the middle estimate: compute, memory or launch
+
+
+def _seconds(count: StepCount, gpu: GpuSpec, gpus: int, peak: float, eff: Efficiency, link_gbs: float
+             ) -> tuple[float, dict[str, float]]:
+    bw = gpu.bandwidth_gbs * 1e9 * eff.bandwidth
+    share = 1.0 / gpus  # data parallel: each GPU takes 1/gpus of the rows, every kernel still launches
+    matmul = max(count.flops * share / (peak * eff.compute), count.matmul_bytes * share / bw)
+    memory = (count.other_bytes * share + count.optimizer_bytes) / bw
+    launch = count.kernels * eff.launch_seconds
+    comm = 0.0 if gpus == 1 else 2 * (gpus - 1) / gpus * count.parameter_bytes / (link_gbs * 1e9)
+    parts = {"compute": matmul, "memory": memory + comm, "launch": launch}
+    return sum(parts.values()), parts
+
+
+def predict_step(count: StepCount, gpu: GpuSpec, gpus: int, precision: str) -> StepPrediction:
+    """Seconds per optimizer step of `count` on an instance with `gpus` of `gpu`."""
+    peak, runs_in = peak_flops(gpu, precision)
+    low, _ = _seconds(count, gpu, gpus, peak, PRIORS[0], ALLREDUCE_GBS[0])
+    mid, parts = _seconds(count, gpu, gpus, peak, PRIORS[1], ALLREDUCE_GBS[1])
+    high, _ = _seconds(count, gpu, gpus, peak, PRIORS[2], ALLREDUCE_GBS[2])
+    return StepPrediction(low=low, mid=mid, high=high, precision=runs_in, bound=max(parts, key=lambda k: parts[k]))
+
+
+def training_bytes(count: StepCount, gpus: int) -> float:
+    """What one GPU holds: fp32 weights, gradients and AdamW's two moments, its share of the
+    activations, and the CUDA allowance."""
+    return 4 * count.parameter_bytes + count.activation_bytes / gpus + CUDA_OVERHEAD_BYTES

@@ -1,0 +1,109 @@
+"""What one optimizer step of the real model costs in arithmetic, memory traffic, kernels and
+held bytes, counted (not timed) on this machine: the input of `retrain plan`'s step-time model
+for GPUs it has never run on.
+
+One forward and backward at the run's micro-batch runs under PyTorch's `FlopCounterMode` (the
+matmul, convolution and attention FLOPs) and a dispatch mode that sees every other ATen op: the
+bytes each op reads and writes, and how many ops would launch a kernel. The tensors autograd
+saves for backward are counted as they are saved. Counting is by shapes and dtypes, so a CPU
+count holds for a GPU; it is repeated under bf16 autocast and with gradient checkpointing, the
+variants `retrain plan` prices when a model would not fit.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+from training.cost.step_count import StepCosts, StepCount
+from training.model.network import Batch, forward_fn
+from training.model.objectives import Task
+
+__all__ = ["count_step", "measure_step_costs"]
+
+# AdamW per parameter and step: read weight, gradient and both moments, write weight and both
+# moments. Its FLOPs (about a dozen per parameter) are negligible beside the model's.
+ADAMW_BYTES_PER_FP32_PARAMETER = 7 * 4
+# Foreach AdamW launches a handful of multi-tensor kernels per step, whatever the parameter count.
+ADAMW_KERNELS = 12
+
+
+class _Traffic(TorchDispatchMode):
+    """Counts kernels and the bytes each one reads and writes, split by whether
+    `FlopCounterMode` counts its FLOPs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernels = 0
+        self.matmul_bytes = 0.0
+        self.other_bytes = 0.0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if getattr(func, "is_view", False) or func.overloadpacket in _NO_KERNEL:
+            return out
+        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+        moved = float(sum(t.numel() * t.element_size() for t in tensors))
+        if func.overloadpacket in flop_registry:
+            self.matmul_bytes += moved
+        else:
+            self.other_bytes += moved
+        self.kernels += 1
+        return out
+
+
+_aten = torch.ops.aten
+# Ops that change metadata or allocate without computing: no kernel, no traffic worth counting.
+_NO_KERNEL = {_aten.detach, _aten.empty, _aten.empty_like, _aten.empty_strided, _aten.lift_fresh, _aten.set_,
+              _aten.resize_, _aten.is_same_size}
+
+
+def _switches(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules with a gradient-checkpointing switch (the built-in model and its text encoder)."""
+    return [m for m in model.modules() if isinstance(getattr(m, "gradient_checkpointing", None), bool)]
+
+
+def count_step(model: torch.nn.Module, task: Task, batch: Batch, dtype: torch.dtype | None,
+               checkpointing: bool = False) -> StepCount:
+    """Count one forward and backward of `model` (a copy: the run's weights, gradients and RNG
+    streams are untouched) on `batch`, on the CPU."""
+    probe = copy.deepcopy(model).to("cpu").train()
+    for module in _switches(probe):
+        module.gradient_checkpointing = checkpointing  # type: ignore[assignment]
+    rows = {k: v.to("cpu") for k, v in batch.items()}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    flops = FlopCounterMode(display=False)
+    traffic = _Traffic()
+    with torch.random.fork_rng(), flops, traffic, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        task.forward_loss(forward_fn(probe, model), rows, torch.device("cpu"), dtype).backward()
+    params = [p for p in probe.parameters() if p.requires_grad]
+    n = sum(p.numel() for p in params)
+    return StepCount(
+        micro_batch=int(batch["label"].shape[0]), precision="fp32" if dtype is None else "bf16",
+        gradient_checkpointing=checkpointing, flops=float(flops.get_total_flops()),
+        matmul_bytes=traffic.matmul_bytes, other_bytes=traffic.other_bytes,
+        kernels=traffic.kernels + ADAMW_KERNELS, parameters=n,
+        parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+        activation_bytes=sum(saved.values()) + sum(v.nbytes for v in rows.values()),
+        optimizer_bytes=float(ADAMW_BYTES_PER_FP32_PARAMETER * n))
+
+
+def measure_step_costs(model: torch.nn.Module, task: Task, batch: Batch, configured_precision: str) -> StepCosts:
+    """The step as a GPU would train it under `train.precision` (auto, bf16 and fp16 run in half
+    precision there; fp16 moves the bytes bf16 does), in bf16, and with gradient checkpointing."""
+    half = torch.bfloat16
+    dtype = None if configured_precision == "fp32" else half
+    as_run = count_step(model, task, batch, dtype)
+    bf16 = as_run if dtype is not None else count_step(model, task, batch, half)
+    checkpointed = count_step(model, task, batch, dtype, True) if _switches(model) else None
+    return StepCosts(as_run=as_run, bf16=bf16, checkpointed=checkpointed)
