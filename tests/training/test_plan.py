@@ -16,7 +16,7 @@ from training.cost.roofline import predict_step
 from training.cost.spot_risk import spot_outlook, young_daly_seconds
 from training.cost.step_count import StepCosts, StepCount
 from training.data.features import FeatureStats
-from training.model.network import ModelSchema, build_model
+from training.model.network import ModelSchema, build_model, forward_fn
 from training.model.objectives import BinaryTask
 from training.trainer.step_cost import count_step, measure_step_costs
 
@@ -154,3 +154,91 @@ def test_every_shipped_gpu_instance_names_a_sourced_gpu() -> None:
     assert all(g.source for g in GPUS.values())
     with pytest.raises(ValueError, match="unknown GPU 'K80'"):
         RetrainConfig.model_validate({"cost": {"prices": {"x": {"gpus": 1, "on_demand_per_hour": 1.0, "gpu": "K80"}}}})
+
+
+def _task_batch(**columns: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"num": torch.zeros(B, 0), "cat": torch.zeros(B, 0, dtype=torch.int64),
+            "label": torch.randint(0, 2, (B,)).float(), **columns}
+
+
+def test_the_transformers_flops_are_the_hand_count() -> None:
+    """Per layer and token: qkv, projection and the 4x MLP are 2·(3 + 1 + 8)·d² FLOPs forward;
+    attention 4·t·d per token (scores and the weighted sum); backward twice the forward
+    throughout (every input needs its gradient). Then the MLP head on the pooled d."""
+    t, d, heads, layers = 16, 32, 4, 2
+    config = RetrainConfig().model.model_copy(update={
+        "numeric_embedding": "none", "hidden": [8], "text_dim": d, "text_layers": layers, "text_heads": heads,
+        "dropout": 0.0, "attention": "flash"})  # counted as math whatever the configured kernel
+    schema = ModelSchema(task="binary", n_outputs=1, numeric=[], categorical=[], cardinalities=[], text=["t"],
+                         vocab_size=50, max_tokens=t)
+    batch = _task_batch(tok=torch.randint(1, 50, (B, 1, t)), ntok=torch.full((B, 1), t))
+    tokens = B * t
+    encoder = 3 * layers * (24 * tokens * d * d + 4 * B * t * t * d)
+    head = 3 * 2 * B * d * 8 + 3 * 2 * B * 8
+    assert count_step(build_model(config, schema), TASK, batch, None).flops == encoder + head
+
+
+def test_the_cnns_flops_are_the_hand_count() -> None:
+    """A 3x3 convolution is 2·H·W·Cin·Cout·9 FLOPs forward, as much again for its weight gradient
+    and, past the first (whose pixels need no gradient), for its input gradient."""
+    config = RetrainConfig().model.model_copy(update={"numeric_embedding": "none", "hidden": [8],
+                                                      "image_channels": [4, 8], "dropout": 0.0})
+    schema = ModelSchema(task="binary", n_outputs=1, numeric=[], categorical=[], cardinalities=[], image=["i"],
+                         image_size=8, image_mean=[1.0] * 3, image_std=[1.0] * 3)
+    batch = _task_batch(pix=torch.randint(0, 255, (B, 1, 3, 8, 8), dtype=torch.uint8))
+    conv1, conv2 = 2 * B * 8 * 8 * 3 * 4 * 9, 2 * B * 4 * 4 * 4 * 8 * 9  # pooled 2x between them
+    head = 3 * 2 * B * 8 * 8 + 3 * 2 * B * 8
+    assert count_step(build_model(config, schema), TASK, batch, None).flops == 2 * conv1 + 3 * conv2 + head
+
+
+def _wide_mlp(rows: int, width: int) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    config = RetrainConfig().model.model_copy(update={"numeric_embedding": "none", "hidden": [width] * 3,
+                                                      "dropout": 0.0})
+    schema = ModelSchema(task="binary", n_outputs=1, numeric=[f"x{i}" for i in range(64)], categorical=[],
+                         cardinalities=[])
+    batch = {"num": torch.randn(rows, 64), "cat": torch.zeros(rows, 0, dtype=torch.int64),
+             "label": torch.randint(0, 2, (rows,)).float()}
+    return build_model(config, schema), batch
+
+
+def peak_step_bytes(rows: int, width: int) -> int:
+    """Measured: what a steady-state training step holds at its peak, from the process's peak
+    resident set (run in a fresh process). The first step allocates AdamW's moments; the second
+    is measured from the resident weights and moments to its peak."""
+    from pathlib import Path
+
+    torch.set_num_threads(1)
+    model, batch = _wide_mlp(rows, width)
+    optimizer = torch.optim.AdamW(model.parameters())
+    forward = forward_fn(model)
+    for step in range(2):
+        if step == 1:
+            resident = int(Path("/proc/self/statm").read_text().split()[1]) * 4096
+            Path("/proc/self/clear_refs").write_text("5")  # restart the peak (VmHWM) from here
+        TASK.forward_loss(forward, batch, torch.device("cpu"), None).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    status = Path("/proc/self/status").read_text().splitlines()
+    peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM"))
+    weights_and_moments = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+    return peak - resident + weights_and_moments
+
+
+@pytest.mark.parametrize(("rows", "width"), [(16384, 1024), (512, 4096)], ids=["activations", "weights"])
+def test_the_memory_estimate_matches_a_measured_cpu_step(rows: int, width: int) -> None:
+    """The estimate a GPU is checked against (weights, gradients, AdamW moments, the step's
+    transient tensors; the CUDA allowance aside) within 15 % of a real step's peak, for a model
+    whose memory is mostly activations and one whose memory is mostly weights."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from training.cost.roofline import CUDA_OVERHEAD_BYTES, training_bytes
+
+    model, batch = _wide_mlp(rows, width)
+    estimate = training_bytes(count_step(model, TASK, batch, None), 1) - CUDA_OVERHEAD_BYTES
+    code = f"from tests.training.test_plan import peak_step_bytes; print(peak_step_bytes({rows}, {width}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    measured = int(out.stdout.strip())
+    assert estimate == pytest.approx(measured, rel=0.15), (estimate / 1e6, measured / 1e6)
