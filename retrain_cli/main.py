@@ -139,20 +139,14 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def plan_table(rows: list[Any]) -> list[str]:
-    """The ranked table a person reads: step times are predictions (ranges) unless measured."""
-    out = [f"{'instance':<26}{'market':<10}{'variant':<24}{'ms/step (range)':<22}{'fits':<6}"
-           f"{'hours':>9}{'cost $ (range)':>24}{'P(deadline)':>12}  step time"]
-    for r in rows:
-        if not r.fits:
-            out.append(f"{r.instance_type:<26}{r.market:<10}{'-':<24}{'-':<22}{'no':<6}{'-':>9}{'-':>24}{'-':>12}")
-            continue
-        lo, mid, hi = (1000 * s for s in r.step_seconds)
-        step = f"{mid:.3g}" if lo == hi else f"{mid:.3g} ({lo:.3g}-{hi:.3g})"
-        cost = f"{r.cost_usd[1]:.4f} ({r.cost_usd[0]:.4f}-{r.cost_usd[2]:.4f})"
-        p = "-" if r.p_deadline is None else f"{r.p_deadline:.0%}"
-        out.append(f"{r.instance_type:<26}{r.market:<10}{r.variant:<24}{step:<22}{'yes':<6}{r.hours[1]:>9.4f}"
-                   f"{cost:>24}{p:>12}  {r.step_source}")
-    return out
+    """The ranked table a person reads (`PlanRow.cells`), in aligned columns."""
+    widths = {"instance": 26, "market": 10, "variant": 28, "ms/step": 22, "fits": 6, "hours": 9, "cost $": 26,
+              "P(deadline)": 12}
+    lines = ["".join(f"{k:<{w}}" for k, w in widths.items()) + "step time"]
+    for row in rows:
+        cells = row.cells()
+        lines.append("".join(f"{cells[k]:<{w}}" for k, w in widths.items()) + cells["step time"])
+    return lines
 
 
 _PHASES = {"imports": "imports", "server_start": "server", "flow_start": "flow start", "pack": "pack",

@@ -14,6 +14,7 @@ from typing import Any
 from prefect import runtime
 
 from tasks.policies import task_logger
+from training.pipeline.step_times import resolve_planned_instance
 from training.config import RetrainConfig, StorageConfig, merge_over
 from training.errors import Preempted
 from training.storage.lease import hold_root, hold_s3_root
@@ -37,16 +38,26 @@ def _deployment_parameters() -> dict[str, Any] | None:
         return dict(client.read_deployment(deployment_id).parameters or {})
 
 
-def effective_config(config: RetrainConfig) -> RetrainConfig:
+def effective_config(config: RetrainConfig, planned_instance: bool = True) -> RetrainConfig:
     """The run's config deep-merged over its deployment's: keys the run did not give keep the
-    deployment's values (Prefect itself replaces the whole `config` parameter)."""
+    deployment's values (Prefect itself replaces the whole `config` parameter). With
+    `planned_instance`, `cost.instance_type: auto` becomes the last plan's pick."""
     deployed = _deployment_parameters()
-    if not deployed or not isinstance(deployed.get("config"), dict):
-        return config  # a direct call (CLI, tests): the config is already whole
-    merged = merge_over(deployed["config"], config)
-    if merged != config:
-        task_logger().info("run parameters merged over deployment %s's config", runtime.deployment.name)
-    return merged
+    merged = config
+    if deployed and isinstance(deployed.get("config"), dict):  # else a direct call (CLI, tests): already whole
+        merged = merge_over(deployed["config"], config)
+        if merged != config:
+            task_logger().info("run parameters merged over deployment %s's config", runtime.deployment.name)
+    return _planned(merged) if planned_instance else merged
+
+
+def _planned(config: RetrainConfig) -> RetrainConfig:
+    """`cost.instance_type: auto` made the last plan's pick (instance, market, memory variant)."""
+    resolved = resolve_planned_instance(config)
+    if resolved is not config:
+        task_logger().info("cost.instance_type auto: the last plan's pick, %s on %s", resolved.cost.instance_type,
+                           resolved.cost.market)
+    return resolved
 
 
 def check_restarts(config: RetrainConfig) -> None:

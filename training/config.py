@@ -615,7 +615,9 @@ class InstancePrice(_Section):
 
 
 class CostConfig(_Section):
-    instance_type: str = Field("local-cpu", description="The instance type this run runs on (a key of cost.prices).", json_schema_extra=OPERATIONAL)
+    instance_type: str = Field("local-cpu", description="The instance type this run runs on (a key of cost.prices), "
+                               "or auto: the pick of the last `retrain plan` on this storage root, with the memory "
+                               "variant it chose.", json_schema_extra=OPERATIONAL)
     market: Literal["on_demand", "spot"] = Field("on_demand", description="Market this run is billed on.", json_schema_extra=OPERATIONAL)
     region: str = Field("us-east-1", description="Cloud region whose shipped spot interruption bands `retrain plan` "
                         "uses (us-east-1, us-west-2, eu-west-1).", json_schema_extra=OPERATIONAL)
@@ -664,12 +666,14 @@ class CostConfig(_Section):
 
     @model_validator(mode="after")
     def _known_instance(self) -> CostConfig:
-        if self.instance_type not in self.prices:
+        if self.instance_type == "auto":
+            pass  # the last `retrain plan`'s pick, resolved when the run starts
+        elif self.instance_type not in self.prices:
             raise ValueError(
                 f"cost.instance_type {self.instance_type!r} has no entry in cost.prices "
                 f"(known: {sorted(self.prices)}); add one to your config"
             )
-        if self.market == "spot" and self.prices[self.instance_type].spot_per_hour is None:
+        elif self.market == "spot" and self.prices[self.instance_type].spot_per_hour is None:
             raise ValueError(f"cost.market is spot but cost.prices[{self.instance_type!r}].spot_per_hour is empty")
         for cls_name in ("shards", "checkpoints", "models"):
             storage_class = self.storage_class.get(cls_name)
@@ -681,6 +685,9 @@ class CostConfig(_Section):
 
     def rate(self) -> tuple[float, int]:
         """($/h, GPUs) of the declared instance on the declared market."""
+        if self.instance_type == "auto":
+            raise ConfigError("cost.instance_type is auto: the run resolves it from the last `retrain plan` "
+                              "(training.pipeline.step_times.resolve_planned_instance) before pricing")
         entry = self.prices[self.instance_type]
         rate = entry.spot_per_hour if self.market == "spot" else entry.on_demand_per_hour
         return float(rate or 0.0), entry.gpus

@@ -13,7 +13,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from flows.retrain import retrain
 from tests.kill import kill_worker_when
 from training.config import RetrainConfig
-from training.errors import Preempted
+from training.errors import ConfigError, Preempted
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.train_stage import run_key_for
 
@@ -420,3 +420,47 @@ def test_a_run_with_nothing_new_keeps_the_champion_says_why_and_trains_nothing(s
     runs = _task_runs(state.state_details.flow_run_id)
     assert {"pack-plan", "pack", "decide", "keep-champion"} <= set(runs) and "train" not in runs
     assert "keeps the champion" in str(_artifacts(state.state_details.flow_run_id)["training-decision"].data)
+
+
+def test_a_run_takes_the_plans_pick_and_its_step_time_calibrates_the_next_plan(small_config: RetrainConfig) -> None:
+    """`retrain plan` stores its pick; a run with `cost.instance_type: auto` takes it, reports its
+    measured step time against the prediction, and, having run on that instance type's device,
+    stores it: the next plan uses the measurement instead of this machine's calibration."""
+    from training.pipeline.plan_stage import plan_run
+    from training.pipeline.step_times import StepTimeBook, resolve_planned_instance
+    from training.storage.root import StorageRoot
+
+    auto = small_config.model_copy(deep=True)
+    auto.cost.instance_type = "auto"
+    with pytest.raises(ConfigError, match="no plan is stored"):
+        resolve_planned_instance(auto)
+    first = plan_run(small_config, ["local-cpu"], deadline_hours=1.0, calibration_steps=10)
+    assert first.cheapest is not None and first.cheapest.instance_type == "local-cpu"
+    assert first.calibration.here.load_seconds_per_batch is not None  # the host limit was measured
+    assert first.cheapest.step_source.startswith("measured here")
+
+    report = _report(retrain(auto))
+    assert report["cost"]["instance_type"] == "local-cpu" and report["cost"]["market"] == "on_demand"
+    step_time = report["step_time"]
+    assert step_time["recorded"] and step_time["device"] == "cpu" and step_time["actual_seconds"] > 0
+    assert step_time["predicted_seconds"] is None  # no GPU figures for a CPU instance: nothing predicted
+    book = StepTimeBook.load(StorageRoot.from_config(small_config))
+    assert [r.run_key for r in book.records] == [report["run_key"]]
+
+    again = plan_run(small_config, ["local-cpu"], deadline_hours=1.0, calibration_steps=10)
+    row = next(r for r in again.rows if r.market == "on_demand")
+    assert row.step_source == "measured on the instance by an earlier run"
+    assert row.step_seconds == (step_time["actual_seconds"],) * 3
+
+
+def test_the_plan_flow_puts_its_ranked_table_in_the_ui(small_config: RetrainConfig) -> None:
+    from flows.plan import plan
+
+    state = plan(["local-cpu", "g5.xlarge", "g4dn.xlarge"], 1.0, 5, small_config, return_state=True)
+    assert state.result() == "local-cpu"  # free, and this small run ends in time anywhere
+    artifacts = _artifacts(state.state_details.flow_run_id)
+    table = json.loads(artifacts["plan-instances"].data)
+    assert [(r["instance"], r["market"]) for r in table][0] == ("local-cpu", "on_demand")
+    gpu = next(r for r in table if r["instance"] == "g5.xlarge" and r["market"] == "spot")
+    assert gpu["fits"] == "yes" and gpu["step time"].startswith("predicted: A10G") and "(" in gpu["ms/step"]
+    assert "local-cpu (on_demand" in artifacts["plan-recommendation"].data

@@ -242,3 +242,37 @@ def test_the_memory_estimate_matches_a_measured_cpu_step(rows: int, width: int) 
                          cwd=Path(__file__).resolve().parents[2])
     measured = int(out.stdout.strip())
     assert estimate == pytest.approx(measured, rel=0.15), (estimate / 1e6, measured / 1e6)
+
+
+def test_runs_measured_on_gpus_calibrate_their_familys_predictions() -> None:
+    """Two runs measured at 2x and 3x their predictions scale every GPU's prediction for the
+    family by the median (2.5x), the range by the spread; a run of this very step on an instance
+    type is used as is there."""
+    from training.cost.planner import Calibrated
+    from training.pipeline.step_times import StepTime, StepTimeBook
+
+    count = _count(flops=5e13, params=10_000_000, activations=1e9)
+    costs = StepCosts(as_run=count, bf16=count, checkpointed=None)
+    config = RetrainConfig()
+    plain = {r.instance_type: r for r in plan_rows(config, ["g5.xlarge", "p3.2xlarge"], costs, 512, _here(), None)
+             if r.market == "on_demand"}
+    a10g = plain["g5.xlarge"].step_seconds
+    assert a10g is not None
+
+    def record(instance: str, ratio: float, signature: str = "other") -> StepTime:
+        mid = plain[instance].step_seconds[1]  # type: ignore[index]
+        return StepTime(instance_type=instance, gpu="x", device="cuda", family="tabular", signature=signature,
+                        actual_seconds=ratio * mid, predicted_seconds=(mid, mid, mid), recorded=True)
+
+    book = StepTimeBook(records=[record("g5.xlarge", 2.0), record("p3.2xlarge", 3.0),
+                                 record("p3.2xlarge", 9.0, signature="mine"),
+                                 record("g5.xlarge", 50.0).model_copy(update={"family": "text"}),
+                                 record("g5.xlarge", 50.0).model_copy(update={"recorded": False})])
+    calibrated = book.calibration("tabular", "mine")
+    assert calibrated.runs == 3 and calibrated.factor == pytest.approx(3.0)
+    assert calibrated.measured == {"p3.2xlarge": pytest.approx(9.0 * plain["p3.2xlarge"].step_seconds[1])}
+    calibrated = Calibrated(runs=2, factor=2.5, factor_range=(2.0, 3.0))
+    scaled = {r.instance_type: r for r in plan_rows(config, ["g5.xlarge"], costs, 512, _here(), None, calibrated)}
+    step = scaled["g5.xlarge"].step_seconds
+    assert step == pytest.approx((a10g[0] * 2.0, a10g[1] * 2.5, a10g[2] * 3.0))
+    assert "x2.5 from 2 measured run(s)" in scaled["g5.xlarge"].step_source

@@ -16,7 +16,7 @@ from training.cost.roofline import StepPrediction, predict_step, training_bytes
 from training.cost.spot_risk import spot_outlook
 from training.cost.step_count import StepCosts, StepCount
 
-__all__ = ["DEADLINE_CONFIDENCE", "HereFigures", "PlanRow", "Variant", "plan_rows", "variants"]
+__all__ = ["DEADLINE_CONFIDENCE", "Calibrated", "HereFigures", "PlanRow", "Variant", "plan_rows", "variants"]
 
 # The recommendation must end by the deadline with at least this probability.
 DEADLINE_CONFIDENCE = 0.9
@@ -34,6 +34,16 @@ class HereFigures(BaseModel):
     startup_seconds: float
     data_seconds: float  # pack and preprocess
     load_seconds_per_batch: float | None  # one core producing one training batch
+
+
+class Calibrated(BaseModel):
+    """What earlier runs measured: this step's seconds per instance type, and the model family's
+    measured/predicted ratio (median, and its range) over its runs on GPUs."""
+
+    measured: dict[str, float] = {}
+    runs: int = 0
+    factor: float = 1.0
+    factor_range: tuple[float, float] = (1.0, 1.0)
 
 
 class Variant(BaseModel):
@@ -68,6 +78,20 @@ class PlanRow(BaseModel):
     p_deadline: float | None = None
     meets_deadline: bool = True
 
+    def cells(self) -> dict[str, str]:
+        """The row as a person reads it: step times are predictions (with their range) unless
+        measured; a refused row says why."""
+        if not self.fits:
+            return {"instance": self.instance_type, "market": self.market, "variant": "-", "ms/step": "-",
+                    "fits": "no", "hours": "-", "cost $": "-", "P(deadline)": "-", "step time": self.refused or ""}
+        lo, mid, hi = (f"{s * 1000:.3g}" for s in self.step_seconds or (0.0, 0.0, 0.0))
+        usd = self.cost_usd
+        return {"instance": self.instance_type, "market": self.market, "variant": self.variant,
+                "ms/step": mid if lo == hi else f"{mid} ({lo}-{hi})", "fits": "yes", "hours": f"{self.hours[1]:.4f}",
+                "cost $": f"{usd[1]:.4f} ({usd[0]:.4f}-{usd[2]:.4f})",
+                "P(deadline)": "-" if self.p_deadline is None else f"{self.p_deadline:.0%}",
+                "step time": self.step_source}
+
 
 def variants(costs: StepCosts, configured_precision: str, micro_batch: int) -> list[Variant]:
     """As configured, then what would cut memory, cheapest in step time first: bf16, gradient
@@ -100,11 +124,16 @@ def _work_hours(here: HereFigures, step: float) -> float:
     return (here.data_seconds + here.startup_seconds + step * here.steps + evals) / 3600.0
 
 
-def _step_for(price: InstancePrice, variant: Variant, config: RetrainConfig, here: HereFigures
-              ) -> tuple[StepPrediction, str]:
+def _measured(seconds: float, source: str) -> tuple[StepPrediction, str]:
+    return StepPrediction(low=seconds, mid=seconds, high=seconds, precision="", bound="measured"), source
+
+
+def _step_for(name: str, price: InstancePrice, variant: Variant, config: RetrainConfig, here: HereFigures,
+              calibrated: Calibrated) -> tuple[StepPrediction, str]:
     if price.measured_step_seconds is not None:
-        s = price.measured_step_seconds
-        return StepPrediction(low=s, mid=s, high=s, precision="", bound="measured"), "measured on the instance"
+        return _measured(price.measured_step_seconds, "measured on the instance (cost.prices)")
+    if name in calibrated.measured and variant.name == "as configured":
+        return _measured(calibrated.measured[name], "measured on the instance by an earlier run")
     if price.gpu is None:
         s = here.seconds_per_step / price.relative_speed
         return StepPrediction(low=s, mid=s, high=s, precision="", bound="measured"), (
@@ -112,6 +141,11 @@ def _step_for(price: InstancePrice, variant: Variant, config: RetrainConfig, her
     precision = config.train.precision if not variant.set.get("train.precision") else "auto"
     pred = predict_step(variant.count, GPUS[price.gpu], price.gpus, precision)
     source = f"predicted: {price.gpu} {pred.precision}, {pred.bound}-bound"
+    if calibrated.runs:
+        low, high = calibrated.factor_range
+        pred = pred.model_copy(update={"low": pred.low * low,
+                                       "mid": pred.mid * calibrated.factor, "high": pred.high * high})
+        source += f", x{calibrated.factor:.2g} from {calibrated.runs} measured run(s)"
     if here.load_seconds_per_batch is not None and price.vcpus is not None:
         # The host's cores (one kept for the training process) load batches at this machine's
         # measured pace per core: a GPU that would wait on data is not faster.
@@ -133,8 +167,8 @@ def _interruption_rates(name: str, price: InstancePrice, config: RetrainConfig
 
 
 def _row(name: str, market: str, rate: float, price: InstancePrice, variant: Variant, config: RetrainConfig,
-         here: HereFigures, deadline: float | None) -> PlanRow:
-    pred, source = _step_for(price, variant, config, here)
+         here: HereFigures, deadline: float | None, calibrated: Calibrated) -> PlanRow:
+    pred, source = _step_for(name, price, variant, config, here, calibrated)
     rates, band = _interruption_rates(name, price, config) if market == "spot" else ((0.0, 0.0, 0.0), None)
     # Optimistic: fast steps and few interruptions; pessimistic: slow steps and many.
     low, mid, high = (spot_outlook(_work_hours(here, s), r, here.seconds_per_checkpoint, here.startup_seconds,
@@ -165,7 +199,7 @@ def _fitting(name: str, price: InstancePrice, options: list[Variant]) -> tuple[V
 
 
 def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_batch: int,
-              here: HereFigures, deadline: float | None) -> list[PlanRow]:
+              here: HereFigures, deadline: float | None, calibrated: Calibrated | None = None) -> list[PlanRow]:
     """Every (instance, market) row; fitting rows that meet the deadline first, cheapest first."""
     rows = []
     for name in names:
@@ -179,6 +213,7 @@ def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_b
                                     refused=why, hours=(math.inf,) * 3, cost_usd=(math.inf,) * 3,
                                     meets_deadline=False))
                 continue
-            rows.append(_row(name, market, rate, price, variant, config, here, deadline).model_copy(
+            rows.append(_row(name, market, rate, price, variant, config, here, deadline,
+                             calibrated or Calibrated()).model_copy(
                 update={"need_gb": need}))
     return sorted(rows, key=lambda r: (not r.fits, not r.meets_deadline, r.cost_usd[1]))

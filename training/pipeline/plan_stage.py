@@ -9,11 +9,12 @@ import time
 from pydantic import BaseModel
 
 from training.config import RetrainConfig
-from training.cost.planner import DEADLINE_CONFIDENCE, HereFigures, PlanRow, plan_rows
+from training.cost.planner import DEADLINE_CONFIDENCE, Calibrated, HereFigures, PlanRow, plan_rows
 from training.cost.step_count import StepCosts
 from training.errors import ConfigError
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.step_times import StepTimeBook, family_of, signature_of, store_choice
 from training.pipeline.train_stage import run_key_for
 from training.storage.root import StorageRoot
 from training.trainer.job import TrainJob
@@ -39,6 +40,7 @@ class PlanReport(BaseModel):
     deadline first, cheapest first), the pick and why."""
 
     calibration: Calibration
+    calibrated: Calibrated
     deadline_hours: float | None
     rows: list[PlanRow]
     cheapest: PlanRow | None
@@ -53,10 +55,12 @@ def _calibrate(config: RetrainConfig, steps: int, dataset_dir: str, stats_path: 
     calib.train.eval_every = steps
     calib.train.checkpoint.every = steps
     calib.train.patience = 0
+    # The workers probe times one core loading a batch: the host limit of every candidate.
+    calib.train.loader.num_workers = "auto"
     scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, fingerprint)
     shutil.rmtree(scratch, ignore_errors=True)
     result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=dataset_dir, stats_path=stats_path,
-                            config=calib, count_step=True))
+                            config=calib, count_variants=True))
     shutil.rmtree(scratch, ignore_errors=True)
     assert isinstance(result, TrainResult) and result.step_costs is not None  # rank 0, no pause, counted
     return result
@@ -103,11 +107,15 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
         startup_seconds=seconds.startup, data_seconds=data_seconds,
         load_seconds_per_batch=probe.data_seconds_per_batch if probe is not None else None)
     micro_batch = result.batch_layout.micro_batch
-    rows = plan_rows(config, instance_types, result.step_costs, micro_batch, here, deadline_hours)
+    book = StepTimeBook.load(StorageRoot.from_config(config))
+    calibrated = book.calibration(family_of(config), signature_of(result.step_costs.as_run))
+    rows = plan_rows(config, instance_types, result.step_costs, micro_batch, here, deadline_hours, calibrated)
     cheapest = next((r for r in rows if r.fits and r.meets_deadline), None)
+    if cheapest is not None:
+        store_choice(config, cheapest)  # what `cost.instance_type: auto` runs take
     here_hours = (here.data_seconds + here.startup_seconds + here.seconds_per_step * here.steps
                   + here.evals * here.seconds_per_validation) / 3600
     calibration = Calibration(steps=steps, here=here, micro_batch=micro_batch, step_costs=result.step_costs,
                               estimated_run_hours_here=here_hours, wall_seconds=time.time() - t1)
-    return PlanReport(calibration=calibration, deadline_hours=deadline_hours, rows=rows, cheapest=cheapest,
+    return PlanReport(calibration=calibration, calibrated=calibrated, deadline_hours=deadline_hours, rows=rows, cheapest=cheapest,
                       why=_why(cheapest, rows, deadline_hours))

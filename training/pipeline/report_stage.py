@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
+from training.pipeline.step_times import StepTime, StepTimeBook, step_time_of_run
 from training.config import RetrainConfig
 from training.cost.bill import CostReport, compute_cost, naive_counterfactual, restarting_counterfactual, storage_cost
 from training.cost.utilization import utilization_summary
@@ -101,6 +102,19 @@ def cost_report(config: RetrainConfig, packed: PackResult, prep: PrepResult, tra
     )
 
 
+def _step_time(config: RetrainConfig, root: StorageRoot, trained: TrainResult) -> StepTime | None:
+    """Seconds per step measured by this run against the prediction for its instance type;
+    stored for the next `retrain plan` when the run ran on that instance type's device."""
+    if trained.step_count is None or trained.already_complete or trained.steps == 0:
+        return None
+    done = trained.steps + trained.steps_lost
+    record = step_time_of_run(config, trained.step_count, trained.device, trained.seconds.train / done,
+                              trained.run_key)
+    if record.recorded:
+        StepTimeBook.load(root).add(root, record)
+    return record
+
+
 def report_stage(
     config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
     evaluation: Evaluation, stage_states: StageStates, flow_run_id: str | None = None,
@@ -116,6 +130,7 @@ def report_stage(
     root = StorageRoot.from_config(config)
     report = _report(config, packed, prep, trained, evaluation, stage_states, flow_run_id)
     report.decision = decision if decision is not None and decision.mode != "always" else None
+    report.step_time = _step_time(config, root, trained)
     curves = render_curves(trained.history, run_dir / "curves.png", evaluation.metric)
     tracker = tracker_for(config, trained.run_key, run_dir)
     if tracker is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from training.pipeline.step_times import StepTime
 from training.cost.bill import ComputeCost, CostReport
 from training.cost.utilization import Utilization
 from training.errors import StorageError
@@ -162,6 +163,7 @@ class RunReport(_Part):
     storage: dict[str, Any] = {}  # where the run's files are (StorageRoot.environment_summary; never credentials)
     phases: Phases = Phases()
     decision: TrainingDecision | None = None  # why it trained, under train.retrain_when drift or degraded
+    step_time: StepTime | None = None  # measured seconds per step against plan's prediction for the instance
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

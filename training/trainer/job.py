@@ -46,7 +46,7 @@ class TrainJob:
     champion_val_metric: float | None = None  # for the champion gate
     run_rel: str = ""  # run_dir relative to storage.root: where its objects go on S3
     pause_at: int | None = None  # tuning: stop with a checkpoint at this validated step (a rung)
-    count_step: bool = False  # plan's calibration: count one step's FLOPs, bytes and kernels (step_cost)
+    count_variants: bool = False  # plan's calibration: also count the bf16 and checkpointed steps (step_cost)
 
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}

@@ -8,7 +8,9 @@ flight and their uploads first: a result never names a model or a rung that is n
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import torch
 
 from training.model.model_ref import ModelRef
 from training.model.package import export_model_package
@@ -71,11 +73,7 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
     package = export_model_package(trainer.run_dir / "model", best, trainer.config, trainer.stats, job.run_key,
                                    stopper.best_step, trainer.metric, stopper.best)
     result = _result(trainer, status, package, fp32_slowdown)
-    if job.count_step:
-        from training.trainer.step_cost import measure_step_costs
-
-        result = result.model_copy(update={"step_costs": measure_step_costs(
-            trainer.state.model, trainer.task, trainer.train_batches.batch(0, 0), trainer.tc.precision)})
+    result = result.model_copy(update=_step_counts(trainer))
     write_json_atomic(trainer.run_dir / "result.json", result.to_json())
     root, rel, key = trainer.book.root, job.run_rel, job.run_key
     if root is not None:
@@ -83,6 +81,19 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
         root.publish(f"{rel}/attempts.jsonl", RUN, key)
         root.publish(f"{rel}/result.json", RUN, key)  # last: the run is done
     return result
+
+
+def _step_counts(trainer: Trainer) -> dict[str, Any]:
+    """One step counted as a GPU would run it, for the report's predicted-against-actual step
+    time; with the memory-saving variants too when `retrain plan` calibrates."""
+    from training.trainer.step_cost import count_step, measure_step_costs
+
+    batch, precision = trainer.train_batches.batch(0, 0), trainer.tc.precision
+    if trainer.job.count_variants:
+        costs = measure_step_costs(trainer.state.model, trainer.task, batch, precision)
+        return {"step_costs": costs, "step_count": costs.as_run}
+    dtype = None if precision == "fp32" else torch.bfloat16
+    return {"step_count": count_step(trainer.state.model, trainer.task, batch, dtype)}
 
 
 def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: float) -> TrainResult:

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
 
-from training.cost.step_count import StepCosts
+from training.cost.step_count import StepCosts, StepCount
 from training.model.model_ref import ModelRef
 from training.trainer.threads import ThreadPolicy
 
@@ -153,7 +153,8 @@ class TrainResult(_Result):
     checkpoints_saved: int = 0
     checkpoint_background_seconds: float = 0.0
     checkpoint_interval: dict[str, Any] | None = None
-    step_costs: StepCosts | None = None  # counted when the job asked (job.count_step)
+    step_count: StepCount | None = None  # one step as a GPU would run it (training.trainer.step_cost)
+    step_costs: StepCosts | None = None  # ... and its memory-saving variants, when the job asked (plan)
     samples_seen: int = 0
     batch_layout: BatchLayout | None = None
     num_workers: LoaderWorkers = LoaderWorkers()

@@ -1,0 +1,28 @@
+"""Right-sizing before renting: each candidate instance's predicted step time, memory fit,
+expected hours and cost; the pick is what `cost.instance_type: auto` runs take."""
+
+from __future__ import annotations
+
+from prefect import flow
+
+from tasks.plan import plan_instances
+from tasks.policies import apply_credentials_block
+from tasks.runtime import effective_config
+from training.config import RetrainConfig
+
+__all__ = ["plan"]
+
+
+@flow(name="plan", log_prints=True)
+def plan(
+    instance_types: list[str] | None = None,
+    deadline_hours: float | None = None,
+    calibration_steps: int = 50,
+    config: RetrainConfig = RetrainConfig(),  # noqa: B008 - pydantic default renders in the UI
+) -> str | None:
+    """Plan `instance_types` (default: every priced type) against `deadline_hours`; returns the
+    recommended instance type, or None when nothing fits and meets the deadline."""
+    config = effective_config(config, planned_instance=False)  # plan makes the pick auto runs take
+    apply_credentials_block(config.storage)
+    report = plan_instances(config, instance_types or sorted(config.cost.prices), deadline_hours, calibration_steps)
+    return report.cheapest.instance_type if report.cheapest is not None else None

@@ -1,0 +1,140 @@
+"""What every run teaches the next plan, and what a plan hands the next run.
+
+- `plan/step_times.json` under the storage root: each run's measured seconds per step on its
+  instance type, with the step's signature (parameters, FLOPs, micro-batch, precision) and the
+  prediction for that instance. `retrain plan` uses a measurement of the same step on the same
+  instance type instead of predicting it, and the measured/predicted ratios of a model family
+  scale its predictions for the other GPUs.
+- `plan/choice.json`: `retrain plan`'s pick, which `cost.instance_type: auto` runs take.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+from pydantic import BaseModel, ValidationError
+
+from training.config import RetrainConfig
+from training.cost.hardware import GPUS
+from training.cost.planner import Calibrated, PlanRow
+from training.cost.roofline import predict_step
+from training.cost.step_count import StepCount
+from training.errors import ConfigError
+from training.storage.files import write_json_atomic
+from training.storage.root import RUN, StorageRoot
+
+__all__ = ["PlanChoice", "StepTime", "StepTimeBook", "family_of", "resolve_planned_instance", "signature_of",
+           "step_time_of_run", "store_choice"]
+
+BOOK, CHOICE = "plan/step_times.json", "plan/choice.json"
+KEEP = 500  # newest records kept
+
+
+def signature_of(count: StepCount) -> str:
+    """Which step a measurement is of: equal models, batches and precisions count equal."""
+    return f"{count.parameters}:{count.flops:.6g}:{count.micro_batch}:{count.precision}"
+
+
+def family_of(config: RetrainConfig) -> str:
+    """Model families calibrate separately: their kernels differ (matmuls, attention, convolutions)."""
+    if config.model.factory is not None:
+        return f"factory:{config.model.factory}"
+    return "image" if config.data.image else "text" if config.data.text else "tabular"
+
+
+class StepTime(BaseModel):
+    """One run's step time on its instance, against what was predicted for it."""
+
+    instance_type: str
+    gpu: str | None
+    device: str
+    family: str
+    signature: str
+    actual_seconds: float
+    predicted_seconds: tuple[float, float, float] | None = None
+    recorded: bool = False  # False when the run's device was not the instance type's (e.g. CPU for a GPU type)
+    run_key: str = ""
+    at: float = 0.0
+
+
+class StepTimeBook(BaseModel):
+    records: list[StepTime] = []
+
+    @classmethod
+    def load(cls, root: StorageRoot) -> StepTimeBook:
+        path = root.fetch(BOOK, fresh=True)
+        if path is None:
+            return cls()
+        try:
+            return cls.model_validate_json(path.read_bytes())
+        except ValidationError:
+            return cls()  # a damaged book only loses calibration: plans fall back to predictions
+
+    def add(self, root: StorageRoot, record: StepTime) -> None:
+        """Append and publish (runs on one root never train at once: the root's lease)."""
+        self.records = [*self.records, record][-KEEP:]
+        write_json_atomic(root.path(BOOK), self.model_dump(mode="json"))
+        root.publish(BOOK, RUN)
+
+    def calibration(self, family: str, signature: str) -> Calibrated:
+        """The measurements of this exact step per instance type, and the family's
+        measured/predicted ratios."""
+        mine = [r for r in self.records if r.recorded]
+        measured = {r.instance_type: r.actual_seconds for r in mine if r.signature == signature}
+        ratios = [r.actual_seconds / r.predicted_seconds[1] for r in mine
+                  if r.family == family and r.predicted_seconds is not None and r.predicted_seconds[1] > 0]
+        if not ratios:
+            return Calibrated(measured=measured)
+        return Calibrated(measured=measured, runs=len(ratios), factor=statistics.median(ratios),
+                          factor_range=(min(ratios), max(ratios)))
+
+
+def step_time_of_run(config: RetrainConfig, count: StepCount, device: str, seconds_per_step: float,
+                     run_key: str) -> StepTime:
+    """This run's step time, with the prediction for its instance type when it has a GPU."""
+    price = config.cost.prices[config.cost.instance_type]
+    predicted = None
+    if price.gpu is not None:
+        p = predict_step(count, GPUS[price.gpu], max(1, price.gpus), config.train.precision)
+        predicted = (p.low, p.mid, p.high)
+    matches = (device == "cuda") == (price.gpu is not None)
+    return StepTime(instance_type=config.cost.instance_type, gpu=price.gpu, device=device,
+                    family=family_of(config), signature=signature_of(count), actual_seconds=seconds_per_step,
+                    predicted_seconds=predicted, recorded=matches, run_key=run_key, at=time.time())
+
+
+class PlanChoice(BaseModel):
+    instance_type: str
+    market: str
+    set: dict[str, str] = {}
+    planned_at: float
+
+
+def store_choice(config: RetrainConfig, row: PlanRow) -> None:
+    root = StorageRoot.from_config(config)
+    choice = PlanChoice(instance_type=row.instance_type, market=row.market, set=row.set, planned_at=time.time())
+    path = root.path(CHOICE)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, choice.model_dump(mode="json"))
+    root.publish(CHOICE, RUN)
+
+
+def resolve_planned_instance(config: RetrainConfig) -> RetrainConfig:
+    """`cost.instance_type: auto`: the instance type, market and memory variant of the last
+    `retrain plan` on this storage root."""
+    if config.cost.instance_type != "auto":
+        return config
+    root = StorageRoot.from_config(config)
+    path = root.fetch(CHOICE, fresh=True)
+    if path is None:
+        raise ConfigError(f"cost.instance_type is auto but no plan is stored at {root.display(CHOICE)}; run "
+                          "`retrain plan` with this storage.root first, or name the instance type")
+    try:
+        choice = PlanChoice.model_validate(json.loads(path.read_text()))
+    except (ValueError, ValidationError):
+        raise ConfigError(f"{root.display(CHOICE)} is not a readable plan choice; run `retrain plan` again") from None
+    values: dict[str, object] = {"cost.instance_type": choice.instance_type, "cost.market": choice.market}
+    values.update({k: json.loads(v) if v in ("true", "false") or v.isdigit() else v for k, v in choice.set.items()})
+    return config.with_values(values, f"the plan in {root.display(CHOICE)}")
