@@ -25,6 +25,7 @@ from benchmarks import (
     bench_pack_memory,
     bench_packing,
     bench_peers,
+    bench_plan,
     bench_predict,
     bench_quality,
     bench_preemption,
@@ -59,6 +60,7 @@ SUITE = {
     "startup": bench_startup.run,
     "incremental": bench_incremental.run,
     "pack_memory": bench_pack_memory.run,
+    "plan": bench_plan.run,
 }
 
 

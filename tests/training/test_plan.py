@@ -276,3 +276,31 @@ def test_runs_measured_on_gpus_calibrate_their_familys_predictions() -> None:
     step = scaled["g5.xlarge"].step_seconds
     assert step == pytest.approx((a10g[0] * 2.0, a10g[1] * 2.5, a10g[2] * 3.0))
     assert "x2.5 from 2 measured run(s)" in scaled["g5.xlarge"].step_source
+
+
+def test_a_real_transformer_that_fits_only_with_gradient_checkpointing_is_planned_so() -> None:
+    """Counted on the built-in text model: checkpointing each block keeps less for backward.
+    On a GPU with room between the two needs, the plan picks the checkpointed variant and names
+    its key; on one smaller than both, every variant is refused."""
+    from training.cost.roofline import training_bytes
+
+    config = RetrainConfig().model.model_copy(update={"numeric_embedding": "none", "hidden": [8], "text_dim": 32,
+                                                      "text_layers": 2, "text_heads": 4, "dropout": 0.0})
+    schema = ModelSchema(task="binary", n_outputs=1, numeric=[], categorical=[], cardinalities=[], text=["t"],
+                         vocab_size=100, max_tokens=32)
+    batch = _task_batch(tok=torch.randint(1, 100, (B, 1, 32)), ntok=torch.full((B, 1), 32))
+    costs = measure_step_costs(build_model(config, schema), TASK, batch, "fp32")
+    assert costs.checkpointed is not None
+    plain, checkpointed = training_bytes(costs.as_run, 1), training_bytes(costs.checkpointed, 1)
+    assert checkpointed < plain
+    between = (plain + checkpointed) / 2 / 1e9
+    retrain = RetrainConfig.model_validate({"train": {"precision": "fp32", "batch_size": B}, "cost": {"prices": {
+        "roomy": {"gpus": 1, "gpu": "T4", "gpu_memory_gb": between, "on_demand_per_hour": 1.0},
+        "small": {"gpus": 1, "gpu": "T4", "gpu_memory_gb": checkpointed / 1e9 / 2, "on_demand_per_hour": 0.5}}}})
+    # bf16 would also halve the activations: with fp32 configured the plan tries it first, so
+    # offer only what is being tested here.
+    only = costs.model_copy(update={"bf16": costs.as_run})
+    rows = {r.instance_type: r for r in plan_rows(retrain, ["roomy", "small"], only, B, _here(), None)}
+    assert rows["roomy"].fits and rows["roomy"].set.get("model.gradient_checkpointing") == "true"
+    assert rows["roomy"].variant == "gradient checkpointing"
+    assert not rows["small"].fits and "in any variant" in (rows["small"].refused or "")

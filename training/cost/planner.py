@@ -83,13 +83,16 @@ class PlanRow(BaseModel):
         measured; a refused row says why."""
         if not self.fits:
             return {"instance": self.instance_type, "market": self.market, "variant": "-", "ms/step": "-",
-                    "fits": "no", "hours": "-", "cost $": "-", "P(deadline)": "-", "step time": self.refused or ""}
+                    "fits": "no", "hours": "-", "cost $": "-", "P(deadline)": "-", "interruptions": "-",
+                    "step time": self.refused or ""}
         lo, mid, hi = (f"{s * 1000:.3g}" for s in self.step_seconds or (0.0, 0.0, 0.0))
         usd = self.cost_usd
         return {"instance": self.instance_type, "market": self.market, "variant": self.variant,
                 "ms/step": mid if lo == hi else f"{mid} ({lo}-{hi})", "fits": "yes", "hours": f"{self.hours[1]:.4f}",
                 "cost $": f"{usd[1]:.4f} ({usd[0]:.4f}-{usd[2]:.4f})",
                 "P(deadline)": "-" if self.p_deadline is None else f"{self.p_deadline:.0%}",
+                "interruptions": "-" if self.market != "spot" else f"{self.interruptions:.2g}"
+                + (f" ({self.interruption_band}/month)" if self.interruption_band else ""),
                 "step time": self.step_source}
 
 

@@ -109,7 +109,7 @@ def _step_time(config: RetrainConfig, root: StorageRoot, trained: TrainResult) -
         return None
     done = trained.steps + trained.steps_lost
     record = step_time_of_run(config, trained.step_count, trained.device, trained.seconds.train / done,
-                              trained.run_key)
+                              trained.run_key, trained.world_size)
     if record.recorded:
         StepTimeBook.load(root).add(root, record)
     return record

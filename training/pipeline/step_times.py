@@ -92,12 +92,14 @@ class StepTimeBook(BaseModel):
 
 
 def step_time_of_run(config: RetrainConfig, count: StepCount, device: str, seconds_per_step: float,
-                     run_key: str) -> StepTime:
-    """This run's step time, with the prediction for its instance type when it has a GPU."""
+                     run_key: str, world_size: int = 1) -> StepTime:
+    """This run's step time, with the prediction for its instance type when it has a GPU. Under
+    DDP `count` is one rank's micro-batch: the instance's GPUs are shared among the ranks."""
     price = config.cost.prices[config.cost.instance_type]
     predicted = None
     if price.gpu is not None:
-        p = predict_step(count, GPUS[price.gpu], max(1, price.gpus), config.train.precision)
+        gpus = max(1, price.gpus // max(1, world_size))
+        p = predict_step(count, GPUS[price.gpu], gpus, config.train.precision)
         predicted = (p.low, p.mid, p.high)
     matches = (device == "cuda") == (price.gpu is not None)
     return StepTime(instance_type=config.cost.instance_type, gpu=price.gpu, device=device,
