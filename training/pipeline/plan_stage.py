@@ -62,7 +62,11 @@ def _calibrate(config: RetrainConfig, steps: int, dataset_dir: str, stats_path: 
     result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=dataset_dir, stats_path=stats_path,
                             config=calib, count_variants=True))
     shutil.rmtree(scratch, ignore_errors=True)
-    assert isinstance(result, TrainResult) and result.step_costs is not None  # rank 0, no pause, counted
+    assert isinstance(result, TrainResult)  # rank 0, no pause
+    if result.step_costs is None:
+        raise ConfigError("retrain plan could not count a step of this model (the training log says why), so it "
+                          "cannot predict GPU step times; set measured_step_seconds or relative_speed on each "
+                          "cost.prices entry to plan from measurements")
     return result
 
 

@@ -8,6 +8,7 @@ flight and their uploads first: a result never names a model or a rung that is n
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +23,8 @@ from training.trainer.precision import measure_fp32_slowdown
 from training.trainer.results import BatchLayout, LoaderWorkers, RungResult, TrainResult
 from training.trainer.resume import AttemptRecord, append_attempt, rung_file
 from training.trainer.throughput import accelerator_stats
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from training.trainer.trainer import Trainer
@@ -89,11 +92,16 @@ def _step_counts(trainer: Trainer) -> dict[str, Any]:
     from training.trainer.step_cost import count_step, measure_step_costs
 
     batch, precision = trainer.train_batches.batch(0, 0), trainer.tc.precision
-    if trainer.job.count_variants:
-        costs = measure_step_costs(trainer.state.model, trainer.task, batch, precision)
-        return {"step_costs": costs, "step_count": costs.as_run}
-    dtype = None if precision == "fp32" else torch.bfloat16
-    return {"step_count": count_step(trainer.state.model, trainer.task, batch, dtype)}
+    try:
+        if trainer.job.count_variants:
+            costs = measure_step_costs(trainer.state.model, trainer.task, batch, precision)
+            return {"step_costs": costs, "step_count": costs.as_run}
+        dtype = None if precision == "fp32" else torch.bfloat16
+        return {"step_count": count_step(trainer.state.model, trainer.task, batch, dtype)}
+    except Exception as err:  # noqa: BLE001 - a user model the count cannot follow: the trained model matters more
+        log.warning("could not count one training step (%s: %s); the report has no predicted step time",
+                    type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+        return {}
 
 
 def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: float) -> TrainResult:
