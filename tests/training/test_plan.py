@@ -304,3 +304,23 @@ def test_a_real_transformer_that_fits_only_with_gradient_checkpointing_is_planne
     assert rows["roomy"].fits and rows["roomy"].set.get("model.gradient_checkpointing") == "true"
     assert rows["roomy"].variant == "gradient checkpointing"
     assert not rows["small"].fits and "in any variant" in (rows["small"].refused or "")
+
+
+def test_an_auto_run_takes_the_planned_instance_and_its_memory_variant(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from training.cost.planner import PlanRow
+    from training.errors import ConfigError
+    from training.pipeline.step_times import resolve_planned_instance, store_choice
+
+    config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
+    with pytest.raises(ConfigError, match="run `retrain plan` with this storage.root first"):
+        resolve_planned_instance(config)
+    pick = PlanRow(instance_type="g4dn.xlarge", market="spot", rate_per_hour=0.19, variant="micro-batch 64 x 2",
+                   set={"model.gradient_checkpointing": "true", "train.batch_size": "64", "train.grad_accum": "2"})
+    store_choice(config, pick)
+    run = resolve_planned_instance(config)
+    assert (run.cost.instance_type, run.cost.market) == ("g4dn.xlarge", "spot")
+    assert run.model.gradient_checkpointing is True and (run.train.batch_size, run.train.grad_accum) == (64, 2)
+    assert run.cost.rate() == (0.1869, 1)
+    (tmp_path / "plan" / "choice.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not a readable plan choice"):
+        resolve_planned_instance(config)

@@ -117,9 +117,7 @@ class PlanChoice(BaseModel):
 def store_choice(config: RetrainConfig, row: PlanRow) -> None:
     root = StorageRoot.from_config(config)
     choice = PlanChoice(instance_type=row.instance_type, market=row.market, set=row.set, planned_at=time.time())
-    path = root.path(CHOICE)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, choice.model_dump(mode="json"))
+    write_json_atomic(root.path(CHOICE), choice.model_dump(mode="json"))
     root.publish(CHOICE, RUN)
 
 
@@ -137,6 +135,5 @@ def resolve_planned_instance(config: RetrainConfig) -> RetrainConfig:
         choice = PlanChoice.model_validate(json.loads(path.read_text()))
     except (ValueError, ValidationError):
         raise ConfigError(f"{root.display(CHOICE)} is not a readable plan choice; run `retrain plan` again") from None
-    values: dict[str, object] = {"cost.instance_type": choice.instance_type, "cost.market": choice.market}
-    values.update({k: json.loads(v) if v in ("true", "false") or v.isdigit() else v for k, v in choice.set.items()})
-    return config.with_values(values, f"the plan in {root.display(CHOICE)}")
+    values = {"cost.instance_type": choice.instance_type, "cost.market": choice.market, **choice.set}
+    return config.with_values(values, f"the plan in {root.display(CHOICE)}")  # validation parses "true", "64"
