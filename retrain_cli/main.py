@@ -131,6 +131,11 @@ def _plan(args: argparse.Namespace) -> int:
         print(line)
     for refused in dict.fromkeys(f"{r.instance_type}: {r.refused}" for r in plan.rows if r.refused):
         print(f"refused {refused}")
+    unbanded = sorted({r.instance_type for r in plan.rows if r.market == "spot" and r.fits and not r.interruption_band
+                       and config.cost.prices[r.instance_type].gpus})
+    if unbanded:
+        print(f"spot without a published interruption band in {config.cost.region} ({', '.join(unbanded)}): "
+              "priced at train.checkpoint.mean_seconds_between_preemptions; set interruption_band to override")
     print(f"recommended: {plan.why}")
     if plan.cheapest is not None and plan.cheapest.set:
         print("  set: " + " ".join(f"--set {k}={v}" for k, v in plan.cheapest.set.items()))
