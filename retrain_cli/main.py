@@ -146,7 +146,7 @@ def _plan(args: argparse.Namespace) -> int:
 def plan_table(rows: list[Any]) -> list[str]:
     """The ranked table a person reads (`PlanRow.cells`), in aligned columns."""
     widths = {"instance": 26, "market": 10, "variant": 28, "ms/step": 22, "fits": 6, "hours": 9, "cost $": 26,
-              "P(deadline)": 12, "interruptions": 24}
+              "P(deadline)": 12, "interruptions": 34}
     lines = ["".join(f"{k:<{w}}" for k, w in widths.items()) + "step time"]
     for row in rows:
         cells = row.cells()

@@ -72,7 +72,8 @@ class PlanRow(BaseModel):
     refused: str | None = None
     hours: tuple[float, float, float] = (0.0, 0.0, 0.0)
     cost_usd: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    interruptions: float = 0.0
+    interruptions: float = 0.0  # expected, at the middle estimates
+    lost_hours: float = 0.0  # expected work redone and restarts after interruptions
     interruption_band: str | None = None
     checkpoint_every_seconds: float | None = None
     p_deadline: float | None = None
@@ -91,7 +92,7 @@ class PlanRow(BaseModel):
                 "ms/step": mid if lo == hi else f"{mid} ({lo}-{hi})", "fits": "yes", "hours": f"{self.hours[1]:.4f}",
                 "cost $": f"{usd[1]:.4f} ({usd[0]:.4f}-{usd[2]:.4f})",
                 "P(deadline)": "-" if self.p_deadline is None else f"{self.p_deadline:.0%}",
-                "interruptions": "-" if self.market != "spot" else f"{self.interruptions:.2g}"
+                "interruptions": "-" if self.market != "spot" else f"{self.interruptions:.2g}, {self.lost_hours:.2g} h lost"
                 + (f" ({self.interruption_band}/month)" if self.interruption_band else ""),
                 "step time": self.step_source}
 
@@ -182,6 +183,7 @@ def _row(name: str, market: str, rate: float, price: InstancePrice, variant: Var
     return PlanRow(instance_type=name, market=market, rate_per_hour=rate, variant=variant.name, set=variant.set,
                    step_seconds=(pred.low, pred.mid, pred.high), step_source=source, hours=hours,
                    cost_usd=(rate * hours[0], rate * hours[1], rate * hours[2]), interruptions=mid.interruptions,
+                   lost_hours=mid.lost_hours,
                    interruption_band=band, checkpoint_every_seconds=mid.checkpoint_every_seconds, p_deadline=p,
                    meets_deadline=p is None or p >= DEADLINE_CONFIDENCE)
 
