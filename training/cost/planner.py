@@ -139,9 +139,8 @@ def _step_for(name: str, price: InstancePrice, variant: Variant, config: Retrain
     if name in calibrated.measured and variant.name == "as configured":
         return _measured(calibrated.measured[name], "measured on the instance by an earlier run")
     if price.gpu is None:
-        s = here.seconds_per_step / price.relative_speed
-        return StepPrediction(low=s, mid=s, high=s, precision="", bound="measured"), (
-            f"measured here / relative_speed {price.relative_speed:g}")
+        return _measured(here.seconds_per_step / price.relative_speed,
+                         f"measured here / relative_speed {price.relative_speed:g}")
     precision = config.train.precision if not variant.set.get("train.precision") else "auto"
     pred = predict_step(variant.count, GPUS[price.gpu], price.gpus, precision)
     source = f"predicted: {price.gpu} {pred.precision}, {pred.bound}-bound"
@@ -188,7 +187,7 @@ def _row(name: str, market: str, rate: float, price: InstancePrice, variant: Var
                    meets_deadline=p is None or p >= DEADLINE_CONFIDENCE)
 
 
-def _fitting(name: str, price: InstancePrice, options: list[Variant]) -> tuple[Variant | None, float | None, str]:
+def _fitting(price: InstancePrice, options: list[Variant]) -> tuple[Variant | None, float | None, str]:
     """The first variant whose training memory fits one of the instance's GPUs."""
     memory = price.gpu_memory_gb or (GPUS[price.gpu].memory_gb if price.gpu else None)
     if memory is None:
@@ -209,7 +208,7 @@ def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_b
     rows = []
     for name in names:
         price = config.cost.prices[name]
-        variant, need, why = _fitting(name, price, variants(costs, config.train.precision, micro_batch))
+        variant, need, why = _fitting(price, variants(costs, config.train.precision, micro_batch))
         for market, rate in (("on_demand", price.on_demand_per_hour), ("spot", price.spot_per_hour)):
             if rate is None:
                 continue
