@@ -61,14 +61,15 @@ class _RetryingTransport(httpx.HTTPTransport):
     answers 503 while its SQLite database is locked by another writer: a clean-clone CI run (two
     xdist workers, workers and flows writing to the same server) failed once on
     `create_flow_run` that way. A dev-venv suite run failed once polling a flow run's state: the
-    server sent nothing for 30 s while two flow runs wrote to it."""
+    server sent nothing for 30 s while two flow runs wrote to it; a clean-clone CI run failed the
+    same way on a `/flow_runs/filter` query, which is a POST that only reads."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         for attempt in range(7):
             try:
                 response = super().handle_request(request)
             except httpx.ReadTimeout:
-                if request.method != "GET":
+                if not _is_read(request):
                     raise  # a write may have landed: not repeated blindly
                 time.sleep(min(0.25 * 2**attempt, 5.0))
                 continue
@@ -82,6 +83,12 @@ class _RetryingTransport(httpx.HTTPTransport):
                 wait = 0.0
             time.sleep(min(max(wait, 0.25 * 2**attempt), 5.0))
         return super().handle_request(request)  # the eighth try, whatever it answers
+
+
+def _is_read(request: httpx.Request) -> bool:
+    """GETs, and Prefect's query endpoints, which take their filter as a POST body."""
+    return request.method == "GET" or (
+        request.method == "POST" and request.url.path.rstrip("/").rsplit("/", 1)[-1] in ("filter", "count"))
 
 
 @contextlib.contextmanager
