@@ -868,6 +868,13 @@ class RetrainConfig(_Section):
         validated; `origin` names where the values come from in an error."""
         return validate_config({**self._set(values), "tune": self.tune.model_dump(mode="json")}, origin)
 
+    def value_at(self, key: str) -> Any:
+        """The JSON value of a dotted key (e.g. `train.optim.lr`), as `with_values` would set it."""
+        node: Any = self.model_dump(mode="json", exclude={"tune"})
+        for part in key.split("."):
+            node = node[part]
+        return node
+
     def _set(self, values: dict[str, Any]) -> dict[str, Any]:
         """This config as JSON, without its tune section, with each dotted key of `values` set."""
         raw = self.model_dump(mode="json", exclude={"tune"})

@@ -57,6 +57,17 @@ class Dimension:
         """The config value of an Optuna parameter value."""
         return json.loads(raw) if self.kind == "choice" else raw
 
+    def param_of(self, value: Any) -> Any | None:
+        """The Optuna parameter value of a config value, or None when the space does not hold it."""
+        if self.kind == "choice":
+            raw = json.dumps(value, sort_keys=True)
+            return raw if raw in self.choices else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not self.low <= value <= self.high:
+            return None
+        if self.kind in ("int", "logint"):
+            return int(value) if float(value).is_integer() else None
+        return float(value)
+
     def extremes(self) -> list[Any]:
         """Values that prove the whole range valid for the key: the bounds, or every choice."""
         if self.kind == "choice":

@@ -83,3 +83,48 @@ def test_a_reopened_study_hands_out_the_same_work(tmp_path: Path, kill_at: int) 
     study = _study(tmp_path)
     assert _drive(study, reopen_before={kill_at}, tmp_path=tmp_path) == EXPECTED_WORK
     assert [state for _, state, _, _ in _final(_study(tmp_path))].count("COMPLETE") == 1
+
+
+BUDGETED_RUNGS = (20, 60, 180, 540)
+
+
+def _budgeted(tmp_path: Path, max_wall_seconds: float, low: float = 1e-4) -> Study:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "budgeted.yaml"
+    path.write_text(yaml.safe_dump({
+        "storage": {"root": str(tmp_path / "budgeted")},
+        "train": {"max_steps": BUDGETED_RUNGS[-1], "eval_every": 20},
+        "tune": {"space": {"train.optim.lr": f"loguniform({low}, 1e-2)"}, "max_trials": 40, "min_resource": 20,
+                 "reduction_factor": 3, "pruner": "asha", "max_wall_seconds": max_wall_seconds},
+    }))
+    return Study(load_config(path), "dataset", RungCost(startup_seconds=0.0, seconds_per_step=0.001))
+
+
+def _budgeted_outcome(work: RungWork) -> RungResult:
+    value = 0.5 + (work.trial * 7 % 10) / 40 + 0.1 * BUDGETED_RUNGS.index(work.step)
+    return RungResult(run_key=f"run-{work.trial}", status="completed" if work.step == BUDGETED_RUNGS[-1] else "paused",
+                      step=work.step, metric="auc", value=value, billed_seconds=work.step * 0.001)
+
+
+def test_the_first_trial_is_the_config_as_given_when_the_space_holds_it(tmp_path: Path) -> None:
+    study = _budgeted(tmp_path / "held", 10.0)
+    work = study.next_work()
+    assert work is not None and work.params == {"train.optim.lr": study.config.train.optim.lr}
+    study = _budgeted(tmp_path / "outside", 10.0, low=5e-3)
+    assert study.config.train.optim.lr < 5e-3
+    work = study.next_work()
+    assert work is not None and 5e-3 <= work.params["train.optim.lr"] <= 1e-2  # sampled: the space lacks it
+
+
+def test_a_budget_keeps_what_the_leading_trial_needs_to_reach_full_fidelity(tmp_path: Path) -> None:
+    # ASHA trains a trial to step 540 once 27 trials reached step 20, 9 step 60 and 3 step 180:
+    # 1.62 machine-s here. A 0.8 s budget spent that way would end with every trial pruned; the
+    # study stops starting trials while the leader's way to step 540 needs what is left, so it
+    # ends with a trial trained to the end, within its budget.
+    study = _budgeted(tmp_path, 0.8)
+    while (work := study.next_work()) is not None:
+        study.record(work, _budgeted_outcome(work))
+    finished = [t for t in study.trials() if t.state.name == "COMPLETE"]
+    assert finished and all(t.user_attrs["steps"] == BUDGETED_RUNGS[-1] for t in finished)
+    assert study.spent_seconds() <= 0.8 + 1e-9
+    assert study.stopped_by is not None and "tune.max_wall_seconds" in study.stopped_by

@@ -53,6 +53,7 @@ __all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_k
 
 log = logging.getLogger(__name__)
 STUDY_DIR = "tune"
+RESERVE_HEADROOM = 1.25  # see Study._leader_reserve
 
 
 def study_key(config: RetrainConfig, dataset_fingerprint: str) -> str:
@@ -240,13 +241,43 @@ class Study:
             self.stopped_by = f"{self.budget.binding()}: the next trial's first rung would not be paid for"
             return None
         self._reseed()
+        if not self.study.get_trials(deepcopy=False):
+            self._enqueue_base()
         trial = self.study.ask({d.key: d.distribution() for d in self.dims})
         params = {d.key: d.value(trial.params[d.key]) for d in self.dims}
         trial.set_user_attr("params", json.dumps(params, sort_keys=True))
         return self._work(trial.number, params, 0, price)
 
+    def _enqueue_base(self) -> None:
+        """The study's first trial is the config as given, when the space holds each of its
+        values: a study that can pay for that trial to finish never ends worse, on validation,
+        than the run it tunes."""
+        params = {d.key: d.param_of(self.config.value_at(d.key)) for d in self.dims}
+        if all(value is not None for value in params.values()):
+            self.study.enqueue_trial(params)
+
     def _can_start(self) -> bool:
-        return len(self.study.get_trials(deepcopy=False)) < self.tune.max_trials
+        """A new trial may start: max_trials allows it, and the budget left after its first rung
+        still pays for the leading trial to reach full fidelity. Without that reserve a study
+        capped by a budget spends it all on first rungs: ASHA promotes from a rung only once
+        reduction_factor trials reached it, and a study ended by its budget has only pruned
+        trials, none trained to the end."""
+        if len(self.study.get_trials(deepcopy=False)) >= self.tune.max_trials:
+            return False
+        reserve = self._leader_reserve()
+        return reserve == 0.0 or self.remaining_seconds() - self.price(self.rungs[0]) >= reserve
+
+    def _leader_reserve(self) -> float:
+        """The price of taking the trial ASHA would promote once no new trial can start on from
+        its rung to train.max_steps (0 with no such trial, without a budget, or outside asha)."""
+        if not self.deferred or not math.isfinite(self.budget.seconds()):
+            return 0.0
+        trials, pick = self._asha_pick(can_start=False)
+        if pick is None:
+            return 0.0
+        # Headroom: a rung's seconds vary with the machine's load by about this much, and a
+        # leader stopped by the budget a few steps short of the end is the loss this guards.
+        return RESERVE_HEADROOM * self.price(self.rungs[-1] - self.rungs[pick[1]], trials[pick[0]])
 
     def _continue(self, frozen: Any) -> RungWork | None:
         """A RUNNING trial's next rung when it has one to train now: interrupted on its way to
@@ -269,7 +300,7 @@ class Study:
         sampler, and it never waits RUNNING for a budget that may not come."""
         from optuna.trial import TrialState
 
-        price = self.price(self.rungs[rung] - (frozen.last_step or 0))
+        price = self.price(self.rungs[rung] - (frozen.last_step or 0), frozen)
         if price > self.remaining_seconds():
             self.stopped_by = f"{self.budget.binding()}: trial {frozen.number}'s next rung would not be paid for"
             self._live(frozen.number).set_user_attr("status", "budget")
@@ -294,6 +325,11 @@ class Study:
 
     def _promotion(self) -> RungWork | None:
         """ASHA's promotion (`asha_pick`) over the journal's trials."""
+        trials, pick = self._asha_pick(self._can_start())
+        return None if pick is None else self._go_on(trials[pick[0]], pick[1] + 1)
+
+    def _asha_pick(self, can_start: bool) -> tuple[dict[int, Any], tuple[int, int] | None]:
+        """The journal's trials by number, and the (trial, rung) `asha_pick` promotes."""
         from optuna.trial import TrialState
 
         trials = {t.number: t for t in self.study.get_trials(deepcopy=False)}
@@ -306,8 +342,7 @@ class Study:
             return (frozen.state == TrialState.RUNNING and number not in self.in_flight and frozen.last_step == step
                     and int(frozen.user_attrs.get("sent_to", step)) == step)
 
-        pick = asha_pick(reached, waiting, self.tune.reduction_factor, self._can_start())
-        return None if pick is None else self._go_on(trials[pick[0]], pick[1] + 1)
+        return trials, asha_pick(reached, waiting, self.tune.reduction_factor, can_start)
 
     def _close_waiting(self) -> None:
         """The study hands out nothing more: trials still waiting at a rung end there, pruned
@@ -318,17 +353,23 @@ class Study:
             self._live(frozen.number).set_user_attr("status", "pruned")
             self.study.tell(frozen.number, state=TrialState.PRUNED)
 
-    def price(self, steps: int) -> float:
+    def price(self, steps: int, trial: Any = None) -> float:
         """A rung's estimated machine seconds: measured on this attempt's rungs when any ran,
         else from the calibration. Most rungs start in a warm child (about 0.01 s, see
         training.trainer.child) rather than a fresh one (the calibration's start-up), so the start-up
-        is the mean of those measured too."""
+        is the mean of those measured too. A trial that trained already is priced at its own
+        seconds per step where they are higher: sampled widths make one trial's step cost a
+        multiple of another's."""
         observed = self._observed
         if not observed:
             return self.cost.of(steps)
         n = sum(o.steps for o in observed)
         per_step = sum(o.seconds for o in observed) / n
         per_step = per_step if per_step > 0 else self.cost.seconds_per_step  # start-ups vary more than short rungs last
+        if trial is not None and trial.user_attrs.get("steps"):
+            attrs = trial.user_attrs
+            own = (float(attrs.get("billed_seconds", 0.0)) - float(attrs.get("startup_seconds", 0.0))) / attrs["steps"]
+            per_step = max(per_step, own)
         return sum(o.startup for o in observed) / len(observed) + steps * per_step
 
     def _reseed(self) -> None:
