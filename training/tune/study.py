@@ -265,7 +265,14 @@ class Study:
         if len(self.study.get_trials(deepcopy=False)) >= self.tune.max_trials:
             return False
         reserve = self._leader_reserve()
-        return reserve == 0.0 or self.remaining_seconds() - self.price(self.rungs[0]) >= reserve
+        if reserve == 0.0:
+            return True
+        # The new trial's first rung priced as the dearest trial so far would price it: its
+        # sampled widths are unknown until it runs, and a cheap estimate here would leave the
+        # leader short after an expensive first rung.
+        first = max([self.price(self.rungs[0])] + [self.price(self.rungs[0], t) for t in self.study.get_trials(
+            deepcopy=False) if t.user_attrs.get("steps")])
+        return self.remaining_seconds() - first >= reserve
 
     def _leader_reserve(self) -> float:
         """The price of taking the trial ASHA would promote once no new trial can start on from
