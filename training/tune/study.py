@@ -29,6 +29,9 @@ mark), and each trial's spend. A study killed at any moment and run again:
   have drawn uninterrupted;
 - carries the spend on: each trial's spend is its run's billed seconds, which count restarts
   and the work a kill lost (the run's heartbeat), exactly as a single run's budget does.
+Where the budget binds, what it still pays for (a rung, a new trial beside the leader's reserve)
+is priced from rungs measured since the study was opened, so there a resumed study may start a
+trial more or fewer than an uninterrupted one would have.
 """
 
 from __future__ import annotations
