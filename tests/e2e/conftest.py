@@ -62,14 +62,15 @@ class _RetryingTransport(httpx.HTTPTransport):
     xdist workers, workers and flows writing to the same server) failed once on
     `create_flow_run` that way. A dev-venv suite run failed once polling a flow run's state: the
     server sent nothing for 30 s while two flow runs wrote to it; a clean-clone CI run failed the
-    same way on a `/flow_runs/filter` query, which is a POST that only reads."""
+    same way on a `/flow_runs/filter` query, which is a POST that only reads, and on a PATCH
+    that pauses a deployment, which sets a value and so may be sent twice."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         for attempt in range(7):
             try:
                 response = super().handle_request(request)
             except httpx.ReadTimeout:
-                if not _is_read(request):
+                if not _repeatable(request):
                     raise  # a write may have landed: not repeated blindly
                 time.sleep(min(0.25 * 2**attempt, 5.0))
                 continue
@@ -85,9 +86,10 @@ class _RetryingTransport(httpx.HTTPTransport):
         return super().handle_request(request)  # the eighth try, whatever it answers
 
 
-def _is_read(request: httpx.Request) -> bool:
-    """GETs, and Prefect's query endpoints, which take their filter as a POST body."""
-    return request.method == "GET" or (
+def _repeatable(request: httpx.Request) -> bool:
+    """Requests that may be sent again: GETs, PUTs, PATCHes and DELETEs (idempotent by HTTP's
+    rules), and Prefect's query endpoints, which take their filter as a POST body."""
+    return request.method in ("GET", "PUT", "PATCH", "DELETE") or (
         request.method == "POST" and request.url.path.rstrip("/").rsplit("/", 1)[-1] in ("filter", "count"))
 
 
