@@ -8,7 +8,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -94,22 +94,43 @@ def _prefect_overhead(work: Path, source: Path, rounds: int) -> dict[str, Any]:
             "demo_data_stall_fraction": round(statistics.median(stalls), 4)}
 
 
+def _run_end(end: str, work: Path, name: str, ckpt_overrides: list[str], bare: list[float],
+             ckpt: list[dict[str, Any]], bare_at: Callable[[int], float]) -> None:
+    """One of the loops a round runs before or after the bracketed project loop."""
+    if end == "bare":
+        bare.append(bare_at(DEFAULT_THREADS))  # what a hand-written loop gets
+    else:
+        ckpt.append(_project_loop(work, f"ckpt-{name}", ckpt_overrides))
+
+
 def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool) -> dict[str, Any]:
     quiet_overrides = base + [f"train.eval_every={STEPS}", f"train.checkpoint.every={STEPS}"]
     # Checkpoints at the default interval (every 200 steps), validation still only at the end.
     ckpt_overrides = base + [f"train.eval_every={STEPS}"]
     tag = "loaded" if load else "idle"
-    # Rounds interleave the loops, so drift on a shared box hits all of them; each figure is
-    # the median over rounds of a ratio taken within one round.
     bare, bare_same, quiet, ckpt = [], [], [], []
     with outside_load(load):
+        # A discarded first project run: it learns the thread count the policy picks here, and
+        # takes the first run's page-cache and allocator warm-up out of the rounds.
+        _project_loop(work, f"warmup-{tag}", quiet_overrides)
+        threads = torch.get_num_threads()
+
+        def bare_at(n: int) -> float:
+            torch.set_num_threads(n)
+            return _bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path)
+
         for r in range(rounds):
-            torch.set_num_threads(DEFAULT_THREADS)  # what a hand-written loop gets
-            bare.append(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path))
+            # The project loop is bracketed by two bare loops on its threads, and its reference
+            # is their mean: a shared box drifts by 10-30 % within a minute, and bracketing
+            # cancels a linear drift. The other loops alternate ends between rounds, so no loop
+            # always runs first or last. Each figure is a median over rounds of a ratio taken
+            # within one round.
+            ends = ["bare", "ckpt"] if r % 2 == 0 else ["ckpt", "bare"]
+            _run_end(ends[0], work, f"{tag}{r}", ckpt_overrides, bare, ckpt, bare_at)
+            before = bare_at(threads)
             quiet.append(_project_loop(work, f"quiet-{tag}{r}", quiet_overrides))
-            threads = torch.get_num_threads()  # the project's thread policy set it
-            bare_same.append(_bare_loop(load_config(overrides=base), job.dataset_dir, job.stats_path))
-            ckpt.append(_project_loop(work, f"ckpt-{tag}{r}", ckpt_overrides))
+            bare_same.append((before + bare_at(threads)) / 2)
+            _run_end(ends[1], work, f"{tag}{r}", ckpt_overrides, bare, ckpt, bare_at)
     loop = [q["seconds"] / b - 1 for q, b in zip(quiet, bare, strict=True)]
     same = [q["seconds"] / b - 1 for q, b in zip(quiet, bare_same, strict=True)]
     checkpointing = [c["seconds"] / q["seconds"] - 1 for c, q in zip(ckpt, quiet, strict=True)]
@@ -120,6 +141,7 @@ def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool)
         f"project_threads_{tag}": threads,
         f"loop_overhead_fraction_per_round_{tag}": [round(x, 3) for x in loop],
         f"loop_overhead_fraction_{tag}": round(statistics.median(loop), 3),
+        f"loop_overhead_fraction_same_threads_per_round_{tag}": [round(x, 3) for x in same],
         f"loop_overhead_fraction_same_threads_{tag}": round(statistics.median(same), 3),
         f"project_loop_seconds_checkpoint_every_200_{tag}": [round(c["seconds"], 3) for c in ckpt],
         f"checkpointing_overhead_fraction_per_round_{tag}": [round(x, 3) for x in checkpointing],
@@ -130,7 +152,7 @@ def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool)
 def run(work: Path, rounds: int = 5) -> dict[str, Any]:
     """The loop overhead at default settings, on an idle machine and beside a CPU burner; the
     bare loop runs with torch's default thread count (as a hand-written loop would) and with the
-    project's (the same math on the same threads)."""
+    project's (the same math on the same threads, bracketing the project's loop)."""
     source = demo_parquet(work, 200_000)
     base = [f"data.source={source}", f"train.max_steps={STEPS}", "train.patience=0"]
     job = train_job(work, "probe", base)
