@@ -57,13 +57,11 @@ class PrefectServer:
 
 
 class _RetryingTransport(httpx.HTTPTransport):
-    """Retries 503 and 429, and a read that timed out, as Prefect's own client does. The server
-    answers 503 while its SQLite database is locked by another writer: a clean-clone CI run (two
-    xdist workers, workers and flows writing to the same server) failed once on
-    `create_flow_run` that way. A dev-venv suite run failed once polling a flow run's state: the
-    server sent nothing for 30 s while two flow runs wrote to it; a clean-clone CI run failed the
-    same way on a `/flow_runs/filter` query, which is a POST that only reads, and on a PATCH
-    that pauses a deployment, which sets a value and so may be sent twice."""
+    """Retries 503 and 429, and a request that timed out when sending it again is safe, as
+    Prefect's own client does. With two xdist workers, process workers and flows all writing to
+    one server, its SQLite database is often locked: the server then answers 503, or sends
+    nothing for over 30 s. A timed-out write other than an idempotent one may have landed, so it
+    is not repeated (see `_repeatable`)."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         for attempt in range(7):

@@ -38,8 +38,8 @@ def test_custom_run_from_the_ui_completes(deployed: PrefectServer, tmp_path: Pat
                   "--disable-component-update", "--no-first-run"],
         )
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        # Playwright's 30 s ceiling is too short here: a clean-clone CI run failed waiting for the
-        # page after Submit while the server (SQLite, under two test workers' flows) stalled.
+        # Playwright's 30 s ceiling is too short here: the server (SQLite, under two test workers'
+        # flows) can stall for longer than that before the page after Submit loads.
         page.set_default_timeout(180_000)
         page.goto(f"{deployed.ui_url}/deployments")
         page.get_by_role("link", name="retrain", exact=True).first.click()
