@@ -40,7 +40,7 @@ def run(work: Path) -> dict[str, Any]:
     cold = _run(common + [f"data.source={full}"])
     warm = _run(common + [f"data.source={full}", "train.init_from=champion"])
     assert warm["trained"].warm_start.used, warm["trained"].warm_start
-    best_cold = max(h["val_auc"] for h in cold["history"])
+    best_cold = max(h["auc"] for h in cold["history"])
     target = round(best_cold - 0.002, 4)
     cold_steps, warm_steps = _steps_to(cold["history"], target), _steps_to(warm["history"], target)
     return {
