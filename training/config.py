@@ -443,6 +443,11 @@ class TrainConfig(_Section):
         "was trained, so that a run on data that grew by 5 % costs about 5 %: three times the new rows' share of the "
         "train split, times train.max_steps, at least train.eval_every (one validation) and at most train.max_steps.",
         json_schema_extra=COMPUTED_SINCE)
+    warm_lr_scale: float = Field(
+        0.1, gt=0, le=1, description="Peak learning rate of a warm start, as a fraction of optim.lr. The champion's "
+        "run ended at 10 % of its peak; warming back up to the full peak, with the optimizer's moments fresh, undoes "
+        "part of what it learned: a short warm start then ends worse than the champion it started from.",
+        json_schema_extra=COMPUTED_SINCE)
     batch_size: int = Field(
         512, gt=0, description="Rows per micro-batch, across all processes: each of N processes takes batch_size/N.",
         json_schema_extra=COMPUTED)

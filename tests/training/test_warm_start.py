@@ -37,6 +37,9 @@ def test_warm_start_from_a_compatible_champion(small_config: RetrainConfig) -> N
     assert warm.run_key != first.run_key
     # starting from a trained model, the first validation already clears the target
     assert warm.steps_to_target == 5
+    # at a tenth of the fresh start's peak rate (train.warm_lr_scale): no re-warming to the full peak
+    peak = small_config.train.optim.lr * small_config.train.warm_lr_scale
+    assert max(v.lr for v in warm.history) <= peak * (1 + 1e-6) < max(v.lr for v in first.history)
 
 
 def test_incompatible_champion_falls_back_to_a_fresh_start(small_config: RetrainConfig) -> None:

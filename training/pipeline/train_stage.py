@@ -115,8 +115,10 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         # dataset's new categories (the built-in model; a user's model keeps them as they are).
         init_sha = warm.sha256
         stats = FeatureStats(**warm.stats)
-        config = config.model_copy(update={"train": config.train.model_copy(
-            update={"max_steps": warm_steps(config, manifest, stats)})})
+        tc = config.train
+        config = config.model_copy(update={"train": tc.model_copy(update={
+            "max_steps": warm_steps(config, manifest, stats),
+            "optim": tc.optim.model_copy(update={"lr": tc.optim.lr * tc.warm_lr_scale})})})
         if config.model.factory is None:
             stats = grown_for_warm_start(stats, Path(packed.dataset_dir), manifest, config.preprocess)
         # Per dataset: the vocabularies, token ids and pixels depend on it.
