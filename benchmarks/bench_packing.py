@@ -23,9 +23,11 @@ def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
     n_num, n_cat = len(config.data.numeric), len(config.data.categorical)
     payload = rows * (4 * n_num + 8 * n_cat + 4)
 
+    # Each packer on a storage root of its own, emptied before every timed run: packed segments
+    # are kept under the root and found again, so a second run into the same root packs nothing.
     def project() -> None:
-        shutil.rmtree(work / "datasets", ignore_errors=True)
-        pack_local(source, config.data, work / "datasets")
+        shutil.rmtree(work / "single", ignore_errors=True)
+        pack_local(source, config.data, work / "single" / "datasets")
 
     grouped = work / "grouped.parquet"  # the same rows in 4 row groups: 4 segments of the flow's fan-out
     pq.write_table(pq.read_table(source), grouped, row_group_size=-(-rows // 4))
@@ -33,8 +35,8 @@ def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
 
     def project_parts() -> None:
         # The flow's fan-out path, run in this process: plan, 4 segments packed one by one, assemble.
-        shutil.rmtree(work / "datasets-parts", ignore_errors=True)
-        pack_local(grouped, segmented, work / "datasets-parts")
+        shutil.rmtree(work / "parts", ignore_errors=True)
+        pack_local(grouped, segmented, work / "parts" / "datasets")
 
     def raw_limit() -> None:
         # pyarrow reads the same Parquet and the same payload bytes go to one file.
@@ -70,11 +72,11 @@ def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
     t_wds = best_of(shardwriter, repeat=1)
     mb = payload / 1e6
     wds_mb = mb * sub / rows
-    project_bytes = sum(p.stat().st_size for p in (work / "datasets").rglob("*.tar"))
+    project_bytes = sum(p.stat().st_size for p in (work / "single").rglob("*.tar"))
     wds_bytes = sum(p.stat().st_size for p in (work / "wds").glob("*.tar"))
     from training.data.manifest import load_manifest
 
-    manifest = load_manifest(next(p.parent for p in (work / "datasets").glob("*/manifest.json")))
+    manifest = load_manifest(next(p.parent for p in (work / "single" / "datasets").glob("*/manifest.json")))
     target = config.data.shard_size_mb * 1e6
     full = [sh.bytes for split in ("train", "validation", "test") for sh in manifest.shards_of(split)[:-1]]
     return {

@@ -98,7 +98,10 @@ def run(work: Path) -> dict[str, Any]:
         assert fresh.reused
         cold_rate = _read_all(Path(fresh.dataset_dir))
         warm_rate = _read_all(Path(fresh.dataset_dir))
-        shard_mb = sum(p.stat().st_size for p in Path(packed.dataset_dir).glob("train-*.tar")) / 1e6
+        # The manifest's sizes: the shards live in the dataset's segments, not in its folder.
+        from training.data.manifest import require_manifest
+
+        shard_mb = sum(sh.bytes for sh in require_manifest(Path(packed.dataset_dir)).shards_of("train")) / 1e6
     finally:
         server.stop()
     return {
