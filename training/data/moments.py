@@ -34,7 +34,7 @@ class Moments:
         """The moments of the rows of `x` (rows, columns); NaN is left out."""
         x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
         finite = np.isfinite(x)
-        if len(x) and finite.all():  # the usual case: the same sums, in half the passes over the rows
+        if finite.all():  # the usual case: the same sums, in half the passes over the rows
             mean = x.sum(axis=0) / len(x)
             d = x - mean
             d2 = d * d
