@@ -38,6 +38,11 @@ def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> N
     assert incremental["parameters"]["config"]["train"]["init_from"] == "champion"
     assert incremental["global_concurrency_limit"]["limit"] == 1
 
+    # Data arrival: a look that is due while the last one still runs is dropped, never queued.
+    watch = deployment(deployed, "watch", flow="watch")
+    assert watch["global_concurrency_limit"]["limit"] == 1
+    assert watch["concurrency_options"]["collision_strategy"] == "CANCEL_NEW"
+
     # The tuning deployment: no schedule, its config (search space and budget) valid as deployed.
     tune = deployment(deployed, "tune", flow="tune")
     assert tune["schedules"] == [] and tune["entrypoint"] == "flows/tune.py:tune"
