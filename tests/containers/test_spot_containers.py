@@ -95,7 +95,7 @@ def _reclaim_and_resume(server: PrefectServer, deployed: Deployed, start_worker:
     watcher.start()
     try:
         wait_for(lambda: len(run.complete_checkpoints()) >= 2, 600, "two checkpoints on S3", 0.2)
-        (first,) = wait_for(lambda: [c for c in containers_of(run_id) if c["running"]], 60, "the flow run's container")
+        (first,) = wait_for(lambda: [c for c in containers_of(run_id) if c["running"]], 300, "the flow run's container")
         reclaimed_at = time.time()
         reclaim(first["id"])
         _final(server, run_id, worker, 900)

@@ -111,12 +111,12 @@ def test_the_server_creates_scheduled_runs_and_a_worker_completes_one(
     except AssertionError:
         raise AssertionError(worker.log_path.read_text()[-4000:]) from None
     assert finished["auto_scheduled"]
-    scoring = wait_for(lambda: flow_runs_of(deployed, deployment(deployed, predict, flow="predict")["id"]), 120,
+    scoring = wait_for(lambda: flow_runs_of(deployed, deployment(deployed, predict, flow="predict")["id"]), 300,
                        "the predict run that the completed scheduled run triggers")
     assert scoring
     # Stop it scheduling more. Under the suite's load the server's SQLite can be busy for a
     # moment (it answered 503 once), which is not what this test is about: try a few times.
-    wait_for(lambda: _pause(deployed, dep["id"]), 60, "the server to pause the deployment")
+    wait_for(lambda: _pause(deployed, dep["id"]), 180, "the server to pause the deployment")
     log = deployed.log_path.read_text()
     assert not [e for e in SCHEDULER_ERRORS if e in log], log[-3000:]
 
@@ -196,7 +196,7 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
     run_id = _run(deployed, "retrain-spot", {})
     worker = start_worker(pool)
     wait_for(lambda: len(_checkpoints(root)) >= 2, 300, "two checkpoints", 0.2)
-    pid = wait_for(lambda: _flow_run_process(run_id), 10, "the flow-run process")
+    pid = wait_for(lambda: _flow_run_process(run_id), 60, "the flow-run process")
     os.kill(pid, signal.SIGTERM)  # a spot reclaim / node drain
     # Rescheduled (not Crashed), picked up again by the worker, and completed.
     try:
@@ -256,7 +256,7 @@ def test_the_documented_promotion_automation_sends_its_notification(deployed: Pr
             f"emit_event(event='retrain.model.promoted', resource={{'prefect.resource.id': 'retrain.model.{sha}'}},"
             " payload={'sha256': '" + sha + "', 'auc': 0.8123, 'previous_champion_sha256': None, 'reason': 'first'})")],
             env=deployed.env, check=True, timeout=60)
-        (text,) = wait_for(lambda: received, 90, "the notification webhook to be called")
+        (text,) = wait_for(lambda: received, 300, "the notification webhook to be called")
         assert f"New champion {sha}" in text and "Test AUC 0.8123" in text, text
     finally:
         hook.shutdown()

@@ -127,7 +127,7 @@ def test_triggered_run_completes_on_a_worker(deployed: PrefectServer, tmp_path: 
     assert json.loads(report.read_text())["steps"] == 30  # the parameter override took effect
     # Its completion fired the `predict` deployment's trigger: the scoring run is on its way.
     predict_id = deployment(deployed, "predict", flow="predict")["id"]
-    (scoring,) = wait_for(lambda: flow_runs_of(deployed, predict_id), 60, "the predict run the trigger creates")
+    (scoring,) = wait_for(lambda: flow_runs_of(deployed, predict_id), 300, "the predict run the trigger creates")
     deployed.api().delete(f"/flow_runs/{scoring['id']}")  # not run here: its input is the deployment's placeholder
 
 

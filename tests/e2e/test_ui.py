@@ -65,7 +65,7 @@ def test_custom_run_from_the_ui_completes(deployed: PrefectServer, tmp_path: Pat
     ui_runs = [r for r in runs if r["parameters"]["config"]["train"]["max_steps"] == 40]
     assert len(ui_runs) == 1
     deployed.cli("worker", "start", "--pool", POOL, "--run-once", timeout=420)
-    deadline = time.time() + 60
+    deadline = time.time() + 300
     while (run := flow_run(deployed, ui_runs[0]["id"]))["state"]["type"] not in ("COMPLETED", "FAILED", "CRASHED"):
         assert time.time() < deadline, run["state"]
         time.sleep(1)

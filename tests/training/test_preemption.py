@@ -193,7 +193,7 @@ def test_sigkill_with_dataloader_workers_neither_hangs_nor_leaves_orphans(long_c
     with pytest.raises(Preempted):
         run_training_process(job, on_start=record)
     assert seen["step"] >= 30
-    deadline = time.time() + 5
+    deadline = time.time() + 60
     while _group_members(started["pgid"]) and time.time() < deadline:
         time.sleep(0.1)
     assert _group_members(started["pgid"]) == []

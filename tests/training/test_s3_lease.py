@@ -68,7 +68,7 @@ def test_a_killed_holders_lease_is_taken_over_at_once_on_its_machine(
     events = tmp_path / "events"
     killed = _holder(s3_bucket, s3_server, events, "killed", hold=600.0, ttl=600.0)
     store = _store(s3_bucket, s3_server)
-    deadline = time.time() + 60
+    deadline = time.time() + 180
     while store.get_bytes(LEASE_KEY) is None:
         assert time.time() < deadline and killed.poll() is None
         time.sleep(0.1)

@@ -142,7 +142,7 @@ def test_access_denied_names_bucket_without_credentials(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.time() + 30
+        deadline = time.time() + 120
         while True:
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1)
@@ -282,10 +282,10 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
 
     def kill_when_held(proc):
         def watch():
-            if fault_proxy.held.wait(120):
+            if fault_proxy.held.wait(300):
                 # Past the last complete checkpoint (10) on S3's heartbeat too: that is the
                 # work a fresh machine must count as lost.
-                deadline = time.time() + 60
+                deadline = time.time() + 180
                 while remote_step() <= 10 and time.time() < deadline:
                     time.sleep(0.05)
                 published.append(remote_step())
