@@ -52,6 +52,7 @@ def run(work: Path) -> dict[str, Any]:
     from training.trainer.checkpoint import AsyncCheckpointer, CheckpointManifest, save_checkpoint
     from training.trainer.checkpoint_sync import CheckpointUploader
     from training.config import load_config
+    from training.data.manifest import require_manifest
     from training.pipeline.pack_stage import pack_stage
     from training.storage.root import StorageRoot
 
@@ -99,8 +100,6 @@ def run(work: Path) -> dict[str, Any]:
         cold_rate = _read_all(Path(fresh.dataset_dir))
         warm_rate = _read_all(Path(fresh.dataset_dir))
         # The manifest's sizes: the shards live in the dataset's segments, not in its folder.
-        from training.data.manifest import require_manifest
-
         shard_mb = sum(sh.bytes for sh in require_manifest(Path(packed.dataset_dir)).shards_of("train")) / 1e6
     finally:
         server.stop()
