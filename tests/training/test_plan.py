@@ -3,6 +3,7 @@ published figures, memory fit and its variants, expected spot cost and the ranke
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -322,5 +323,43 @@ def test_an_auto_run_takes_the_planned_instance_and_its_memory_variant(tmp_path)
     assert run.model.gradient_checkpointing is True and (run.train.batch_size, run.train.grad_accum) == (64, 2)
     assert run.cost.rate() == (0.1869, 1)
     (tmp_path / "plan" / "choice.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not a readable plan choice"):
+        resolve_planned_instance(config)
+
+
+@pytest.mark.parametrize("planted", [
+    {"set": {"storage.root": "/elsewhere"}},
+    {"set": {"data.source": "/other/data"}},
+    {"set": {"model.factory": "builtins:print"}},
+    {"set": {"nonexistent.key": "1"}},
+    {"set": {"train.max_steps=1 --set storage.root": "/tmp"}},
+    {"set": {"train.max_steps.x": "1"}},
+    {"set": {"train.batch_size": "many"}},
+    {"instance_type": "auto"},
+    {"instance_type": "no-such-instance"},
+    {"market": "free"},
+    {"extra": "key"},
+], ids=lambda planted: ",".join(f"{k}={v}" for k, v in planted.items()))
+def test_a_stored_plan_choice_sets_only_what_a_plan_decides(tmp_path, planted) -> None:  # type: ignore[no-untyped-def]
+    """plan/choice.json is input from whoever can write the root: a key outside the plan's own
+    (instance, market, memory variant) or a value of the wrong type is one ConfigError naming the
+    file, never a rewritten run."""
+    from training.errors import ConfigError
+    from training.pipeline.step_times import resolve_planned_instance
+
+    config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
+    choice = {"instance_type": "local-cpu", "market": "on_demand", "set": {}, "planned_at": 0.0, **planted}
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "choice.json").write_text(json.dumps(choice))
+    with pytest.raises(ConfigError, match="plan/choice.json"):
+        resolve_planned_instance(config)
+
+
+def test_a_directory_at_the_plan_choice_is_one_config_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from training.errors import ConfigError
+    from training.pipeline.step_times import resolve_planned_instance
+
+    config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
+    (tmp_path / "plan" / "choice.json").mkdir(parents=True)
     with pytest.raises(ConfigError, match="not a readable plan choice"):
         resolve_planned_instance(config)

@@ -97,6 +97,10 @@ class PlanRow(BaseModel):
                 "step time": self.step_source}
 
 
+PLAN_KEYS = frozenset({"train.precision", "model.gradient_checkpointing", "train.batch_size", "train.grad_accum"})
+"""The only config keys a plan's memory variant sets (`PlanRow.set`): what a stored pick may change."""
+
+
 def variants(costs: StepCosts, configured_precision: str, micro_batch: int) -> list[Variant]:
     """As configured, then what would cut memory, cheapest in step time first: bf16, gradient
     checkpointing, then smaller micro-batches with accumulation (the same effective batch)."""

@@ -14,11 +14,11 @@ import json
 import statistics
 import time
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import RetrainConfig
 from training.cost.hardware import GPUS
-from training.cost.planner import Calibrated, PlanRow
+from training.cost.planner import PLAN_KEYS, Calibrated, PlanRow
 from training.cost.roofline import predict_step
 from training.cost.step_count import StepCount
 from training.errors import ConfigError
@@ -108,6 +108,11 @@ def step_time_of_run(config: RetrainConfig, count: StepCount, device: str, secon
 
 
 class PlanChoice(BaseModel):
+    """`plan/choice.json`: input from whoever can write the storage root, so it may set only what
+    a plan decides (the instance, the market and `PLAN_KEYS`), each validated by the config."""
+
+    model_config = ConfigDict(extra="forbid")
+
     instance_type: str
     market: str
     set: dict[str, str] = {}
@@ -131,9 +136,16 @@ def resolve_planned_instance(config: RetrainConfig) -> RetrainConfig:
     if path is None:
         raise ConfigError(f"cost.instance_type is auto but no plan is stored at {root.display(CHOICE)}; run "
                           "`retrain plan` with this storage.root first, or name the instance type")
+    shown = root.display(CHOICE)
     try:
         choice = PlanChoice.model_validate(json.loads(path.read_text()))
-    except (ValueError, ValidationError):
-        raise ConfigError(f"{root.display(CHOICE)} is not a readable plan choice; run `retrain plan` again") from None
+    except (OSError, ValueError, ValidationError):
+        raise ConfigError(f"{shown} is not a readable plan choice; run `retrain plan` again") from None
+    if choice.instance_type == "auto":
+        raise ConfigError(f"{shown}: instance_type must name an instance type, not 'auto'; run `retrain plan` again")
+    refused = sorted(key for key in choice.set if key not in PLAN_KEYS)
+    if refused:
+        raise ConfigError(f"{shown}: a plan may set only {', '.join(sorted(PLAN_KEYS))}, not {refused[0]!r}; "
+                          "run `retrain plan` again to replace the file")
     values = {"cost.instance_type": choice.instance_type, "cost.market": choice.market, **choice.set}
-    return config.with_values(values, f"the plan in {root.display(CHOICE)}")  # validation parses "true", "64"
+    return config.with_values(values, f"the plan in {shown}")  # validation parses "true", "64"
