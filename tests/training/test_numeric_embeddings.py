@@ -80,3 +80,27 @@ def test_piecewise_scoring_path_agrees_with_rtdls_encoding() -> None:
     assert set(ours.state_dict()) == set(theirs.state_dict())
     with torch.enable_grad():  # training keeps rtdl's own path, and its backward
         torch.testing.assert_close(ours(x), reference, rtol=0, atol=0)
+
+
+def test_piecewise_scoring_path_calls_no_op_that_deterministic_cuda_refuses() -> None:
+    """Validation and scoring run the by-bin lookup under `train.deterministic` (the default),
+    where `torch.use_deterministic_algorithms(True)` makes CUDA raise on a floating cumsum, among
+    others. The lookup must use none of them, or the default run dies at its first validation."""
+    from torch.overrides import TorchFunctionMode
+
+    from training.model.piecewise import PiecewiseLinear
+
+    refused_on_cuda = {"cumsum", "cumsum_", "index_add", "index_add_", "scatter_add", "scatter_add_", "put_",
+                       "index_put_", "bincount", "histc", "kthvalue", "median"}
+    called: set[str] = set()
+
+    class Record(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            called.add(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    bins = [torch.tensor([-1.0, 0.0, 2.0, 5.0]), torch.tensor([0.0, 1.0])]
+    layer = PiecewiseLinear(bins, 4)
+    with torch.no_grad(), Record():
+        layer(torch.randn(16, 2))
+    assert called and not called & refused_on_cuda, called & refused_on_cuda

@@ -63,6 +63,7 @@ class PiecewiseLinear(PiecewiseLinearEmbeddings):
         # Derived from the bins, so not part of the state dict: packages keep rtdl's keys.
         self.register_buffer("_position", position, persistent=False)
         self.register_buffer("_inner_edges", inner, persistent=False)
+        self.register_buffer("_strictly_below", torch.ones(most, most).tril(-1), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() or x.ndim != 2:
@@ -81,7 +82,10 @@ class PiecewiseLinear(PiecewiseLinearEmbeddings):
         scale, shift = self.impl.weight.gather(1, place), self.impl.bias.gather(1, place)
         within = torch.addcmul(shift, scale, column_major).t()  # (rows, columns)
         rows = self.linear.weight.gather(1, position[..., None].expand(-1, -1, self.linear.weight.shape[2]))
-        below = torch.cumsum(rows, dim=1) - rows  # (columns, bins, width): the rows of the bins below
+        # (columns, bins, width): the sum of the rows of the bins below each bin, as a product with
+        # a strictly lower-triangular matrix of ones. Not cumsum: a floating cumsum on CUDA is
+        # nondeterministic and raises under `torch.use_deterministic_algorithms` (train.deterministic).
+        below = torch.matmul(self._strictly_below.to(rows.dtype), rows)
         flat = (bin_of + torch.arange(n_cols, device=x.device)[:, None] * position.shape[1]).t()  # (rows, columns)
         width = rows.shape[2]
         out = torch.nn.functional.embedding(flat, below.reshape(-1, width))
