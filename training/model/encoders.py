@@ -58,6 +58,11 @@ class _Block(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
+def text_length(ntok: torch.Tensor) -> int:
+    """Tokens a batch's texts are cut to: the longest text's, rounded up to 16."""
+    return -(-int(ntok.max()) // 16) * 16 if ntok.numel() else 16
+
+
 class TextEncoder(nn.Module):
     """Token ids (batch, texts, max_tokens) and lengths -> one pooled vector per text column."""
 
@@ -74,11 +79,12 @@ class TextEncoder(nn.Module):
     def forward(self, tok: torch.Tensor, ntok: torch.Tensor) -> torch.Tensor:
         b, n_text, t = tok.shape
         lengths = ntok.reshape(b * n_text).long()
-        if not torch.compiler.is_compiling():
+        if not torch.compiler.is_compiling() and tok.device.type == "cpu":
             # Attend over the longest text in the batch rounded up to 16, not max_tokens: short
-            # texts cost less. (Compiled, the length stays fixed: a data-dependent shape would
-            # break the graph and recompile.)
-            t = min(t, -(-int(lengths.max()) // 16) * 16)
+            # texts cost less. On an accelerator the batch comes cut already (`to_device`): the
+            # lengths' maximum read here would stall the host on the GPU every step. (Compiled,
+            # the length stays fixed: a data-dependent shape would break the graph and recompile.)
+            t = min(t, text_length(lengths))
         ids = tok.reshape(b * n_text, -1)[:, :t].long()
         keep = torch.arange(t, device=tok.device)[None, :] < lengths[:, None]  # (rows, t)
         x = self.tokens(ids) + self.positions.weight[:t]

@@ -12,7 +12,7 @@ import torch
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches, iter_split
 from training.data.manifest import DatasetManifest
-from training.model.network import forward_fn
+from training.model.network import forward_fn, to_device
 from training.model.package import load_package
 from training.model.objectives import Task
 
@@ -55,7 +55,7 @@ def predict_split(
     preds, labels = [], []
     for batch in iter_split(batches):
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            output = forward({k: v.to(device) for k, v in batch.items()})
+            output = forward(to_device(batch, device))
         preds.append(task.predict(output))
         labels.append(batch["label"].numpy())
     model.train(was_training)

@@ -17,10 +17,10 @@ from torch.utils.checkpoint import checkpoint
 from training.config import ModelConfig
 from training.data.features import FeatureStats
 from training.data.text import TextEncoder as Tokens
-from training.model.encoders import ImageEncoder, TextEncoder
+from training.model.encoders import ImageEncoder, TextEncoder, text_length
 from training.errors import ConfigError
 
-__all__ = ["Batch", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
+__all__ = ["Batch", "to_device", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
            "weights_sha256"]
 
 
@@ -212,6 +212,16 @@ def build_model(config: ModelConfig, schema: ModelSchema) -> nn.Module:
     if legacy:
         setattr(model, _LEGACY, True)
     return model
+
+
+def to_device(batch: Batch, device: torch.device, non_blocking: bool = False, cut_text: bool = True) -> Batch:
+    """The batch on `device`, its token ids first cut on the host to the batch's longest text
+    (`text_length`), where the lengths already are: the text encoder then learns the length
+    without a device-to-host sync, and fewer bytes cross to the device. `cut_text=False` for a
+    compiled model, which keeps one shape."""
+    if cut_text and "tok" in batch and batch["tok"].device.type == "cpu":
+        batch = {**batch, "tok": batch["tok"][..., :text_length(batch["ntok"])]}
+    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
 
 
 def forward_fn(module: nn.Module, like: nn.Module | None = None) -> Forward:

@@ -45,8 +45,11 @@ class LabelTransform(nn.Module):
         if self.kind == "log1p":
             g = torch.log1p(y64)
         else:
-            up = _interp(y64, self.knots, self.levels)
-            down = -_interp(-y64, -self.knots.flip(0), -self.levels.flip(0))
+            # The task holds this module outside the model, so `model.to(device)` never moves
+            # its buffers: take them to the label's device (a no-op when already there).
+            knots, levels = self.knots.to(y.device), self.levels.to(y.device)
+            up = _interp(y64, knots, levels)
+            down = -_interp(-y64, -knots.flip(0), -levels.flip(0))
             g = torch.special.ndtri((0.5 * (up + down)).clamp(P_BOUND, 1 - P_BOUND))
         return ((g - self.mean) / self.std).to(y.dtype)
 

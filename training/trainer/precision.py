@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,8 @@ if TYPE_CHECKING:
     from training.model.objectives import Task
 
 __all__ = ["resolve_device", "resolve_precision", "resolved_numerics", "autocast_dtype", "measure_fp32_slowdown"]
+
+log = logging.getLogger(__name__)
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -35,7 +38,10 @@ def resolve_precision(requested: str, device: torch.device) -> str:
     if requested != "auto":
         return requested
     if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        # Native bf16 only (compute capability 8.0 on: A100, L4, H100). torch counts emulated
+        # bf16 on T4 and V100 as supported by default; there fp16 with a GradScaler runs on the
+        # tensor cores, and `retrain plan` prices those GPUs in fp16.
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
     return "fp32"
 
 
@@ -53,7 +59,27 @@ def autocast_dtype(precision: str) -> torch.dtype | None:
 def measure_fp32_slowdown(model: torch.nn.Module, task: Task, batch: Batch, device: torch.device, precision: str,
                           steps: int = 10) -> float:
     """fp32 step time over this run's precision, timed on a copy of the model (for the naive
-    counterfactual in the cost report)."""
+    counterfactual in the cost report).
+
+    The run's micro-batch may have been sized to fill the accelerator in bf16 (auto batch size),
+    so the fp32 copy at that size can run out of memory after training has finished: the timing
+    then halves the rows until it fits, and with not even one row fitting it reports no slowdown
+    (1.0) rather than fail a finished run."""
+    rows = int(batch["label"].shape[0])
+    while rows >= 1:
+        try:
+            return _fp32_slowdown({k: v[:rows] for k, v in batch.items()}, model, task, device, precision, steps)
+        except torch.cuda.OutOfMemoryError:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            log.warning("fp32 re-timing: %d rows do not fit beside the run in fp32; trying %d", rows, rows // 2)
+            rows //= 2
+    log.warning("fp32 re-timing: no fp32 step fits beside the run; the cost report assumes no slowdown")
+    return 1.0
+
+
+def _fp32_slowdown(batch: Batch, model: torch.nn.Module, task: Task, device: torch.device, precision: str,
+                   steps: int) -> float:
     import copy
 
     from training.model.network import forward_fn
@@ -69,6 +95,7 @@ def measure_fp32_slowdown(model: torch.nn.Module, task: Task, batch: Batch, devi
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
+            m.zero_grad(set_to_none=True)  # one set of gradients alive, as in the run
             task.forward_loss(forward, rows, device, dtype).backward()
         if device.type == "cuda":
             torch.cuda.synchronize()

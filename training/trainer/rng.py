@@ -51,7 +51,11 @@ def restore_rng(state: dict[str, Any]) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # One state per GPU the saving machine saw. A spot retry may land on a machine with
+        # fewer (or more) GPUs: restore the ones both have; the others keep their seeded state.
+        saved = state["cuda"]
+        for index in range(min(len(saved), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(saved[index], index)
 
 
 def _tuples(value: Any) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from training.config import BudgetConfig, RetrainConfig, metric_name
 from training.trainer.results import Validation
@@ -131,16 +132,18 @@ class StopPolicy:
         return CONTINUE
 
 
-def agree_across_ranks(stop_requested: bool, status: str, save_now: bool, rank: int) -> tuple[bool, str, bool]:
+def agree_across_ranks(stop_requested: bool, status: str, save_now: bool, rank: int,
+                       device: torch.device) -> tuple[bool, str, bool]:
     """(stop requested anywhere, rank 0's status, rank 0's save decision) on every rank.
 
     Rank 0 decides (validation, budgets and time-based schedules are its alone); every rank
-    contributes its stop request. One tiny all-reduce per step keeps them in step."""
-    import torch
+    contributes its stop request. One tiny all-reduce per step keeps them in step. The flags
+    live on the training device: nccl all-reduces CUDA tensors only, gloo either."""
     import torch.distributed as dist
 
     leader = rank == 0
     flags = torch.tensor([int(stop_requested), STATUSES.index(status) if leader else 0, int(save_now and leader)],
-                         dtype=torch.int64)
+                         dtype=torch.int64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return bool(flags[0]), STATUSES[int(flags[1])], bool(flags[2])
+    stop, agreed, save = flags.tolist()  # one device-to-host copy, not three
+    return bool(stop), STATUSES[int(agreed)], bool(save)

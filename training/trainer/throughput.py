@@ -23,7 +23,7 @@ from training.model.objectives import Task
 from training.trainer.results import WorkersProbe
 from training.trainer.threads import cgroup_quota, usable_cpus
 
-__all__ = ["accelerator_stats", "auto_batch_layout", "choose_num_workers", "data_and_compute_seconds",
+__all__ = ["accelerator_stats", "auto_batch_layout", "cuda_memory_budget", "choose_num_workers", "data_and_compute_seconds",
            "BatchSizeSearch", "find_micro_batch", "step_memory_bytes"]
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,9 @@ def _step_memory_bytes(model: torch.nn.Module, task: Task, batch: int, example: 
                        dtype: torch.dtype | None) -> int:
     """How the bytes are counted.
 
-    On CUDA: the allocator's peak over a real forward/backward, plus AdamW's two moments.
+    On CUDA: the allocator's peak over a real forward/backward (gradients and activations: the
+    probe's own weights are allocated before the base is read), plus the weights and AdamW's
+    two moments.
     Elsewhere (CPU, or a test's simulated accelerator): parameters, gradients and AdamW's
     moments, plus every tensor autograd saves for backward, counted as they are saved."""
     probe = copy.deepcopy(model).to(device).train()
@@ -139,7 +141,7 @@ def _step_memory_bytes(model: torch.nn.Module, task: Task, batch: int, example: 
         base = torch.cuda.memory_allocated(device)
         _fwd_bwd(probe, task, rows, dtype, device)
         torch.cuda.synchronize()
-        return int(torch.cuda.max_memory_allocated(device) - base + 2 * params + input_bytes)
+        return int(torch.cuda.max_memory_allocated(device) - base + 3 * params + input_bytes)
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -206,12 +208,21 @@ def find_micro_batch(model: torch.nn.Module, task: Task, per_rank_effective: int
     return BatchSizeSearch(micro, per_rank_effective // micro, lo, budget_bytes, probes, time.perf_counter() - t0)
 
 
+def cuda_memory_budget(free: int, reserved: int, total: int, fraction: float) -> int:
+    """Bytes a run may plan its step around: `fraction` of what this process can have, which is
+    the device's free memory plus what its own allocator already holds (the model's weights),
+    never the device's total. Another process on the GPU (a second run, a notebook, a monitoring
+    agent) holds memory that a micro-batch sized from the total would then run out of."""
+    return int(min(total, free + reserved) * fraction)
+
+
 def auto_batch_layout(model: torch.nn.Module, task: Task, tc: TrainConfig, example: Batch, device: torch.device,
                       dtype: torch.dtype | None, world_size: int) -> tuple[int, int, dict[str, Any] | None]:
     """(global micro-batch, grad_accum, search record) from the memory search on this device;
     every rank uses rank 0's choice."""
     if device.type == "cuda":
-        budget = int(torch.cuda.get_device_properties(device).total_memory * tc.memory_fraction)
+        free, total = torch.cuda.mem_get_info(device)
+        budget = cuda_memory_budget(free, torch.cuda.memory_reserved(device), total, tc.memory_fraction)
     elif tc.simulated_memory_mb is not None:
         budget = int(tc.simulated_memory_mb * (1 << 20) * tc.memory_fraction)
     else:

@@ -31,7 +31,7 @@ from training.data.loader import ShardBatches, StreamPosition, make_train_loader
 from training.data.manifest import require_manifest
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
-from training.model.network import Batch, ModelSchema, forward_fn
+from training.model.network import Batch, ModelSchema, forward_fn, to_device
 from training.model.objectives import Task, higher_is_better, metric_for
 from training.model.package import load_warm_start
 from training.trainer.checkpoint import (
@@ -112,6 +112,8 @@ class Trainer:
         self._decide_layout()
         self._build_loader()
         self._compile()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)  # the peak reported is the loop's, not the probes'
         self.policy = StopPolicy(self.config, job.rate_per_hour, job.gpus, job.champion_val_metric, self.metric, higher)
         if self.book.resumed_step is None:
             self.state.progress.seconds.pre_train = job.pre_train_seconds  # once per run, not per attempt
@@ -215,9 +217,7 @@ class Trainer:
         if self.tc.compile:
             t0 = time.perf_counter()
             compiled = torch.compile(model)  # type: ignore[assignment]
-            with torch.no_grad(), torch.random.fork_rng():
-                batch = self.train_batches.batch(0, 0)
-                forward_fn(compiled, model)({k: v[:2].to(self.device) for k, v in batch.items()})
+            self._warm_up(compiled)
             if self.num_workers:
                 self.train_batches.release()
             self.compile_seconds = time.perf_counter() - t0
@@ -227,6 +227,22 @@ class Trainer:
             # broadcasting rank 0's parameters. Gradients are averaged in buckets during backward.
             self.ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=self.tc.distributed.bucket_mb)
         self.forward = forward_fn(self.ddp if self.ddp is not None else compiled, model)
+
+    def _warm_up(self, compiled: torch.nn.Module) -> None:
+        """One forward and backward of the compiled model as the loop runs them (grad mode,
+        autocast, train mode, a whole micro-batch), so that step 1 reuses the graph instead of
+        recompiling, and the compile's seconds stay out of `seconds.train` and plan's step
+        times. Weights, gradients, buffers (BatchNorm's running statistics) and the RNG streams
+        are left as they were: a compiled run computes what an uncompiled one does."""
+        model = self.state.model
+        buffers = {name: b.clone() for name, b in model.named_buffers()}
+        rows = {k: v.to(self.device) for k, v in self.train_batches.batch(0, 0).items()}
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            self.task.forward_loss(forward_fn(compiled, model), rows, self.device, self.dtype).backward()
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -272,7 +288,7 @@ class Trainer:
             t_wait = now()
             epoch, index, batch = next(batches)
             if device.type != "cpu":
-                batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+                batch = to_device(batch, device, non_blocking=True, cut_text=not self.tc.compile)
             t_compute = now()
             seconds.data_wait += t_compute - t_wait
             self.rows_seen += int(batch["label"].shape[0])
@@ -326,7 +342,8 @@ class Trainer:
             progress.stop_reason = decision.reason
         save_now = self.schedule.due(progress) or improved or status != "completed" or progress.step == tc.max_steps
         if self.world_size > 1:
-            self.stop_agreed, status, save_now = agree_across_ranks(self.stop.requested, status, save_now, self.rank)
+            self.stop_agreed, status, save_now = agree_across_ranks(self.stop.requested, status, save_now,
+                                                                    self.rank, self.device)
         if status != "completed":
             progress.stopped = status  # in the final checkpoint: a run finished again from it stops at once
         if save_now:
