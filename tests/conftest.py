@@ -38,6 +38,19 @@ from tests.fault_proxy import FaultProxy  # noqa: E402
 SMALL_ROWS = 8000
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The `cuda` tier runs where a CUDA GPU is visible and is skipped elsewhere."""
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    if not marked:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in marked:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def demo_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A small demo-generator Parquet file shared by the session (read-only by convention), in
