@@ -41,8 +41,9 @@ def ecs_gpu() -> dict[str, Any]:
 
 
 def kubernetes_gpu() -> dict[str, Any]:
-    """Kubernetes: GPU limits, the node selector and tolerations of a spot GPU node pool, and
-    labels on the pod (a multi-node run's rendezvous Service selects the flow-run pod by them)."""
+    """Kubernetes: GPU limits, the node selector and tolerations of a spot GPU node pool, labels
+    on the pod (a multi-node run's rendezvous Service selects the flow-run pod by them), and a
+    memory-backed /dev/shm. The namespace is the default template's `namespace` variable."""
     from prefect_kubernetes.worker import KubernetesWorker
 
     template = copy.deepcopy(KubernetesWorker.get_default_base_job_template())
@@ -61,10 +62,16 @@ def kubernetes_gpu() -> dict[str, Any]:
         "title": "Termination grace", "type": "integer", "default": 120, "minimum": 2,
         "description": "Seconds between the SIGTERM of a node drain or spot reclaim and the SIGKILL: time for "
                        "the emergency checkpoint to reach S3."}
+    variables["shm_size"] = {
+        "title": "Shared memory", "type": "string", "default": "16Gi", "pattern": "^[0-9]+(Ki|Mi|Gi)$",
+        "description": "Size of the memory-backed /dev/shm: NCCL and DataLoader workers pass tensors through it, "
+                       "and a container's default of 64 MB fails them."}
     spec = template["job_configuration"]["job_manifest"]["spec"]["template"]
     spec["metadata"] = {"labels": "{{ pod_labels }}"}
     pod = spec["spec"]
     pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "{{ gpu_limit }}"
+    pod["containers"][0]["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "{{ shm_size }}"}}]
     pod["nodeSelector"] = "{{ node_selector }}"
     pod["tolerations"] = "{{ tolerations }}"
     pod["terminationGracePeriodSeconds"] = "{{ termination_grace_seconds }}"
