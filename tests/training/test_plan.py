@@ -363,3 +363,41 @@ def test_a_directory_at_the_plan_choice_is_one_config_error(tmp_path) -> None:  
     (tmp_path / "plan" / "choice.json").mkdir(parents=True)
     with pytest.raises(ConfigError, match="not a readable plan choice"):
         resolve_planned_instance(config)
+
+
+def test_step_times_that_are_not_positive_and_finite_are_left_out_with_a_warning(
+        tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from training.pipeline.step_times import BOOK, StepTime, StepTimeBook
+    from training.storage.root import StorageRoot
+
+    config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}})
+    root = StorageRoot.from_config(config)
+
+    def record(seconds: float) -> dict:
+        return StepTime(instance_type="g5.xlarge", gpu="A10G", device="cuda", family="tabular", signature="s",
+                        actual_seconds=seconds, predicted_seconds=(0.1, 0.2, 0.3), recorded=True).model_dump()
+
+    (tmp_path / "plan").mkdir()
+    records = [record(0.25), record(-5.0), record(float("nan")), record(float("inf")), record(1e308)]
+    (tmp_path / BOOK).write_text(json.dumps({"records": records}))
+    with caplog.at_level(logging.WARNING):
+        book = StepTimeBook.load(root)
+    assert [r.actual_seconds for r in book.records] == [0.25]
+    assert "left out 4 records" in caplog.text and "-5.0" in caplog.text
+
+
+def test_a_directory_at_the_step_time_book_loses_calibration_not_the_run(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from training.pipeline.step_times import BOOK, StepTime, StepTimeBook
+    from training.storage.root import StorageRoot
+
+    root = StorageRoot.from_config(RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}}))
+    (tmp_path / BOOK).mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        book = StepTimeBook.load(root)
+        book.add(root, StepTime(instance_type="local-cpu", gpu=None, device="cpu", family="tabular", signature="s",
+                                actual_seconds=0.01))
+    assert book.records and "unreadable" in caplog.text and "cannot write" in caplog.text

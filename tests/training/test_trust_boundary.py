@@ -182,3 +182,125 @@ def test_a_shard_with_an_object_member_is_damaged_and_packed_again(
     with caplog.at_level(logging.WARNING):
         again = pack_stage(small_config)
     assert not again.reused and "not numbers" in caplog.text
+
+
+def _rewrite_stats(folder: Path, segment: dict, change: object) -> None:
+    """Rewrite a segment's stats.npz with `change(arrays)` applied, and its sha256 in segment.json
+    by the same hand, so only the values can tell."""
+    from training.data.segment_stats import parse_stats_arrays
+
+    arrays = parse_stats_arrays((folder / "stats.npz").read_bytes())
+    change(arrays)  # type: ignore[operator]
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    data = buf.getvalue()
+    (folder / "stats.npz").write_bytes(data)
+    segment.update(stats_bytes=len(data), stats_sha256=hashlib.sha256(data).hexdigest())
+    (folder / "segment.json").write_text(json.dumps(segment))
+
+
+def _nan_mean(a: dict) -> None:
+    a["num.mean"] = a["num.mean"].copy()
+    a["num.mean"][0] = np.nan
+
+
+def _inf_mean(a: dict) -> None:
+    a["num.mean"] = np.full_like(a["num.mean"], np.inf)
+
+
+def _negative_count(a: dict) -> None:
+    a["cat0.counts"] = -a["cat0.counts"]
+
+
+def _wrong_shape(a: dict) -> None:
+    a["num.m2"] = a["num.m2"][:1]
+
+
+def _missing(a: dict) -> None:
+    del a["num.mean"]
+
+
+@pytest.mark.parametrize("change", [_nan_mean, _inf_mean, _negative_count, _wrong_shape, _missing],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_tampered_segment_statistics_are_damaged_and_packed_again(
+        small_config: RetrainConfig, caplog: pytest.LogCaptureFixture, change: object) -> None:
+    """Statistics are derived from the segment's rows: not finite, a negative count, a wrong
+    shape or a missing array cannot be packing's, so the segment is packed again, and the
+    features fitted on it are the untampered ones."""
+    first = pack_stage(small_config)
+    folder, segment = _segment(Path(first.dataset_dir))
+    original = (folder / "stats.npz").read_bytes()
+    _rewrite_stats(folder, segment, change)
+    with caplog.at_level(logging.WARNING):
+        again = pack_stage(small_config)
+    assert not again.reused and "damaged or tampered with" in caplog.text
+    assert (folder / "stats.npz").read_bytes() == original
+    prep = preprocess_stage(again.dataset_dir, small_config.preprocess.model_dump(mode="json"), small_config.storage.root)
+    assert prep.stats_path and "nan" not in Path(prep.stats_path).read_text().lower()
+
+
+def test_a_corrupt_statistics_file_heals_on_the_next_run(small_config: RetrainConfig,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    first = pack_stage(small_config)
+    folder, _ = _segment(Path(first.dataset_dir))
+    original = (folder / "stats.npz").read_bytes()
+    (folder / "stats.npz").write_bytes(original[:-40] + b"\0" * 40)
+    with caplog.at_level(logging.WARNING):
+        again = pack_stage(small_config)
+    assert "does not match its sha256" in caplog.text and (folder / "stats.npz").read_bytes() == original
+    assert again.fingerprint == first.fingerprint
+
+
+def test_a_tampered_row_count_in_segment_json_is_packed_again(small_config: RetrainConfig,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    first = pack_stage(small_config)
+    folder, segment = _segment(Path(first.dataset_dir))
+    segment["rows"]["train"] += 1000
+    (folder / "segment.json").write_text(json.dumps(segment))
+    with caplog.at_level(logging.WARNING):
+        again = pack_stage(small_config)
+    assert "damaged or tampered with" in caplog.text and again.fingerprint == first.fingerprint
+
+
+def _two_day_source(tmp_path: Path, demo_source: Path) -> Path:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(demo_source)
+    source = tmp_path / "days"
+    source.mkdir()
+    pq.write_table(table.slice(0, 4000), source / "day-0.parquet", row_group_size=2000)
+    pq.write_table(table.slice(4000, 4000), source / "day-1.parquet", row_group_size=2000)
+    return source
+
+
+@pytest.mark.parametrize("tamper", ["point-at-another-file", "empty", "row-groups-out-of-range"])
+def test_a_tampered_source_index_entry_is_checked_against_its_segments(
+        tmp_path: Path, demo_source: Path, caplog: pytest.LogCaptureFixture, tamper: str) -> None:
+    """The source index says which segments hold a file's rows; each segment's own segment.json
+    says which file and row groups it was packed from. An entry that does not hold up is read
+    again from the file, never reused silently, and never an IndexError."""
+    source = _two_day_source(tmp_path, demo_source)
+    config = load_config(overrides=small_overrides(tmp_path / "root", source))
+    first = pack_stage(config)
+    index_path = tmp_path / "root" / "datasets" / "source-index.json"
+    index = json.loads(index_path.read_text())
+    day0 = next(e for k, e in index["entries"].items() if k.endswith("|day-0.parquet"))
+    day1 = next(e for k, e in index["entries"].items() if k.endswith("|day-1.parquet"))
+    if tamper == "point-at-another-file":
+        day1["segments"] = day0["segments"]
+    elif tamper == "empty":
+        day1["segments"] = []
+    else:
+        day1["segments"][0]["key"] = "0" * len(day1["segments"][0]["key"])  # gone: packed again
+        day1["segments"][0]["row_groups"] = [0, 5, 99]
+    index_path.write_text(json.dumps(index))
+    with caplog.at_level(logging.WARNING):
+        again = pack_stage(config)
+    assert again.fingerprint == first.fingerprint
+    assert sum(require_rows(Path(again.dataset_dir)).values()) == 8000
+
+
+def require_rows(dataset_dir: Path) -> dict[str, int]:
+    manifest = load_manifest(dataset_dir)
+    assert manifest is not None
+    return dict(manifest.rows)

@@ -23,7 +23,8 @@ import uuid
 from pathlib import Path
 
 from training.data.manifest import DatasetManifest, is_segment_key
-from training.data.segments import MANIFEST, STATS_FILE, SegmentManifest, first_damage, load_segment, parse_segment
+from training.data.segments import (MANIFEST, STATS_FILE, SegmentManifest, first_damage, load_segment, parse_segment,
+                                    stats_file_damage)
 from training.data.shard_cache import REMOTE_MARKER, RemoteMarker
 from training.data.source_index import INDEX_FILE, SourceIndex
 from training.errors import DataError
@@ -100,7 +101,7 @@ class DatasetStore:
             log.warning("%s; packing the segment again", err)
             self._remove(folder)
         if manifest is not None and not (folder / REMOTE_MARKER).exists():
-            damage = first_damage(folder, manifest.shards)
+            damage = first_damage(folder, manifest.shards) or stats_file_damage(folder, manifest)
             if damage is None:
                 return manifest
             log.warning("%s; packing it again from the source", damage)

@@ -69,20 +69,38 @@ def plan_pack(spec: str | Path, config: DataConfig, store: DatasetStore,
     validator = FeatureValidator(config)
     for file in files:
         entry = index.lookup(ckey, source.uri, file)
-        if entry is None:
+        indexed = None if entry is None else _indexed_segments(entry.segments, file, store)
+        if indexed is None:
             ranges = ParquetRanges(source, file)
             validator.check_schema(ranges.where, ranges.schema)  # a wrong file fails before anything is packed
             todo += plan_segments(source.uri, file, ranges.row_group_rows, config.segment_rows)
-            continue
-        for seg in entry.segments:
-            found = store.available_segment(seg.key)
-            if found is not None:
-                ready.append(found)
-            else:
-                todo.append(SegmentPlan(source=source.uri, file=file, row_groups=seg.row_groups, file_row=seg.file_row, rows=seg.rows))
+        else:
+            ready += indexed
     if not ready and not todo:
         raise DataError(f"{source.uri}: the table is empty (0 rows)")
     return PackPlan(source=source.uri, files=files, ready=ready, todo=todo, source_bytes_read=source.bytes_read), None
+
+
+def _indexed_segments(entry: list[IndexedSegment], file: SourceFile, store: DatasetStore
+                      ) -> list[SegmentManifest] | None:
+    """The segments the source index records for `file`, each available and checked against
+    its own segment.json, which records the file and row groups it was packed from; None when
+    the file must be read again: a segment is gone or damaged, or the entry does not hold up
+    (the index is in the storage root, which is input from whoever can write it)."""
+    if not entry:
+        return None  # an empty file, or an entry emptied: its footer says which
+    found = []
+    for seg in entry:
+        segment = store.available_segment(seg.key)
+        if segment is None:
+            return None  # packed again from the file's own footer, never from the entry's row groups
+        if (segment.source, segment.row_groups, segment.file_row) != (file.name, seg.row_groups, seg.file_row):
+            log.warning("the source index's entry for %s names segment %s, which holds %s row groups %s: "
+                        "damaged or tampered with; reading the file again", file.name, seg.key, segment.source,
+                        segment.row_groups)
+            return None
+        found.append(segment)
+    return found
 
 
 def pack_serially(plan: PackPlan, config: DataConfig, store: DatasetStore,

@@ -24,7 +24,8 @@ from training.data.moments import Moments
 from training.data.shards import encode_npy
 from training.data.target import TargetStats
 
-__all__ = ["NUMERIC_SAMPLE_ROWS", "CategoryCounts", "SegmentStats", "SegmentStatsBuilder", "merge_stats"]
+__all__ = ["NUMERIC_SAMPLE_ROWS", "CategoryCounts", "SegmentStats", "SegmentStatsBuilder", "StatsDamage", "merge_stats",
+           "parse_stats_arrays", "stats_damage"]
 
 NUMERIC_SAMPLE_ROWS = 4096  # rows of numerics kept a segment, for quantile bins (drift)
 MERGED_SAMPLE_ROWS = 65_536  # ... and at most (about) this many in a dataset's merged statistics
@@ -75,13 +76,94 @@ class SegmentStats:
 
     @classmethod
     def from_bytes(cls, data: bytes, categorical: int, regression: bool) -> SegmentStats:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            a = {k: npz[k] for k in npz.files}
+        """The statistics in `data`, checked: a damaged or tampered file raises `StatsDamage`
+        (see `stats_damage`), never a statistic that is not finite, a negative count or a
+        missing array."""
+        a = _arrays(data)
+        problem = stats_damage(a, categorical, regression)
+        if problem is not None:
+            raise StatsDamage(problem)
         return cls(
             rows=int(a["rows"].reshape(-1)[0]), numeric=Moments.from_arrays(a, "num"), numeric_sample=a["num.sample"],
             numeric_sample_weight=a["num.sample_weight"],
             categories=[CategoryCounts(a[f"cat{j}.values"], a[f"cat{j}.counts"]) for j in range(categorical)],
             target=TargetStats.from_arrays(a) if regression else None)
+
+
+class StatsDamage(ValueError):
+    """A segment's stats.npz that cannot be what packing wrote."""
+
+
+def parse_stats_arrays(data: bytes) -> dict[str, np.ndarray]:
+    """The arrays of a stats.npz (`StatsDamage` when it is not a readable one)."""
+    return _arrays(data)
+
+
+def _arrays(data: bytes) -> dict[str, np.ndarray]:
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise StatsDamage(f"not a readable .npz ({err})") from None
+
+
+_MOMENTS = ("n", "mean", "m2", "m3", "minimum", "maximum")
+
+
+def stats_damage(a: dict[str, np.ndarray], categorical: int | None = None, regression: bool | None = None,
+                 train_rows: int | None = None) -> str | None:
+    """Why `a` (a stats.npz's arrays) cannot be a segment's statistics, or None. Packing writes
+    finite moments, non-negative counts and arrays whose shapes agree; `train_rows` is the
+    segment manifest's, which the statistics are taken over. `categorical` and `regression`
+    (None: as the file's arrays say) are what the dataset's config expects."""
+    if categorical is None:
+        categorical = sum(1 for k in a if k.startswith("cat") and k.endswith(".values"))
+    if regression is None:
+        regression = "label.seen" in a
+    needed = ["rows", "num.sample", "num.sample_weight", *(f"num.{k}" for k in _MOMENTS),
+              *(f"cat{j}.{k}" for j in range(categorical) for k in ("values", "counts"))]
+    if regression:
+        needed += [*(f"{p}.{k}" for p in ("label", "label_log1p") for k in _MOMENTS), "label.sample",
+                   "label.sample_weight", "label.seen"]
+    missing = [k for k in needed if k not in a]
+    if missing:
+        return f"array {missing[0]} is missing"
+    if a["rows"].size != 1 or int(a["rows"].reshape(-1)[0]) < 0:
+        return "its row count is not one non-negative number"
+    if train_rows is not None and int(a["rows"].reshape(-1)[0]) != train_rows:
+        return f"it counts {int(a['rows'].reshape(-1)[0])} train rows where segment.json has {train_rows}"
+    for prefix in ("num", "label", "label_log1p") if regression else ("num",):
+        problem = _moments_damage(a, prefix)
+        if problem is not None:
+            return problem
+    columns = a["num.n"].shape
+    sample, weight = a["num.sample"], a["num.sample_weight"]
+    if sample.ndim != 2 or sample.shape[1:] != columns or weight.shape != sample.shape[:1] or (weight < 0).any():
+        return f"num.sample {sample.shape} and num.sample_weight {weight.shape} do not fit {columns[0]} numeric columns"
+    for j in range(categorical):
+        values, counts = a[f"cat{j}.values"], a[f"cat{j}.counts"]
+        if values.ndim != 1 or counts.shape != values.shape or (counts < 0).any():
+            return f"cat{j}.counts are negative or do not match cat{j}.values"
+    return None
+
+
+def _moments_damage(a: dict[str, np.ndarray], prefix: str) -> str | None:
+    n, shape = a[f"{prefix}.n"], a[f"{prefix}.n"].shape
+    if n.ndim != 1 or any(a[f"{prefix}.{k}"].shape != shape for k in _MOMENTS):
+        return f"the {prefix}.* moments have different shapes"
+    if (n < 0).any():
+        return f"{prefix}.n holds a negative count"
+    for k in ("mean", "m2", "m3"):
+        if not np.isfinite(a[f"{prefix}.{k}"]).all():
+            return f"{prefix}.{k} holds a value that is not finite"
+    if (a[f"{prefix}.m2"] < 0).any():
+        return f"{prefix}.m2 is negative"
+    # A column with no value yet has the empty bounds (+inf, -inf); one with values, finite ones.
+    seen = n > 0
+    for k in ("minimum", "maximum"):
+        if np.isnan(a[f"{prefix}.{k}"]).any() or not np.isfinite(a[f"{prefix}.{k}"][seen]).all():
+            return f"{prefix}.{k} holds a value that is not finite"
+    return None
 
 
 class SegmentStatsBuilder:

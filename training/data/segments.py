@@ -34,7 +34,7 @@ from training.data.labels import SegmentClasses
 from training.data.manifest import SPLITS, ShardInfo, is_segment_key
 from training.data.parquet_reader import ParquetRanges
 from training.data.ragged import take_rows
-from training.data.segment_stats import SegmentStats, SegmentStatsBuilder
+from training.data.segment_stats import SegmentStats, SegmentStatsBuilder, StatsDamage, parse_stats_arrays, stats_damage
 from training.data.shards import ShardReader
 from training.data.sources import Source, SourceFile
 from training.data.split_writer import SplitWriter
@@ -44,7 +44,8 @@ from training.errors import DataError, RetrainError, StorageError
 from training.storage.files import is_plain_name, read_json, write_atomic, write_json_atomic
 
 __all__ = ["SEGMENT_FORMAT", "PackedSegment", "SegmentManifest", "SegmentPlan", "first_damage", "load_segment",
-           "pack_segment", "parse_segment", "plan_segments", "read_stats", "segment_columns", "split_of_file"]
+           "pack_segment", "parse_segment", "plan_segments", "read_stats", "segment_columns", "split_of_file",
+           "stats_file_damage"]
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,31 @@ def parse_segment(data: bytes, key: str, where: str) -> SegmentManifest:
         if not (is_plain_name(shard.name) and shard.name.endswith(".tar") and shard.split in SPLITS):
             raise DataError(f"{where} lists a shard that is not a file of the segment ({shard.name!r}): damaged "
                             "or tampered with")
+    for split in SPLITS:
+        in_shards = sum(s.rows for s in manifest.shards if s.split == split)
+        if manifest.rows.get(split) != in_shards or manifest.positives.get(split, 0) < 0:
+            raise DataError(f"{where} counts {manifest.rows.get(split)} {split} rows where its shards hold "
+                            f"{in_shards}: damaged or tampered with")
     return manifest
+
+
+def stats_file_damage(segment_dir: Path, manifest: SegmentManifest) -> str | None:
+    """Why the local stats.npz of a segment cannot be used (None: it can): missing, not the
+    bytes its manifest's sha256 names, or not statistics packing could have written (a value
+    that is not finite, a negative count, a missing array, a row count that is not the
+    segment's)."""
+    path = segment_dir / STATS_FILE
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        return f"{path} is unreadable ({err.strerror or err})"
+    if hashlib.sha256(data).hexdigest() != manifest.stats_sha256:
+        return f"{path} does not match its sha256 in {MANIFEST} (corrupt)"
+    try:
+        problem = stats_damage(parse_stats_arrays(data), train_rows=manifest.rows.get("train"))
+    except StatsDamage as err:
+        problem = str(err)
+    return None if problem is None else f"{path}: {problem} (damaged or tampered with)"
 
 
 def read_stats(segment_dir: Path, manifest: SegmentManifest, categorical: int, regression: bool) -> SegmentStats:
@@ -330,10 +355,13 @@ def read_stats(segment_dir: Path, manifest: SegmentManifest, categorical: int, r
     except OSError as err:
         raise DataError(f"{path} is unreadable ({err.strerror or err}); run the same command again: the pack stage "
                         "packs the segment again") from None
+    again = "run the same command again: the pack stage packs the segment again"
     if hashlib.sha256(data).hexdigest() != manifest.stats_sha256:
-        raise DataError(f"{path} does not match its sha256 in {MANIFEST} (corrupt); delete {segment_dir} and run "
-                        "the same command again: the pack stage packs the segment again")
-    return SegmentStats.from_bytes(data, categorical, regression)
+        raise DataError(f"{path} does not match its sha256 in {MANIFEST} (corrupt); {again}")
+    try:
+        return SegmentStats.from_bytes(data, categorical, regression)
+    except StatsDamage as err:
+        raise DataError(f"{path}: {err} (damaged or tampered with); {again}") from None
 
 
 def _verified_record(segment_dir: Path) -> Path:

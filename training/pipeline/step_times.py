@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import math
 import statistics
 import time
 
@@ -21,7 +23,7 @@ from training.cost.hardware import GPUS
 from training.cost.planner import PLAN_KEYS, Calibrated, PlanRow
 from training.cost.roofline import predict_step
 from training.cost.step_count import StepCount
-from training.errors import ConfigError
+from training.errors import ConfigError, RetrainError
 from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
 
@@ -29,6 +31,7 @@ __all__ = ["PlanChoice", "StepTime", "StepTimeBook", "family_of", "resolve_plann
            "step_time_of_run", "store_choice"]
 
 BOOK, CHOICE = "plan/step_times.json", "plan/choice.json"
+log = logging.getLogger(__name__)
 KEEP = 500  # newest records kept
 
 
@@ -58,25 +61,44 @@ class StepTime(BaseModel):
     run_key: str = ""
     at: float = 0.0
 
+    def plausible(self) -> bool:
+        """Step times a run can have measured: positive and finite (and under a day a step)."""
+        times = [self.actual_seconds, *(self.predicted_seconds or ())]
+        return all(math.isfinite(t) and 0 < t < 86_400 for t in times)
+
 
 class StepTimeBook(BaseModel):
     records: list[StepTime] = []
 
     @classmethod
     def load(cls, root: StorageRoot) -> StepTimeBook:
-        path = root.fetch(BOOK, fresh=True)
-        if path is None:
-            return cls()
+        """The root's book. A damaged book only loses calibration (plans fall back to
+        predictions), and a record whose times are not positive and finite is left out with a
+        warning: the file is input from whoever can write the root."""
+        shown = root.display(BOOK)
         try:
-            return cls.model_validate_json(path.read_bytes())
-        except ValidationError:
-            return cls()  # a damaged book only loses calibration: plans fall back to predictions
+            path = root.fetch(BOOK, fresh=True)
+            book = cls() if path is None else cls.model_validate_json(path.read_bytes())
+        except (OSError, ValueError, RetrainError) as err:
+            log.warning("%s is unreadable (%s): planning without its measurements", shown, str(err).splitlines()[0])
+            return cls()
+        kept = [r for r in book.records if r.plausible()]
+        if len(kept) < len(book.records):
+            bad = [f"{r.instance_type} {r.actual_seconds!r} s" for r in book.records if not r.plausible()]
+            log.warning("%s: left out %d records whose step times are not positive and finite (%s)", shown,
+                        len(bad), ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else ""))
+        return cls(records=kept)
 
     def add(self, root: StorageRoot, record: StepTime) -> None:
-        """Append and publish (runs on one root never train at once: the root's lease)."""
+        """Append and publish (runs on one root never train at once: the root's lease). The
+        book is derived data: a root where it cannot be written loses calibration, not the run."""
         self.records = [*self.records, record][-KEEP:]
-        write_json_atomic(root.path(BOOK), self.model_dump(mode="json"))
-        root.publish(BOOK, RUN)
+        try:
+            write_json_atomic(root.path(BOOK), self.model_dump(mode="json"))
+            root.publish(BOOK, RUN)
+        except (OSError, RetrainError) as err:
+            log.warning("cannot write %s (%s): this run's step time is not recorded", root.display(BOOK),
+                        str(err).splitlines()[0])
 
     def calibration(self, family: str, signature: str) -> Calibrated:
         """The measurements of this exact step per instance type, and the family's
