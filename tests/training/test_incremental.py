@@ -262,3 +262,40 @@ def test_retrain_when_drift_trains_only_on_drift_or_a_worse_champion(tmp_path: P
     assert worse.train and "worse by more than eval.min_delta" in worse.reason
     assert worse.champion_metric_new is not None and worse.champion_metric_new < 0.5
     assert json.loads(worse.model_dump_json())["mode"] == "degraded"
+
+
+def test_every_arrow_time_type_windows_by_day(tmp_path: Path, demo_source: Path) -> None:
+    """pandas writes nanosecond timestamps, a nanosecond count does not fit a float64 exactly,
+    and dates and zone-aware times are ordinary too: each gives the same window."""
+    import pytest
+
+    from training.errors import DataError
+
+    table = pq.read_table(demo_source)
+    base = np.datetime64("2026-01-01T17:08:25", "ns")
+    kinds = {
+        "ns": lambda days: pa.array(base + days * np.timedelta64(86_400, "s"), pa.timestamp("ns")),
+        "ms-utc": lambda days: pa.array(base + days * np.timedelta64(86_400, "s"), pa.timestamp("ns")).cast(
+            pa.timestamp("ms", tz="UTC")),
+        "us-zone": lambda days: pa.array(base + days * np.timedelta64(86_400, "s"), pa.timestamp("ns")).cast(
+            pa.timestamp("us", tz="Europe/Paris")),
+        "date": lambda days: pa.array((base + days * np.timedelta64(86_400, "s")).astype("datetime64[D]"),
+                                      pa.date32()),
+    }
+    for kind, column in kinds.items():
+        source = tmp_path / kind
+        source.mkdir()
+        per = table.num_rows // 4
+        for d in range(4):
+            part = table.slice(d * per, per)
+            pq.write_table(part.append_column("ts", column(np.full(part.num_rows, d))), source / f"day-{d}.parquet")
+        packed = pack_stage(_config(tmp_path / f"root-{kind}", source, "data.time_column=ts",
+                                    "data.window.last_days=1.5"))
+        kept = [s.source for s in require_manifest(Path(packed.dataset_dir)).segments]
+        assert kept == ["day-2.parquet", "day-3.parquet"], kind
+
+    source = tmp_path / "infinite"
+    source.mkdir()
+    pq.write_table(table.append_column("ts", pa.array(np.full(table.num_rows, np.inf))), source / "day-0.parquet")
+    with pytest.raises(DataError, match="day-0.parquet: data.time_column 'ts' holds an infinite value"):
+        pack_stage(_config(tmp_path / "root-inf", source, "data.time_column=ts"))

@@ -8,6 +8,7 @@ A bad value is one DataError naming the file, the column and the row.
 from __future__ import annotations
 
 import hashlib
+import math
 from pathlib import Path
 
 import numpy as np
@@ -84,21 +85,29 @@ class FeatureValidator:
                 raise DataError(f"{path}: image column '{name}' has type {t}, expected binary (encoded PNG or JPEG)")
 
     def time_range(self, path: str | Path, col: pa.Array) -> tuple[float, float] | None:
-        """The oldest and newest value of `data.time_column` in seconds since the epoch (None: all null)."""
+        """The oldest and newest value of `data.time_column` in seconds since the epoch (None: all
+        null). Timestamps of any unit and zone (pandas writes nanoseconds) and dates are read as
+        their integers, whose min and max are then scaled: a nanosecond count does not fit a
+        float64 exactly, and Arrow's safe cast refuses it."""
         name = self.config.time_column
         t = col.type
         if pa.types.is_timestamp(t):
-            seconds = pc.divide(pc.cast(pc.cast(col, pa.timestamp(t.unit)), pa.int64()).cast(pa.float64()),
-                                {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}[t.unit])
+            ints, scale = pc.cast(col, pa.int64()), {"s": 1, "ms": 1e3, "us": 1e6, "ns": 1e9}[t.unit]
         elif pa.types.is_date(t):
-            seconds = pc.multiply(pc.cast(pc.cast(col, pa.date32()), pa.int32()).cast(pa.float64()), 86400.0)
+            ints, scale = pc.cast(pc.cast(col, pa.date32()), pa.int32()), 1 / 86400
         elif pa.types.is_integer(t) or pa.types.is_floating(t):
-            seconds = pc.cast(col, pa.float64())
+            ints, scale = col, 1
         else:
             raise DataError(f"{path}: data.time_column '{name}' has type {t}, expected a timestamp, a date or "
                             "seconds since the epoch")
-        low, high = pc.min_max(seconds).values()
-        return None if low.as_py() is None else (float(low.as_py()), float(high.as_py()))
+        low, high = (v.as_py() for v in pc.min_max(ints).values())
+        if low is None:
+            return None
+        seconds = (float(low) / scale, float(high) / scale)
+        if not all(math.isfinite(v) for v in seconds):
+            raise DataError(f"{path}: data.time_column '{name}' holds an infinite value; give each row a finite "
+                            "time (or null)")
+        return seconds
 
     def image(self, path: str | Path, name: str, col: pa.Array, first_row: int) -> Ragged:
         """The encoded images as they are (decoded by preprocessing); a null one is an error."""
