@@ -210,3 +210,37 @@ def test_a_rerun_after_an_interrupted_report_reports_the_promotion_it_made(small
     assert again.promotion == first.promotion
     (Path(good.run_dir) / "report.json").write_text("{}")  # a finished run: its rerun is no new promotion
     assert "already the champion" in evaluate_stage(small_config, packed, good).promotion.reason
+
+
+def test_a_class_new_in_the_data_is_compared_on_the_classes_both_models_know(
+        small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    """Classes grow in production. The champion knows mainstream, niche and premium; a new file
+    adds bargain, which sorts first and so shifts every class index of the dataset. Evaluation
+    scores the champion on the rows of its classes, in its own indices, compares the challenger on
+    those same rows, and says so: no crash, no silently shifted labels."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from training.config import load_config
+    from tests.conftest import small_overrides
+
+    table = pq.read_table(demo_source)
+    source = tmp_path / "src"
+    source.mkdir()
+    old = table.filter(pc.not_equal(table.column("segment"), "bargain"))
+    pq.write_table(old, source / "day-0.parquet", row_group_size=2000)
+    multiclass = ["data.task=multiclass", "data.label=segment", "data.vector=[embedding]", "train.max_steps=120"]
+    config = load_config(overrides=[*small_overrides(tmp_path / "root", source), *multiclass])
+    packed, champion = _trained(config, "champion")
+    first = evaluate_stage(config, packed, champion)
+    assert first.promotion.promoted and len(first.metrics) > 1
+
+    pq.write_table(table.slice(0, 4000), source / "day-1.parquet", row_group_size=2000)
+    packed, challenger = _trained(config, "challenger")
+    second = evaluate_stage(config, packed, challenger)
+    ours, theirs = second.metrics, second.promotion.champion_metrics
+    assert theirs is not None and theirs["rows"] < ours["rows"]
+    assert "bargain" in (second.promotion.champion_note or "")
+    assert "classes both models know" in second.promotion.reason, second.promotion.reason
+    # Scored in its own class indices, the champion does about as well as on its own test split.
+    assert abs(theirs["accuracy"] - first.metrics["accuracy"]) < 0.1, (theirs, first.metrics)

@@ -299,3 +299,22 @@ def test_every_arrow_time_type_windows_by_day(tmp_path: Path, demo_source: Path)
     pq.write_table(table.append_column("ts", pa.array(np.full(table.num_rows, np.inf))), source / "day-0.parquet")
     with pytest.raises(DataError, match="day-0.parquet: data.time_column 'ts' holds an infinite value"):
         pack_stage(_config(tmp_path / "root-inf", source, "data.time_column=ts"))
+
+
+def test_rows_that_a_null_split_key_or_a_null_time_send_away_are_counted_in_a_warning(
+        tmp_path: Path, demo_source: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    table = pq.read_table(demo_source).slice(0, 4000)
+    source = tmp_path / "src"
+    source.mkdir()
+    keys = pa.array(np.arange(table.num_rows) % 50).cast(pa.string())
+    stamps = pa.array(np.full(table.num_rows, 1_700_000_000), pa.int64()).cast(pa.timestamp("s"))
+    pq.write_table(table.append_column("user", keys).append_column("ts", stamps), source / "day-0.parquet")
+    pq.write_table(table.append_column("user", pa.nulls(table.num_rows, pa.string()))
+                   .append_column("ts", pa.nulls(table.num_rows, pa.timestamp("s"))), source / "day-1.parquet")
+    with caplog.at_level(logging.WARNING):
+        pack_stage(_config(tmp_path / "root", source, "data.split_key=user", "data.time_column=ts",
+                           "data.window.last_days=30"))
+    assert "day-1.parquet: data.split_key 'user' is null in 4000 of 4000 rows" in caplog.text
+    assert "4000 rows of day-1.parquet have no time" in caplog.text

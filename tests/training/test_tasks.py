@@ -191,3 +191,17 @@ def test_each_task_resumes_bit_identically_after_a_sigkill(small_config: Retrain
     config = _config(small_config, extra)
     config.train.max_steps, config.train.checkpoint.every = 200, 25
     assert_resumes_bit_identically_after_a_sigkill(config, 80)
+
+
+def test_a_multiclass_label_of_ints_in_one_file_and_strings_in_another_names_both(tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    source.mkdir()
+    x = pa.array(np.arange(400, dtype=np.float64))
+    _write(source / "a.parquet", {"x": x, "y": pa.array([0, 1, 2, 3] * 100)})
+    _write(source / "b.parquet", {"x": x, "y": pa.array(["0", "1", "2", "3"] * 100)})
+    config = load_config(overrides=[f"data.source={source}", "data.numeric=[x]", "data.categorical=[]",
+                                    "data.task=multiclass", "data.label=y"])
+    with pytest.raises(DataError) as err:
+        pack_local(source, config.data, tmp_path / "datasets")
+    message = str(err.value)
+    assert "int values in a.parquet and str values in b.parquet" in message and "\n" not in message

@@ -136,6 +136,12 @@ def assemble_dataset(plan: PackPlan, packed: list[PackedSegment], config: DataCo
     order = {f.name: i for i, f in enumerate(plan.files)}
     segments = sorted({s.key: s for s in segments}.values(), key=lambda s: (order.get(s.source, -1), s.file_row))
     chosen = window(segments, config)
+    untimed = [s for s in segments if s.time_range is None]
+    if config.window.last_days is not None and config.time_column is not None and untimed:
+        files = sorted({s.source for s in untimed})
+        log.warning("data.window.last_days: %d rows of %s have no time (data.time_column '%s' is null in all of "
+                    "them) and are left out", sum(sum(s.rows.values()) for s in untimed),
+                    ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else ""), config.time_column)
     manifest = _manifest(plan.source, chosen, plan.files, config)
     store.write_dataset(manifest)
     return manifest
@@ -163,7 +169,7 @@ def _manifest(source: str, segments: list[SegmentManifest], files: list[SourceFi
     can be trained and evaluated, vectors have one length."""
     rows = {s: sum(seg.rows[s] for seg in segments) for s in SPLITS}
     positives = {s: sum(seg.positives[s] for seg in segments) for s in SPLITS}
-    classes: Classes = sorted({c for seg in segments for c in seg.train_classes})
+    classes = _dataset_classes(segments, config)
     dims = _vector_dims(segments, config)
     keys = [s.key for s in segments]
     fp = dataset_fingerprint(keys, config)
@@ -181,6 +187,20 @@ def _manifest(source: str, segments: list[SegmentManifest], files: list[SourceFi
     )
     _check(source, manifest, config)
     return manifest
+
+
+def _dataset_classes(segments: list[SegmentManifest], config: DataConfig) -> Classes:
+    """The sorted classes of the train split. A label stored as integers in one file and as
+    strings in another has no order (and `1` is not `"1"`): one line naming both files."""
+    kinds: dict[type, str] = {}
+    for seg in segments:
+        for value in seg.train_classes:
+            kinds.setdefault(type(value), seg.source)
+    if len(kinds) > 1:
+        (one, first), (other, second) = list(kinds.items())[:2]
+        raise DataError(f"label column '{config.label}' holds {one.__name__} values in {first} and "
+                        f"{other.__name__} values in {second}; store it as one type in every file")
+    return sorted({c for seg in segments for c in seg.train_classes})
 
 
 def _vector_dims(segments: list[SegmentManifest], config: DataConfig) -> list[int]:

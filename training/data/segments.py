@@ -150,6 +150,7 @@ class _SegmentPacker:
         self.train_codes: set[int] = set()
         self.vector_dims: list[int] | None = None
         self.time_range: tuple[float, float] | None = None
+        self.null_keys = 0  # rows whose data.split_key is null: they share one key, so one split
 
     def add(self, batch: pa.RecordBatch, file_row: int, seed: int, group_row: int) -> None:
         """A record batch whose first row is `file_row` of the file and `group_row` of its row group."""
@@ -162,8 +163,12 @@ class _SegmentPacker:
             label = self.validator.label(self.where, label_col, file_row, [])
         arrays = {"label": label, **feature_arrays(self.validator, self.where, batch, file_row, self.vector_dims,
                                                     file_row)}
-        split = (split_of_keys(category_hash(batch.column(self.config.split_key)), self.config)
-                 if self.config.split_key is not None else split_of_rows(seed, group_row, batch.num_rows, self.config))
+        if self.config.split_key is not None:
+            keys = batch.column(self.config.split_key)
+            self.null_keys += keys.null_count
+            split = split_of_keys(category_hash(keys), self.config)
+        else:
+            split = split_of_rows(seed, group_row, batch.num_rows, self.config)
         if self.config.time_column is not None:
             self._time(batch.column(self.config.time_column))
         # One stable gather groups the rows by split, keeping their order within each.
@@ -260,6 +265,10 @@ def _finish(packer: _SegmentPacker, plan: SegmentPlan, config: DataConfig, range
     """The statistics, the key and the manifest (last) in the work folder."""
     stats = packer.stats.finish().to_bytes()
     write_atomic(work_dir / STATS_FILE, stats)
+    if packer.null_keys:
+        to = SPLITS[int(split_of_keys(np.zeros(1, dtype=np.int64), config)[0])]
+        log.warning("%s: data.split_key '%s' is null in %d of %d rows: they share one key, so all of them went "
+                    "to the %s split", packer.where, config.split_key, packer.null_keys, plan.rows, to)
     view = fingerprinted(config)
     view.pop("window", None)  # a window chooses segments; it does not change them
     key = fingerprint("segment", SEGMENT_FORMAT, view, plan.file.name, ranges.schema_text, groups,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +19,7 @@ from training.model.objectives import Task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["evaluate_package", "predict_split", "compatible", "other_target", "EVAL_BATCH"]
+__all__ = ["evaluate_package", "predict_split", "compatible", "other_target", "shared_classes", "EVAL_BATCH"]
 
 EVAL_BATCH = 8192
 
@@ -30,16 +31,24 @@ def compatible(stats: FeatureStats, manifest: DatasetManifest) -> bool:
             and stats.text == manifest.text and stats.image == manifest.image)
 
 
-def other_target(stats: FeatureStats, manifest: DatasetManifest) -> str | None:
+def other_target(stats: FeatureStats, manifest: DatasetManifest, classes_may_differ: bool = False) -> str | None:
     """Why a model with these statistics predicts something else than this dataset's label
-    (another task, label or set of classes), or None when it predicts the same thing."""
+    (another task, label or set of classes), or None when it predicts the same thing.
+    `classes_may_differ`: a multiclass model that shares at least two classes with the dataset
+    predicts the same thing on their rows (classes grow in production), so it can be compared."""
     if stats.task != manifest.task:
         return f"it is a {stats.task} model and this run is {manifest.task}"
     if stats.label and stats.label != manifest.label:  # statistics written before labels were recorded: ""
         return f"it predicts label '{stats.label}' and this run predicts '{manifest.label}'"
-    if stats.classes != manifest.classes:
+    if stats.classes != manifest.classes and not (classes_may_differ and len(shared_classes(stats, manifest)) >= 2):
         return f"its classes {stats.classes} differ from this dataset's {manifest.classes}"
     return None
+
+
+def shared_classes(stats: FeatureStats, manifest: DatasetManifest) -> list[Any]:
+    """The dataset's classes that the model knows too, in the dataset's order."""
+    known = set(stats.classes)
+    return [c for c in manifest.classes if c in known]
 
 
 @torch.no_grad()
@@ -64,12 +73,28 @@ def predict_split(
 
 def evaluate_package(
     package_dir: Path, dataset_dir: Path, manifest: DatasetManifest, trusted_factory: str | None,
-    split: str | tuple[str, ...] = "test", expected_meta_sha256: str | None = None,
+    split: str | tuple[str, ...] = "test", expected_meta_sha256: str | None = None, classes: list[Any] | None = None,
 ) -> dict[str, float]:
     """Every metric of the task (exact) of a model package on a split, with its own feature
-    statistics, and the row count."""
+    statistics, and the row count. A multiclass package is scored on the rows of the classes
+    it knows (and of `classes`, when given), in its own class indices."""
     model, stats, _ = load_package(package_dir, trusted_factory, expected_meta_sha256)
     batches = ShardBatches(dataset_dir, manifest, split, EVAL_BATCH, stats.transformer(), shuffle=False, drop_last=False)
     task = Task.of(stats)
     pred, y = predict_split(model, task, batches, torch.device("cpu"))
+    if stats.task == "multiclass" and (classes is not None or stats.classes != manifest.classes):
+        pred, y = _rows_of_classes(pred, y, manifest.classes, stats.classes, classes)
     return {**task.evaluate(y, pred), "rows": int(y.size)}
+
+
+def _rows_of_classes(pred: np.ndarray, y: np.ndarray, dataset: list[Any], model: list[Any],
+                     keep: list[Any] | None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows whose class the model knows (and is in `keep`), their labels as the model's
+    class indices: a dataset's classes are its train split's, sorted, so a class new since the
+    model was trained shifts the indices of the classes after it."""
+    index = {value: i for i, value in enumerate(model)}
+    wanted = set(model if keep is None else keep) & set(index)
+    to_model = np.array([index[v] if v in wanted else -1 for v in dataset], dtype=np.int64)
+    mapped = to_model[y.astype(np.int64)]
+    rows = mapped >= 0
+    return pred[rows], mapped[rows]

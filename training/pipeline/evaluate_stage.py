@@ -74,10 +74,13 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
             # Another task's champion is not worse or better, only different: it stays.
             promoted, reason = False, f"promotion skipped: the champion {elsewhere}"
             break
+        compared = _on_shared_classes(champion, run_dir / "model", dataset_dir, manifest, config, trained, metrics)
         promoted, reason = decide_promotion(
-            challenger_sha, metrics, champion.sha256 if champion else None, champion_metrics, config.eval, problem,
+            challenger_sha, compared, champion.sha256 if champion else None, champion_metrics, config.eval, problem,
             task, metric,
         )
+        if compared is not metrics:
+            reason += f" (on the {compared['rows']} test rows of the classes both models know)"
         if not promoted or _promote(root, run_dir, trained, packed, metrics, champion, config.model.factory):
             break
         # Compare-and-swap lost: another machine promoted after our comparison. Compare again
@@ -185,16 +188,35 @@ def _champion_metrics(
     from training.model.package import package_stats
     if champion is None:
         return None, None, None
-    if champion.usable and compatible(package_stats(champion.package), manifest):
+    if champion.usable and compatible(stats := package_stats(champion.package), manifest):
+        new = [c for c in manifest.classes if c not in set(stats.classes)] if manifest.task == "multiclass" else []
+        how = "re-evaluated on this run's test split" + (
+            f", on the rows of the classes it knows (new since: {', '.join(map(repr, new))})" if new else "")
         return (evaluate_package(champion.package, dataset_dir, manifest, config.model.factory,
-                                 expected_meta_sha256=champion.meta_sha256),
-                "re-evaluated on this run's test split", None)
+                                 expected_meta_sha256=champion.meta_sha256), how, None)
     recorded = champion.pointer.metrics if champion.pointer is not None else None
     if champion.usable or champion.recorded_metrics_only:
         why = ("feature columns differ from this dataset" if champion.usable
                else "its model factory is not this run's, so it is not loaded")
         return recorded, f"{why}: compared on its recorded test metrics", None
     return None, f"unusable: {champion.problem}", champion.problem
+
+
+def _on_shared_classes(champion: Champion | None, package: Path, dataset_dir: Path, manifest: DatasetManifest,
+                       config: RetrainConfig, trained: TrainResult, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The challenger's test metrics to compare with the champion's: on the rows the champion
+    can score too, when its classes are not this dataset's (a class new since it was trained,
+    or one gone), else `metrics` themselves."""
+    from training.model.evaluation import compatible, evaluate_package, shared_classes
+    from training.model.package import package_stats
+
+    if champion is None or not champion.usable or manifest.task != "multiclass":
+        return metrics
+    stats = package_stats(champion.package)
+    if stats.classes == manifest.classes or not compatible(stats, manifest):
+        return metrics
+    return evaluate_package(package, dataset_dir, manifest, config.model.factory,
+                            expected_meta_sha256=trained.model.meta_sha256, classes=shared_classes(stats, manifest))
 
 
 def _champion_target(champion: Champion | None, manifest: DatasetManifest) -> str | None:
@@ -205,7 +227,7 @@ def _champion_target(champion: Champion | None, manifest: DatasetManifest) -> st
     if champion is None or not (champion.usable or champion.recorded_metrics_only):
         return None
     try:
-        other = other_target(package_stats(champion.package), manifest)
+        other = other_target(package_stats(champion.package), manifest, classes_may_differ=True)
     except (RetrainError, TypeError, KeyError):
         return None  # unreadable statistics: the usual champion checks report it
     return None if other is None else f"{champion.sha256[:12]} is kept: {other}"

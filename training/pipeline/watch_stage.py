@@ -11,13 +11,19 @@ earlier files packed already.
 
 from __future__ import annotations
 
+import logging
+import shutil
+
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import RetrainConfig, fingerprint
 from training.data.sources import SourceFile, open_source
 from training.pipeline.pack_stage import resolve_source
+from training.errors import StorageError
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import CACHE, StorageRoot
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Arrival", "remember_listing", "watch_stage"]
 
@@ -61,8 +67,12 @@ def watch_stage(config: RetrainConfig) -> Arrival:
         try:
             before = set(_Listing.model_validate(read_json(found)).files)
             first = False
-        except (ValidationError, ValueError, TypeError):
-            first = True  # unreadable: everything counts as arrived, which costs a run that finds it packed
+        except (ValidationError, ValueError, TypeError, StorageError) as err:
+            # Unreadable (not UTF-8, not JSON, a folder in its place): everything counts as
+            # arrived, which costs a run that finds it packed, and the next listing replaces it.
+            log.warning("%s is unreadable (%s): every file counts as arrived", root.display(rel),
+                        str(err).splitlines()[0])
+            first = True
     arrived = [f.name for f in files if f not in before]
     return Arrival(source=source.uri, resource_id=f"retrain.source.{fingerprint('watch', source.uri)}", files=files,
                    arrived=arrived, first_look=first)
@@ -72,5 +82,8 @@ def remember_listing(config: RetrainConfig, arrival: Arrival) -> None:
     """Record the listing the next look compares with (after the event went out)."""
     root = StorageRoot.from_config(config)
     rel = _rel(arrival.source)
-    write_json_atomic(root.path(rel), _Listing(files=arrival.files).model_dump(mode="json"))
+    path = root.path(rel)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)  # a folder where this listing belongs: it would fail every look
+    write_json_atomic(path, _Listing(files=arrival.files).model_dump(mode="json"))
     root.publish(rel, CACHE)
