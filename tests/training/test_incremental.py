@@ -318,3 +318,24 @@ def test_rows_that_a_null_split_key_or_a_null_time_send_away_are_counted_in_a_wa
                            "data.window.last_days=30"))
     assert "day-1.parquet: data.split_key 'user' is null in 4000 of 4000 rows" in caplog.text
     assert "4000 rows of day-1.parquet have no time" in caplog.text
+
+
+def test_reading_shards_keeps_their_verification_valid(small_config: RetrainConfig) -> None:
+    """The next run skips hashing a shard whose size and mtime match its verification record: a
+    read (which marks the shard recently used for the S3 cache's eviction) must not change them."""
+    from training.data.manifest import segments_dir
+    from training.data.shard_cache import local_shard
+
+    packed = pack_stage(small_config)
+    dataset = Path(packed.dataset_dir)
+    manifest = require_manifest(dataset)
+    for shard in manifest.shards:
+        folder = shard_folder(dataset, shard)
+        before = (folder / shard.name).stat().st_mtime_ns
+        path, downloaded = local_shard(folder, shard.name, shard.bytes, shard.sha256)
+        assert not downloaded and path.stat().st_mtime_ns == before
+    for ref in manifest.segments:
+        folder = segments_dir(dataset) / ref.key
+        record = json.loads((folder.parent / f".{folder.name}.verified.json").read_text())
+        now = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in folder.glob("*.tar")}
+        assert record == now

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,12 @@ def local_shard(folder: Path, name: str, size: int, sha256: str) -> tuple[Path, 
     checked against `sha256` as it streams."""
     path = inside(folder, name, "dataset folder")  # the manifest that named it checked it too
     try:
-        if path.stat().st_size == size:
-            os.utime(path)  # recently used: evicted last
+        st = path.stat()
+        if st.st_size == size:
+            # Recently used, so evicted last: the access time says so. The modification time
+            # stays, since the shards' verification record (`first_damage`) is keyed by it: a
+            # read must not make the next run hash every shard again.
+            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
             return path, False
     except FileNotFoundError:
         pass
@@ -83,7 +88,8 @@ def local_shard(folder: Path, name: str, size: int, sha256: str) -> tuple[Path, 
 
 
 def evict(cache_root: Path, limit: int, keep: Path | None = None) -> list[Path]:
-    """Delete least recently used shards of S3-backed datasets until they fit in `limit` bytes."""
+    """Delete least recently used shards of S3-backed datasets until they fit in `limit` bytes
+    (used: read, by the access time `local_shard` sets, or downloaded)."""
     files: list[tuple[float, int, Path]] = []
     markers = [*cache_root.glob(f"*/{REMOTE_MARKER}"), *cache_root.glob(f"segments/*/{REMOTE_MARKER}")]
     for marker in markers:
@@ -92,7 +98,7 @@ def evict(cache_root: Path, limit: int, keep: Path | None = None) -> list[Path]:
                 st = shard.stat()
             except FileNotFoundError:
                 continue  # evicted by another process meanwhile
-            files.append((st.st_mtime, st.st_size, shard))
+            files.append((max(st.st_atime, st.st_mtime), st.st_size, shard))
     total = sum(size for _, size, _ in files)
     deleted = []
     for _, size, shard in sorted(files):
