@@ -119,7 +119,7 @@ def _automations(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from training.pipeline.plan_stage import plan_run
 
-    config = _loaded(args)
+    config = _checked(args)
     types = args.instance_types.split(",") if args.instance_types else sorted(config.cost.prices)
     plan = plan_run(config, [t.strip() for t in types if t.strip()], args.deadline_hours, args.calibration_steps)
     c, count = plan.calibration, plan.calibration.step_costs.as_run
@@ -265,9 +265,23 @@ def _loaded(args: argparse.Namespace) -> RetrainConfig:
     return config
 
 
+def _checked(args: argparse.Namespace) -> RetrainConfig:
+    """The config, its source checked before any server starts (a wrong path, label or column is
+    one line in about a second), with the feature columns inferred when none were given."""
+    from training.data.source_check import checked_source
+
+    config, inferred = checked_source(_loaded(args))
+    if inferred is not None:
+        _say("feature columns inferred from the source's schema (put them in a config to fix them): "
+             + " ".join(f"--set {o}" for o in inferred.overrides()))
+        for column, why in inferred.left_out.items():
+            _say(f"left out column '{column}': {why}")
+    return config
+
+
 def _run(args: argparse.Namespace) -> int:
     clock = _Clock()
-    config = _loaded(args)
+    config = _checked(args)
     if not args.force:
         from training.pipeline.unchanged import find_unchanged
 
@@ -313,7 +327,7 @@ def _kept(report: KeptReport, path: str) -> str:
 
 def _tune(args: argparse.Namespace) -> int:
     clock = _Clock()
-    config = _loaded(args)
+    config = _checked(args)
     if not config.tune.space:
         raise ConfigError("tune.space is empty: add a tune: section to the config, e.g. tune: {space: "
                           "{train.optim.lr: 'loguniform(1e-4, 1e-2)'}, max_trials: 20, max_usd: 10}")

@@ -17,7 +17,8 @@ def evaluate_model(config: RetrainConfig, packed: PackResult, trained: TrainResu
     """Test-split metrics and the champion/challenger decision."""
     evaluation = evaluate_stage(config, packed, trained)
     publish_promotion(evaluation)
-    task_logger().info("test %s %.4f; %s", evaluation.metric, evaluation.metrics[evaluation.metric],
+    # The reason names the test metric and what it was compared with: said once.
+    task_logger().info("%s: %s", "promoted" if evaluation.promotion.promoted else "champion kept",
                        evaluation.promotion.reason)
     return evaluation
 

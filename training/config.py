@@ -974,6 +974,26 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"cannot fingerprint {type(value).__name__}")
 
 
+def _closest_key(loc: tuple[Any, ...]) -> str | None:
+    """The known key nearest to an unknown one in the same section (`train.max_step` ->
+    `train.max_steps`), or None when nothing is close."""
+    import difflib
+    import typing
+
+    model: Any = RetrainConfig
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(str(part))
+        if field is None:
+            return None
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    names = list(getattr(model, "model_fields", {}))
+    near = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
+    return ".".join([*map(str, loc[:-1]), near[0]]) if near else None
+
+
 def _format_errors(err: ValidationError, origin: str) -> str:
     problems = []
     for e in err.errors():
@@ -985,7 +1005,8 @@ def _format_errors(err: ValidationError, origin: str) -> str:
         elif kind == "extra_forbidden" and moved:
             problems.append(f"'{key}' has moved to 'train.{moved}'")
         elif kind == "extra_forbidden":
-            problems.append(f"unknown key '{key}'")
+            near = _closest_key(loc)
+            problems.append(f"unknown key '{key}'" + (f"; did you mean '{near}'?" if near else ""))
         else:
             got = e.get("input")
             shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"

@@ -1,0 +1,56 @@
+"""A newcomer's first minutes at the command line: a wrong path, label, column or file type is
+one line, with exit 2, before any Prefect server starts; their own Parquet file with a label and
+a few columns trains with one command, its feature columns inferred and printed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+
+def _cli(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "retrain_cli.main", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env=env)
+
+
+def _newcomer_file(folder: Path) -> Path:
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.normal(size=3000), rng.normal(size=3000)
+    y = (x1 + 0.5 * x2 + rng.normal(size=3000) * 0.5 > 0).astype(np.int8)
+    path = folder / "mine.parquet"
+    pq.write_table(pa.table({"x1": x1, "x2": x2, "y": y}), path)
+    return path
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--set", "data.source=nope.parquet"], "data.source nope.parquet does not exist"),
+    (["--set", "data.source=mine.parquet", "--set", "data.label=yy"], "did you mean 'y'?"),
+    (["--set", "data.source=mine.parquet", "--set", "data.label=y", "--set", "data.numeric=[x1, x3]"],
+     "no column 'x3' (named by data.numeric); did you mean"),
+    (["--set", "data.source=mine.csv", "--set", "data.label=y"], "a CSV file, not Parquet"),
+    (["--set", "train.max_step=3"], "unknown key 'train.max_step'; did you mean 'train.max_steps'?"),
+], ids=["missing-path", "wrong-label", "wrong-column", "csv", "typo"])
+def test_bad_input_is_one_line_before_any_server_starts(tmp_path: Path, args: list[str], named: str) -> None:
+    _newcomer_file(tmp_path)
+    (tmp_path / "mine.csv").write_text("x1,x2,y\n1,2,0\n")
+    out = _cli(["run", *args, "--set", f"storage.root={tmp_path / 'root'}"], tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines == [lines[-1]] and lines[-1].startswith("retrain: error: ") and named in lines[-1], out.stderr
+    assert not (tmp_path / "root" / "prefect").exists()  # no temporary server was started
+
+
+@pytest.mark.slow
+def test_a_newcomers_own_file_trains_with_one_command(tmp_path: Path, prefect_server) -> None:  # type: ignore[no-untyped-def]
+    _newcomer_file(tmp_path)
+    out = _cli(["run", "--set", "data.source=mine.parquet", "--set", "data.label=y", "--set", "storage.root=root",
+                "--set", "train.max_steps=60"], tmp_path, prefect_server.env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "--set data.numeric=[x1, x2] --set data.categorical=[]" in out.stderr
+    assert "champion    PROMOTED" in out.stdout and out.stdout.strip().endswith("report.json")

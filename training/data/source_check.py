@@ -1,0 +1,124 @@
+"""A user's source, checked before anything else starts (a Prefect server, a flow run): it
+exists, its first file is Parquet, and it has the label and feature columns. One line that
+says how to fix it, in a second; and, when the feature columns are not given, the columns
+inferred from the schema."""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from training.config import DataConfig, RetrainConfig, StorageConfig
+from training.data.demo import DEMOS
+from training.data.parquet_reader import ParquetRanges
+from training.data.sources import open_source
+from training.errors import DataError
+
+__all__ = ["InferredColumns", "check_source_columns", "checked_source", "infer_columns", "source_schema"]
+
+log = logging.getLogger(__name__)
+
+LONG_TEXT_CHARS = 40  # strings longer than this on average are free text, not categories
+FEATURE_KEYS = ("numeric", "categorical", "vector", "text", "image")
+
+
+def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumns | None]:
+    """The config with its feature columns inferred from the source's schema when none of
+    data.numeric/categorical/vector/text/image was given, and the source checked against it
+    (a demo source is the project's own: nothing to check). Reads a listing and one footer."""
+    spec = config.data.source
+    if spec is None or spec in DEMOS:
+        return config, None
+    ranges = source_schema(spec, config.storage)
+    inferred = None
+    if not config.data.model_fields_set & set(FEATURE_KEYS):
+        exclude = tuple(c for c in (config.data.split_key, config.data.time_column) if c)
+        inferred = infer_columns(ranges.schema, config.data.label, _strings_sample(ranges), exclude)
+        config = config.with_values({f"data.{k}": v for k, v in inferred.columns.items()},
+                                    f"(feature columns inferred from {ranges.where})")
+    check_source_columns(ranges.where, ranges.schema, config.data)
+    return config, inferred
+
+
+def source_schema(spec: str, storage: StorageConfig | None = None) -> ParquetRanges:
+    """The source's first file, opened from its footer alone (`where`, `schema`)."""
+    source = open_source(spec, storage)
+    return ParquetRanges(source, source.files()[0])
+
+
+def _strings_sample(ranges: ParquetRanges, rows: int = 256) -> pa.Table | None:
+    """A few rows of the string columns (free text or categories?): their column chunks alone."""
+    names = [f.name for f in ranges.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    if not names or not ranges.row_group_rows:
+        return None
+    batch = next(iter(ranges.parquet.iter_batches(batch_size=rows, row_groups=[0], columns=names)), None)
+    return None if batch is None else pa.Table.from_batches([batch])
+
+
+def check_source_columns(where: str, schema: pa.Schema, config: DataConfig) -> None:
+    """Every column the config names is in the schema; a missing one is one DataError naming
+    the closest present column and the config key that named it."""
+    named = {"data.label": [config.label], **{f"data.{k}": list(getattr(config, k)) for k in FEATURE_KEYS},
+             "data.split_key": [config.split_key] if config.split_key else [],
+             "data.time_column": [config.time_column] if config.time_column else []}
+    for key, columns in named.items():
+        for column in columns:
+            if column not in schema.names:
+                near = difflib.get_close_matches(column, schema.names, n=1, cutoff=0.5)
+                hint = f"did you mean '{near[0]}'? " if near else ""
+                raise DataError(f"{where}: no column '{column}' (named by {key}); {hint}present: "
+                                f"{', '.join(schema.names)}")
+
+
+@dataclass
+class InferredColumns:
+    """The feature columns a schema suggests, and the columns left out with why."""
+
+    columns: dict[str, list[str]] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)
+
+    def overrides(self) -> list[str]:
+        """As `--set` overrides a user can copy into a config."""
+        return [f"data.{k}=[{', '.join(v)}]" for k, v in self.columns.items()]
+
+
+def infer_columns(schema: pa.Schema, label: str, sample: pa.Table | None = None,
+                  exclude: tuple[str, ...] = ()) -> InferredColumns:
+    """Feature columns from the schema: numbers (and booleans) numeric, strings and dictionaries categorical
+    (long free text as text, judged on `sample`), lists of numbers vectors, binary images."""
+    if label not in schema.names:
+        near = difflib.get_close_matches(label, schema.names, n=1, cutoff=0.5)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise DataError(f"no label column '{label}' (data.label); {hint}present: {', '.join(schema.names)}")
+    found = InferredColumns({k: [] for k in FEATURE_KEYS})
+    for f in schema:
+        t = f.type
+        if f.name == label or f.name in exclude:
+            continue
+        if pa.types.is_dictionary(t):
+            found.columns["categorical"].append(f.name)
+        elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            found.columns["numeric"].append(f.name)
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            found.columns["text" if _free_text(sample, f.name) else "categorical"].append(f.name)
+        elif ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+              and (pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type))):
+            found.columns["vector"].append(f.name)
+        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            found.columns["image"].append(f.name)
+        else:
+            found.left_out[f.name] = f"type {t} is not a feature type"
+    found.columns = {k: v for k, v in found.columns.items() if v or k in ("numeric", "categorical")}
+    if not any(found.columns.values()):
+        raise DataError(f"no feature column besides the label '{label}'; present: {', '.join(schema.names)}")
+    return found
+
+
+def _free_text(sample: pa.Table | None, name: str) -> bool:
+    if sample is None or name not in sample.column_names:
+        return False
+    values = [v for v in sample.column(name).to_pylist() if v]
+    return bool(values) and sum(len(v) for v in values) / len(values) > LONG_TEXT_CHARS
