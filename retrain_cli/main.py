@@ -122,6 +122,9 @@ def _plan(args: argparse.Namespace) -> int:
     config = _checked(args)
     types = args.instance_types.split(",") if args.instance_types else sorted(config.cost.prices)
     plan = plan_run(config, [t.strip() for t in types if t.strip()], args.deadline_hours, args.calibration_steps)
+    if args.json:  # for machines: the plan alone, on stdout
+        print(plan.model_dump_json(include={"cheapest", "deadline_hours", "rows", "why"}))
+        return 0 if plan.cheapest is not None else 1
     c, count = plan.calibration, plan.calibration.step_costs.as_run
     print(f"calibration: {c.steps} steps here, {c.here.seconds_per_step * 1000:.2f} ms/step; the whole run here "
           f"~{c.estimated_run_hours_here * 3600:.0f} s; one step at micro-batch {count.micro_batch}: "
@@ -139,19 +142,18 @@ def _plan(args: argparse.Namespace) -> int:
     print(f"recommended: {plan.why}")
     if plan.cheapest is not None and plan.cheapest.set:
         print("  set: " + " ".join(f"--set {k}={v}" for k, v in plan.cheapest.set.items()))
-    print(plan.model_dump_json(include={"cheapest", "deadline_hours"}))
     return 0 if plan.cheapest is not None else 1
 
 
 def plan_table(rows: list[Any]) -> list[str]:
-    """The ranked table a person reads (`PlanRow.cells`), in aligned columns."""
-    widths = {"instance": 26, "market": 10, "variant": 28, "ms/step": 22, "fits": 6, "hours": 9, "cost $": 26,
-              "P(deadline)": 12, "interruptions": 34}
-    lines = ["".join(f"{k:<{w}}" for k, w in widths.items()) + "step time"]
-    for row in rows:
-        cells = row.cells()
-        lines.append("".join(f"{cells[k]:<{w}}" for k, w in widths.items()) + cells["step time"])
-    return lines
+    """The ranked table a person reads (`PlanRow.cells`), each column as wide as its widest
+    cell and two spaces apart, so no two cells ever run together."""
+    cells = [row.cells() for row in rows]
+    keys = list(cells[0]) if cells else ["instance", "market", "variant", "ms/step", "fits", "hours", "cost $",
+                                         "P(deadline)", "interruptions", "step time"]
+    widths = {k: max([len(k), *(len(c.get(k, "")) for c in cells)]) for k in keys}
+    line = lambda values: "  ".join(f"{values.get(k, ''):<{widths[k]}}" for k in keys).rstrip()  # noqa: E731
+    return [line({k: k for k in keys}), *(line(c) for c in cells)]
 
 
 _PHASES = {"imports": "imports", "server_start": "server", "flow_start": "flow start", "pack": "pack",

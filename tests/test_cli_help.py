@@ -38,3 +38,20 @@ def test_each_command_example_parses() -> None:
         example = command.epilog.split("example:\n  ", 1)[1].splitlines()[0]
         args = PARSER.parse_args(example.split()[1:])
         assert args.command == name
+
+
+def test_the_plan_table_never_runs_two_columns_together() -> None:
+    from retrain_cli.main import plan_table
+    from training.cost.planner import PlanRow
+
+    rows = [PlanRow(instance_type="g4dn.xlarge", market="spot", rate_per_hour=0.19, step_seconds=(0.01, 0.02, 0.03),
+                    interruptions=0.5, lost_hours=0.1, interruption_band="15-20%", step_source="predicted: T4 fp16, "
+                    "launch-bound"),
+            PlanRow(instance_type="tiny", market="on_demand", rate_per_hour=0.01, fits=False,
+                    refused="needs 30 GB, has 16 GB")]
+    header, *lines = plan_table(rows)
+    starts = [header.index(name) for name in ("instance", "interruptions", "step time")]
+    for line in lines:
+        for start in starts[1:]:
+            assert line[start - 2:start] == "  ", line  # every cell ends before the next column begins
+    assert "(15-20%/month)  predicted: T4 fp16" in lines[0]

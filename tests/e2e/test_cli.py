@@ -176,11 +176,12 @@ def test_plan_prints_the_cheapest_instance_meeting_the_deadline(tmp_path: Path, 
     )
     args = ["--config", str(cfg), *_sets(small_overrides(tmp_path / "root", demo_source)),
             "--instance-types", "slow-cheap,fast-dear", "--calibration-steps", "20"]
-    out = subprocess.run([sys.executable, "-m", "retrain_cli.main", "plan", *args, "--deadline-hours", "5"],
+    out = subprocess.run([sys.executable, "-m", "retrain_cli.main", "plan", *args, "--deadline-hours", "5", "--json"],
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1])["cheapest"]["instance_type"] == "slow-cheap"
-    assert "ms/step" in out.stdout
+    plan = json.loads(out.stdout)  # --json: the plan alone on stdout
+    assert plan["cheapest"]["instance_type"] == "slow-cheap" and plan["why"]
+    assert {r["instance_type"] for r in plan["rows"]} == {"slow-cheap", "fast-dear"}
 
 
 def _servers_of(root: Path) -> list[int]:
