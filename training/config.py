@@ -568,6 +568,12 @@ class EvalConfig(_Section):
                                  "(at least it, or at most it for a lower-is-better metric).", json_schema_extra=OPERATIONAL)
     target_auc: float | None = Field(None, gt=0, le=1, description="Old name of eval.target for the auc metric; still read.", json_schema_extra=OPERATIONAL)
     min_delta: float = Field(0.0, ge=0, description="Test improvement of eval.metric the challenger needs over the champion.", json_schema_extra=OPERATIONAL)
+    promote_on: Literal["interval", "point"] = Field(
+        "interval", description="interval: promote only when the lower bound of the improvement's confidence "
+        "interval (both models on the same test rows: DeLong for auc, a paired bootstrap otherwise) clears "
+        "eval.min_delta, so noise never wins; point: when the improvement itself does.", json_schema_extra=OPERATIONAL)
+    confidence: float = Field(0.95, gt=0, lt=1, description="Confidence level of the improvement's interval "
+                              "(eval.promote_on: interval).", json_schema_extra=OPERATIONAL)
 
     @model_validator(mode="after")
     def _one_target(self) -> EvalConfig:

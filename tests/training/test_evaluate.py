@@ -34,6 +34,7 @@ def _trained(config: RetrainConfig, name: str) -> tuple[dict, dict]:
 
 
 def test_worse_challenger_keeps_the_champion_a_better_one_is_promoted(small_config: RetrainConfig) -> None:
+    small_config.eval.promote_on = "point"  # the raw decision; the interval's is tested below
     packed, good = _trained(small_config, "good")
     first = evaluate_stage(small_config, packed, good)
     assert first.promotion.promoted
@@ -244,3 +245,35 @@ def test_a_class_new_in_the_data_is_compared_on_the_classes_both_models_know(
     assert "classes both models know" in second.promotion.reason, second.promotion.reason
     # Scored in its own class indices, the champion does about as well as on its own test split.
     assert abs(theirs["accuracy"] - first.metrics["accuracy"]) < 0.1, (theirs, first.metrics)
+
+
+def test_noise_never_replaces_the_champion_and_a_clearly_better_model_still_wins(small_config: RetrainConfig) -> None:
+    """Two models that differ by their seed alone score within noise of each other on the same
+    test rows: neither replaces the other, whichever is champion, even where the raw comparison
+    would promote the one ahead by a hair. A clearly better model is promoted over a barely
+    trained champion, and each decision carries its evidence (DeLong's interval for AUC)."""
+    champion = Path(small_config.storage.root) / "models" / "champion"
+    small_config.train.max_steps = 300
+    packed, a = _trained(small_config, "seed-0")
+    small_config.train.seed = 1
+    packed, b = _trained(small_config, "seed-1")
+    for champ, challenger in ((a, b), (b, a)):
+        champion.unlink(missing_ok=True)
+        assert evaluate_stage(small_config, packed, champ).promotion.promoted  # no champion yet
+        twin = evaluate_stage(small_config, packed, challenger)
+        assert not twin.promotion.promoted, twin.promotion.reason
+        difference = twin.promotion.difference
+        assert difference is not None and difference["method"] == "DeLong"
+        assert difference["low"] < 0 < difference["high"] and "does not clear eval.min_delta" in twin.promotion.reason
+    small_config.eval.promote_on = "point"  # the raw comparison: whichever is ahead by a hair wins
+    ahead = twin.metrics["auc"] > twin.promotion.champion_metrics["auc"]  # type: ignore[index]
+    assert evaluate_stage(small_config, packed, a).promotion.promoted == ahead
+
+    small_config.eval.promote_on = "interval"
+    small_config.train.max_steps = small_config.train.eval_every = 3  # barely trained: the champion to beat
+    packed, weak = _trained(small_config, "weak")
+    champion.unlink()
+    assert evaluate_stage(small_config, packed, weak).promotion.promoted
+    won = evaluate_stage(small_config, packed, a)
+    assert won.promotion.promoted, won.promotion.reason
+    assert won.promotion.difference is not None and won.promotion.difference["low"] > 0

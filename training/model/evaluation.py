@@ -4,6 +4,7 @@ the package's own preprocessing; and whether a package can read a dataset at all
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from training.model.objectives import Task
 
 log = logging.getLogger(__name__)
 
-__all__ = ["evaluate_package", "predict_split", "compatible", "other_target", "shared_classes", "EVAL_BATCH"]
+__all__ = ["EVAL_BATCH", "PackageScores", "compatible", "evaluate_package", "other_target", "predict_split", "score_package",
+           "shared_classes"]
 
 EVAL_BATCH = 8192
 
@@ -78,17 +80,38 @@ def evaluate_package(
     """Every metric of the task (exact) of a model package on a split, with its own feature
     statistics, and the row count. A multiclass package is scored on the rows of the classes
     it knows (and of `classes`, when given), in its own class indices."""
+    return score_package(package_dir, dataset_dir, manifest, trusted_factory, split, expected_meta_sha256,
+                         classes).metrics
+
+
+@dataclass(frozen=True)
+class PackageScores:
+    """A package's metrics on a split and the predictions they came from: `y` in the package's
+    own class indices, `rows` the split's rows scored (all, or those of the classes kept)."""
+
+    metrics: dict[str, float]
+    y: np.ndarray
+    pred: np.ndarray
+    rows: np.ndarray
+
+
+def score_package(
+    package_dir: Path, dataset_dir: Path, manifest: DatasetManifest, trusted_factory: str | None,
+    split: str | tuple[str, ...] = "test", expected_meta_sha256: str | None = None, classes: list[Any] | None = None,
+) -> PackageScores:
+    """`evaluate_package`, with the predictions (to compare two models row by row)."""
     model, stats, _ = load_package(package_dir, trusted_factory, expected_meta_sha256)
     batches = ShardBatches(dataset_dir, manifest, split, EVAL_BATCH, stats.transformer(), shuffle=False, drop_last=False)
     task = Task.of(stats)
     pred, y = predict_split(model, task, batches, torch.device("cpu"))
+    rows = np.arange(y.size)
     if stats.task == "multiclass" and (classes is not None or stats.classes != manifest.classes):
-        pred, y = _rows_of_classes(pred, y, manifest.classes, stats.classes, classes)
-    return {**task.evaluate(y, pred), "rows": int(y.size)}
+        pred, y, rows = _rows_of_classes(pred, y, manifest.classes, stats.classes, classes)
+    return PackageScores({**task.evaluate(y, pred), "rows": int(y.size)}, y, pred, rows)
 
 
 def _rows_of_classes(pred: np.ndarray, y: np.ndarray, dataset: list[Any], model: list[Any],
-                     keep: list[Any] | None) -> tuple[np.ndarray, np.ndarray]:
+                     keep: list[Any] | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The rows whose class the model knows (and is in `keep`), their labels as the model's
     class indices: a dataset's classes are its train split's, sorted, so a class new since the
     model was trained shifts the indices of the classes after it."""
@@ -97,4 +120,4 @@ def _rows_of_classes(pred: np.ndarray, y: np.ndarray, dataset: list[Any], model:
     to_model = np.array([index[v] if v in wanted else -1 for v in dataset], dtype=np.int64)
     mapped = to_model[y.astype(np.int64)]
     rows = mapped >= 0
-    return pred[rows], mapped[rows]
+    return pred[rows], mapped[rows], np.flatnonzero(rows)

@@ -19,7 +19,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.config import EvalConfig, metric_name
 from training.errors import CheckpointError, StorageError
@@ -28,6 +28,9 @@ from training.model.model_ref import ChampionPointer, read_pointer
 from training.model.package import UntrustedFactory, load_package, meta_sha256
 from training.storage.files import write_json_atomic
 from training.storage.root import StorageRoot
+
+if TYPE_CHECKING:
+    from training.model.paired import PairedDifference
 
 __all__ = ["Champion", "check_champion", "decide_promotion", "promote"]
 
@@ -96,10 +99,14 @@ def _unusable(pointer: ChampionPointer | None, package: Path, problem: str, reco
 def decide_promotion(
     challenger_sha: str, challenger: dict[str, float], champion_sha: str | None, champion: dict[str, float] | None,
     config: EvalConfig, champion_problem: str | None = None, task: str = "binary", metric: str = "auc",
+    difference: PairedDifference | None = None,
 ) -> tuple[bool, str]:
     """Promote when the target is met and the champion is beaten by min_delta on `metric` (in
-    its direction). An unusable champion (`champion_problem`) is not compared with: the
-    challenger answers to the target alone, so a damaged champion never blocks retraining."""
+    its direction): with both scored on the same rows (`difference`) and `eval.promote_on:
+    interval`, by the lower bound of the improvement's confidence interval, so that a
+    difference the test split cannot tell from noise never wins. An unusable champion
+    (`champion_problem`) is not compared with: the challenger answers to the target alone, so a
+    damaged champion never blocks retraining."""
     value, target = challenger[metric], config.target_value()
     name = metric_name(metric)
     key = "eval.target_auc" if metric == "auc" and config.target is None else "eval.target"
@@ -117,6 +124,11 @@ def decide_promotion(
     theirs = champion.get(metric)
     if theirs is None:  # recorded metrics of a champion judged on another metric
         return False, f"the champion has no recorded test {name} to compare with; promotion skipped"
+    if difference is not None and config.promote_on == "interval":
+        evidence = f"test {name} {value:.4f} against the champion's {theirs:.4f}: {difference.describe()}"
+        if difference.clears(config.min_delta):
+            return True, f"{evidence} clears eval.min_delta {config.min_delta}"
+        return False, f"{evidence} does not clear eval.min_delta {config.min_delta}: the champion stays"
     if is_better(task, metric, value, theirs, config.min_delta):
         return True, f"test {name} {value:.4f} beats the champion's {theirs:.4f} by at least eval.min_delta {config.min_delta}"
     return False, f"test {name} {value:.4f} does not beat the champion's {theirs:.4f} by eval.min_delta {config.min_delta}"

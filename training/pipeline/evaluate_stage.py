@@ -22,6 +22,8 @@ from training.trainer.results import TrainResult
 from training.trainer.resume import run_rel
 
 if TYPE_CHECKING:
+    from training.model.evaluation import PackageScores
+    from training.model.paired import PairedDifference
     from training.pipeline.champion import Champion
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> flo
 
 def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResult) -> Evaluation:
     """The challenger's test metrics and the champion/challenger decision, promoted atomically."""
-    from training.model.evaluation import evaluate_package
+    from training.model.evaluation import score_package
     from training.pipeline.champion import decide_promotion
     from training.model.objectives import metric_for, reaches
     from training.pipeline.champion import check_champion
@@ -63,21 +65,23 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
     if done is not None:
         _register(config, trained, done.promotion.promoted)  # the interrupted run may not have got this far
         return done
-    metrics = evaluate_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
-                               expected_meta_sha256=trained.model.meta_sha256)
+    scores = score_package(run_dir / "model", dataset_dir, manifest, config.model.factory,
+                           expected_meta_sha256=trained.model.meta_sha256)
+    metrics = scores.metrics
     task, metric = manifest.task, metric_for(manifest.task, config.eval.metric)
+    difference = None
     for _attempt in range(_PROMOTION_ATTEMPTS):
         champion = check_champion(root, config.model.factory)
-        champion_metrics, champion_note, problem = _champion_metrics(champion, dataset_dir, manifest, config)
+        champion_metrics, champion_note, problem, theirs = _champion_metrics(champion, dataset_dir, manifest, config)
         elsewhere = _champion_target(champion, manifest)
         if elsewhere is not None:
             # Another task's champion is not worse or better, only different: it stays.
             promoted, reason = False, f"promotion skipped: the champion {elsewhere}"
             break
-        compared = _on_shared_classes(champion, run_dir / "model", dataset_dir, manifest, config, trained, metrics)
+        compared, difference = _paired(scores, theirs, task, metric, config)
         promoted, reason = decide_promotion(
             challenger_sha, compared, champion.sha256 if champion else None, champion_metrics, config.eval, problem,
-            task, metric,
+            task, metric, difference,
         )
         if compared is not metrics:
             reason += f" (on the {compared['rows']} test rows of the classes both models know)"
@@ -97,7 +101,8 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
         promotion=Promotion(promoted=promoted, reason=reason, challenger_sha256=challenger_sha,
                             champion_sha256=champion.sha256 if champion else None,
                             champion_metrics=champion_metrics, champion_note=champion_note,
-                            champion_problem=champion.problem if champion else None),
+                            champion_problem=champion.problem if champion else None,
+                            difference=difference.to_json() if difference is not None else None),
         seconds=time.perf_counter() - t0,
     )
     # "Already the champion" (a rerun that trained nothing) holds the champion alias as surely as a promotion.
@@ -182,41 +187,46 @@ def _export(package: Path, trusted_factory: str | None) -> str | None:
 
 def _champion_metrics(
     champion: Champion | None, dataset_dir: Path, manifest: DatasetManifest, config: RetrainConfig
-) -> tuple[dict[str, Any] | None, str | None, str | None]:
-    """(the champion's test metrics to compare with, how they were obtained, why it is unusable)."""
-    from training.model.evaluation import compatible, evaluate_package
+) -> tuple[dict[str, Any] | None, str | None, str | None, PackageScores | None]:
+    """(the champion's test metrics to compare with, how they were obtained, why it is unusable,
+    its scores row by row when it was re-evaluated here)."""
+    from training.model.evaluation import compatible, score_package
     from training.model.package import package_stats
     if champion is None:
-        return None, None, None
+        return None, None, None, None
     if champion.usable and compatible(stats := package_stats(champion.package), manifest):
         new = [c for c in manifest.classes if c not in set(stats.classes)] if manifest.task == "multiclass" else []
         how = "re-evaluated on this run's test split" + (
             f", on the rows of the classes it knows (new since: {', '.join(map(repr, new))})" if new else "")
-        return (evaluate_package(champion.package, dataset_dir, manifest, config.model.factory,
-                                 expected_meta_sha256=champion.meta_sha256), how, None)
+        theirs = score_package(champion.package, dataset_dir, manifest, config.model.factory,
+                               expected_meta_sha256=champion.meta_sha256)
+        return theirs.metrics, how, None, theirs
     recorded = champion.pointer.metrics if champion.pointer is not None else None
     if champion.usable or champion.recorded_metrics_only:
         why = ("feature columns differ from this dataset" if champion.usable
                else "its model factory is not this run's, so it is not loaded")
-        return recorded, f"{why}: compared on its recorded test metrics", None
-    return None, f"unusable: {champion.problem}", champion.problem
+        return recorded, f"{why}: compared on its recorded test metrics", None, None
+    return None, f"unusable: {champion.problem}", champion.problem, None
 
 
-def _on_shared_classes(champion: Champion | None, package: Path, dataset_dir: Path, manifest: DatasetManifest,
-                       config: RetrainConfig, trained: TrainResult, metrics: dict[str, Any]) -> dict[str, Any]:
-    """The challenger's test metrics to compare with the champion's: on the rows the champion
-    can score too, when its classes are not this dataset's (a class new since it was trained,
-    or one gone), else `metrics` themselves."""
-    from training.model.evaluation import compatible, evaluate_package, shared_classes
-    from training.model.package import package_stats
+def _paired(ours: PackageScores, theirs: PackageScores | None, task: str, metric: str, config: RetrainConfig
+            ) -> tuple[dict[str, Any], PairedDifference | None]:
+    """(the challenger's metrics on the rows the champion was scored on, the improvement with
+    its confidence interval), both on the same rows: all of them, or, where the champion's
+    classes are not this dataset's, the rows of the classes it knows."""
+    from training.model.objectives import TASKS
+    from training.model.paired import paired_difference
 
-    if champion is None or not champion.usable or manifest.task != "multiclass":
-        return metrics
-    stats = package_stats(champion.package)
-    if stats.classes == manifest.classes or not compatible(stats, manifest):
-        return metrics
-    return evaluate_package(package, dataset_dir, manifest, config.model.factory,
-                            expected_meta_sha256=trained.model.meta_sha256, classes=shared_classes(stats, manifest))
+    if theirs is None:
+        return ours.metrics, None
+    compared = ours.metrics
+    y, pred = ours.y, ours.pred
+    if theirs.rows.size != ours.rows.size:
+        y, pred = ours.y[theirs.rows], ours.pred[theirs.rows]
+        compared = {**{name: m.fn(y, pred) for name, m in TASKS[task].metrics.items()}, "rows": int(y.size)}
+    difference = paired_difference(task, metric, y, pred, theirs.pred, config.eval.confidence,
+                                   y_champion=theirs.y)
+    return compared, difference
 
 
 def _champion_target(champion: Champion | None, manifest: DatasetManifest) -> str | None:

@@ -79,6 +79,7 @@ class Promotion(_Result):
     champion_metrics: dict[str, Any] | None = None
     champion_note: str | None = None
     champion_problem: str | None = None
+    difference: dict[str, Any] | None = None  # `training.model.paired.PairedDifference`: the evidence, when paired
 
 
 class Evaluation(_Result):
