@@ -1,7 +1,7 @@
 """A user's source, checked before anything else starts (a Prefect server, a flow run): it
 exists, its first file is Parquet, and it has the label and feature columns. One line that
-says how to fix it, in a second; and, when the feature columns are not given, the columns
-inferred from the schema."""
+says how to fix it, in a second; and, when the config names no feature column and the
+defaults (the demo's columns) are not in the file, the columns inferred from the schema."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from training.config import DataConfig, RetrainConfig, StorageConfig
 from training.data.demo import DEMOS
 from training.data.parquet_reader import ParquetRanges
 from training.data.sources import open_source
+from training.data.validation import FeatureValidator
 from training.errors import DataError
 
 __all__ = ["InferredColumns", "check_source_columns", "checked_source", "infer_columns", "source_schema"]
@@ -34,12 +35,16 @@ def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumn
         return config, None
     ranges = source_schema(spec, config.storage)
     inferred = None
-    if not config.data.model_fields_set & set(FEATURE_KEYS):
+    defaults = [c for k in FEATURE_KEYS for c in getattr(config.data, k)]
+    # Inferred only where the config names no feature column and the defaults (the demo's
+    # columns) are not all there: a demo-shaped file keeps training as it always did.
+    if not config.data.model_fields_set & set(FEATURE_KEYS) and not set(defaults) <= set(ranges.schema.names):
         exclude = tuple(c for c in (config.data.split_key, config.data.time_column) if c)
         inferred = infer_columns(ranges.schema, config.data.label, _strings_sample(ranges), exclude)
         config = config.with_values({f"data.{k}": v for k, v in inferred.columns.items()},
                                     f"(feature columns inferred from {ranges.where})")
     check_source_columns(ranges.where, ranges.schema, config.data)
+    FeatureValidator(config.data).check_schema(ranges.where, ranges.schema)  # repeated columns, types
     return config, inferred
 
 
@@ -94,10 +99,12 @@ def infer_columns(schema: pa.Schema, label: str, sample: pa.Table | None = None,
         hint = f"did you mean '{near[0]}'? " if near else ""
         raise DataError(f"no label column '{label}' (data.label); {hint}present: {', '.join(schema.names)}")
     found = InferredColumns({k: [] for k in FEATURE_KEYS})
+    seen: set[str] = set()
     for f in schema:
         t = f.type
-        if f.name == label or f.name in exclude:
-            continue
+        if f.name == label or f.name in exclude or f.name in seen:
+            continue  # a repeated column is the schema check's to refuse, by name
+        seen.add(f.name)
         if pa.types.is_dictionary(t):
             found.columns["categorical"].append(f.name)
         elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
