@@ -38,8 +38,47 @@ from tests.fault_proxy import FaultProxy  # noqa: E402
 SMALL_ROWS = 8000
 
 
+# The unit tier (`-m unit`): tests that call the code in this process, on small data, and start
+# no server, child process or container, so a developer runs it after every change. A test is
+# in it unless its folder is a tier of servers and processes, it is marked so, it asks for a
+# server's fixture, or its module is one of those below, which start processes or train at
+# length; `unit_guard` checks the first promise as each unit test runs.
+_NOT_UNIT_FOLDERS = ("e2e", "flows", "containers", "cuda")
+_NOT_UNIT_MARKS = ("slow", "container", "cuda")
+_SERVER_FIXTURES = {"s3_server", "s3_bucket", "fault_proxy", "prefect_server", "prefect_harness", "mlflow_url"}
+_NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
+    "test_ddp.py",  # torchrun and gloo process groups
+    "test_preemption.py",  # kills training processes
+    "test_warm_children.py",  # warm training children
+    "test_disk_full.py",  # a training process on a small filesystem
+    "test_root_lock.py",  # competing processes
+    "test_s3_lease.py",  # competing processes on S3
+    "test_s3_storage.py",  # a real S3 endpoint, or none, at the other end
+    "test_docs_generated.py",  # renders every page
+    "test_no_work_history.py",  # reads the git history
+    "test_layering.py",  # imports each layer in a fresh interpreter
+    "test_unchanged.py",  # the CLI's and the flow's imports, in fresh interpreters
+    "test_warm_start.py",  # the train stage's training process
+    "test_transform.py",  # imports in a fresh interpreter
+    "test_cli_help.py::test_version",  # the installed entry point
+    "test_predict.py::test_the_export_loads_without_the_project",  # a fresh interpreter
+    "test_plan.py::test_the_memory_estimate_matches_a_measured_cpu_step",  # a measuring child
+    "test_incremental.py::test_retrain_when_drift",  # the train stage's training process
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The `cuda` tier runs where a CUDA GPU is visible and is skipped elsewhere."""
+    """The `unit` tier (see above); the `cuda` tier runs where a CUDA GPU is visible and is
+    skipped elsewhere."""
+    tests = Path(__file__).parent
+    unit = pytest.mark.unit
+    for item in items:
+        parts = Path(str(item.fspath)).relative_to(tests).parts
+        test = f"{parts[-1]}::{item.name}"
+        if (parts[0] not in _NOT_UNIT_FOLDERS and not test.startswith(_NOT_UNIT)
+                and not any(item.get_closest_marker(m) for m in _NOT_UNIT_MARKS)
+                and not _SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(unit)
     marked = [item for item in items if item.get_closest_marker("cuda")]
     if not marked:
         return
@@ -49,6 +88,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in marked:
             item.add_marker(skip)
+
+
+class _NoProcessInUnitTests(RuntimeError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def unit_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unit test that starts a process fails, naming the promise it broke."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise _NoProcessInUnitTests(f"{request.node.nodeid} is in the unit tier, which starts no process: add it "
+                                    "to _NOT_UNIT in tests/conftest.py, or mark it slow")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
 
 
 @pytest.fixture(scope="session")
