@@ -43,3 +43,15 @@ def test_storage_errors_are_retried_only_when_transient() -> None:
     assert retry_transient(None, None, Failed(data=StorageError("endpoint did not answer", transient=True)))
     assert not retry_transient(None, None, Failed(data=StorageError("bucket 'x' does not exist")))
     assert not retry_transient(None, None, Failed(data=DataError("bad column")))
+
+
+def test_the_score_task_skips_an_input_that_holds_nothing_yet(small_config: RetrainConfig, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The shipped predict deployment runs after every retrain; before the first file lands in
+    its input folder, that is a skip with a clear line, not a failed run with a traceback."""
+    from tasks.score import score_parquet
+
+    for missing in (tmp_path / "incoming", tmp_path / "empty"):
+        if missing.name == "empty":
+            missing.mkdir()
+        result = score_parquet.fn(small_config, str(missing), str(tmp_path / "scores.parquet"), "champion", None)
+        assert result.skipped and result.rows == 0 and not (tmp_path / "scores.parquet").exists()

@@ -23,7 +23,7 @@ from training.storage.root import StorageRoot, settings_for
 from training.storage.s3 import S3Store, parse_s3_uri
 from training.trainer.threads import decide_threads
 
-__all__ = ["predict_stage", "resolve_model", "scoring_threads"]
+__all__ = ["nothing_to_score", "predict_stage", "resolve_model", "scoring_threads"]
 
 _SHA = re.compile(r"[0-9a-f]{64}")
 
@@ -91,6 +91,20 @@ def scoring_threads(config: RetrainConfig) -> Iterator[int]:
         yield threads
     finally:
         torch.set_num_threads(before)
+
+
+def nothing_to_score(source: str) -> str | None:
+    """Why a local input holds nothing to score yet (None: it holds Parquet files, or it is on
+    S3, where listing it is the stage's work). A deployment triggered after every retrain meets
+    an input folder before its first file lands: that is a skip, not a failure."""
+    if source.startswith("s3://"):
+        return None
+    path = Path(source).expanduser()
+    if not path.exists():
+        return f"the input {path} does not exist yet"
+    if path.is_dir() and not any(p.is_file() and not p.name.startswith(".") for p in path.rglob("*.parquet")):
+        return f"the input folder {path} holds no .parquet file yet"
+    return None
 
 
 def predict_stage(config: RetrainConfig, source: str, output: str, model: str = "champion",
