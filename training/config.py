@@ -448,6 +448,11 @@ class TrainConfig(_Section):
         "run ended at 10 % of its peak; warming back up to the full peak, with the optimizer's moments fresh, undoes "
         "part of what it learned: a short warm start then ends worse than the champion it started from.",
         json_schema_extra=COMPUTED_SINCE)
+    new_data_weight: float = Field(
+        1.0, ge=1, description="A warm start's batches mix the rows new since the champion was trained with replayed "
+        "old rows: the new rows' share of each batch is their share of the train split times this (at most 90 %). "
+        "1: in proportion, so even a short warm start sees them; above 1: more of the new, less replay.",
+        json_schema_extra=COMPUTED_SINCE)
     batch_size: int = Field(
         512, gt=0, description="Rows per micro-batch, across all processes: each of N processes takes batch_size/N.",
         json_schema_extra=COMPUTED)

@@ -199,3 +199,38 @@ def test_feature_transform(packed) -> None:
     assert np.all(x == 0)  # nulls are imputed with the mean
     assert c[0, 0] == 0 and np.all(c[0, 1:] == 1)
 
+
+
+def test_a_warm_starts_batches_hold_the_new_rows_in_every_batch_with_the_old_replayed(
+        small_config: RetrainConfig, demo_source: Path, tmp_path: Path) -> None:
+    """Day 0's rows are all label 0 and day 1's (one segment in eight) all label 1, so a batch's
+    label sum counts its new rows. Plain batches slice whole shards in turn; a warm start's
+    `MixedBatches` put the new rows' share (times train.new_data_weight) in every batch, from
+    the first step on, and resume by the same arithmetic."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from training.data.loader import MixedBatches
+
+    table = pq.read_table(demo_source)
+    source = tmp_path / "src"
+    source.mkdir()
+    label = table.column_names.index("clicked")
+    day0, day1 = table.slice(0, 7000), table.slice(7000, 1000)
+    pq.write_table(day0.set_column(label, "clicked", pa.array(np.zeros(7000, np.int8))), source / "day-0.parquet")
+    pq.write_table(day1.set_column(label, "clicked", pa.array(np.ones(1000, np.int8))), source / "day-1.parquet")
+    small_config.data.segment_rows = 8000
+    d, manifest, _ = pack_local(source, small_config.data, tmp_path / "datasets")
+    _, stats = fit_feature_stats(d, manifest, small_config.preprocess, tmp_path / "pre")
+    new = {s.key for s in manifest.segments if s.source == "day-1.parquet"}
+    share = sum(s.rows for s in manifest.restricted_to(new).shards_of("train")) / manifest.rows["train"]
+    for weight in (1.0, 3.0):
+        mixed = MixedBatches(d, manifest, new, 128, stats.transformer(), seed=0, cache_bytes=10**8, weight=weight)
+        assert mixed.new_rows == round(128 * share * weight)
+        epochs = [(e, i) for e in range(2) for i in range(mixed.batches_per_epoch)]
+        for e, i in epochs:
+            batch = mixed.batch(e, i)
+            assert batch["label"].shape[0] == 128 and int(batch["label"].sum()) == mixed.new_rows
+        again = MixedBatches(d, manifest, new, 128, stats.transformer(), seed=0, cache_bytes=10**8, weight=weight)
+        e, i = epochs[-3]
+        assert all(torch.equal(again.batch(e, i)[k], mixed.batch(e, i)[k]) for k in ("num", "cat", "label"))

@@ -114,3 +114,54 @@ def test_a_warm_start_grows_the_vocabulary_by_value_and_scores_as_the_champion_d
         with torch.no_grad():
             scores.append(forward_fn(model)({"num": torch.from_numpy(x_num), "cat": torch.from_numpy(x_cat)}))
     assert torch.equal(scores[0], scores[1])
+
+
+def test_a_short_warm_start_learns_the_new_rows(tmp_path: Path, demo_source: Path) -> None:
+    """Two roots share a champion trained on day 0; each then gets a different day 1: the same
+    rows as they are, and with their labels flipped. A short warm start (20 steps) must learn
+    what is new: every batch mixes in the new rows, so the two warm starts end as different
+    models, and the flipped one ranks those rows worse by their original labels."""
+    from tests.conftest import small_overrides
+    from training.config import load_config
+    from training.model.evaluation import predict_split
+    from training.model.package import load_package
+    from training.data.loader import ShardBatches
+    from training.data.manifest import require_manifest
+    from training.metrics import roc_auc
+    from training.model.objectives import Task
+
+    table = pq.read_table(demo_source)
+    day0, day1 = table.slice(0, 7000), table.slice(7000, 1000)
+    flipped = day1.set_column(day1.column_names.index("clicked"), "clicked",
+                              pa.array(1 - day1.column("clicked").to_numpy(), pa.int8()))
+    models = {}
+    for name, new in (("same", day1), ("flipped", flipped)):
+        source = tmp_path / name / "src"
+        source.mkdir(parents=True)
+        pq.write_table(day0, source / "day-0.parquet", row_group_size=2000)
+        # Large shards (one per split and segment), as in production: plain batches slice them in turn.
+        config = load_config(overrides=[*small_overrides(tmp_path / name / "root", source), "data.shard_size_mb=8",
+                                        "data.segment_rows=8000"])
+        _run(config)
+        pq.write_table(new, source / "day-1.parquet", row_group_size=2000)
+        config.train.init_from, config.train.max_steps = "champion", 20
+        warm = _run(config)
+        assert warm.warm_start.used and warm.steps == 20, warm.warm_start.reason
+        models[name] = (warm, config)
+    assert models["same"][0].model.sha256 != models["flipped"][0].model.sha256
+
+    # The day-1 rows' original labels, scored by each warm-started model.
+    scores = {}
+    for name, (warm, config) in models.items():
+        packed = pack_stage(config)
+        manifest = require_manifest(Path(packed.dataset_dir))
+        day1_keys = {s.key for s in manifest.segments if s.source == "day-1.parquet"}
+        model, stats, _ = load_package(Path(warm.run_dir) / "model", None)
+        rows = ShardBatches(Path(packed.dataset_dir), manifest.restricted_to(day1_keys), ("train", "validation", "test"),
+                            8192, stats.transformer(), shuffle=False, drop_last=False)
+        pred, labels = predict_split(model, Task.of(stats), rows, torch.device("cpu"))
+        scores[name] = (pred, labels if name == "same" else 1 - labels)
+    (same, y), (flip, _) = scores["same"], scores["flipped"]
+    # Flipping also moves the base rate (15 % clicks become 85 %), which lifts every score: the
+    # ranking of the rows by their original label is what the flipped labels must undo.
+    assert roc_auc(y, flip) < roc_auc(y, same) - 0.01, (roc_auc(y, flip), roc_auc(y, same))

@@ -37,7 +37,7 @@ from training.errors import DataError
 Arrays = dict[str, np.ndarray]
 Batch = dict[str, torch.Tensor]  # "num", "cat", "label" (and "vec", "tok", "ntok", "pix"): one batch's rows
 
-__all__ = ["Batch", "ShardBatches", "StreamPosition", "TrainStream", "WorkerStream", "iter_split", "make_train_loader",
+__all__ = ["Batch", "MixedBatches", "ShardBatches", "TrainBatches", "StreamPosition", "TrainStream", "WorkerStream", "iter_split", "make_train_loader",
            "worker_seconds_per_batch"]
 
 BLOCK_BYTES = 8 << 20  # what a worker hands over at once
@@ -319,6 +319,56 @@ class ShardBatches:
         return {name: torch.from_numpy(np.concatenate([p[name] for p in parts])) for name in parts[0]}
 
 
+class MixedBatches:
+    """A warm start's train batches: each holds `new_rows` rows of the segments new since the
+    champion was trained and the rest from the segments it had seen, replayed.
+
+    A warm start's step budget is about the new rows' share of the data, and batches slice
+    whole shards in turn, so with plain batches a short warm start can end before it reaches a
+    new shard at all. Here the new rows are in every batch, at least in proportion to their
+    share of the train split (`weight` times it, at most 90 %), and the old rows keep being
+    replayed, as continual-learning practice does against forgetting. Each part is a
+    `ShardBatches` of its own, in its own (seed, epoch) order; an epoch is a pass over the old
+    rows, and the new part wraps around within it. Batch `i` of epoch `e` is global batch
+    `g = e * batches_per_epoch + i` of both parts, so a resume is the same arithmetic."""
+
+    def __init__(self, dataset_dir: Path, manifest: DatasetManifest, new_keys: set[str], batch_size: int,
+                 transform: FeatureTransform, seed: int, cache_bytes: int, weight: float = 1.0) -> None:
+        keys = {s.key for s in manifest.segments}
+        new_manifest = manifest.restricted_to(keys & new_keys)
+        old_manifest = manifest.restricted_to(keys - new_keys)
+        new_total = sum(s.rows for s in new_manifest.shards_of("train"))
+        share = new_total / max(1, sum(s.rows for s in manifest.shards_of("train")))
+        self.new_rows = min(new_total, batch_size - 1, max(1, round(batch_size * min(0.9, share * weight))))
+        self.new = ShardBatches(dataset_dir, new_manifest, "train", self.new_rows, transform, seed=seed,
+                                cache_bytes=cache_bytes // 2)
+        self.old = ShardBatches(dataset_dir, old_manifest, "train", batch_size - self.new_rows, transform, seed=seed,
+                                cache_bytes=cache_bytes // 2)
+        self.split, self.batch_size = "train", batch_size
+        self.batches_per_epoch = self.old.batches_per_epoch
+        self.rows = self.old.rows + self.new.rows
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.old.cache_bytes + self.new.cache_bytes
+
+    @cache_bytes.setter
+    def cache_bytes(self, value: int) -> None:
+        self.old.cache_bytes = self.new.cache_bytes = value // 2
+
+    def batch(self, epoch: int, index: int) -> Batch:
+        new = self.new.batch(*divmod(epoch * self.batches_per_epoch + index, self.new.batches_per_epoch))
+        old = self.old.batch(epoch, index)
+        return {k: torch.cat([new[k], old[k]]) for k in old}
+
+    def release(self) -> None:
+        self.old.release()
+        self.new.release()
+
+
+TrainBatches = ShardBatches | MixedBatches
+
+
 class TrainStream(IterableDataset):
     """Endless stream of (epoch, global batch, tensors) from `start`, rolling over epochs.
 
@@ -330,7 +380,7 @@ class TrainStream(IterableDataset):
     world size, and a checkpoint's position means the same thing on any world size.
     """
 
-    def __init__(self, batches: ShardBatches, start: StreamPosition, rank: int = 0, world: int = 1) -> None:
+    def __init__(self, batches: TrainBatches, start: StreamPosition, rank: int = 0, world: int = 1) -> None:
         super().__init__()
         self.batches = batches
         self.start = start
@@ -459,7 +509,7 @@ class WorkerStream:
         return _Unblocked(iter(self.loader), self.per_epoch)
 
 
-def worker_seconds_per_batch(batches: ShardBatches, num_workers: int, rank: int = 0, world: int = 1) -> float:
+def worker_seconds_per_batch(batches: TrainBatches, num_workers: int, rank: int = 0, world: int = 1) -> float:
     """Seconds per batch `num_workers` workers deliver from the start of the stream, start-up
     and the first block each excluded (what a long run sees)."""
     stream = WorkerStream(TrainStream(batches, StreamPosition(), rank, world), num_workers, pin_memory=False)
@@ -476,7 +526,7 @@ def worker_seconds_per_batch(batches: ShardBatches, num_workers: int, rank: int 
         it._shutdown_workers()
 
 
-def make_train_loader(batches: ShardBatches, start: StreamPosition, num_workers: int, pin_memory: bool,
+def make_train_loader(batches: TrainBatches, start: StreamPosition, num_workers: int, pin_memory: bool,
                       rank: int = 0, world: int = 1) -> TrainStream | WorkerStream | DataLoader:
     stream = TrainStream(batches, start, rank, world)
     if num_workers:

@@ -108,13 +108,15 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                         "ran; rerun the flow (preprocessing refits them)")
     manifest = require_manifest(Path(packed.dataset_dir))
     warm, warm_reason = warm_start_plan(config, champion, manifest)
-    init_sha = None
+    init_sha, new_segments = None, None
     if warm is not None:
         # Embedding rows and input scaling must mean what they meant for the champion: the
         # warm-started model keeps the champion's preprocessing, its vocabularies grown by this
         # dataset's new categories (the built-in model; a user's model keeps them as they are).
         init_sha = warm.sha256
         stats = FeatureStats(**warm.stats)
+        seen = set(stats.segments)
+        new_segments = [s.key for s in manifest.segments if s.key not in seen] if seen else None
         tc = config.train
         config = config.model_copy(update={"train": tc.model_copy(update={
             "max_steps": warm_steps(config, manifest, stats),
@@ -137,7 +139,8 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     job = TrainJob(
         run_key=run_key, run_dir=str(root.path(rel)), run_rel=rel,
         dataset_dir=packed.dataset_dir, stats_path=str(stats_path), config=config,
-        init_weights=warm.weights if warm else None, init_sha256=init_sha, rate_per_hour=rate, gpus=gpus,
+        init_weights=warm.weights if warm else None, init_sha256=init_sha, new_segments=new_segments,
+        rate_per_hour=rate, gpus=gpus,
         pre_train_seconds=packed.seconds + prep.seconds,
         champion_val_metric=champion_val_metric if config.budget.champion_gate else None,
     )

@@ -27,7 +27,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from training.data.features import DERIVED_DIR, FeatureStats
-from training.data.loader import ShardBatches, StreamPosition, make_train_loader, worker_seconds_per_batch
+from training.data.loader import (MixedBatches, ShardBatches, StreamPosition, TrainBatches, make_train_loader,
+                                  worker_seconds_per_batch)
 from training.data.manifest import require_manifest
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
@@ -160,6 +161,20 @@ class Trainer:
                     self.world_size)
         self.grad_accum = int(progress.grad_accum or tc.grad_accum)
 
+    def _train_batches(self, batch_size: int, cache_bytes: int) -> TrainBatches:
+        """The train split's batches; a warm start's mix the segments new since the champion
+        into every batch, with old ones replayed (`MixedBatches`)."""
+        new = set(self.job.new_segments or ())
+        keys = {s.key for s in self.manifest.segments}
+        if new & keys and keys - new:
+            mixed = MixedBatches(self.dataset_dir, self.manifest, new, batch_size, self.transform, self.tc.seed,
+                                 cache_bytes, self.tc.new_data_weight)
+            log.info("warm start: %d of every %d rows from the %d segment(s) new since the champion", mixed.new_rows,
+                     batch_size, len(new & keys))
+            return mixed
+        return ShardBatches(self.dataset_dir, self.manifest, "train", batch_size, self.transform, seed=self.tc.seed,
+                            cache_bytes=cache_bytes)
+
     def _build_loader(self) -> None:
         """The endless train stream from the saved data position; `num_workers: auto` is probed
         at the run's first start only."""
@@ -167,9 +182,8 @@ class Trainer:
         assert progress.micro_batch is not None  # decided by _decide_layout
         # The global micro-batch is split across the processes; the node's ranks share its cache.
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        self.train_batches = ShardBatches(self.dataset_dir, self.manifest, "train",
-                                          progress.micro_batch // self.world_size, self.transform, seed=tc.seed,
-                                          cache_bytes=int(tc.loader.cache_mb * 1e6) // local_world)
+        self.train_batches = self._train_batches(progress.micro_batch // self.world_size,
+                                                 int(tc.loader.cache_mb * 1e6) // local_world)
         self.workers_probe = None
         num_workers = tc.loader.num_workers
         if num_workers == "auto" and progress.num_workers is not None:
