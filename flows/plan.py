@@ -7,13 +7,13 @@ from prefect import flow
 
 from tasks.plan import plan_instances
 from tasks.policies import apply_credentials_block
-from tasks.runtime import effective_config
+from tasks.runtime import effective_config, plan_run_name
 from training.config import RetrainConfig
 
 __all__ = ["plan"]
 
 
-@flow(name="plan", log_prints=True)
+@flow(name="plan", flow_run_name=plan_run_name, log_prints=True)
 def plan(
     instance_types: list[str] | None = None,
     deadline_hours: float | None = None,

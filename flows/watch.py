@@ -5,14 +5,14 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.policies import apply_credentials_block
-from tasks.runtime import effective_config
+from tasks.runtime import effective_config, watch_run_name
 from tasks.watch import announce_arrival, look_at_source
 from training.config import RetrainConfig
 
 __all__ = ["watch"]
 
 
-@flow(name="watch", log_prints=True)
+@flow(name="watch", flow_run_name=watch_run_name, log_prints=True)
 def watch(config: RetrainConfig = RetrainConfig()) -> list[str]:  # noqa: B008 - pydantic default renders in the UI
     """List data.source; when files arrived since the last look, emit `retrain.data.arrived`
     naming them (the retrain deployment's trigger starts a run). Returns their names."""

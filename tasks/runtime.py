@@ -82,16 +82,44 @@ def flow_run_id() -> str | None:
 def flow_run_name() -> str:
     """`<data source>-<date>-<time>-<id>`, e.g. `clicks-2026-11-28-0300-3f2a`: what was trained,
     when, and which run (two runs started in the same minute differ in the flow run id's head)."""
-    params = runtime.flow_run.parameters or {}
-    config = params.get("config")
-    source = None
-    if isinstance(config, RetrainConfig):
-        source = config.data.source
-    elif isinstance(config, dict):
-        source = (config.get("data") or {}).get("source")
+    return run_name(runtime.flow_run.parameters or {}, runtime.deployment.parameters or {},
+                    runtime.flow_run.name, str(runtime.flow_run.id or ""),
+                    datetime.datetime.now(datetime.timezone.utc))
+
+
+def watch_run_name() -> str:
+    return _prefixed("watch")
+
+
+def plan_run_name() -> str:
+    return _prefixed("plan")
+
+
+def _prefixed(kind: str) -> str:
+    name = flow_run_name()
+    return name if name.startswith(f"{kind}-") else f"{kind}-{name}"
+
+
+def run_name(params: dict[str, Any], deployment_params: dict[str, Any], existing: str | None, run_id: str,
+             now: datetime.datetime) -> str:
+    """`flow_run_name` from its inputs. The source is the run's own config's, else its
+    deployment's (a run's parameters override the deployment's key by key, so a run that only
+    changes train.max_steps still trains the deployment's source). A rescheduled run keeps the
+    name it started with: Prefect asks again at every start."""
+    suffix = f"-{run_id[:4] or 'local'}"
+    if existing and run_id and existing.endswith(suffix) and existing.count("-") >= 4:
+        return existing
+    source = _source_of(params.get("config")) or _source_of(deployment_params.get("config"))
     stem = Path(str(source).rstrip("/")).stem if source else "demo"
-    run_id = str(runtime.flow_run.id or "")
-    return f"{stem}-{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d-%H%M}-{run_id[:4] or 'local'}"
+    return f"{stem}-{now:%Y-%m-%d-%H%M}{suffix}"
+
+
+def _source_of(config: Any) -> str | None:
+    if isinstance(config, RetrainConfig):
+        return config.data.source
+    if isinstance(config, dict):
+        return (config.get("data") or {}).get("source")
+    return None
 
 
 def writer_limit_name(storage: StorageConfig) -> str:

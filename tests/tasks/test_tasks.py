@@ -55,3 +55,19 @@ def test_the_score_task_skips_an_input_that_holds_nothing_yet(small_config: Retr
             missing.mkdir()
         result = score_parquet.fn(small_config, str(missing), str(tmp_path / "scores.parquet"), "champion", None)
         assert result.skipped and result.rows == 0 and not (tmp_path / "scores.parquet").exists()
+
+
+def test_a_run_is_named_from_its_merged_config_and_keeps_its_name_when_rescheduled() -> None:
+    import datetime
+
+    from tasks.runtime import run_name
+
+    now = datetime.datetime(2026, 11, 28, 3, 0, tzinfo=datetime.timezone.utc)
+    deployment = {"config": {"data": {"source": "s3://bucket/clicks/daily/"}}}
+    override = {"config": {"train": {"max_steps": 500}}}  # a UI run that changes one key
+    assert run_name(override, deployment, None, "3f2a9d10", now) == "daily-2026-11-28-0300-3f2a"
+    assert run_name({"config": {"data": {"source": "/data/other.parquet"}}}, deployment, None, "3f2a",
+                    now) == "other-2026-11-28-0300-3f2a"
+    assert run_name({}, {}, None, "", now) == "demo-2026-11-28-0300-local"
+    later = now + datetime.timedelta(minutes=7)  # rescheduled after a spot reclaim: the same run
+    assert run_name(override, deployment, "daily-2026-11-28-0300-3f2a", "3f2a9d10", later) == "daily-2026-11-28-0300-3f2a"
