@@ -204,6 +204,9 @@ def _summary(report: RunReport, path: str, clock: _Clock | None = None) -> str:
     promo = report.promotion
     lines.append(f"  champion    {'PROMOTED' if promo.promoted else 'kept'}: {promo.reason}")
     lines.append(f"  model       {report.model.sha256[:16]}  {report.model.uri}")
+    shown = [p for p in (Path(path).with_name("report.md"), Path(path).with_name("curves.png")) if p.exists()]
+    if shown:
+        lines.append(f"  report      {'  '.join(map(str, shown))}")
     lines.append(path)
     return "\n".join(lines)
 

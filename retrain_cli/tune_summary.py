@@ -12,30 +12,51 @@ if TYPE_CHECKING:  # imported by the CLI at start-up; the report (and Optuna) on
 __all__ = ["tune_summary"]
 
 
+_BUDGET_NAMES = {"max_usd": ("$", ""), "max_gpu_hours": ("", " GPU-h"), "max_wall_seconds": ("", " s wall")}
+
+
 def tune_summary(report: TuneReport, path: str) -> str:
-    metric, priced = report.metric, report.rate_per_hour > 0
+    metric = report.metric
     keys = sorted({k for t in report.trials for k in t.params})
     lines = [f"study {report.study}: {report.status}, {len(report.trials)} trials, rungs {report.rungs}"
              + (f" ({report.stop_reason})" if report.stop_reason else "")]
-    lines.append(f"  {'trial':>5}  {'state':<13}{'steps':>7}  {metric:>8}  {'cost $':>10}  " + "  ".join(keys))
-    for t in report.trials:
-        value = "-" if t.value is None else f"{t.value:.4f}"
-        lines.append(f"  {t.number:>5}  {t.state:<13}{t.steps:>7}  {value:>8}  {t.usd:>10.6f}  "
-                     + "  ".join(_short(t.params.get(k)) for k in keys))
+    header = ["trial", "state", "steps", metric, "cost $", *keys]
+    rows = [[str(t.number), t.state, str(t.steps), "-" if t.value is None else f"{t.value:.4f}", f"{t.usd:.6f}",
+             *(_short(t.params.get(k)) for k in keys)] for t in report.trials]
+    lines += _aligned(header, rows, right={0, 2, 3, 4})
     spend, naive = report.spend, report.naive
     lines.append(f"  spent       ${spend.usd:.6f}, {spend.gpu_hours:.6f} GPU-h, {spend.seconds:.1f} machine-s"
-                 f" on {report.instance_type} ({report.market}); budget {report.budget.limits() or 'none'}")
+                 f" on {report.instance_type} ({report.market}); budget {_budget(report.budget.limits())}")
     saved = report.saved_fraction
     lines.append(f"  naive       every trial to full fidelity, on demand: ${naive.usd:.6f}"
-                 + (f" (saved {saved:.0%})" if saved is not None and priced else ""))
+                 + (f" (saved {saved:.0%})" if saved is not None and report.rate_per_hour > 0 else ""))
     best = report.best
     if best is None:
         lines.append("  best        no trial reached full fidelity")
     else:
-        lines.append(f"  best        trial {best.trial}: val {metric} {best.value:.4f} {best.params}")
+        chosen = ", ".join(f"{k}={_short(v)}" for k, v in best.params.items())
+        lines.append(f"  best        trial {best.trial}: val {metric} {best.value:.4f} ({chosen})")
         lines.append(f"  config      {best.config} (retrain run --config <it>)")
     lines.append(path)
     return "\n".join(lines)
+
+
+def _aligned(header: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """Columns as wide as their widest cell, two spaces apart; numbers right-aligned."""
+    widths = [max([len(header[i]), *(len(r[i]) for r in rows)]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  " + "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                                for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+
+    return [line(header), *(line(r) for r in rows)]
+
+
+def _budget(limits: dict[str, float]) -> str:
+    if not limits:
+        return "none"
+    return ", ".join(f"{_BUDGET_NAMES.get(k, ('', ' ' + k))[0]}{v:g}{_BUDGET_NAMES.get(k, ('', ' ' + k))[1]}"
+                     for k, v in limits.items())
 
 
 def _short(value: Any) -> str:

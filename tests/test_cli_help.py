@@ -55,3 +55,27 @@ def test_the_plan_table_never_runs_two_columns_together() -> None:
         for start in starts[1:]:
             assert line[start - 2:start] == "  ", line  # every cell ends before the next column begins
     assert "(15-20%/month)  predicted: T4 fp16" in lines[0]
+
+
+def test_the_tune_table_keeps_its_columns_and_names_the_budget() -> None:
+    from retrain_cli.tune_summary import tune_summary
+    from training.tune.study_report import BestTrial, Spend, StudyBudget, TrialRow, TuneReport
+
+    def trial(number: int, state: str, lr: float, value: float | None) -> TrialRow:
+        return TrialRow(number=number, params={"train.optim.lr": lr}, state=state, rung=0, steps=40, value=value,
+                        rung_values={}, billed_seconds=1.0, usd=0.000123, gpu_hours=0.0, steps_lost=0,
+                        preemptions=0, run_key=None)
+
+    spend = Spend(seconds=3.0, usd=0.0004, gpu_hours=0.0, setup_seconds={})
+    report = TuneReport(study="s", status="complete", stop_reason=None, metric="auc", direction="maximize",
+                        rungs=[40, 120], instance_type="local-cpu", market="on_demand", rate_per_hour=0.1,
+                        trials=[trial(0, "completed", 0.001234, 0.81), trial(12, "early_stopped", 0.03, None)],
+                        spend=spend, budget=StudyBudget(max_usd=1.0, max_wall_seconds=600), naive=spend,
+                        saved_fraction=0.5, best=BestTrial(trial=0, value=0.81, params={"train.optim.lr": 0.001234},
+                                                           run_key=None, config="best_config.yaml"))
+    lines = tune_summary(report, "tune_report.json").splitlines()
+    header, rows = lines[1], lines[2:4]
+    for name in ("state", "steps", "train.optim.lr"):
+        column = header.index(name)
+        assert all(row[column - 2:column] == "  " for row in rows), (header, rows)
+    assert "budget $1, 600 s wall" in lines[4] and "{" not in "\n".join(lines)

@@ -100,6 +100,7 @@ def test_a_saving_is_never_shown_as_a_negative_zero() -> None:
     demo's summary once read "saved $-0.0000"."""
     from training.pipeline.report_markdown import savings
 
-    assert savings(-3e-9, "it") == "saved $0.0000 against it"
+    assert savings(-3e-9, "it") == "cost the same as it"
+    assert savings(-6.66e-06, "it") == "cost $6.7e-06 more than it"
     assert savings(0.01234, "it") == "saved $0.0123 against it"
     assert savings(-2.5, "it") == "cost $2.50 more than it"

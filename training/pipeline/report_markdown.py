@@ -60,11 +60,13 @@ def _usd(x: float) -> str:
 
 
 def savings(usd: float, against: str) -> str:
-    """"saved $x against ...", or what the run cost more: never "saved $-0.0000" (an on-demand
-    run's saving is 0 up to float rounding)."""
-    if round(usd, 4) == 0:
-        return f"saved $0.0000 against {against}"
-    return f"saved {_usd(usd)} against {against}" if usd > 0 else f"cost {_usd(-usd)} more than {against}"
+    """"saved $x against ...", or what the run cost more, with the digits that show it (a run
+    on the CPU costs fractions of a cent); the same within float rounding (an on-demand run
+    against the naive on-demand run)."""
+    if abs(usd) < 1e-7:
+        return f"cost the same as {against}"
+    amount = _usd(abs(usd)) if abs(usd) >= 1e-4 else f"${abs(usd):.2g}"
+    return f"saved {amount} against {against}" if usd > 0 else f"cost {amount} more than {against}"
 
 
 def render_markdown(report: RunReport, curves: Path | None, embed: bool = True) -> str:
