@@ -56,6 +56,9 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     except Preempted:
         logger.warning("preempted%s; retrying resumes from it", _where(saved))
         raise
+    except KeyboardInterrupt:
+        logger.warning("interrupted (Ctrl-C)%s; the same command resumes from it", _where(saved))
+        raise
     except BaseException as err:
         if saved and saved[0].emergency:  # this process is being stopped (SIGTERM: a spot reclaim)
             logger.warning("stopped by %s%s; the rescheduled flow run resumes from it", type(err).__name__,

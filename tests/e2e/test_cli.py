@@ -251,6 +251,8 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
     assert again.returncode == 0, again.stderr[-3000:]
     report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
     assert report["status"] == "completed" and report["resumed_from_steps"]
+    assert report["preemptions"] == 0  # the user's Ctrl-C is not a spot reclaim, nor its cost
+    assert "preempted" not in err and "rescheduled flow run" not in err, err[-3000:]
 
 
 def test_a_running_local_server_is_used_instead_of_a_temporary_one(tmp_path: Path, demo_source: Path,

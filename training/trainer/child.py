@@ -97,10 +97,11 @@ class Child:
             on_line(line)
         return self.proc.wait()
 
-    def stop(self, grace_seconds: float) -> None:
-        """SIGTERM (it writes its emergency checkpoint), then SIGKILL after `grace_seconds`."""
+    def stop(self, grace_seconds: float, sig: signal.Signals = signal.SIGTERM) -> None:
+        """`sig` (it writes its emergency checkpoint; SIGINT says the user asked, SIGTERM that the
+        machine is going), then SIGKILL after `grace_seconds`."""
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.proc.send_signal(sig)
             self._wait_or_kill(grace_seconds)
 
     def close(self) -> None:

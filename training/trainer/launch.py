@@ -186,11 +186,13 @@ def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
     rc: int | None = None
     try:
         rc = child.follow(lambda line: _dispatch(line, on_line))
-    except BaseException:
+    except BaseException as err:
         # The task itself is being stopped (SIGTERM, Ctrl-C, cancellation): let the child write
         # its emergency checkpoint before we go, and pass on what it said meanwhile (the
-        # checkpoint's event is how the caller can tell where it stopped).
-        child.stop(_TERM_GRACE_SECONDS)
+        # checkpoint's event is how the caller can tell where it stopped). Its own session keeps
+        # the terminal's Ctrl-C from it: it is passed on as SIGINT, so the run records a user's
+        # interrupt, not a preemption.
+        child.stop(_TERM_GRACE_SECONDS, signal.SIGINT if isinstance(err, KeyboardInterrupt) else signal.SIGTERM)
         with contextlib.suppress(Exception):
             child.follow(lambda line: _dispatch(line, on_line))
         raise

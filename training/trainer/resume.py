@@ -127,9 +127,10 @@ class ResumeBook:
         entry = AttemptRecord(resumed_from=self.resumed_step, steps_lost=steps_lost, seconds_lost=seconds_lost,
                               startup_seconds=time.time() - self.spawn_time)
         records = append_attempt(self.run_dir / "attempts.jsonl", entry) if self.rank == 0 else [entry]
-        # A tuning trial's pauses at its rungs are planned stops, not preemptions.
-        pauses = sum(1 for e in records if e.paused_at is not None)
-        entries = [e for e in records if e.paused_at is None]
+        # A tuning trial's pauses at its rungs are planned stops, and a user's interrupts are
+        # their own: neither is a preemption, nor a cost of running on spot.
+        pauses = sum(1 for e in records if e.paused_at is not None or e.interrupted_at is not None)
+        entries = [e for e in records if e.paused_at is None and e.interrupted_at is None]
         progress.resumed_from_steps = [e.resumed_from for e in entries if e.resumed_from is not None]
         progress.steps_lost = sum(e.steps_lost for e in entries)
         progress.seconds.lost = sum(e.seconds_lost for e in entries)
@@ -266,13 +267,15 @@ class Heartbeat:
 
 class AttemptRecord(BaseModel):
     """One line of attempts.jsonl: a process that started training (what it resumed from, what
-    the attempt before it lost), or a planned pause at a tuning rung (`paused_at`)."""
+    the attempt before it lost), a planned pause at a tuning rung (`paused_at`), or a stop the
+    user asked for (`interrupted_at`: Ctrl-C, not a spot reclaim)."""
 
     resumed_from: int | None = None
     steps_lost: int = 0
     seconds_lost: float = 0.0
     startup_seconds: float = 0.0
     paused_at: int | None = None
+    interrupted_at: int | None = None
 
 
 def append_attempt(path: Path, entry: AttemptRecord) -> list[AttemptRecord]:

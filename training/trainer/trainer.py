@@ -44,7 +44,7 @@ from training.trainer.events import CheckpointSaved, ChildEvent, RankDone, Resum
 from training.trainer.job import TrainJob, train_fingerprint
 from training.trainer.precision import autocast_dtype, resolve_device, resolve_precision
 from training.trainer.results import Validation
-from training.trainer.resume import ResumeBook
+from training.trainer.resume import AttemptRecord, ResumeBook, append_attempt
 from training.trainer.rng import capture_rng, configure_determinism, seed_everything
 from training.trainer.state import TrainState
 from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
@@ -418,6 +418,8 @@ class Trainer:
             except RetrainError as err:
                 log.error("emergency checkpoint stayed local: %s", err)
         self._release(batches)
+        if self.stop.reason == "SIGINT" and self.rank == 0:  # Ctrl-C: the user's stop, not a reclaim
+            append_attempt(self.run_dir / "attempts.jsonl", AttemptRecord(interrupted_at=self.state.progress.step))
         if self.world_size > 1:
             dist.barrier()  # nobody exits (and makes torchrun kill the rest) before rank 0 wrote
         raise Preempted(f"stopped at step {self.state.progress.step}: "

@@ -166,7 +166,9 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
                 raise
             raise _out_of_memory(job, err) from err
     except Preempted as err:
-        logging.getLogger("training").warning("preempted: %s", err)
+        # The parent passes a terminal's Ctrl-C on as SIGINT: the user's stop, not a reclaim.
+        kind = "interrupted" if stop.reason == "SIGINT" else "preempted"
+        logging.getLogger("training").warning("%s: %s", kind, err)
         return EXIT_PREEMPTED
     except RetrainError as err:
         report = ErrorReport(type=type(err).__name__, message=str(err))
