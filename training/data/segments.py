@@ -340,6 +340,17 @@ def stats_file_damage(segment_dir: Path, manifest: SegmentManifest) -> str | Non
     that is not finite, a negative count, a missing array, a row count that is not the
     segment's)."""
     path = segment_dir / STATS_FILE
+    record_path = _verified_record(segment_dir)
+    try:
+        st = path.stat()
+        verified = read_json(record_path) or {}
+    except OSError as err:
+        return f"{path} is unreadable ({err.strerror or err})"
+    except RetrainError:
+        verified = {}
+    stamp = [st.st_size, st.st_mtime_ns]
+    if verified.get(STATS_FILE) == stamp:
+        return None  # checked at this size and mtime before: a reuse costs a stat, as for shards
     try:
         data = path.read_bytes()
     except OSError as err:
@@ -350,7 +361,10 @@ def stats_file_damage(segment_dir: Path, manifest: SegmentManifest) -> str | Non
         problem = stats_damage(parse_stats_arrays(data), train_rows=manifest.rows.get("train"))
     except StatsDamage as err:
         problem = str(err)
-    return None if problem is None else f"{path}: {problem} (damaged or tampered with)"
+    if problem is not None:
+        return f"{path}: {problem} (damaged or tampered with)"
+    _write_record(record_path, {**verified, STATS_FILE: stamp})
+    return None
 
 
 def read_stats(segment_dir: Path, manifest: SegmentManifest, categorical: int, regression: bool) -> SegmentStats:
@@ -405,21 +419,22 @@ def first_damage(segment_dir: Path, shards: list[ShardInfo]) -> str | None:
             return str(err)
         finally:
             reader.close()
-    if current != verified:
-        try:
-            write_json_atomic(record_path, current)
-        except OSError:
-            pass  # a read-only root: verified again next time
+    if any(verified.get(name) != stamp for name, stamp in current.items()):
+        _write_record(record_path, {**verified, **current})
     return None
+
+
+def _write_record(record_path: Path, stamps: dict[str, Any]) -> None:
+    try:
+        write_json_atomic(record_path, stamps)
+    except OSError:
+        pass  # a read-only root: verified again next time
 
 
 def record_verified(segment_dir: Path) -> None:
     """Record the segment's shards as verified at their current size and mtime."""
-    stamps = {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in segment_dir.glob("*.tar")}
-    try:
-        write_json_atomic(_verified_record(segment_dir), stamps)
-    except OSError:
-        pass  # verified again at the next reuse
+    files = [*segment_dir.glob("*.tar"), *([segment_dir / STATS_FILE] if (segment_dir / STATS_FILE).exists() else [])]
+    _write_record(_verified_record(segment_dir), {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in files})
 
 
 def forget_verification(segment_dir: Path) -> None:
