@@ -64,6 +64,10 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_predict.py::test_the_export_loads_without_the_project",  # a fresh interpreter
     "test_plan.py::test_the_memory_estimate_matches_a_measured_cpu_step",  # a measuring child
     "test_incremental.py::test_retrain_when_drift",  # the train stage's training process
+    "test_threads.py::test_a_real_burner_is_counted",  # a CPU-burning process
+    "test_loader.py::test_workers_deliver_the_single_process_order",  # DataLoader worker processes
+    "test_loop.py::test_workers_change_nothing_but_speed",  # DataLoader worker processes
+    "test_throughput.py::test_the_worker_probe_measures_real_workers",  # DataLoader worker processes
 )
 
 
@@ -104,8 +108,11 @@ def unit_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
         raise _NoProcessInUnitTests(f"{request.node.nodeid} is in the unit tier, which starts no process: add it "
                                     "to _NOT_UNIT in tests/conftest.py, or mark it slow")
 
+    import multiprocessing.process
+
     monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
     monkeypatch.setattr(os, "fork", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)  # DataLoader workers too
 
 
 @pytest.fixture(scope="session")
