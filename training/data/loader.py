@@ -338,8 +338,10 @@ class MixedBatches:
         new_manifest = manifest.restricted_to(keys & new_keys)
         old_manifest = manifest.restricted_to(keys - new_keys)
         new_total = sum(s.rows for s in new_manifest.shards_of("train"))
-        share = new_total / max(1, sum(s.rows for s in manifest.shards_of("train")))
-        self.new_rows = min(new_total, batch_size - 1, max(1, round(batch_size * min(0.9, share * weight))))
+        old_total = sum(s.rows for s in old_manifest.shards_of("train"))
+        share = new_total / max(1, new_total + old_total)
+        wanted = max(1, round(batch_size * min(0.9, share * weight)), batch_size - old_total)  # each part fits its rows
+        self.new_rows = min(new_total, batch_size - 1, wanted)
         self.new = ShardBatches(dataset_dir, new_manifest, "train", self.new_rows, transform, seed=seed,
                                 cache_bytes=cache_bytes // 2)
         self.old = ShardBatches(dataset_dir, old_manifest, "train", batch_size - self.new_rows, transform, seed=seed,

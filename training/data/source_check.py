@@ -6,7 +6,6 @@ defaults (the demo's columns) are not in the file, the columns inferred from the
 from __future__ import annotations
 
 import difflib
-import logging
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -19,8 +18,6 @@ from training.data.validation import FeatureValidator
 from training.errors import DataError
 
 __all__ = ["InferredColumns", "check_source_columns", "checked_source", "infer_columns", "source_schema"]
-
-log = logging.getLogger(__name__)
 
 LONG_TEXT_CHARS = 40  # strings longer than this on average are free text, not categories
 FEATURE_KEYS = ("numeric", "categorical", "vector", "text", "image")

@@ -164,13 +164,15 @@ class Trainer:
     def _train_batches(self, batch_size: int, cache_bytes: int) -> TrainBatches:
         """The train split's batches; a warm start's mix the segments new since the champion
         into every batch, with old ones replayed (`MixedBatches`)."""
-        new = set(self.job.new_segments or ())
         keys = {s.key for s in self.manifest.segments}
-        if new & keys and keys - new:
+        new = set(self.job.new_segments or ()) & keys
+        new_train = self.manifest.restricted_to(new).shards_of("train") if new else []
+        old_train = self.manifest.restricted_to(keys - new).shards_of("train") if new else []
+        if new_train and old_train:  # both parts hold train rows (a split key may send a file elsewhere)
             mixed = MixedBatches(self.dataset_dir, self.manifest, new, batch_size, self.transform, self.tc.seed,
                                  cache_bytes, self.tc.new_data_weight)
             log.info("warm start: %d of every %d rows from the %d segment(s) new since the champion", mixed.new_rows,
-                     batch_size, len(new & keys))
+                     batch_size, len(new))
             return mixed
         return ShardBatches(self.dataset_dir, self.manifest, "train", batch_size, self.transform, seed=self.tc.seed,
                             cache_bytes=cache_bytes)
