@@ -10,7 +10,7 @@ from training.config import RetrainConfig
 from training.errors import Preempted
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.train_stage import train_stage
-from training.trainer.events import CheckpointSaved, ChildEvent, Validated
+from training.trainer.events import CheckpointSaved, ChildEvent, Started, Validated
 from training.trainer.results import TrainResult
 
 __all__ = ["train_model"]
@@ -36,7 +36,12 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     def log_event(event: ChildEvent) -> None:
         if isinstance(event, CheckpointSaved):
             saved[:] = [event]
-        if isinstance(event, Validated):
+        if isinstance(event, Started):  # the job's effective budget (a warm start's is its own)
+            progress.max_steps = event.max_steps
+            where = f"from step {event.step}, " if event.step else ""
+            logger.info("training %sup to %d steps, a progress line every %d steps", where, event.max_steps,
+                        event.validate_every)
+        elif isinstance(event, Validated):
             progress.update(event.step)
             now, step = time.monotonic(), event.step
             if not first:
@@ -49,8 +54,7 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         else:
             forward_child_event(logger, event)
 
-    logger.info("starting the training process: up to %d steps, a progress line every %d steps",
-                config.train.max_steps, config.train.for_train_rows(packed.rows["train"]).validate_every)
+    logger.info("starting the training process")
     try:
         trained = train_stage(config, packed, prep, log_event, champion_val_metric)
     except Preempted:
@@ -64,7 +68,7 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
             logger.warning("stopped by %s%s; the rescheduled flow run resumes from it", type(err).__name__,
                            _where(saved))
         raise
-    progress.update(config.train.max_steps)  # finished, whether completed or stopped early
+    progress.update(progress.max_steps)  # finished, whether completed or stopped early
     if trained.already_complete:
         logger.info("run %s was already complete: nothing to train", trained.run_key)
     return trained

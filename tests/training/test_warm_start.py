@@ -165,3 +165,18 @@ def test_a_short_warm_start_learns_the_new_rows(tmp_path: Path, demo_source: Pat
     # Flipping also moves the base rate (15 % clicks become 85 %), which lifts every score: the
     # ranking of the rows by their original label is what the flipped labels must undo.
     assert roc_auc(y, flip) < roc_auc(y, same) - 0.01, (roc_auc(y, flip), roc_auc(y, same))
+
+
+def test_the_effective_step_budget_reaches_the_task_from_the_job(small_config: RetrainConfig) -> None:
+    """A warm start trains its own budget (scaled to what is new), not train.max_steps: the
+    child's Started event carries the job's, which the task's progress and log lines read."""
+    from training.trainer.events import Started
+
+    _run(small_config)
+    small_config.train.init_from, small_config.train.max_steps = "champion", 200
+    packed = pack_stage(small_config)
+    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess.model_dump(), small_config.storage.root)
+    events: list[object] = []
+    warm = train_stage(small_config, packed, prep, events.append)
+    (started,) = [e for e in events if isinstance(e, Started)]
+    assert warm.warm_start.used and started.max_steps == warm.steps < small_config.train.max_steps

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from training.trainer.results import Validation
 
 __all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "JobOrder", "LogLine", "Paused", "RankDone",
-           "Resumed", "Validated", "read_event"]
+           "Resumed", "Started", "Validated", "read_event"]
 
 
 class _Event(BaseModel):
@@ -37,6 +37,16 @@ class Validated(_Event):
     @property
     def value(self) -> float:
         return self.validation[self.metric]
+
+
+class Started(_Event):
+    """The loop starts (or resumes): the step it starts from and the run's effective step budget
+    (a warm start's, a tuning trial's or a plan's calibration's, as the job carries it)."""
+
+    event: Literal["started"] = "started"
+    step: int
+    max_steps: int
+    validate_every: int
 
 
 class CheckpointSaved(_Event):
@@ -99,7 +109,7 @@ class Idle(_Event):
     event: Literal["idle"] = "idle"
 
 
-ChildEvent = Annotated[Union[Validated, CheckpointSaved, Resumed, Paused, RankDone, Done, LogLine, ErrorReport, Idle],
+ChildEvent = Annotated[Union[Started, Validated, CheckpointSaved, Resumed, Paused, RankDone, Done, LogLine, ErrorReport, Idle],
                        Field(discriminator="event")]
 _ADAPTER: TypeAdapter[ChildEvent] = TypeAdapter(ChildEvent)
 

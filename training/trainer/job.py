@@ -49,6 +49,12 @@ class TrainJob:
     pause_at: int | None = None  # tuning: stop with a checkpoint at this validated step (a rung)
     count_variants: bool = False  # plan's calibration: also count the bf16 and checkpointed steps (step_cost)
 
+    @property
+    def max_steps(self) -> int:
+        """The run's effective step budget: a warm start's, a tuning trial's or a plan's
+        calibration's is set once, on the job's own config; everything after reads it here."""
+        return self.config.train.max_steps
+
     def to_json(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "config"}
         return {**data, "config": self.config.model_dump(mode="json")}

@@ -40,7 +40,7 @@ from training.trainer.checkpoint import (
     CheckpointManifest,
     CheckpointSchedule,
 )
-from training.trainer.events import CheckpointSaved, ChildEvent, RankDone, Resumed, Validated
+from training.trainer.events import CheckpointSaved, ChildEvent, RankDone, Resumed, Started, Validated
 from training.trainer.job import TrainJob, train_fingerprint
 from training.trainer.precision import autocast_dtype, resolve_device, resolve_precision
 from training.trainer.results import Validation
@@ -268,6 +268,7 @@ class Trainer:
         Raises `Preempted` after an emergency checkpoint when asked to stop. What is made of
         the end (the package, result.json, the rung record) is `training.trainer.publish`'s."""
         progress, max_steps = self.state.progress, self.tc.max_steps
+        self.emit(Started(step=progress.step, max_steps=max_steps, validate_every=self.tc.validate_every))
         batches = iter(self.loader)
         self.state.model.train()
         status = progress.stopped or "completed"
