@@ -16,14 +16,15 @@ from prefect.artifacts import (
 from prefect.context import FlowRunContext, TaskRunContext
 from prefect.events import emit_event
 
+from training.config import RetrainConfig
 from training.pipeline.handoffs import Evaluation, TrainingDecision
 
 if TYPE_CHECKING:  # the retrain flow imports this module: no Optuna for it
     from training.pipeline.run_report import RunReport
     from training.tune.study_report import TuneReport
 
-__all__ = ["announce_run_completed", "announce_champion_kept", "publish_decision", "publish_promotion", "publish_report",
-           "publish_tune_report", "TrainingProgress", "PROMOTED_EVENT", "RUN_COMPLETED_EVENT", "CHAMPION_KEPT_EVENT"]
+__all__ = ["announce_run_completed", "announce_champion_kept", "publish_config", "publish_decision", "publish_promotion",
+           "publish_report", "publish_tune_report", "TrainingProgress", "PROMOTED_EVENT", "RUN_COMPLETED_EVENT", "CHAMPION_KEPT_EVENT"]
 
 # Hang an Automation on this (README, "Notify on promotion"): resource id retrain.model.<sha256>.
 PROMOTED_EVENT = "retrain.model.promoted"
@@ -90,6 +91,21 @@ def publish_report(report: RunReport, curves: Path | None) -> None:
     create_table_artifact(rows, key="run-cost", description=f"{cost.instance_type} on {cost.market}; tags {cost.tags}")
     create_markdown_artifact(render_markdown(report, curves, embed=True), key="run-report",
                              description=f"Report of run {report.run_key}")
+
+
+def publish_config(config: RetrainConfig, report: RunReport) -> None:
+    """The config this run used, whole (its deployment's merged with the run's own parameters,
+    a plan's pick applied), with what it cost: the Parameters tab shows only what the run set."""
+    if not in_run():
+        return
+    import yaml
+
+    cost = report.cost
+    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    create_markdown_artifact(
+        f"Run {report.run_key} cost ${cost.total_usd:.6f} on {cost.instance_type} ({cost.market}). "
+        f"The config it ran with, as `retrain run --config` takes it:\n\n```yaml\n{text}```\n",
+        key="effective-config", description="The whole config of this run, and its cost")
 
 
 def _cost_row(item: str, usd: float, gpu_hours: float | None = None, seconds: float | None = None) -> dict[str, Any]:

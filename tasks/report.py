@@ -5,7 +5,7 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.artifacts import announce_champion_kept, announce_run_completed, publish_report
+from tasks.artifacts import announce_champion_kept, announce_run_completed, publish_config, publish_report
 from training.config import RetrainConfig
 from training.pipeline.handoffs import (Evaluation, LaunchPhases, PackResult, PrepResult, StageEnds, StageStates,
                                         TrainingDecision)
@@ -30,6 +30,7 @@ def write_report(
                          decision)
     report = RunReport.read(Path(paths.report))
     publish_report(report, Path(paths.curves) if paths.curves else None)
+    publish_config(config, report)
     announce_run_completed(report, paths.report)
     return paths.report
 

@@ -45,6 +45,7 @@ def test_flow_runs_then_reuses_everything(small_config: RetrainConfig) -> None:
     assert artifacts["training-progress"].data == 100.0
     assert "data:image/png;base64," in artifacts["run-report"].data
     assert "naive run" in artifacts["run-cost"].data
+    assert small_config.storage.root in artifacts["effective-config"].data  # the whole config, not the override
     curves = Path(first["files"]["curves_png"])
     from PIL import Image
 
