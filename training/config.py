@@ -436,7 +436,8 @@ class TrainConfig(_Section):
     init_from: Literal["none", "champion"] = Field(
         "none",
         description="champion: warm-start from the current champion when its architecture and feature "
-        "columns match (it then keeps the champion's preprocessing, its vocabularies grown by new categories); "
+        "columns match (it then keeps the champion's preprocessing, its vocabularies grown by new categories and "
+        "its output layer by new classes); "
         "otherwise a fresh start.", json_schema_extra=COMPUTED)
     warm_steps: int | None = Field(
         None, gt=0, description="Optimizer steps of a warm start. Empty: scaled to the data new since the champion "

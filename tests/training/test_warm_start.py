@@ -180,3 +180,66 @@ def test_the_effective_step_budget_reaches_the_task_from_the_job(small_config: R
     warm = train_stage(small_config, packed, prep, events.append)
     (started,) = [e for e in events if isinstance(e, Started)]
     assert warm.warm_start.used and started.max_steps == warm.steps < small_config.train.max_steps
+
+
+def test_a_warm_start_grows_the_output_layer_by_a_new_class(tmp_path: Path, demo_source: Path) -> None:
+    """Classes grow in production. The champion knows mainstream, niche and premium; a new file
+    adds bargain, which sorts first and so shifts every class index. The warm start keeps the
+    champion (each known class keeps its output row, moved to its new index), starts the new
+    class's row fresh, ranks the old classes exactly as the champion did before it trains, and
+    the run trains and evaluates to the end."""
+    import pyarrow.compute as pc
+
+    from tests.conftest import small_overrides
+    from training.config import load_config
+    from training.data.features import FeatureStats
+    from training.model.network import ModelSchema, build_model, forward_fn
+    from training.model.package import load_package, load_warm_start
+    from training.pipeline.champion import check_champion
+    from training.pipeline.train_stage import build_train_job
+    from training.storage.root import StorageRoot
+
+    table = pq.read_table(demo_source)
+    source = tmp_path / "src"
+    source.mkdir()
+    pq.write_table(table.filter(pc.not_equal(table.column("segment"), "bargain")), source / "day-0.parquet",
+                   row_group_size=2000)
+    multiclass = ["data.task=multiclass", "data.label=segment", "data.vector=[embedding]", "train.max_steps=60",
+                  "train.eval_every=20"]
+    config = load_config(overrides=[*small_overrides(tmp_path / "root", source), *multiclass])
+    champion_run = _run(config)
+    pq.write_table(table.slice(0, 4000), source / "day-1.parquet", row_group_size=2000)
+
+    config.train.init_from = "champion"
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+    champion = check_champion(StorageRoot.from_config(config), None)
+    assert champion is not None and champion.sha256 == champion_run.model.sha256
+    job, warm = build_train_job(config, packed, prep, champion)
+    assert warm.used and "new classes ['bargain']" in warm.reason, warm.reason
+    old_model, old_stats, _ = load_package(champion.package, None)
+    grown = FeatureStats.from_json(Path(job.stats_path).read_text())
+    assert old_stats.classes == ["mainstream", "niche", "premium"]
+    assert grown.classes == ["bargain", "mainstream", "niche", "premium"] and job.init_classes == old_stats.classes
+
+    new_model = build_model(config.model, ModelSchema.of(grown))
+    load_warm_start(new_model, Path(job.init_weights or ""), job.init_sha256, job.init_classes, grown.classes)
+    rows = table.slice(0, 512)
+    num = np.stack([rows.column(c).to_numpy().astype(np.float32) for c in config.data.numeric], axis=1)
+    cat = np.stack([category_hash(rows.column(c).combine_chunks()) for c in config.data.categorical], axis=1)
+    vec = np.stack(rows.column("embedding").to_numpy(zero_copy_only=False)).astype(np.float32)
+    logits = []
+    for model, stats in ((old_model, old_stats), (new_model, grown)):
+        x_num, x_cat = stats.transformer()(num, cat)
+        model.eval()
+        with torch.no_grad():
+            logits.append(forward_fn(model)({"num": torch.from_numpy(x_num), "cat": torch.from_numpy(x_cat),
+                                             "vec": torch.from_numpy(vec)}))
+    old, new = logits
+    # The old classes' logits are the champion's, in their new places: their ranking is unchanged.
+    assert torch.allclose(new[:, 1:], old, atol=1e-6)
+
+    warm_run = _run(config)
+    assert warm_run.warm_start.used and warm_run.model is not None
+    _, trained_stats, _ = load_package(Path(warm_run.run_dir) / "model", None)
+    assert trained_stats.classes == grown.classes

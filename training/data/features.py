@@ -490,7 +490,9 @@ def grown_for_warm_start(champion: FeatureStats, dataset_dir: Path, manifest: Da
     grown by the categories this dataset's train split adds, most frequent first, up to
     `preprocess.max_vocab`. A new category's index comes after every old one, so the champion's
     weights load as they are, plus fresh rows (`training.model.package.load_warm_start`). The
-    drift reference describes this dataset: the model is trained on it."""
+    classes are this dataset's (a warm start may add classes, never drop one; the output layer's
+    rows are moved to them by value). The drift reference describes this dataset: the model is
+    trained on it."""
     merged = dataset_stats(dataset_dir, manifest)
     vocab = []
     for old, counts in zip(champion.vocab, merged.categories, strict=True):
@@ -498,6 +500,6 @@ def grown_for_warm_start(champion: FeatureStats, dataset_dir: Path, manifest: Da
         known = set(old)
         new = [h for h in _vocabulary(counts.values, counts.counts, config) if h not in known] if room > 0 else []
         vocab.append([*old, *new[:max(room, 0)]])
-    return replace(champion, vocab=vocab, segments=[s.key for s in manifest.segments],
+    return replace(champion, vocab=vocab, classes=list(manifest.classes), segments=[s.key for s in manifest.segments],
                    drift=drift_reference(merged, list(manifest.numeric), list(manifest.categorical))
                    .model_dump(mode="json"))

@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -104,16 +106,44 @@ def export_model_package(out_dir: Path, state_dict: dict[str, torch.Tensor], con
     return ModelRef(uri=str(out_dir / "model.pt"), sha256=sha, meta_sha256=meta_sha256(out_dir))
 
 
-def load_warm_start(model: torch.nn.Module, weights: Path, sha256: str | None) -> None:
-    """Load a champion's weights into `model`, refusing weights that do not match their hash."""
+def load_warm_start(model: torch.nn.Module, weights: Path, sha256: str | None,
+                    champion_classes: list[Any] | None = None, classes: list[Any] | None = None) -> None:
+    """Load a champion's weights into `model`, refusing weights that do not match their hash.
+    `champion_classes` and `classes`: a multiclass champion's classes and this model's, where
+    this dataset added some (`_grown_head`)."""
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unreadable file is the same user-facing problem
         raise CheckpointError(f"warm start: cannot load {weights} ({err})") from None
     if sha256 is not None and weights_sha256(state) != sha256:
         raise CheckpointError(f"warm start: {weights} does not match the champion's sha256 (corrupted)")
-    model.load_state_dict(_grown_embeddings(state, model.state_dict()))
+    target = model.state_dict()
+    state = _grown_embeddings(state, target)
+    if champion_classes is not None and classes is not None and champion_classes != classes:
+        state = _grown_head(state, champion_classes, classes)
+    model.load_state_dict(state)
     log.info("warm start from %s", weights)
+
+
+def _grown_head(state: dict[str, torch.Tensor], champion_classes: list[Any],
+                classes: list[Any]) -> dict[str, torch.Tensor]:
+    """The champion's output layer for a model whose classes grew. Each class the champion knew
+    keeps its row, moved to that class's index (a dataset's classes are sorted, so a new class
+    shifts those after it). A new class's row starts at zero weights and a bias of the
+    log-mean-exp of the champion's biases: before training, on rows where the champion's logits
+    sit near their biases, it gets about a class's share of the probability, and the ratios
+    between the old classes' probabilities (so their ranking) are exactly the champion's."""
+    weight, bias = state.get("head.weight"), state.get("head.bias")
+    if weight is None or bias is None or weight.shape[0] != len(champion_classes):
+        raise CheckpointError("warm start: the champion's output layer does not match its classes")
+    at = {c: i for i, c in enumerate(champion_classes)}
+    start = torch.logsumexp(bias, 0) - math.log(len(champion_classes))
+    rows, biases = [], []
+    for c in classes:
+        i = at.get(c)
+        rows.append(weight[i] if i is not None else torch.zeros_like(weight[0]))
+        biases.append(bias[i] if i is not None else start)
+    return {**state, "head.weight": torch.stack(rows), "head.bias": torch.stack(biases)}
 
 
 def _grown_embeddings(state: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

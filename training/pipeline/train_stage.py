@@ -84,13 +84,30 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None,
             manifest is not None and not compatible(stats, manifest)):
         return None, "the champion's feature columns differ from this run's data.* columns: fresh start"
     other = other_target(stats, manifest) if manifest is not None else None
-    if other is not None:
+    added = _added_classes(config, stats, manifest) if other is not None else []
+    if other is not None and not added:
         return None, f"the champion predicts something else ({other}): fresh start"
+    grown = f", its output layer grown by the new classes {added}" if added else ""
     return (
         WarmStartPlan(weights=str(package / "model.pt"), sha256=champion.sha256, stats=meta.feature_stats),
         f"warm start from champion {champion.sha256[:12]} with its feature statistics, its vocabularies grown "
-        "by this dataset's new categories",
+        f"by this dataset's new categories{grown}",
     )
+
+
+def _added_classes(config: RetrainConfig, stats: FeatureStats, manifest: DatasetManifest | None) -> list[Any]:
+    """The classes this dataset adds to a multiclass champion's, when it only adds some (none
+    dropped, same task and label): the built-in model's output layer grows by them, as its
+    embeddings grow by new categories. Empty when the champion cannot be grown into this model."""
+    from training.model.evaluation import other_target
+    if (manifest is None or config.model.factory is not None or manifest.task != "multiclass"
+            or other_target(stats, manifest, classes_may_differ=True) is not None):
+        return []
+    dataset = set(manifest.classes)
+    if not set(stats.classes) < dataset:
+        return []
+    known = set(stats.classes)
+    return [c for c in manifest.classes if c not in known]
 
 
 def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult, champion: Champion | None,
@@ -108,13 +125,14 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                         "ran; rerun the flow (preprocessing refits them)")
     manifest = require_manifest(Path(packed.dataset_dir))
     warm, warm_reason = warm_start_plan(config, champion, manifest)
-    init_sha, new_segments = None, None
+    init_sha, new_segments, init_classes = None, None, None
     if warm is not None:
         # Embedding rows and input scaling must mean what they meant for the champion: the
         # warm-started model keeps the champion's preprocessing, its vocabularies grown by this
         # dataset's new categories (the built-in model; a user's model keeps them as they are).
         init_sha = warm.sha256
         stats = FeatureStats(**warm.stats)
+        init_classes = list(stats.classes) if stats.classes != manifest.classes else None
         seen = set(stats.segments)
         new_segments = [s.key for s in manifest.segments if s.key not in seen] if seen else None
         tc = config.train
@@ -140,6 +158,7 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         run_key=run_key, run_dir=str(root.path(rel)), run_rel=rel,
         dataset_dir=packed.dataset_dir, stats_path=str(stats_path), config=config,
         init_weights=warm.weights if warm else None, init_sha256=init_sha, new_segments=new_segments,
+        init_classes=init_classes,
         rate_per_hour=rate, gpus=gpus,
         pre_train_seconds=packed.seconds + prep.seconds,
         champion_val_metric=champion_val_metric if config.budget.champion_gate else None,

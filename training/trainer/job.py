@@ -41,6 +41,7 @@ class TrainJob:
     init_weights: str | None = None  # warm start: weights file of the champion
     init_sha256: str | None = None  # ... and the sha256 its weights must have
     new_segments: list[str] | None = None  # warm start: the segments new since the champion (mixed into every batch)
+    init_classes: list[Any] | None = None  # warm start: the champion's classes, where this dataset adds some
     rate_per_hour: float = 0.0  # $/h of the machine, for budgets
     gpus: int = 0
     pre_train_seconds: float = 0.0  # pack + preprocess time of this run, counted against budgets

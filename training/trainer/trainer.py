@@ -140,7 +140,8 @@ class Trainer:
             log.info("resuming from %s (step %d)", self.book.resumed_from, self.state.progress.step)
             self.emit(Resumed(step=self.state.progress.step, checkpoint=str(self.book.resumed_from)))
         elif self.job.init_weights is not None:
-            load_warm_start(self.state.model, Path(self.job.init_weights), self.job.init_sha256)
+            load_warm_start(self.state.model, Path(self.job.init_weights), self.job.init_sha256,
+                            self.job.init_classes, self.stats.classes)
         self.book.account(self.state.progress)
 
     def _decide_layout(self) -> None:
