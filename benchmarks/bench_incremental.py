@@ -10,7 +10,12 @@ each is timed without Prefect's fixed start-up, on both sides of every ratio:
   scratch on all 31 days (a fresh root: packing everything, training train.max_steps): wall
   time and test AUC;
 - train.retrain_when: drift on no new data, and on a 32nd day like the others: wall time against
-  that run from scratch.
+  that run from scratch;
+- re-verification: the pack stage's seconds on the runs with nothing new (the 2nd, 3rd, ... run
+  on the same data), and how many shards' size and mtime no longer match their verification
+  record after each run (each such shard is hashed again on the next run);
+- a source of 2,000 files of 10 rows: the first pack, and the pack of reruns with nothing new,
+  which should cost about a listing and a stat per file.
 """
 
 from __future__ import annotations
@@ -70,6 +75,49 @@ def _pipeline(config: RetrainConfig) -> dict[str, Any]:
     names = ("pack", "decide", "preprocess", "train", "evaluate")
     out["stages"] = {name: round(b - a, 2) for name, a, b in zip(names, marks, marks[1:], strict=False)}
     return out
+
+
+def _stale_stamps(root: Path) -> tuple[int, int]:
+    """(shards whose size or mtime differs from their verification record, shards in all) under
+    a root's segments: each stale one is hashed again by the next run's pack stage."""
+    import json
+
+    stale = total = 0
+    for folder in (root / "datasets" / "segments").iterdir():
+        if not folder.is_dir():
+            continue
+        record_path = folder.with_name(f".{folder.name}.verified.json")
+        record = json.loads(record_path.read_text()) if record_path.exists() else {}
+        for shard in folder.glob("*.tar"):
+            st = shard.stat()
+            total += 1
+            stale += record.get(shard.name) != [st.st_size, st.st_mtime_ns]
+    return stale, total
+
+
+def _many_files(work: Path, files: int = 2000, rows: int = 10, rounds: int = 3) -> dict[str, Any]:
+    """A source of many small files: the first pack, then reruns with nothing new."""
+    from training.pipeline.pack_stage import pack_stage
+
+    full, _ = ensure_demo_dataset(work / "many-gen", rows=files * rows, seed=7)
+    table = pq.read_table(full)
+    source = work / "many-src"
+    source.mkdir()
+    for i in range(files):
+        pq.write_table(table.slice(i * rows, rows), source / f"part-{i:05d}.parquet")
+    config = _config(work / "many-root", source)
+    start = time.perf_counter()
+    first = pack_stage(config)
+    first_seconds = time.perf_counter() - start
+    again = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        rerun = pack_stage(config)
+        again.append(time.perf_counter() - start)
+        assert rerun.segments_packed == 0 and rerun.fingerprint == first.fingerprint
+    return {"many_files": files, "many_rows_per_file": rows, "many_first_pack_seconds": round(first_seconds, 2),
+            "many_nothing_new_pack_seconds": [round(s, 2) for s in again],
+            "many_nothing_new_ms_per_file": round(1000 * statistics.median(again) / files, 3)}
 
 
 def _du(folder: Path) -> int:
@@ -134,6 +182,7 @@ def run(work: Path, days: int = DAYS, day_rows: int = DAY_ROWS, rounds: int = 3)
         os.link(path, source / path.name)
     root = work / "root"
     champion = _pipeline(_config(root, source))
+    stale = [_stale_stamps(root)[0]]
 
     os.link(files[days], source / files[days].name)  # day 31 arrives
     written_before = _du(root / "datasets")
@@ -142,7 +191,12 @@ def run(work: Path, days: int = DAYS, day_rows: int = DAY_ROWS, rounds: int = 3)
     scratch = _pipeline(_config(work / "scratch-root", source))  # everything, from nothing
     share = sum(s.bytes for s in _shards(scratch)) / (days + 1)
 
-    same = [_pipeline(_config(root, source, "train.retrain_when=drift"))["seconds"] for _ in range(rounds)]
+    stale.append(_stale_stamps(root)[0])
+    same_runs = []
+    for _ in range(rounds):
+        same_runs.append(_pipeline(_config(root, source, "train.retrain_when=drift")))
+        stale.append(_stale_stamps(root)[0])
+    same = [r["seconds"] for r in same_runs]
     os.link(files[days + 1], source / files[days + 1].name)  # day 32, like the others
     calm = [_pipeline(_config(root, source, "train.retrain_when=drift")) for _ in range(rounds)]
     full = scratch["seconds"]
@@ -164,12 +218,16 @@ def run(work: Path, days: int = DAYS, day_rows: int = DAY_ROWS, rounds: int = 3)
         "scratch_test_auc": round(scratch["evaluation"].metrics["auc"], 4),
         "warm_minus_scratch_test_auc": round(warm["evaluation"].metrics["auc"] - scratch["evaluation"].metrics["auc"], 4),
         "no_new_data_seconds": [round(s, 2) for s in same],
+        "no_new_data_pack_seconds": [r["stages"]["pack"] for r in same_runs],
+        "shards": _stale_stamps(root)[1],
+        "stale_verification_stamps_after_each_run": stale,
         "no_new_data_over_scratch": round(statistics.median(same) / full, 4),
         "no_drift_day32_seconds": [round(c["seconds"], 2) for c in calm],
         "no_drift_day32_over_scratch": round(statistics.median(c["seconds"] for c in calm) / full, 4),
         "no_drift_day32_trained": [c["decision"].train for c in calm],
         "no_drift_day32_reason": calm[0]["decision"].reason,
         "no_drift_day32_max_psi": round(max(calm[0]["decision"].drift.values(), default=0.0), 4),
+        **_many_files(work),
     }
 
 

@@ -45,6 +45,7 @@ class DatasetStore:
         self.root = root
         self._remote_listing: dict[str, int] | None = None  # rel -> size under datasets/segments/
         self.uploaded_bytes = 0
+        self._segments_root: Path | None = None
 
     def local_root(self) -> Path:
         path = self.root.path("datasets")
@@ -52,9 +53,13 @@ class DatasetStore:
         return path
 
     def segments_root(self) -> Path:
-        path = self.root.path(SEGMENTS)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        # Resolved once per store: it is asked once per segment, and a check that the path stays
+        # inside the root resolves every link on it.
+        if self._segments_root is None:
+            path = self.root.path(SEGMENTS)
+            path.mkdir(parents=True, exist_ok=True)
+            self._segments_root = path
+        return self._segments_root
 
     # -- the source index ---------------------------------------------------------------------
 

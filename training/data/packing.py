@@ -173,7 +173,9 @@ def _manifest(source: str, segments: list[SegmentManifest], files: list[SourceFi
     dims = _vector_dims(segments, config)
     keys = [s.key for s in segments]
     fp = dataset_fingerprint(keys, config)
-    keys_of = {f.name: [s.key for s in segments if s.source == f.name] for f in files}
+    keys_of: dict[str, list[str]] = {f.name: [] for f in files}
+    for seg in segments:  # one pass: a source of thousands of files is common
+        keys_of.setdefault(seg.source, []).append(seg.key)
     manifest = DatasetManifest(
         fingerprint=fp, format_version=SEGMENT_FORMAT, label=config.label, numeric=list(config.numeric),
         categorical=list(config.categorical), rows=rows, positives=positives,
