@@ -12,7 +12,7 @@ from tasks.evaluate import evaluate_model, score_champion
 from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block, backoff
 from tasks.preprocess import preprocess_dataset
-from tasks.report import StageEnds, StageStates, keep_champion, write_report
+from tasks.report import StageEnds, StageStates, finished, keep_champion, write_report
 from tasks.runtime import check_restarts, effective_config, flow_run_id, flow_run_name, one_writer_per_root
 from tasks.train import train_model
 from training.config import RetrainConfig
@@ -48,4 +48,5 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
         ended.evaluate = time.time()
         states = StageStates(pack="Completed", preprocess=str(prep_state.name), train=str(train_state.name),
                              evaluate="Completed")
-        return write_report(config, packed, prep, trained, evaluation, states, flow_run_id(), ended, decision)
+        report = write_report(config, packed, prep, trained, evaluation, states, flow_run_id(), ended, decision)
+        return finished(trained, report)  # type: ignore[return-value]  # a State: Prefect returns its data

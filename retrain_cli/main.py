@@ -46,8 +46,6 @@ def _choose_server(config: RetrainConfig) -> tuple[str | None, TemporaryServer |
       folder (`<root>/prefect/server.db`), not in ~/.prefect shared with everything else: the
       run's history stays with its data.
     """
-    # Offline machines: telemetry errors otherwise.
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from prefect.settings import get_current_settings
 
     settings = get_current_settings()
@@ -111,7 +109,6 @@ def _join(args: argparse.Namespace) -> int:
 def _automations(args: argparse.Namespace) -> int:
     from retrain_cli.automations import install_automations
 
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     install_automations(args.dir, lambda line: print(line, flush=True))
     return 0
 

@@ -142,7 +142,6 @@ class TemporaryServer:
             "PREFECT_UI_ENABLED": "0",
             "PREFECT__SERVER_EPHEMERAL": "1",  # as Prefect's own temporary server: no background services
             "PREFECT__SERVER_FINAL": "1",
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             "PREFECT_SERVER_DATABASE_CONNECTION_URL": self.database_url,
         }
         env.pop("PREFECT_API_URL", None)

@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 from prefect import task
+from prefect.states import Completed, State
 
 from tasks.artifacts import announce_champion_kept, announce_run_completed, publish_config, publish_report
 from training.config import RetrainConfig
@@ -13,7 +14,7 @@ from training.pipeline.report_stage import kept_report_stage, report_stage
 from training.pipeline.run_report import RunReport
 from training.trainer.results import TrainResult
 
-__all__ = ["StageEnds", "StageStates", "keep_champion", "write_report"]  # the flow records both for the report
+__all__ = ["StageEnds", "StageStates", "finished", "keep_champion", "write_report"]  # the flow records both for the report
 
 
 @task(name="report")
@@ -42,3 +43,13 @@ def keep_champion(config: RetrainConfig, packed: PackResult, decision: TrainingD
     path = kept_report_stage(config, packed, decision, flow_run_id)
     announce_champion_kept(decision, path)
     return path
+
+
+def finished(trained: TrainResult, report_path: str) -> str | State:
+    """The flow's end: the report's path, and where a budget stopped training, a Completed state
+    whose message says so. The UI lists state messages beside runs, and a run the budget cut
+    short must not look like a full one."""
+    if trained.status != "budget_stopped":
+        return report_path
+    return Completed(message=f"budget stopped at step {trained.steps}: {trained.stop_reason}; the model is the best "
+                     f"validated before the stop (report: {report_path})", data=report_path)

@@ -54,3 +54,38 @@ def test_a_newcomers_own_file_trains_with_one_command(tmp_path: Path, prefect_se
     assert out.returncode == 0, out.stderr[-3000:]
     assert "--set data.numeric=[x1, x2] --set data.categorical=[]" in out.stderr
     assert "champion    PROMOTED" in out.stdout and out.stdout.strip().endswith("report.json")
+
+
+@pytest.mark.parametrize("through_cli", [False, True], ids=["prefect-alone", "retrain"])
+def test_no_telemetry_notice_in_a_terminal(tmp_path: Path, through_cli: bool) -> None:
+    """Prefect prints a usage-data notice the first time it is imported in a terminal. The
+    `retrain` command turns Prefect's usage data off for what it starts, so a newcomer's first
+    command shows no notice about a server they never started. Without the command's package,
+    the same terminal shows it: the check can see it."""
+    import os
+    import pty
+
+    from prefect._internal.analytics import ci_detection
+
+    # Prefect stays quiet on CI machines; the check runs as on a newcomer's laptop.
+    ci = set(getattr(ci_detection, "CI_ENV_VARS", ())) | {"CI", "GITHUB_ACTIONS", "GITLAB_CI", "BUILDKITE"}
+    env = {k: v for k, v in os.environ.items() if k != "DO_NOT_TRACK" and k not in ci}
+    env["PREFECT_HOME"] = str(tmp_path / "home")  # a first run: no marker of an earlier notice
+    code = ("import retrain_cli.main; " if through_cli else "") + "import prefect; print('imported')"
+    main, child = pty.openpty()  # a terminal: Prefect shows the notice only in one
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=child, stdout=child, stderr=child, env=env)
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(main)
+    assert proc.wait(timeout=120) == 0, out
+    text = out.decode(errors="replace")
+    assert "imported" in text
+    assert ("anonymous usage data" in text) is not through_cli, text

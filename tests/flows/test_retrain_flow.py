@@ -465,3 +465,16 @@ def test_the_plan_flow_puts_its_ranked_table_in_the_ui(small_config: RetrainConf
     gpu = next(r for r in table if r["instance"] == "g5.xlarge" and r["market"] == "spot")
     assert gpu["fits"] == "yes" and gpu["step time"].startswith("predicted: A10G") and "(" in gpu["ms/step"]
     assert "local-cpu (on_demand" in artifacts["plan-recommendation"].data
+
+
+def test_a_budget_stop_is_in_the_flow_runs_state_message(small_config: RetrainConfig) -> None:
+    """A run the budget cut short ends Completed, as it should (its model is usable), and its
+    state message says the budget stopped it: the UI shows that beside the run."""
+    small_config.train.max_steps = 100_000
+    small_config.train.patience = 0
+    small_config.budget.max_wall_seconds = 1.0  # pack and preprocess count too: over at the first validation
+    state = retrain(small_config, return_state=True)
+    report = _report(state.result())
+    assert report["status"] == "budget_stopped" and state.is_completed()
+    assert state.message is not None and state.message.startswith(f"budget stopped at step {report['steps']}:")
+    assert "budget.max_wall_seconds" in state.message and state.result() in state.message
