@@ -333,6 +333,14 @@ def _tune(args: argparse.Namespace) -> int:
     if not config.tune.space:
         raise ConfigError("tune.space is empty: add a tune: section to the config, e.g. tune: {space: "
                           "{train.optim.lr: 'loguniform(1e-4, 1e-2)'}, max_trials: 20, max_usd: 10}")
+    if config.train.eval_every != "auto":  # auto: checked once the data is packed
+        from training.search_space import SpaceError
+        from training.tune.rungs import check_rungs
+
+        try:
+            check_rungs(config)
+        except SpaceError as err:
+            raise ConfigError(str(err)) from None
 
     def load() -> Callable[[RetrainConfig], str]:
         from flows.tune import tune

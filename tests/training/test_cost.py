@@ -82,7 +82,7 @@ def test_price_table_entries_merge_and_are_validated(tmp_path) -> None:
 
 
 def test_shipped_price_table_is_sourced_and_sane() -> None:
-    from training.cost.prices import DEFAULT_PRICES, PRICE_SOURCE
+    from training.config.prices import DEFAULT_PRICES, PRICE_SOURCE
 
     assert "skypilot-catalog" in PRICE_SOURCE and "2026" in PRICE_SOURCE
     for name, entry in DEFAULT_PRICES.items():

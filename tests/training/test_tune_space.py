@@ -40,15 +40,18 @@ def test_a_bad_space_entry_is_one_line_naming_its_key(tmp_path: Path, space: dic
 
 
 def test_rungs_fit_the_validation_steps(tmp_path: Path) -> None:
+    from training.search_space import SpaceError
+    from training.tune.rungs import check_rungs, rungs
+
     space = {"train.optim.lr": "loguniform(1e-4, 1e-2)"}
-    assert _config(tmp_path, {"space": space, "min_resource": 40}).rungs() == [40, 120, 360]
+    assert rungs(_config(tmp_path, {"space": space, "min_resource": 40})) == [40, 120, 360]
     # Default: max_steps / reduction_factor^2, down to a multiple of eval_every.
-    assert _config(tmp_path, {"space": space}).rungs() == [40, 120, 360]
-    assert _config(tmp_path, {"space": space, "pruner": "none"}).rungs() == [360]
-    with pytest.raises(ConfigError, match=r"tune.min_resource \(50\) must be a multiple of train.eval_every"):
-        _config(tmp_path, {"space": space, "min_resource": 50})
-    with pytest.raises(ConfigError, match="needs at least two rungs"):
-        _config(tmp_path, {"space": space}, {"max_steps": 40})
+    assert rungs(_config(tmp_path, {"space": space})) == [40, 120, 360]
+    assert rungs(_config(tmp_path, {"space": space, "pruner": "none"})) == [360]
+    with pytest.raises(SpaceError, match=r"tune.min_resource \(50\) must be a multiple of train.eval_every"):
+        check_rungs(_config(tmp_path, {"space": space, "min_resource": 50}))
+    with pytest.raises(SpaceError, match="needs at least two rungs"):
+        check_rungs(_config(tmp_path, {"space": space}, {"max_steps": 40}))
 
 
 def test_a_trial_config_carries_its_parameters(tmp_path: Path) -> None:

@@ -76,10 +76,11 @@ def _resolved(config: RetrainConfig, packed: PackResult) -> RetrainConfig:
     rungs are multiples of the validation interval."""
     from training.errors import ConfigError
     from training.search_space import SpaceError
+    from training.tune.rungs import check_rungs
 
     resolved = config.for_train_rows(packed.rows["train"])
     try:
-        resolved.check_rungs()
+        check_rungs(resolved)
     except SpaceError as err:
         raise ConfigError(f"{err} (train.eval_every auto is {resolved.train.validate_every} for this dataset)") from None
     return resolved

@@ -49,6 +49,7 @@ from training.errors import ConfigError
 from training.model.objectives import higher_is_better, metric_for
 from training.search_space import Dimension, parse_space
 from training.storage.root import StorageRoot
+from training.tune.rungs import rungs
 from training.trainer.results import RungResult
 from training.tune.journal import PublishedJournal
 
@@ -152,7 +153,7 @@ class Study:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config, self.tune, self.cost = config, config.tune, cost
-        self.rungs = config.rungs()
+        self.rungs = rungs(config)
         self.dims: list[Dimension] = parse_space(config.tune.space)
         self.key = study_key(config, dataset_fingerprint)
         self.rel = f"{STUDY_DIR}/{self.key}"

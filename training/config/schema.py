@@ -1,26 +1,20 @@
-"""The validated run configuration, how it is loaded, and its fingerprints.
-
-One pydantic model (`RetrainConfig`) is the whole contract: the CLI builds it from YAML plus
-`--set` overrides, and the Prefect flow takes it as its single parameter, so the UI renders a
-form from the same field descriptions. Unknown keys are errors, and every problem is reported
-at once in a single `ConfigError`.
-"""
+"""The run configuration's schema: one pydantic model (`RetrainConfig`) of sections, each field
+with its type, default, description and fingerprint mark. Loading it from YAML and overrides is
+`training.config.loading`; the marks and fingerprints are `training.config.marks`."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from training.config.marks import COMPUTED, COMPUTED_SINCE, FLAT_COMPUTED, OPERATIONAL, computed_before
+from training.config.prices import DEFAULT_PRICES, DEFAULT_STORAGE_PRICES
+from training.config.problems import format_errors
+from training.config.space import check_space
 from training.errors import ConfigError
-from training.search_space import SpaceError, parse_space
-from training.cost.prices import DEFAULT_PRICES, DEFAULT_STORAGE_PRICES
 
 __all__ = [
     "TrackingConfig",
@@ -37,12 +31,10 @@ __all__ = [
     "LifecycleConfig",
     "TuneConfig",
     "RetrainConfig",
-    "load_config",
-    "apply_overrides",
-    "merge_over",
-    "fingerprint",
     "DEMO_NUMERIC",
     "DEMO_CATEGORICAL",
+    "TASK_METRICS",
+    "metric_name",
 ]
 
 # The metrics of each data.task (their code: training.model.objectives), the first one the default.
@@ -62,59 +54,8 @@ DEMO_NUMERIC = ["price", "discount", "rating", "reviews_log", "position", "dwell
 DEMO_CATEGORICAL = ["category", "device", "region", "brand"]
 
 
-# Every field of every section says whether it is part of what a run computes (COMPUTED: it
-# feeds the content address of the dataset, the preprocessing or the run) or only of how it is
-# executed, billed or stored (OPERATIONAL: a change never invalidates finished work). The
-# fingerprints are derived from these marks (`fingerprinted`), and a test fails on a field
-# without one, so a new field cannot silently join or leave a run key.
-COMPUTED: dict[str, Any] = {"fingerprint": True}
-OPERATIONAL: dict[str, Any] = {"fingerprint": False}
-# A computed field added after datasets, caches and runs already exist: left out of the
-# fingerprint while it holds its default, so existing content addresses (and the runs that
-# resume under them) stay what they were; any other value is part of it.
-COMPUTED_SINCE: dict[str, Any] = {"fingerprint": True, "omit_default": True}
-# A computed field whose default changed: left out of the fingerprint while it holds the value
-# that reproduces the code before the change (set explicitly, an earlier run keeps its key); the
-# new default is part of it, so a run on the new default is a new run.
-def computed_before(legacy: Any) -> dict[str, Any]:
-    return {"fingerprint": True, "omit_value": legacy}
-
-
-# A computed section whose fields count as its parent's own: the parent's fingerprint is the
-# one it had before the fields were grouped into the section.
-FLAT_COMPUTED: dict[str, Any] = {"fingerprint": True, "flatten": True}
-
-
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-def is_computed(section: type[BaseModel], name: str) -> bool:
-    """The field's mark; a field without one is a bug (see COMPUTED above)."""
-    extra = section.model_fields[name].json_schema_extra
-    if not isinstance(extra, dict) or not isinstance(extra.get("fingerprint"), bool):
-        raise TypeError(f"{section.__name__}.{name} is not marked COMPUTED or OPERATIONAL")
-    return bool(extra["fingerprint"])
-
-
-def fingerprinted(section: BaseModel) -> dict[str, Any]:
-    """The section's COMPUTED fields as JSON, nested sections reduced the same way."""
-    view: dict[str, Any] = {}
-    for name, info in type(section).model_fields.items():
-        if not is_computed(type(section), name):
-            continue
-        value = getattr(section, name)
-        extra = info.json_schema_extra
-        if isinstance(extra, dict) and extra.get("omit_default") and value == info.get_default(call_default_factory=True):
-            continue
-        if isinstance(extra, dict) and "omit_value" in extra and value == extra["omit_value"]:
-            continue
-        if isinstance(extra, dict) and extra.get("flatten") and isinstance(value, BaseModel):
-            view.update(fingerprinted(value))
-            continue
-        view[name] = fingerprinted(value) if isinstance(value, BaseModel) else (
-            section.model_dump(mode="json", include={name})[name])
-    return view
 
 
 class WindowConfig(_Section):
@@ -413,22 +354,6 @@ class RetryConfig(_Section):
         5, ge=0, description="Times a deployed flow run is started again after its machine was reclaimed or lost (a "
         "SIGTERM reschedule, or the shipped automation rescheduling a crashed run) before it fails.",
         json_schema_extra=OPERATIONAL)
-
-
-# Where each key of the flat train section of earlier versions lives now.
-MOVED_TRAIN_KEYS = {
-    "lr": "optim.lr", "lr_reference_batch": "optim.lr_reference_batch", "weight_decay": "optim.weight_decay",
-    "grad_clip": "optim.grad_clip", "warmup_steps": "schedule.warmup_steps", "checkpoint_every": "checkpoint.every",
-    "mean_seconds_between_preemptions": "checkpoint.mean_seconds_between_preemptions",
-    "keep_last": "checkpoint.keep_last", "spot_notice_url": "checkpoint.spot_notice_url",
-    "spot_poll_seconds": "checkpoint.spot_poll_seconds", "num_workers": "loader.num_workers",
-    "torch_threads": "loader.torch_threads", "loader_cache_mb": "loader.cache_mb",
-    "nproc_per_node": "distributed.nproc_per_node", "nnodes": "distributed.nnodes",
-    "rdzv_endpoint": "distributed.rdzv_endpoint", "rdzv_id": "distributed.rdzv_id",
-    "ddp_bucket_mb": "distributed.bucket_mb", "ddp_timeout_s": "distributed.timeout_s",
-    "max_retries": "retry.max_retries", "retry_delay_seconds": "retry.delay_seconds",
-    "max_restarts": "retry.max_restarts",
-}
 
 
 class TrainConfig(_Section):
@@ -873,7 +798,7 @@ class RetrainConfig(_Section):
         if self.eval.target_auc is not None and (task != "binary" or self.eval.metric not in (None, "auc")):
             raise ValueError("eval.target_auc is the target of the binary auc metric; set eval.target instead")
         if self.tune.space:
-            self._check_space()
+            check_space(self)
         return self
 
     def for_train_rows(self, rows: int) -> RetrainConfig:
@@ -883,7 +808,11 @@ class RetrainConfig(_Section):
     def with_values(self, values: dict[str, Any], origin: str) -> RetrainConfig:
         """This config with each dotted key of `values` set (e.g. a tuning trial's parameters),
         validated; `origin` names where the values come from in an error."""
-        return validate_config({**self._set(values), "tune": self.tune.model_dump(mode="json")}, origin)
+        raw = {**self.raw_with(values), "tune": self.tune.model_dump(mode="json")}
+        try:
+            return type(self).model_validate(raw)
+        except ValidationError as err:
+            raise ConfigError(format_errors(err, origin, type(self))) from None
 
     def value_at(self, key: str) -> Any:
         """The JSON value of a dotted key (e.g. `train.optim.lr`), as `with_values` would set it."""
@@ -892,7 +821,7 @@ class RetrainConfig(_Section):
             node = node[part]
         return node
 
-    def _set(self, values: dict[str, Any]) -> dict[str, Any]:
+    def raw_with(self, values: dict[str, Any]) -> dict[str, Any]:
         """This config as JSON, without its tune section, with each dotted key of `values` set."""
         raw = self.model_dump(mode="json", exclude={"tune"})
         for key, value in values.items():
@@ -903,200 +832,3 @@ class RetrainConfig(_Section):
             node[name] = value
         return raw
 
-    def _check_space(self) -> None:
-        """Every entry of tune.space parses, names a tunable key, and every value of its range
-        makes a valid config; the rungs fit train.eval_every and train.max_steps."""
-        for dim in parse_space(self.tune.space):
-            _check_tunable(self, dim.key)
-            for value in dim.extremes():
-                try:  # without the tune section: the trial's own space check is this one
-                    type(self).model_validate(self._set({dim.key: value}))
-                except ValidationError as err:
-                    detail = str(err.errors()[0]["msg"]).removeprefix("Value error, ")
-                    raise SpaceError(f"tune.space.{dim.key}: {value!r} is not a valid value: {detail}") from None
-        if self.train.eval_every != "auto":  # otherwise checked once the data is packed (check_rungs)
-            self.check_rungs()
-
-    def check_rungs(self) -> None:
-        """The rungs fit train.eval_every and train.max_steps (a SpaceError says how not)."""
-        t, every, last = self.tune, self.train.validate_every, self.train.max_steps
-        if t.min_resource is not None and (t.min_resource % every or t.min_resource >= last):
-            raise SpaceError(f"tune.min_resource ({t.min_resource}) must be a multiple of train.eval_every ({every}) "
-                             f"and below train.max_steps ({last}): a trial reports at validated steps")
-        if t.pruner != "none" and len(self.rungs()) < 2:
-            raise SpaceError(f"tune.pruner {t.pruner} needs at least two rungs: train.max_steps ({last}) is too short "
-                             f"for train.eval_every ({every}) x tune.reduction_factor ({t.reduction_factor}); set "
-                             "tune.min_resource or tune.pruner: none")
-
-    def rungs(self) -> list[int]:
-        """The optimizer steps at which a tuning trial reports and may be pruned; the last is
-        train.max_steps (full fidelity)."""
-        t, last = self.tune, self.train.max_steps
-        if t.pruner == "none":
-            return [last]
-        every = self.train.validate_every
-        step = t.min_resource or max(every, last // t.reduction_factor**2 // every * every)
-        rungs = []
-        while step < last:
-            rungs.append(step)
-            step *= t.reduction_factor
-        return [*rungs, last]
-
-
-# Keys a tuning study cannot search, and why.
-_TUNABLE_SECTIONS = ("model", "train")
-_NOT_TUNABLE = {"train.max_steps": "it is the resource the pruner allots (full fidelity)",
-                "train.eval_every": "it sets where the rungs are (tune.min_resource is a multiple of it)"}
-
-
-def _check_tunable(config: RetrainConfig, key: str) -> None:
-    """A tune.space key must be a COMPUTED model.* or train.* key (sections included)."""
-    section, *path = key.split(".")
-    if section not in type(config).model_fields or not path:
-        raise SpaceError(f"tune.space.{key}: not a config key (tunable: model.* and train.* keys)")
-    if section not in _TUNABLE_SECTIONS:
-        raise SpaceError(f"tune.space.{key}: only model.* and train.* keys can be tuned; trials share one packed "
-                         "dataset and one preprocessing result")
-    if key in _NOT_TUNABLE:
-        raise SpaceError(f"tune.space.{key}: cannot be tuned: {_NOT_TUNABLE[key]}")
-    node: BaseModel = getattr(config, section)
-    for i, name in enumerate(path):
-        if name not in type(node).model_fields:
-            where = ".".join([section, *path[:i]])
-            raise SpaceError(f"tune.space.{key}: {where} has no key {name!r}")
-        if not is_computed(type(node), name):
-            raise SpaceError(f"tune.space.{key}: an operational key (it does not change what a trial computes, so "
-                             "every trial would be the same run)")
-        child = getattr(node, name)
-        if i < len(path) - 1:
-            if not isinstance(child, BaseModel):
-                raise SpaceError(f"tune.space.{key}: {name} is a value, not a section")
-            node = child
-
-
-def fingerprint(*parts: Any) -> str:
-    """A short content address: sha256 of the canonical JSON of `parts`."""
-    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=_jsonable)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json")
-    raise TypeError(f"cannot fingerprint {type(value).__name__}")
-
-
-def _closest_key(loc: tuple[Any, ...]) -> str | None:
-    """The known key nearest to an unknown one in the same section (`train.max_step` ->
-    `train.max_steps`), or None when nothing is close."""
-    import difflib
-    import typing
-
-    model: Any = RetrainConfig
-    for part in loc[:-1]:
-        field = getattr(model, "model_fields", {}).get(str(part))
-        if field is None:
-            return None
-        candidates = [field.annotation, *typing.get_args(field.annotation)]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return None
-    names = list(getattr(model, "model_fields", {}))
-    near = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.6)
-    return ".".join([*map(str, loc[:-1]), near[0]]) if near else None
-
-
-def _format_errors(err: ValidationError, origin: str) -> str:
-    problems = []
-    for e in err.errors():
-        loc, kind, msg = e["loc"], e["type"], e["msg"].removeprefix("Value error, ")
-        key = ".".join(str(p) for p in loc)
-        moved = MOVED_TRAIN_KEYS.get(str(loc[1])) if len(loc) == 2 and loc[0] == "train" else None
-        if not key:  # a check across sections: its message names its keys
-            problems.append(msg)
-        elif kind == "extra_forbidden" and moved:
-            problems.append(f"'{key}' has moved to 'train.{moved}'")
-        elif kind == "extra_forbidden":
-            near = _closest_key(loc)
-            problems.append(f"unknown key '{key}'" + (f"; did you mean '{near}'?" if near else ""))
-        else:
-            got = e.get("input")
-            shown = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
-            problems.append(f"{key}: {msg}{shown}")
-    return f"invalid config {origin}: " + "; ".join(problems)
-
-
-def validate_config(raw: dict[str, Any], origin: str = "") -> RetrainConfig:
-    """Build the config from a plain mapping, collecting every problem into one error."""
-    try:
-        return RetrainConfig.model_validate(raw)
-    except ValidationError as err:
-        raise ConfigError(_format_errors(err, origin or "(from --set)")) from None
-
-
-def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `dotted.key=value` overrides; values parse as YAML scalars or lists."""
-    out = json.loads(json.dumps(raw))
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--set {item!r}: expected dotted.key=value, e.g. --set train.batch_size=256")
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            raise ConfigError(f"--set {key}: cannot parse {text!r} as a YAML value") from None
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {key}: '{part}' is a value, not a section")
-            node = child
-        node[parts[-1]] = value
-    return out
-
-
-def merge_over(base: dict[str, Any], config: RetrainConfig) -> RetrainConfig:
-    """`config` with every key it was not explicitly given taken from `base` (deep, per key).
-
-    Prefect merges a run's parameters over its deployment's shallowly, so a run given
-    `config={"train": {"max_steps": 500}}` would otherwise lose the deployment's storage root and
-    everything else. pydantic records which fields were given (`exclude_unset`), so defaults
-    never override the deployment's values.
-    """
-    given = config.model_dump(mode="json", exclude_unset=True)
-    return validate_config(_deep_merge(base, given), "(deployment parameters merged with the run's)")
-
-
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RetrainConfig:
-    """Read YAML (optional), apply overrides, validate; every problem in one `ConfigError`."""
-    raw: dict[str, Any] = {}
-    origin = ""
-    if path is not None:
-        p = Path(path)
-        origin = f"in {p}"
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file {p} does not exist") from None
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"config file {p} is not valid YAML{where}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {p} must hold a mapping of sections (data, train, ...)")
-        raw = loaded
-    raw = apply_overrides(raw, overrides or [])
-    return validate_config(raw, origin)

@@ -1,0 +1,35 @@
+"""The validated run configuration.
+
+One pydantic model (`RetrainConfig`) is the whole contract: the CLI builds it from YAML plus
+`--set` overrides, and the Prefect flow takes it as its single parameter, so the UI renders a
+form from the same field descriptions. Unknown keys are errors, and every problem is reported
+at once in a single `ConfigError`.
+
+    schema.py    the sections and their fields (types, defaults, descriptions, marks)
+    marks.py     what each field means to a run's content address; fingerprints
+    loading.py   YAML and overrides, validation, a deployment's parameters merged under a run's
+    problems.py  a failed validation as one line, with the nearest known key
+    space.py     tune.space checked against the schema
+    legacy.py    keys of earlier versions and where they live now
+    prices.py    the shipped price table, cost.prices' default
+
+The names below are the package's interface; its modules are its rooms.
+"""
+
+from training.config.loading import apply_overrides, load_config, merge_over, validate_config
+from training.config.marks import (COMPUTED, COMPUTED_SINCE, FLAT_COMPUTED, OPERATIONAL, computed_before,
+                                   fingerprint, fingerprinted, is_computed)
+from training.config.schema import (DEMO_CATEGORICAL, DEMO_NUMERIC, TASK_METRICS, BudgetConfig, CostConfig,
+                                    DataConfig, EvalConfig, InstancePrice, LifecycleConfig, ModelConfig,
+                                    PreprocessConfig, RetrainConfig, StorageConfig, TrackingConfig, TrainConfig,
+                                    TuneConfig, WindowConfig, _Section, metric_name)
+
+__all__ = [
+    "COMPUTED", "COMPUTED_SINCE", "FLAT_COMPUTED", "OPERATIONAL", "computed_before", "fingerprint", "fingerprinted",
+    "is_computed",
+    "DEMO_CATEGORICAL", "DEMO_NUMERIC", "TASK_METRICS", "metric_name",
+    "BudgetConfig", "CostConfig", "DataConfig", "EvalConfig", "InstancePrice", "LifecycleConfig", "ModelConfig",
+    "PreprocessConfig", "RetrainConfig", "StorageConfig", "TrackingConfig", "TrainConfig", "TuneConfig",
+    "WindowConfig", "_Section",
+    "apply_overrides", "load_config", "merge_over", "validate_config",
+]
