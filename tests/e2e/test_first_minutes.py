@@ -46,6 +46,17 @@ def test_bad_input_is_one_line_before_any_server_starts(tmp_path: Path, args: li
     assert not (tmp_path / "root" / "prefect").exists()  # no temporary server was started
 
 
+def test_rungs_that_miss_the_validations_are_one_line_before_any_server_starts(tmp_path: Path) -> None:
+    _newcomer_file(tmp_path)
+    out = _cli(["tune", "--set", "data.source=mine.parquet", "--set", "data.label=y", "--set", "train.eval_every=40",
+                "--set", "tune.min_resource=50", "--set", "tune.space={train.optim.lr: 'loguniform(1e-4, 1e-2)'}",
+                "--set", f"storage.root={tmp_path / 'root'}"], tmp_path)
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith("retrain: error: tune.min_resource (50) must be a multiple of train.eval_every (40)")
+    assert not (tmp_path / "root" / "prefect").exists()  # no temporary server was started
+
+
 @pytest.mark.slow
 def test_a_newcomers_own_file_trains_with_one_command(tmp_path: Path, prefect_server) -> None:  # type: ignore[no-untyped-def]
     _newcomer_file(tmp_path)
