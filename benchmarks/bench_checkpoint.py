@@ -22,7 +22,7 @@ from training.trainer.checkpoint import (
     save_checkpoint,
 )
 from training.errors import Preempted
-from training.trainer.launch import run_training_process
+from training.launch.process import run_training_process
 from training.model.network import TabularMLP
 
 ROUNDS = 7

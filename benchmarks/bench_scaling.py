@@ -59,7 +59,7 @@ def _allreduce_seconds(numel: int) -> float:
 
 
 def run(work: Path) -> dict[str, Any]:
-    from training.trainer.launch import run_training_process
+    from training.launch.process import run_training_process
 
     source = demo_parquet(work, 200_000)
     common = [f"data.source={source}", f"train.max_steps={STEPS}", f"train.batch_size={GLOBAL_BATCH}",

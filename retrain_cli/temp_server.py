@@ -146,7 +146,7 @@ class TemporaryServer:
         }
         env.pop("PREFECT_API_URL", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        from training.trainer.launch import with_parent_death_signal
+        from training.launch.process import with_parent_death_signal
 
         start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:

@@ -7,7 +7,7 @@ from tasks.policies import retry_transient, task_logger
 from training.config import RetrainConfig
 from training.pipeline.evaluate_stage import champion_validation_metric, evaluate_stage
 from training.pipeline.handoffs import Evaluation, PackResult
-from training.trainer.results import TrainResult
+from training.launch.results import TrainResult
 
 __all__ = ["evaluate_model", "score_champion"]
 

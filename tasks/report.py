@@ -12,7 +12,7 @@ from training.pipeline.handoffs import (Evaluation, LaunchPhases, PackResult, Pr
                                         TrainingDecision)
 from training.pipeline.report_stage import kept_report_stage, report_stage
 from training.pipeline.run_report import RunReport
-from training.trainer.results import TrainResult
+from training.launch.results import TrainResult
 
 __all__ = ["StageEnds", "StageStates", "finished", "keep_champion", "write_report"]  # the flow records both for the report
 

@@ -10,8 +10,8 @@ from training.config import RetrainConfig
 from training.errors import Preempted
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.train_stage import train_stage
-from training.trainer.events import CheckpointSaved, ChildEvent, Started, Validated
-from training.trainer.results import TrainResult
+from training.launch.events import CheckpointSaved, ChildEvent, Started, Validated
+from training.launch.results import TrainResult
 
 __all__ = ["train_model"]
 

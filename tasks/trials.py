@@ -15,9 +15,9 @@ from tasks.report import write_report as write_run_report
 from tasks.runtime import flow_run_id
 from tasks.train import train_model
 from training.config import RetrainConfig
-from training.trainer.events import ChildEvent
+from training.launch.events import ChildEvent
 from training.pipeline.handoffs import PackResult, PrepResult, StageStates
-from training.trainer.results import RungResult
+from training.launch.results import RungResult
 from training.tune.driver import drive, open_study
 from training.tune.study import RungWork
 from training.tune.study_report import TuneReport, write_report

@@ -9,7 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING = ROOT / "training"
 # The ground floor: training/*.py (errors, metrics, the search space's syntax), config/ and cost/.
-FLOORS = {"ground": 0, "config": 0, "cost": 0, "storage": 1, "data": 2, "model": 3, "trainer": 4, "pipeline": 5, "tune": 6}
+FLOORS = {"ground": 0, "config": 0, "cost": 0, "storage": 1, "data": 2, "model": 3, "launch": 4, "trainer": 4, "pipeline": 5, "tune": 6}
 
 
 def _module(path: Path) -> str:

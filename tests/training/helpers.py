@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 
-from training.trainer.events import ChildEvent
+from training.launch.events import ChildEvent
 from training.config import RetrainConfig
-from training.trainer.job import TrainJob
+from training.launch.job import TrainJob
 from training.storage.root import StorageRoot
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
@@ -59,7 +59,7 @@ def assert_resumes_bit_identically_after_a_sigkill(config: RetrainConfig, kill_a
 
     from tests.training.test_preemption import _signal_at_step
     from training.errors import Preempted
-    from training.trainer.launch import run_training_process
+    from training.launch.process import run_training_process
 
     reference = run_training_process(make_job(config, "reference"))
     job = make_job(config, "killed")

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from tests.training.helpers import make_job
-from training.trainer.events import ChildEvent
+from training.launch.events import ChildEvent
 from training.config import RetrainConfig
 from training.errors import Preempted
 from training.trainer.run import StopFlag, train
@@ -91,7 +91,7 @@ def test_budget_survives_a_real_sigkill(budget_config: RetrainConfig) -> None:
     import signal
 
     from tests.training.test_preemption import _signal_at_step
-    from training.trainer.launch import run_training_process
+    from training.launch.process import run_training_process
 
     budget_config.budget.max_wall_seconds = 12.0
     budget_config.cost.tags = {"team": "ranking"}

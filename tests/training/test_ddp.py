@@ -11,10 +11,10 @@ import torch
 from tests.conftest import small_overrides
 from tests.kill import kill_worker_when
 from tests.training.helpers import make_job
-from training.trainer.events import ChildEvent
+from training.launch.events import ChildEvent
 from training.config import load_config
 from training.errors import Preempted
-from training.trainer.launch import run_training_process
+from training.launch.process import run_training_process
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,11 @@ import pytest
 
 from tests.conftest import small_filesystem
 from tests.training.helpers import make_job
-from training.trainer.events import ChildEvent
+from training.launch.events import ChildEvent
 from training.trainer.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import StorageError
-from training.trainer.launch import run_training_process
+from training.launch.process import run_training_process
 
 
 def _fill(disk: Path) -> Path:

@@ -19,7 +19,7 @@ import torch
 
 from tests.conftest import SMALL_ROWS, small_overrides
 from tests.training.helpers import make_job
-from training.trainer.events import ChildEvent
+from training.launch.events import ChildEvent
 from training.config import load_config
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_run"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.helpers import make_job
-from training.trainer.events import ChildEvent
+from training.launch.events import ChildEvent
 from training.config import RetrainConfig
 from training.errors import CheckpointError, Preempted
 from training.trainer.run import StopFlag, train

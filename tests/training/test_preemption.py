@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.training.helpers import make_job
-from training.trainer.events import ChildEvent
-from training.trainer.results import TrainResult
+from training.launch.events import ChildEvent
+from training.launch.results import TrainResult
 from training.trainer.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import Preempted
-from training.trainer.launch import run_training_process
-from training.trainer.job import TrainJob
+from training.launch.process import run_training_process
+from training.launch.job import TrainJob
 
 
 def _heartbeat_step(job: TrainJob, since: float = 0.0) -> int:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from training.trainer.resume import count_attempt
+from training.launch.runs import count_attempt
 from training.trainer.checkpoint import CheckpointManifest, save_checkpoint
 from training.config import load_config
 from training.errors import CheckpointError
 from training.trainer.resume import Heartbeat
-from training.trainer.job import TrainJob
+from training.launch.job import TrainJob
 from training.trainer.resume import ResumeBook
 from training.trainer.state import Progress
 

@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from tests.conftest import S3_SECRET, s3_overrides, small_overrides
-from training.trainer.events import ChildEvent
+from training.launch.events import ChildEvent
 from training.trainer.checkpoint_sync import remote_checkpoints
 from training.config import StorageConfig, load_config
 from training.errors import StorageError
@@ -254,7 +254,7 @@ def test_kill_during_checkpoint_upload_then_a_fresh_machine_resumes_correctly(
 
     from tests.training.helpers import make_job
     from training.errors import Preempted
-    from training.trainer.launch import run_training_process
+    from training.launch.process import run_training_process
 
     # 300 steps, not 60: the S3 heartbeat (every 0.1 s) must publish a step past 10 before
     # training ends. On an idle CI machine steps 10-60 took under 0.1 s, no heartbeat went out,

@@ -20,7 +20,7 @@ from training.data.manifest import require_manifest
 from training.errors import ConfigError, DataError
 from training.model.evaluation import evaluate_package
 from training.trainer.run import train
-from training.trainer.results import TrainResult
+from training.launch.results import TrainResult
 
 MULTICLASS = ["data.task=multiclass", "data.label=segment", "data.vector=[embedding]"]
 REGRESSION = ["data.task=regression", "data.label=basket_value"]

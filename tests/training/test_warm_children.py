@@ -8,11 +8,11 @@ import signal
 
 import pytest
 
-from training.trainer.child import WarmPool
+from training.launch.child import WarmPool
 from training.config import RetrainConfig
 from training.errors import ConfigError
-from training.trainer.launch import run_rung_process, run_training_process
-from training.trainer.results import RungResult
+from training.launch.process import run_rung_process, run_training_process
+from training.launch.results import RungResult
 
 from tests.training.helpers import make_job
 

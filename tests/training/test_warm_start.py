@@ -170,7 +170,7 @@ def test_a_short_warm_start_learns_the_new_rows(tmp_path: Path, demo_source: Pat
 def test_the_effective_step_budget_reaches_the_task_from_the_job(small_config: RetrainConfig) -> None:
     """A warm start trains its own budget (scaled to what is new), not train.max_steps: the
     child's Started event carries the job's, which the task's progress and log lines read."""
-    from training.trainer.events import Started
+    from training.launch.events import Started
 
     _run(small_config)
     small_config.train.init_from, small_config.train.max_steps = "champion", 200

@@ -18,8 +18,8 @@ from training.pipeline.handoffs import Evaluation, PackResult, Promotion
 from training.pipeline.tracking import flat_params, register_model, tracker_for
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import MODEL, RUN, StorageRoot
-from training.trainer.results import TrainResult
-from training.trainer.resume import run_rel
+from training.launch.results import TrainResult
+from training.launch.runs import run_rel
 
 if TYPE_CHECKING:
     from training.model.evaluation import PackageScores

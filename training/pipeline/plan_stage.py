@@ -17,8 +17,8 @@ from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.step_times import StepTimeBook, family_of, signature_of, store_choice
 from training.pipeline.train_stage import run_key_for
 from training.storage.root import StorageRoot
-from training.trainer.job import TrainJob
-from training.trainer.results import TrainResult
+from training.launch.job import TrainJob
+from training.launch.results import TrainResult
 from training.trainer.run import train
 
 __all__ = ["Calibration", "PlanReport", "plan_run"]

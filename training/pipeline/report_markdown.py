@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the CLI imports `savings` without the report's models
     from training.cost.utilization import Utilization
     from training.pipeline.run_report import RunReport
     from training.pipeline.tracking import TrackingNotes
-    from training.trainer.results import Validation
+    from training.launch.results import Validation
 
 __all__ = ["render_curves", "render_markdown"]
 

@@ -35,8 +35,8 @@ from training.pipeline.tracking import MlflowTracker, TrackingNotes, flat_params
 from training.pipeline.unchanged import record_unchanged
 from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
-from training.trainer.results import TrainResult
-from training.trainer.resume import run_rel
+from training.launch.results import TrainResult
+from training.launch.runs import run_rel
 
 if TYPE_CHECKING:
     pass

@@ -21,7 +21,7 @@ from training.errors import StorageError
 from training.model.model_ref import ModelRef
 from training.pipeline.handoffs import Promotion, TrainingDecision
 from training.pipeline.tracking import TrackingNotes
-from training.trainer.results import History, LoaderWorkers, Seconds, WarmStart
+from training.launch.results import History, LoaderWorkers, Seconds, WarmStart
 from training.trainer.threads import ThreadPolicy
 
 __all__ = ["KeptReport", "Phases", "PreemptionSummary", "ReportFiles", "RunReport", "StageSummaries", "read_report"]

@@ -31,11 +31,11 @@ from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.tracking import BackgroundTracker, flat_params, tracker_for
 from training.storage.files import write_json_atomic
 from training.storage.root import StorageRoot
-from training.trainer.events import ChildEvent, Validated
-from training.trainer.job import TrainJob, train_fingerprint
-from training.trainer.launch import log_child_event, run_training_process
-from training.trainer.results import TrainResult, WarmStart
-from training.trainer.resume import RUN_FOLDERS, finished_result, run_rel
+from training.launch.events import ChildEvent, Validated
+from training.launch.job import TrainJob, train_fingerprint
+from training.launch.process import log_child_event, run_training_process
+from training.launch.results import TrainResult, WarmStart
+from training.launch.runs import RUN_FOLDERS, finished_result, run_rel
 
 if TYPE_CHECKING:
     from training.pipeline.champion import Champion
@@ -246,7 +246,7 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
     import subprocess
 
     from training.pipeline.champion import check_champion
-    from training.trainer.launch import child_env, worker_command
+    from training.launch.process import child_env, worker_command
 
     if config.train.distributed.nnodes < 2:
         raise ConfigError("retrain join is for multi-node runs: set train.distributed.nnodes >= 2 and train.distributed.rdzv_endpoint")

@@ -10,7 +10,7 @@ working copy (`storage.local_dir`, by default ~/.cache/retrain/s3/<bucket>/<pref
   pointer, which must never come from a stale local copy);
 It moves bytes and objects and knows nothing of what they are: dataset layout lives in
 `training.data.dataset_store`, checkpoint layout in `training.trainer.checkpoint_sync`, run layout in
-`training.trainer.resume`.
+`training.launch.runs`.
 
 Object classes (the `retrain-class` tag) and their lifecycle: `checkpoint` moves to a colder
 class after N days and expires after M; `shard-cache` (packed shards, rebuildable from the

@@ -18,10 +18,10 @@ from training.model.package import export_model_package
 from training.storage.files import write_json_atomic
 from training.storage.root import MODEL, RUN
 from training.trainer.checkpoint import load_checkpoint_state, step_dir_name
-from training.trainer.events import Paused
+from training.launch.events import Paused
 from training.trainer.precision import measure_fp32_slowdown
-from training.trainer.results import BatchLayout, LoaderWorkers, RungResult, TrainResult
-from training.trainer.resume import AttemptRecord, append_attempt, rung_file
+from training.launch.results import BatchLayout, LoaderWorkers, RungResult, TrainResult
+from training.launch.runs import AttemptRecord, append_attempt, rung_file
 from training.trainer.throughput import accelerator_stats
 
 log = logging.getLogger(__name__)

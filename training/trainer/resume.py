@@ -1,10 +1,8 @@
-"""Resuming a run: where an attempt starts, what the attempts before it lost, and whether the
-run is already done. One of the three files of resume (with `checkpoint`, which writes and
-verifies checkpoints, and `checkpoint_sync`, which keeps them on S3).
+"""Resuming a run inside the training process: where an attempt starts and what the attempts
+before it lost. One of the three files of resume (with `checkpoint`, which writes and verifies
+checkpoints, and `checkpoint_sync`, which keeps them on S3); the run folder as the launcher sees
+it (finished or not, the attempts ledger) is `training.launch.runs`.
 
-- A run is finished when its result.json exists (`finished_result`); it is published last, after
-  the model package, so a machine that finds it on S3 finds the model too. A tuning trial paused
-  at a rung records it in `rungs/step-<n>.json` (`paused_result`).
 - On an s3:// root, a fresh machine first restores the attempts ledger and the newest complete
   checkpoint from S3; rank 0 then uploads every new checkpoint (`ResumeBook`).
 - The newest verified local checkpoint is the resume point, and only if it belongs to this
@@ -13,14 +11,8 @@ verifies checkpoints, and `checkpoint_sync`, which keeps them on S3).
   file overwritten in place every step (exact on the same machine), and on an s3:// root a small
   object published every `storage.heartbeat_seconds`, so a resume on a fresh machine still
   counts what was lost, to within one interval.
-- The attempts ledger: the launcher counts a process before it starts (`count_attempt`), so one
-  killed during start-up is still counted; each process then appends its resume point, the work
-  lost and its start-up time (`append_attempt`, fsynced) before it trains. The report's
-  preemptions and lost work come from here, never from a checkpoint an attempt may not have
-  lived to write.
-
-Torch-free at import: the launcher reads the ledger and the run layout from here, and must not
-pay for torch (`ResumeBook`, which runs in the training process, imports what needs it).
+- The attempts ledger (`training.launch.runs`): each process appends its resume point, the work
+  lost and its start-up time before it trains.
 """
 
 from __future__ import annotations
@@ -28,28 +20,25 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import struct
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from training.errors import CheckpointError, RetrainError, StorageError
-from training.storage.files import read_json
 from training.storage.root import RUN, StorageRoot
-from training.trainer.job import TrainJob
-from training.trainer.results import RungResult, TrainResult
+from training.launch.job import TrainJob
+from training.launch.runs import AttemptRecord, append_attempt, read_attempts
 
 if TYPE_CHECKING:
     from training.trainer.checkpoint_sync import CheckpointUploader
     from training.trainer.state import Progress
 
-__all__ = ["Beat", "Heartbeat", "RUN_FOLDERS", "RemoteHeartbeat", "ResumeBook", "append_attempt", "count_attempt", "fetch_finished_run", "finished_result", "paused_result", "read_attempts", "run_rel", "rung_file"]
+__all__ = ["Beat", "Heartbeat", "RemoteHeartbeat", "ResumeBook"]
 
 log = logging.getLogger(__name__)
 
@@ -263,103 +252,3 @@ class Heartbeat:
         if self.remote is not None:
             self.remote.close()
         os.close(self._fd)
-
-
-class AttemptRecord(BaseModel):
-    """One line of attempts.jsonl: a process that started training (what it resumed from, what
-    the attempt before it lost), a planned pause at a tuning rung (`paused_at`), or a stop the
-    user asked for (`interrupted_at`: Ctrl-C, not a spot reclaim)."""
-
-    resumed_from: int | None = None
-    steps_lost: int = 0
-    seconds_lost: float = 0.0
-    startup_seconds: float = 0.0
-    paused_at: int | None = None
-    interrupted_at: int | None = None
-
-
-def append_attempt(path: Path, entry: AttemptRecord) -> list[AttemptRecord]:
-    """Append one attempt's record durably; return every record so far."""
-    before = path.read_text() if path.exists() else ""
-    torn = bool(before) and not before.endswith("\n")
-    line = ("\n" if torn else "") + entry.model_dump_json(exclude_none=True) + "\n"  # never continue a torn line
-    with open(path, "a") as f:
-        f.write(line)
-        f.flush()
-        os.fsync(f.fileno())
-    entries = []
-    for record in (before + line).splitlines():
-        try:
-            entries.append(AttemptRecord.model_validate_json(record))
-        except ValidationError:
-            continue  # a line torn by a kill mid-write
-    return entries
-
-
-def read_attempts(run_dir: Path) -> int:
-    """Training processes started for this run (counted by the launcher before each start)."""
-    try:
-        return int((run_dir / "processes-started").read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
-def count_attempt(run_dir: Path) -> int:
-    """Count one more training process, before it starts: an attempt killed during start-up
-    (imports, data and checkpoint load) is still a preemption the report must show."""
-    count = read_attempts(run_dir) + 1
-    tmp = run_dir / f".processes-started.tmp-{os.getpid()}"
-    tmp.write_text(str(count))
-    os.replace(tmp, run_dir / "processes-started")
-    return count
-
-
-# What a run writes into: its folder, its checkpoints, its model package, its tuning rungs.
-RUN_FOLDERS = ("checkpoints", "model", "rungs")
-
-
-def run_rel(run_key: str) -> str:
-    return f"runs/{run_key}"
-
-
-def fetch_finished_run(root: StorageRoot, rel: str) -> bool:
-    """Bring down a run that finished on any machine: its result.json (published last) and its
-    model package. False when the run has not finished anywhere."""
-    if root.fetch(f"{rel}/result.json") is None:
-        return False
-    for name in ("model.json", "model.pt"):
-        root.fetch(f"{rel}/model/{name}")
-    return True
-
-
-def finished_result(job: TrainJob) -> TrainResult | None:
-    """The run's result when it already finished (on this machine or, for an s3:// root, any)."""
-    if job.config.storage.is_s3 and job.run_rel:
-        fetch_finished_run(StorageRoot.from_config(job.config), job.run_rel)
-    path = Path(job.run_dir) / "result.json"
-    try:
-        finished = read_json(path)
-        return None if finished is None else TrainResult.model_validate({**finished, "already_complete": True})
-    except (StorageError, ValidationError, TypeError) as err:
-        # Derived from the checkpoints, which are verified: set it aside and let training
-        # finish the run again from its newest checkpoint (no step is trained twice).
-        aside = path.with_name(f"result.json.damaged-{uuid.uuid4().hex[:8]}")
-        path.rename(aside) if not path.is_dir() else shutil.rmtree(path)
-        log.warning("%s is damaged (%s); set aside as %s, the run is finished again from its checkpoints", path,
-                    str(err).splitlines()[0], aside.name)
-        return None
-
-
-def rung_file(step: int) -> str:
-    """Where a run paused at a tuning rung records it, relative to the run folder."""
-    return f"rungs/step-{step:08d}.json"
-
-
-def paused_result(job: TrainJob, step: int) -> RungResult | None:
-    """The run's pause at `step` when it got there before (here or, for an s3:// root, on any
-    machine): a rung is trained once, whatever interrupts the study."""
-    rel = f"{job.run_rel}/{rung_file(step)}"
-    if job.config.storage.is_s3 and job.run_rel:
-        StorageRoot.from_config(job.config).fetch(rel)
-    paused = read_json(Path(job.run_dir) / rung_file(step))
-    return None if paused is None else RungResult.model_validate(paused)

@@ -21,7 +21,7 @@ from training.config import RetrainConfig
 from training.errors import ConfigError
 from training.model.memory_fit import check_model_fits
 from training.model.network import ModelSchema, build_model
-from training.trainer.results import Seconds, Validation
+from training.launch.results import Seconds, Validation
 from training.trainer.rng import capture_rng, restore_rng
 
 __all__ = ["EarlyStopping", "Progress", "TrainState", "lr_lambda"]

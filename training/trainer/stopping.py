@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from training.config import BudgetConfig, RetrainConfig, metric_name
-from training.trainer.results import Validation
+from training.launch.results import Validation
 from training.trainer.state import EarlyStopping, Progress
 
 __all__ = ["Budget", "CONTINUE", "Decision", "STATUSES", "StopFlag", "StopPolicy", "agree_across_ranks", "champion_gate"]

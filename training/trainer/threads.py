@@ -152,7 +152,7 @@ def apply_thread_policy(setting: int | Literal["auto"], loader_workers: int, oth
     """Decide for this process (its node's process count from torchrun's LOCAL_WORLD_SIZE) and
     set torch's intra-op threads. `kept`: the count an earlier attempt of this run decided,
     which `auto` keeps."""
-    import torch  # here: training.trainer.results imports ThreadPolicy, and results stay torch-free
+    import torch  # here: training.launch.results imports ThreadPolicy, and results stay torch-free
 
     policy = decide_threads(setting, loader_workers, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                             others_busy=others_busy, loader_busy=loader_busy)

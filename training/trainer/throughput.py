@@ -20,7 +20,7 @@ from training.config import TrainConfig
 from training.errors import ConfigError
 from training.model.network import Batch, forward_fn
 from training.model.objectives import Task
-from training.trainer.results import WorkersProbe
+from training.launch.results import WorkersProbe
 from training.trainer.threads import cgroup_quota, usable_cpus
 
 __all__ = ["accelerator_stats", "auto_batch_layout", "cuda_memory_budget", "choose_num_workers", "data_and_compute_seconds",

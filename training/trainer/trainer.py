@@ -5,7 +5,8 @@ What lives elsewhere, each in one file:
 - the checkpointed state (model, optimizer, scheduler, scaler, early stopping, progress, RNGs):
   `training.trainer.state`;
 - when to stop (budgets, plateau, champion gate, the DDP agreement): `training.trainer.stopping`;
-- where to resume and what the last attempt lost (S3 restore, heartbeat, ledger): `training.trainer.resume`;
+- where to resume and what the last attempt lost (S3 restore, heartbeat): `training.trainer.resume`
+  (the attempts ledger: `training.launch.runs`);
 - when and how to checkpoint: `training.trainer.checkpoint` (on S3: `checkpoint_sync`);
 - what the end of training makes (the model package, result.json, a rung's record):
   `training.trainer.publish`.
@@ -40,11 +41,12 @@ from training.trainer.checkpoint import (
     CheckpointManifest,
     CheckpointSchedule,
 )
-from training.trainer.events import CheckpointSaved, ChildEvent, RankDone, Resumed, Started, Validated
-from training.trainer.job import TrainJob, train_fingerprint
+from training.launch.events import CheckpointSaved, ChildEvent, RankDone, Resumed, Started, Validated
+from training.launch.job import TrainJob, train_fingerprint
 from training.trainer.precision import autocast_dtype, resolve_device, resolve_precision
-from training.trainer.results import Validation
-from training.trainer.resume import AttemptRecord, ResumeBook, append_attempt
+from training.launch.results import Validation
+from training.launch.runs import AttemptRecord, append_attempt
+from training.trainer.resume import ResumeBook
 from training.trainer.rng import capture_rng, configure_determinism, seed_everything
 from training.trainer.state import TrainState
 from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks

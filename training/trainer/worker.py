@@ -4,7 +4,7 @@ Exit codes: 0 done, EXIT_PREEMPTED after an emergency checkpoint, EXIT_USER_ERRO
 error written to ERROR.json. Progress events go to stdout as JSON lines, warnings and errors as `log` events among them;
 other logs go to stderr.
 
-Started with `--hold` (a tuning study's warm child, see training.trainer.child), it takes further jobs
+Started with `--hold` (a tuning study's warm child, see training.launch.child), it takes further jobs
 on stdin after one that ended with exit code 0.
 
 Under torchrun (WORLD_SIZE > 1) each rank runs this module: it joins the process group (gloo
@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
-from training.trainer.child import HOLD_FLAG
-from training.trainer.events import ChildEvent, Done, ErrorReport, Idle, JobOrder, LogLine
-from training.trainer.job import TrainJob
-from training.trainer.results import RungResult
+from training.launch.child import HOLD_FLAG
+from training.launch.events import ChildEvent, Done, ErrorReport, Idle, JobOrder, LogLine
+from training.launch.job import TrainJob
+from training.launch.results import RungResult
 from training.trainer.spot import start_spot_notice_poller
 from training.trainer.run import StopFlag, train
 
@@ -134,7 +134,7 @@ def main(argv: list[str]) -> int:
 
 
 def _next_order(stop: StopFlag, parent: int | None) -> tuple[Path, Path] | None:
-    """A warm child's next job (see training.trainer.child), or None when it should end: end of file
+    """A warm child's next job (see training.launch.child), or None when it should end: end of file
     on stdin, SIGTERM, or its parent gone."""
     while not stop.requested and (parent is None or os.getppid() == parent):
         ready, _, _ = select.select([sys.stdin], [], [], 0.5)

@@ -16,8 +16,8 @@ from training.config import RetrainConfig
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
-from training.trainer.events import ChildEvent
-from training.trainer.results import RungResult
+from training.launch.events import ChildEvent
+from training.launch.results import RungResult
 from training.tune.study import STUDY_DIR, RungWork, Study, study_key
 from training.tune.trial import TRIAL_CHILDREN, calibrate, read_calibration
 

@@ -50,7 +50,7 @@ from training.model.objectives import higher_is_better, metric_for
 from training.search_space import Dimension, parse_space
 from training.storage.root import StorageRoot
 from training.tune.rungs import rungs
-from training.trainer.results import RungResult
+from training.launch.results import RungResult
 from training.tune.journal import PublishedJournal
 
 __all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "STUDY_DIR"]
@@ -367,7 +367,7 @@ class Study:
     def price(self, steps: int, trial: Any = None) -> float:
         """A rung's estimated machine seconds: measured on this attempt's rungs when any ran,
         else from the calibration. Most rungs start in a warm child (about 0.01 s, see
-        training.trainer.child) rather than a fresh one (the calibration's start-up), so the start-up
+        training.launch.child) rather than a fresh one (the calibration's start-up), so the start-up
         is the mean of those measured too. A trial that trained already is priced at its own
         seconds per step where they are higher: sampled widths make one trial's step cost a
         multiple of another's."""

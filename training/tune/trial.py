@@ -19,16 +19,16 @@ from training.pipeline.champion import check_champion
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.train_stage import build_train_job
 from training.storage.root import StorageRoot
-from training.trainer.child import WarmPool
-from training.trainer.events import ChildEvent
-from training.trainer.launch import log_child_event, run_rung_process, run_training_process
-from training.trainer.results import RungResult
-from training.trainer.resume import finished_result, paused_result
+from training.launch.child import WarmPool
+from training.launch.events import ChildEvent
+from training.launch.process import log_child_event, run_rung_process, run_training_process
+from training.launch.results import RungResult
+from training.launch.runs import finished_result, paused_result
 from training.tune.study import STUDY_DIR, RungCost
 
 __all__ = ["Calibration", "calibrate", "rung_stage", "TRIAL_CHILDREN"]
 
-# The study's training children, kept warm between rungs and trials (see training.trainer.child): in
+# The study's training children, kept warm between rungs and trials (see training.launch.child): in
 # this process, sized to tune.concurrency and closed by the driver when the study ends.
 TRIAL_CHILDREN = WarmPool()
 

@@ -11,7 +11,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from training.trainer.results import Validation
+from training.launch.results import Validation
 
 __all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "JobOrder", "LogLine", "Paused", "RankDone",
            "Resumed", "Started", "Validated", "read_event"]
@@ -104,7 +104,7 @@ class ErrorReport(_Event):
 
 
 class Idle(_Event):
-    """A warm child finished its job and waits for the next (see training.trainer.child)."""
+    """A warm child finished its job and waits for the next (see training.launch.child)."""
 
     event: Literal["idle"] = "idle"
 

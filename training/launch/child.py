@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from training.trainer.events import Idle, JobOrder, read_event
+from training.launch.events import Idle, JobOrder, read_event
 
 __all__ = ["Child", "WarmPool", "HOLD_FLAG"]
 

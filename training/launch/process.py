@@ -27,11 +27,11 @@ from typing import Callable
 import training
 from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
-from training.trainer.child import Child, WarmPool
-from training.trainer.events import ChildEvent, ErrorReport, LogLine, read_event
-from training.trainer.job import TrainJob
-from training.trainer.results import RungResult, TrainResult
-from training.trainer.resume import count_attempt, rung_file
+from training.launch.child import Child, WarmPool
+from training.launch.events import ChildEvent, ErrorReport, LogLine, read_event
+from training.launch.job import TrainJob
+from training.launch.results import RungResult, TrainResult
+from training.launch.runs import count_attempt, rung_file
 
 __all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
 
@@ -113,7 +113,7 @@ def log_child_event(event: ChildEvent) -> None:
     this process's logging; progress events are dropped."""
     if isinstance(event, LogLine):
         level = logging.getLevelName(event.level)
-        logging.getLogger("training.trainer.child").log(level if isinstance(level, int) else logging.WARNING,
+        logging.getLogger("training.launch.child").log(level if isinstance(level, int) else logging.WARNING,
                                                         "%s", event.message)
 
 
