@@ -74,7 +74,7 @@ def test_second_run_shows_cached_preprocessing_and_the_champion_scores(tmp_path:
 
     table = pq.read_table(tmp_path / "scores.parquet")
     assert table.column_names == ["clicked", "probability", "prediction"] and table.num_rows == 8000
-    assert "scored 8000 rows with model" in scored.stderr  # a rerun is a no-op: tests/training/test_predict.py
+    assert "scored 8000 rows with model" in scored.stderr  # a rerun is a no-op: tests/training/model/test_predict.py
     # --flow: the same scoring as the Prefect flow `predict`, recorded on the server; its output
     # already holds these scores.
     flowed = subprocess.run([*predict, "--flow"], cwd=tmp_path, capture_output=True, text=True, timeout=600,

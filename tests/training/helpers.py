@@ -57,7 +57,7 @@ def assert_resumes_bit_identically_after_a_sigkill(config: RetrainConfig, kill_a
 
     import pytest
 
-    from tests.training.test_preemption import _signal_at_step
+    from tests.training.trainer.test_preemption import _signal_at_step
     from training.errors import Preempted
     from training.launch.process import run_training_process
 

@@ -8,7 +8,7 @@ its position within its own bin, and 0 above, so the product is the sum of the m
 the bins below plus the position times its own bin's row: a running sum looked up by the
 value's bin. Validation, evaluation and scoring (no gradient) take that path; training keeps
 rtdl's, whose backward is its own. The two agree to float rounding (`tests/training/
-test_numeric_embeddings.py`); parameters and state-dict keys are rtdl's.
+model/test_numeric_embeddings.py`); parameters and state-dict keys are rtdl's.
 """
 
 from __future__ import annotations

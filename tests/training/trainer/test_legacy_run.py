@@ -6,7 +6,7 @@ is resumed, and training ends with the weights that code ended with.
 "The same weights" is to float rounding, not to the bit: the fixture was made on one CPU, and
 PyTorch's CPU kernels round differently on others (AVX-512 against AVX2 changed the last bits of
 the final weights and of one validation log loss). Bit-identical resume on one machine is
-tested elsewhere (tests/training/test_resume.py, test_preemption.py)."""
+tested elsewhere (tests/training/trainer/test_resume.py, test_preemption.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from tests.training.helpers import make_job
 from training.launch.events import ChildEvent
 from training.config import load_config
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "legacy_run"
+FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "legacy_run"
 
 
 def test_an_earlier_versions_checkpoint_resumes_to_its_weights(tmp_path: Path) -> None:

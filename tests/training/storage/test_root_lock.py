@@ -23,7 +23,7 @@ with hold_root(Path(sys.argv[1])):
 
 def _holder(root: Path, seconds: float) -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-c", _HOLD, str(root), str(seconds)], stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[3])
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 

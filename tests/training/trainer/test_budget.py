@@ -90,7 +90,7 @@ def test_champion_gate_stops_a_hopeless_run(budget_config: RetrainConfig) -> Non
 def test_budget_survives_a_real_sigkill(budget_config: RetrainConfig) -> None:
     import signal
 
-    from tests.training.test_preemption import _signal_at_step
+    from tests.training.trainer.test_preemption import _signal_at_step
     from training.launch.process import run_training_process
 
     budget_config.budget.max_wall_seconds = 12.0

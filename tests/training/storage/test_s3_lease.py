@@ -37,7 +37,7 @@ def _store(bucket: str, endpoint: str) -> S3Store:
 
 def _holder(bucket: str, endpoint: str, events: Path, name: str, hold: float, ttl: float = 30.0) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", _HOLDER, bucket, endpoint, str(events), str(ttl), name, str(hold)],
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[3])
 
 
 def _intervals(events: Path) -> dict[str, list[float]]:

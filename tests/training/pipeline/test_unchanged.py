@@ -88,7 +88,7 @@ def test_the_cli_finds_it_without_loading_prefect_torch_or_pyarrow() -> None:
     code = ("import sys, retrain_cli.main, training.pipeline.unchanged; "
             "print(sorted(m for m in ('torch', 'prefect', 'pyarrow', 'boto3') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parents[2])
+                         cwd=Path(__file__).resolve().parents[3])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -96,6 +96,6 @@ def test_the_cli_finds_it_without_loading_prefect_torch_or_pyarrow() -> None:
 def test_the_retrain_flow_starts_without_torch() -> None:
     """torch loads in the stage that first needs it (a champion's check, or evaluation)."""
     out = subprocess.run([sys.executable, "-c", "import sys, flows.retrain; print('torch' in sys.modules)"],
-                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+                         capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

@@ -238,9 +238,9 @@ def test_the_memory_estimate_matches_a_measured_cpu_step(rows: int, width: int) 
 
     model, batch = _wide_mlp(rows, width)
     estimate = training_bytes(count_step(model, TASK, batch, None), 1) - CUDA_OVERHEAD_BYTES
-    code = f"from tests.training.test_plan import peak_step_bytes; print(peak_step_bytes({rows}, {width}))"
+    code = f"from tests.training.cost.test_plan import peak_step_bytes; print(peak_step_bytes({rows}, {width}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[2])
+                         cwd=Path(__file__).resolve().parents[3])
     measured = int(out.stdout.strip())
     assert estimate == pytest.approx(measured, rel=0.15), (estimate / 1e6, measured / 1e6)
 
