@@ -33,9 +33,9 @@ def _newcomer_file(folder: Path) -> Path:
     (["--set", "data.source=mine.parquet", "--set", "data.label=yy"], "did you mean 'y'?"),
     (["--set", "data.source=mine.parquet", "--set", "data.label=y", "--set", "data.numeric=[x1, x3]"],
      "no column 'x3' (named by data.numeric); did you mean"),
-    (["--set", "data.source=mine.csv", "--set", "data.label=y"], "a CSV file, not Parquet"),
+    (["--set", "data.source=mine.csv", "--set", "data.label=yy"], "did you mean 'y'?"),  # CSV: the same checks
     (["--set", "train.max_step=3"], "unknown key 'train.max_step'; did you mean 'train.max_steps'?"),
-], ids=["missing-path", "wrong-label", "wrong-column", "csv", "typo"])
+], ids=["missing-path", "wrong-label", "wrong-column", "csv-wrong-label", "typo"])
 def test_bad_input_is_one_line_before_any_server_starts(tmp_path: Path, args: list[str], named: str) -> None:
     _newcomer_file(tmp_path)
     (tmp_path / "mine.csv").write_text("x1,x2,y\n1,2,0\n")

@@ -70,7 +70,8 @@ class WindowConfig(_Section):
 class DataConfig(_Section):
     source: str | None = Field(
         None,
-        description="Parquet file or directory of Parquet files. Empty: the built-in synthetic "
+        description="A Parquet or CSV file (.csv, .tsv, gzipped or not), a folder of them, or an s3:// prefix "
+        "of them. Empty: the built-in synthetic "
         "click-through demo dataset, generated once under <storage.root>/demo/; demo:reviews and demo:shapes: "
         "the text and image demos.", json_schema_extra=OPERATIONAL
     )

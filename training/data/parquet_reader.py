@@ -103,11 +103,9 @@ class ParquetRanges:
     """One source file opened for reading row groups by range: its footer read once."""
 
     def __init__(self, source: Source, file: SourceFile) -> None:
-        self.source, self.file = source, file
         self.where = source.where(file.name)
-        if file.name.lower().endswith((".csv", ".tsv", ".csv.gz", ".txt")):
-            raise DataError(f"{self.where}: a CSV file, not Parquet; data.source reads Parquet files: convert it "
-                            "with pyarrow.parquet.write_table(pyarrow.csv.read_csv(path), 'data.parquet')")
+        file = source.as_parquet(file)  # a CSV file: its conversion (training.data.csv_files)
+        self.source, self.file = source, file
         if file.size < 12:
             raise DataError(f"{self.where}: not a Parquet file ({file.size} bytes)")
         tail = source.read(file.name, file.size - min(file.size, TAIL_BYTES), min(file.size, TAIL_BYTES))

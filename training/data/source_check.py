@@ -1,5 +1,5 @@
 """A user's source, checked before anything else starts (a Prefect server, a flow run): it
-exists, its first file is Parquet, and it has the label and feature columns. One line that
+exists, its first file is Parquet or CSV, and it has the label and feature columns. One line that
 says how to fix it, in a second; and, when the config names no feature column and the
 defaults (the demo's columns) are not in the file, the columns inferred from the schema."""
 

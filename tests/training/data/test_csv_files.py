@@ -1,0 +1,82 @@
+"""CSV sources: read through pyarrow's CSV reader, packed into segments as Parquet files are,
+with the same checks, and never read again while they are unchanged."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import small_overrides
+from training.config import load_config
+from training.data.manifest import require_manifest
+from training.data.sources import LocalSource
+from training.errors import DataError
+from training.pipeline.pack_stage import pack_stage
+
+
+def _demo_rows(demo_source: Path) -> pa.Table:
+    table = pq.read_table(demo_source)
+    return table.drop_columns([c for c in table.column_names if c == "embedding"])  # CSV holds scalars
+
+
+def test_a_folder_of_csv_files_packs_into_segments_and_reruns_read_nothing(tmp_path: Path, demo_source: Path) -> None:
+    table = _demo_rows(demo_source)
+    source = tmp_path / "src"
+    source.mkdir()
+    pcsv.write_csv(table.slice(0, 5000), source / "day-0.csv")
+    buf = pa.BufferOutputStream()
+    pcsv.write_csv(table.slice(5000, 3000), buf)
+    (source / "day-1.csv.gz").write_bytes(gzip.compress(buf.getvalue().to_pybytes()))
+    config = load_config(overrides=small_overrides(tmp_path / "root", source))
+
+    first = pack_stage(config)
+    assert first.segments == first.segments_packed == 2
+    assert sum(first.rows.values()) == 8000 == len(table)
+    manifest = require_manifest(Path(first.dataset_dir))
+    assert sorted(s.source for s in manifest.segments) == ["day-0.csv", "day-1.csv.gz"]
+    again = pack_stage(config)
+    assert (again.segments_packed, again.source_bytes_read, again.fingerprint) == (0, 0, first.fingerprint)
+
+    pcsv.write_csv(table.slice(0, 5500), source / "day-0.csv")  # a file rewritten: packed again, the other kept
+    grown = pack_stage(config)
+    assert grown.segments_packed == 1 and sum(grown.rows.values()) == 8500
+
+
+def test_a_csv_file_converts_to_the_same_parquet_bytes_in_every_process(tmp_path: Path, demo_source: Path) -> None:
+    """Parallel parts of a pack each convert the file: the row groups, and so the segments and
+    their content addresses, must not depend on which process did it."""
+    path = tmp_path / "day.csv"
+    pcsv.write_csv(_demo_rows(demo_source).slice(0, 3000), path)
+    digests = []
+    for _ in range(2):
+        source = LocalSource(path)
+        file = source.as_parquet(source.files()[0])
+        digests.append(hashlib.sha256(source.read(file.name, 0, file.size)).hexdigest())
+    assert digests[0] == digests[1]
+
+
+def test_a_csv_column_of_the_wrong_type_is_one_line_naming_file_and_column(tmp_path: Path, demo_source: Path) -> None:
+    table = _demo_rows(demo_source).slice(0, 500)
+    # (not "n/a": the CSV reader reads it as a null, as pandas does)
+    prices = pa.array(["cheap" if i == 7 else str(v) for i, v in enumerate(table.column("price").to_pylist())])
+    source = tmp_path / "day.csv"
+    pcsv.write_csv(table.set_column(table.column_names.index("price"), "price", prices), source)
+    config = load_config(overrides=small_overrides(tmp_path / "root", source))
+    with pytest.raises(DataError) as err:
+        pack_stage(config)
+    message = str(err.value)
+    assert "day.csv" in message and "'price'" in message and "\n" not in message, message
+
+
+def test_an_unreadable_gzip_csv_is_one_line(tmp_path: Path) -> None:
+    source = tmp_path / "day.csv.gz"
+    source.write_bytes(b"not gzip at all")
+    config = load_config(overrides=small_overrides(tmp_path / "root", source))
+    with pytest.raises(DataError, match=r"day\.csv\.gz: not a readable gzip file"):
+        pack_stage(config)
