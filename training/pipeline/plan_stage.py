@@ -14,6 +14,7 @@ from training.cost.step_count import StepCosts
 from training.errors import ConfigError
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.step_budget import for_calibration
 from training.pipeline.step_times import StepTimeBook, family_of, signature_of, store_choice
 from training.pipeline.train_stage import run_key_for
 from training.storage.root import StorageRoot
@@ -50,11 +51,7 @@ class PlanReport(BaseModel):
 def _calibrate(config: RetrainConfig, steps: int, dataset_dir: str, stats_path: str, fingerprint: str) -> TrainResult:
     """The real loop on the real data and model for a few steps in a scratch folder (local
     even for an s3:// root: its output is thrown away), counting one step's cost at the end."""
-    calib = config.model_copy(deep=True)
-    calib.train.max_steps = steps
-    calib.train.eval_every = steps
-    calib.train.checkpoint.every = steps
-    calib.train.patience = 0
+    calib = for_calibration(config, steps)
     # The workers probe times one core loading a batch: the host limit of every candidate.
     calib.train.loader.num_workers = "auto"
     scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, fingerprint)

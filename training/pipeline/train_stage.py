@@ -28,6 +28,7 @@ from training.data.packing import forget_verification
 from training.errors import ConfigError, DamagedShard, DataError
 from training.model.package_meta import PackageMeta
 from training.pipeline.handoffs import PackResult, PrepResult
+from training.pipeline.step_budget import for_warm_start
 from training.pipeline.tracking import BackgroundTracker, flat_params, tracker_for
 from training.storage.files import write_json_atomic
 from training.storage.root import StorageRoot
@@ -135,10 +136,7 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         init_classes = list(stats.classes) if stats.classes != manifest.classes else None
         seen = set(stats.segments)
         new_segments = [s.key for s in manifest.segments if s.key not in seen] if seen else None
-        tc = config.train
-        config = config.model_copy(update={"train": tc.model_copy(update={
-            "max_steps": warm_steps(config, manifest, stats),
-            "optim": tc.optim.model_copy(update={"lr": tc.optim.lr * tc.warm_lr_scale})})})
+        config = for_warm_start(config, warm_steps(config, manifest, stats))
         if config.model.factory is None:
             stats = grown_for_warm_start(stats, Path(packed.dataset_dir), manifest, config.preprocess)
         # Per dataset: the vocabularies, token ids and pixels depend on it.

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from training.config import RetrainConfig, TuneConfig
 from training.pipeline.champion import check_champion
 from training.pipeline.handoffs import PackResult, PrepResult
+from training.pipeline.step_budget import for_calibration
 from training.pipeline.train_stage import build_train_job
 from training.storage.root import StorageRoot
 from training.launch.child import WarmPool
@@ -73,11 +74,7 @@ def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study
     run folder that is removed afterwards: the measured start-up and seconds per step price
     every rung until real rungs have been measured."""
     steps = min(config.tune.calibration_steps, config.train.max_steps)
-    calib = config.model_copy(deep=True, update={"tune": TuneConfig()})  # its rungs would not fit 20 steps
-    calib.train.max_steps = steps
-    calib.train.eval_every = steps
-    calib.train.checkpoint.every = steps
-    calib.train.patience = 0
+    calib = for_calibration(config.model_copy(update={"tune": TuneConfig()}), steps)  # its rungs would not fit
     calib.budget.max_wall_seconds = None
     job, _ = build_train_job(calib, packed, prep, None)
     scratch = StorageRoot.from_config(config).local / STUDY_DIR / study / "calibration"
