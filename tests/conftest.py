@@ -61,6 +61,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_warm_start.py",  # the train stage's training process
     "test_transform.py",  # imports in a fresh interpreter
     "test_cli_help.py::test_version",  # the installed entry point
+    "test_deploy_steps.py::test_the_image_is_tagged",  # git in a child process
     "test_predict.py::test_the_export_loads_without_the_project",  # a fresh interpreter
     "test_plan.py::test_the_memory_estimate_matches_a_measured_cpu_step",  # a measuring child
     "test_incremental.py::test_retrain_when_drift",  # the train stage's training process
