@@ -113,6 +113,28 @@ def _automations(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ui(args: argparse.Namespace) -> int:
+    """The Prefect UI over the storage root's own run history: a Prefect server on its database,
+    with the UI and without background services, in this process's place (Ctrl-C stops it)."""
+    from retrain_cli.temp_server import free_port, port_is_free
+    from training.storage.root import local_dir_for
+
+    config = _loaded(args)
+    database = local_dir_for(config.storage) / "prefect" / "server.db"
+    if not database.exists():
+        raise ConfigError(f"no run history at {database}: `retrain run` records runs there when it starts its own "
+                          "temporary Prefect server; runs on a configured server are in that server's UI")
+    port = args.port or (4200 if port_is_free(4200) else free_port())
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}",
+           "PREFECT_UI_API_URL": f"{url}/api", "PREFECT_SERVER_UI_ENABLED": "true"}
+    env.pop("PREFECT_API_URL", None)
+    _say(f"the Prefect UI over the run history in {database}: {url} (Ctrl-C stops it)")
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port), "--no-services", "--ui"], env)
+
+
 def _plan(args: argparse.Namespace) -> int:
     from training.pipeline.plan_stage import plan_run
 
@@ -169,7 +191,7 @@ def _phases_line(phases: Phases, flow_seconds: float, teardown: float) -> str:
     return ", ".join(parts) + f" s; {total:.1f} s in all"
 
 
-def _summary(report: RunReport, path: str, clock: _Clock | None = None) -> str:
+def _summary(report: RunReport, path: str, clock: _Clock | None = None, ui: str | None = None) -> str:
     m, metric, stages = report.metrics, report.metric, report.stages
     train = stages.train
     lines = [
@@ -204,6 +226,8 @@ def _summary(report: RunReport, path: str, clock: _Clock | None = None) -> str:
     shown = [p for p in (Path(path).with_name("report.md"), Path(path).with_name("curves.png")) if p.exists()]
     if shown:
         lines.append(f"  report      {'  '.join(map(str, shown))}")
+    if ui is not None:
+        lines.append(f"  ui          {ui}")
     lines.append(path)
     return "\n".join(lines)
 
@@ -240,7 +264,7 @@ def _call_flow(config: RetrainConfig, clock: _Clock, load: Callable[[], Callable
         clock.mark("imports")
         api_url, server = _choose_server(config)
         clock.mark("server")
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
         flow = load()
         _quiet_expected_tracebacks()
@@ -248,7 +272,10 @@ def _call_flow(config: RetrainConfig, clock: _Clock, load: Callable[[], Callable
         _say(f"ready after {time.perf_counter() - clock.started:.1f} s; running the flow ({what})")
         os.environ[LaunchPhases.ENV] = clock.launch().model_dump_json()
         # Prefect reads its settings once, at import: an API URL chosen here must be applied.
-        with temporary_settings(updates={PREFECT_API_URL: api_url}) if api_url else contextlib.nullcontext():
+        # A temporary server serves no UI and stops with the run: no "View at" link that dies
+        # (the summary says how to open the UI over the run history instead).
+        updates: dict[Any, Any] = {PREFECT_API_URL: api_url, **({PREFECT_UI_URL: ""} if server is not None else {})}
+        with temporary_settings(updates=updates) if api_url else contextlib.nullcontext():
             return flow(config)
     except (KeyboardInterrupt, _Terminated, TerminationSignal) as err:  # the last: Prefect's, inside the flow run
         return _interrupted(config, err)
@@ -306,9 +333,20 @@ def _run(args: argparse.Namespace) -> int:
     report = read_report(Path(report_path))
     clock.mark("teardown")
     sys.stderr.flush()
-    summary = _summary(report, report_path, clock) if isinstance(report, RunReport) else _kept(report, report_path)
+    summary = (_summary(report, report_path, clock, _ui_command(config)) if isinstance(report, RunReport)
+               else _kept(report, report_path))
     print(summary, flush=True)
     return 0
+
+
+def _ui_command(config: RetrainConfig) -> str | None:
+    """How to see this run in the Prefect UI once its temporary server is gone (None: the run
+    was on a server that stays, whose UI shows it)."""
+    from tasks.runtime import TEMPORARY_SERVER_ENV
+
+    if not os.environ.get(TEMPORARY_SERVER_ENV):
+        return None
+    return f"retrain ui --set storage.root={config.storage.root}   (this run in the Prefect UI)"
 
 
 def _kept(report: KeptReport, path: str) -> str:
@@ -440,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_terminated)  # unwind (stop the training child, the server)
     try:
         commands = {"plan": _plan, "join": _join, "run": _run, "tune": _tune, "predict": _predict,
-                    "automations": _automations}
+                    "automations": _automations, "ui": _ui}
         return commands[args.command](args)
     except Preempted as err:
         print(f"retrain: preempted, retries exhausted: {err}; run the same command again to resume", file=sys.stderr)

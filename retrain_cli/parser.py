@@ -25,6 +25,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
                 "retrain predict --input new_rows.parquet --output scores.parquet --keys user_id"),
     "automations": ("install the shipped Prefect automations on the server PREFECT_API_URL names "
                     "(reschedule crashed spot runs, mark silent ones crashed); idempotent", "retrain automations"),
+    "ui": ("open the Prefect UI over the storage root's own run history (the runs `retrain run` recorded on "
+           "its temporary servers, <root>/prefect/server.db); Ctrl-C stops it",
+           "retrain ui --set storage.root=.retrain"),
     "join": ("start this node's training processes of a multi-node run (train.distributed.nnodes > 1)",
              "retrain join --config cluster.yaml --node-rank 1"),
 }
@@ -94,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     automations = _subcommand(sub, "automations")
     automations.add_argument("--dir", type=Path, default=Path("deployments/automations"), metavar="FOLDER",
                              help="folder of automation YAML files (default: deployments/automations)")
+
+    ui = _subcommand(sub, "ui")
+    _config_options(ui, "YAML config file: its storage.root holds the run history (default: the demo's root)")
+    ui.add_argument("--port", type=int, default=None, metavar="N",
+                    help="the UI's port on 127.0.0.1 (default: 4200 when free, else any free port)")
 
     join = _subcommand(sub, "join")
     _config_options(join, "the same YAML config as the flow run's")

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from training.errors import RetrainError
 
-__all__ = ["TemporaryServer", "copy_database", "empty_database_copy", "is_migrated", "seed_database", "server_is_up"]
+__all__ = ["TemporaryServer", "copy_database", "empty_database_copy", "free_port", "is_migrated", "port_is_free",
+           "seed_database", "server_is_up"]
 
 
 def server_is_up(api_url: str, timeout: float = 0.5) -> bool:
@@ -41,6 +42,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def _sqlite_file(database_url: str) -> Path | None:
