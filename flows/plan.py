@@ -7,7 +7,7 @@ from prefect import flow
 
 from tasks.plan import plan_instances
 from tasks.policies import apply_credentials_block
-from tasks.runtime import effective_config, plan_run_name
+from tasks.runtime import checked_columns, effective_config, plan_run_name
 from training.config import RetrainConfig
 
 __all__ = ["plan"]
@@ -24,5 +24,6 @@ def plan(
     recommended instance type, or None when nothing fits and meets the deadline."""
     config = effective_config(config, planned_instance=False)  # plan makes the pick auto runs take
     apply_credentials_block(config.storage)
+    config = checked_columns(config)
     report = plan_instances(config, instance_types or sorted(config.cost.prices), deadline_hours, calibration_steps)
     return report.cheapest.instance_type if report.cheapest is not None else None

@@ -13,7 +13,7 @@ from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block, backoff
 from tasks.preprocess import preprocess_dataset
 from tasks.report import StageEnds, StageStates, finished, keep_champion, write_report
-from tasks.runtime import check_restarts, effective_config, flow_run_id, flow_run_name, one_writer_per_root
+from tasks.runtime import checked_columns, check_restarts, effective_config, flow_run_id, flow_run_name, one_writer_per_root
 from tasks.train import train_model
 from training.config import RetrainConfig
 
@@ -28,6 +28,7 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
     config = effective_config(config)
     check_restarts(config)
     apply_credentials_block(config.storage)
+    config = checked_columns(config)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
         ended.pack = time.time()

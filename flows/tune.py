@@ -9,7 +9,7 @@ from prefect import flow
 from tasks.pack import pack_dataset
 from tasks.policies import apply_credentials_block
 from tasks.preprocess import preprocess_dataset
-from tasks.runtime import effective_config, flow_run_name, one_writer_per_root
+from tasks.runtime import checked_columns, effective_config, flow_run_name, one_writer_per_root
 from tasks.trials import promote_best, run_study
 from training.config import RetrainConfig
 
@@ -21,6 +21,7 @@ def tune(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydant
     """Search tune.space within the budget; returns the path of tune_report.json."""
     config = effective_config(config)
     apply_credentials_block(config.storage)
+    config = checked_columns(config)
     with one_writer_per_root(config.storage):
         packed = pack_dataset(config)
         prep = preprocess_dataset(config, packed).result()

@@ -60,6 +60,22 @@ def _planned(config: RetrainConfig) -> RetrainConfig:
     return resolved
 
 
+def checked_columns(config: RetrainConfig) -> RetrainConfig:
+    """The source checked as `retrain run` checks it (path, label and columns), with the feature
+    columns inferred from its schema when the config names none: a deployment's run started
+    with only `data.source` and `data.label` trains as the CLI would, and says what it inferred
+    so it can be written into the deployment's config."""
+    from training.data.source_check import checked_source
+
+    checked, inferred = checked_source(config)
+    if inferred is not None:
+        task_logger().info("feature columns inferred from the source's schema (put them in the deployment's config "
+                           "to fix them): %s", " ".join(inferred.overrides()))
+        for column, why in inferred.left_out.items():
+            task_logger().info("left out column '%s': %s", column, why)
+    return checked
+
+
 def check_restarts(config: RetrainConfig) -> None:
     """A flow run started again (rescheduled after a reclaim, or after a crash by the shipped
     automation) resumes; past `train.retry.max_restarts` restarts it fails instead, so a run that

@@ -478,3 +478,28 @@ def test_a_budget_stop_is_in_the_flow_runs_state_message(small_config: RetrainCo
     assert report["status"] == "budget_stopped" and state.is_completed()
     assert state.message is not None and state.message.startswith(f"budget stopped at step {report['steps']}:")
     assert "budget.max_wall_seconds" in state.message and state.result() in state.message
+
+
+def test_a_run_given_only_source_and_label_infers_the_feature_columns(tmp_path: Path) -> None:
+    """A deployment's run started from the UI with a user's own file and its label, as
+    `retrain run` would be: the flow infers the feature columns from the schema and trains, and
+    the run's effective config (an artifact) holds what it inferred."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import small_overrides
+    from training.config import load_config
+
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.normal(size=3000), rng.normal(size=3000)
+    shop = rng.choice(["a", "b", "c"], size=3000)
+    y = (x1 + 0.5 * x2 + (shop == "a") + rng.normal(size=3000) * 0.5 > 0.5).astype(np.int8)
+    source = tmp_path / "mine.parquet"
+    pq.write_table(pa.table({"x1": x1, "x2": x2, "shop": shop, "y": y}), source)
+    config = load_config(overrides=[*small_overrides(tmp_path / "root", source), "data.label=y"])
+    state = retrain(config, return_state=True)
+    report = _report(state.result())
+    assert report["metrics"]["auc"] > 0.7
+    effective = str(_artifacts(state.state_details.flow_run_id)["effective-config"].data)
+    assert "x1" in effective and "shop" in effective
