@@ -40,6 +40,7 @@ class TrialRow(_Row):
     steps_lost: int
     preemptions: int
     run_key: str | None
+    finished_at: str | None = None  # when the trial completed or was pruned (ISO 8601); None: still open
 
 
 class Spend(_Row):
@@ -113,7 +114,8 @@ def _row(study: Study, trial: Any) -> TrialRow:
         rung_values={int(k): float(v) for k, v in trial.intermediate_values.items()},
         billed_seconds=billed, usd=study.budget.usd(billed), gpu_hours=study.budget.gpu_hours(billed),
         steps_lost=int(trial.user_attrs.get("steps_lost", 0)), preemptions=int(trial.user_attrs.get("preemptions", 0)),
-        run_key=trial.user_attrs.get("run_key"))
+        run_key=trial.user_attrs.get("run_key"),
+        finished_at=trial.datetime_complete.isoformat() if trial.datetime_complete is not None else None)
 
 
 def _naive(study: Study, rows: list[TrialRow]) -> Spend:
@@ -158,35 +160,55 @@ def build_report(study: Study) -> TuneReport:
         naive=naive, saved_fraction=(1 - usd / naive.usd) if naive.usd > 0 else None, best=best)
 
 
+def curve_points(report: TuneReport) -> tuple[list[tuple[float, float, str]], list[tuple[float, float]]]:
+    """The tune curve's data: each trial's (spend so far, value, state) as the trials finished,
+    in time order (an ASHA study finishes its trials out of their numbers' order), then those
+    still open; and the best full-fidelity value so far at each point. Spend counts the setup
+    and the trials finished up to the point."""
+    priced = report.rate_per_hour > 0
+    spent = sum(report.spend.setup_seconds.values())
+    sign = 1.0 if report.direction == "maximize" else -1.0
+    order = sorted(report.trials, key=lambda r: (r.finished_at is None, r.finished_at or "", r.number))
+    points, best_line, best = [], [], None
+    for row in order:
+        spent += row.billed_seconds
+        x = spent * report.rate_per_hour / SECONDS_PER_HOUR if priced else spent
+        if row.value is not None:
+            points.append((x, row.value, row.state))
+        if row.state in ("completed", "early_stopped") and row.value is not None and (
+                best is None or sign * row.value > sign * best):
+            best = row.value
+        if best is not None:
+            best_line.append((x, best))
+    return points, best_line
+
+
 def _plot(report: TuneReport, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    priced = report.rate_per_hour > 0
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    spent = sum(report.spend.setup_seconds.values())
-    xs, ys, best = [], [], None
-    sign = 1.0 if report.direction == "maximize" else -1.0
-    for row in report.trials:
-        spent += row.billed_seconds
-        x = spent * report.rate_per_hour / SECONDS_PER_HOUR if priced else spent
-        if row.value is not None:
-            ax.scatter([x], [row.value], s=18, color={"completed": "tab:green", "early_stopped": "tab:green",
-                                                      "pruned": "tab:gray"}.get(row.state, "tab:orange"))
-        if row.state in ("completed", "early_stopped") and row.value is not None and (
-                best is None or sign * row.value > sign * best):
-            best = row.value
-        if best is not None:
-            xs.append(x)
-            ys.append(best)
-    if xs:
-        ax.step(xs, ys, where="post", color="tab:blue", label="best full-fidelity trial so far")
-        ax.legend(loc="lower right" if sign > 0 else "upper right")
-    ax.set_xlabel("cumulative cost ($)" if priced else "cumulative machine seconds")
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=100)
+    points, best_line = curve_points(report)
+    colors = {"completed": "tab:green", "early_stopped": "tab:green", "pruned": "tab:gray"}
+    for label, states in (("full fidelity", ("completed", "early_stopped")), ("pruned", ("pruned",))):
+        shown = [(x, v) for x, v, state in points if state in states]
+        if shown:
+            ax.scatter([x for x, _ in shown], [v for _, v in shown], s=18, color=colors[states[0]], label=label)
+    rest = [(x, v) for x, v, state in points if state not in colors]
+    if rest:
+        ax.scatter([x for x, _ in rest], [v for _, v in rest], s=18, color="tab:orange",
+                   label="stopped by the budget, or open")
+    if best_line:
+        ax.step(*zip(*best_line, strict=True), where="post", color="tab:blue", label="best full-fidelity trial so far")
+    if points or best_line:
+        # Below the axes: inside them, the legend can hide a trial.
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False, fontsize="small")
+    ax.set_xlabel("cumulative cost ($), trials in the order they finished" if report.rate_per_hour > 0
+                  else "cumulative machine seconds, trials in the order they finished")
     ax.set_ylabel(f"validation {metric_name(report.metric)}")
-    ax.set_title(f"study {report.study}: {len(report.trials)} trials (grey: pruned)")
+    ax.set_title(f"study {report.study}: {len(report.trials)} trials")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
