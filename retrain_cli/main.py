@@ -109,7 +109,7 @@ def _join(args: argparse.Namespace) -> int:
 def _automations(args: argparse.Namespace) -> int:
     from retrain_cli.automations import install_automations
 
-    install_automations(args.dir, lambda line: print(line, flush=True))
+    install_automations(args.dir, lambda line: print(line, flush=True), args.notify)
     return 0
 
 

@@ -24,7 +24,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("score Parquet rows with the champion (or --model) into a Parquet file",
                 "retrain predict --input new_rows.parquet --output scores.parquet --keys user_id"),
     "automations": ("install the shipped Prefect automations on the server PREFECT_API_URL names "
-                    "(reschedule crashed spot runs, mark silent ones crashed); idempotent", "retrain automations"),
+                    "(reschedule crashed spot runs, mark silent ones crashed; with --notify, notify on failed, "
+                    "crashed and budget-stopped runs and promotions); idempotent",
+                    "retrain automations --notify slack-webhook/ml-alerts"),
     "ui": ("open the Prefect UI over the storage root's own run history (the runs `retrain run` recorded on "
            "its temporary servers, <root>/prefect/server.db); Ctrl-C stops it",
            "retrain ui --set storage.root=.retrain"),
@@ -97,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
     automations = _subcommand(sub, "automations")
     automations.add_argument("--dir", type=Path, default=Path("deployments/automations"), metavar="FOLDER",
                              help="folder of automation YAML files (default: deployments/automations)")
+    automations.add_argument("--notify", default=None, metavar="TYPE/NAME",
+                             help="the notification block (e.g. slack-webhook/ml-alerts, or its id) for the "
+                                  "automations that notify: failed, crashed and budget-stopped runs, promotions; "
+                                  "without it they are skipped")
 
     ui = _subcommand(sub, "ui")
     _config_options(ui, "YAML config file: its storage.root holds the run history (default: the demo's root)")

@@ -120,8 +120,12 @@ def announce_run_completed(report: RunReport, report_path: str) -> None:
     promotion = report.promotion
     emit_event(
         event=RUN_COMPLETED_EVENT,
-        resource={"prefect.resource.id": f"retrain.run.{report.run_key}", "prefect.resource.name": report.run_key},
-        payload={"run_key": report.run_key, "status": report.status, "report": report_path, "metric": report.metric,
+        # The status as a label too: an automation can match labels, not payloads
+        # (deployments/automations/notify-budget-stopped-runs.yaml).
+        resource={"prefect.resource.id": f"retrain.run.{report.run_key}", "prefect.resource.name": report.run_key,
+                  "retrain.run.status": report.status},
+        payload={"run_key": report.run_key, "status": report.status, "stop_reason": report.stop_reason,
+                 "report": report_path, "metric": report.metric,
                  "value": report.metrics.get(report.metric), "model_sha256": report.model.sha256,
                  "promoted": promotion.promoted,
                  "champion_sha256": promotion.challenger_sha256 if promotion.promoted else promotion.champion_sha256},

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from tests.conftest import small_overrides
-from tests.e2e.conftest import ROOT, Deployer, PrefectServer, Worker, deployment, flow_run, flow_runs_of, wait_for
+from tests.e2e.conftest import Deployer, PrefectServer, Worker, deployment, flow_run, flow_runs_of, wait_for
 from training.config import load_config
 
 pytestmark = pytest.mark.slow
@@ -219,44 +219,3 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
         logs = api.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200}).json()
     said = [log["message"] for log in logs if "emergency checkpoint written" in log["message"]]
     assert said and "the rescheduled flow run resumes from it" in said[0], [log["message"] for log in logs][-30:]
-
-
-def test_the_documented_promotion_automation_sends_its_notification(deployed: PrefectServer, tmp_path: Path) -> None:
-    import subprocess
-    import sys
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-
-    received: list[str] = []
-
-    class Hook(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            received.append(self.rfile.read(int(self.headers["Content-Length"])).decode())
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    hook = HTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
-    try:
-        block_id = subprocess.run([sys.executable, "-c", (
-            "from prefect.blocks.notifications import CustomWebhookNotificationBlock as B\n"
-            f"print(B(name='ml-alerts', url='http://127.0.0.1:{hook.server_port}/hook',"
-            " json_data={'text': '{{subject}} | {{body}}'}).save('ml-alerts'))")],
-            env=deployed.env, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-        spec = (ROOT / "deployments" / "automations" / "notify-on-promotion.yaml").read_text()
-        automation = tmp_path / "automation.yaml"
-        automation.write_text(spec.replace("REPLACE-WITH-YOUR-BLOCK-ID", block_id))
-        deployed.cli("automation", "create", "--from-file", str(automation))
-        sha = "ab" * 32
-        subprocess.run([sys.executable, "-c", (  # what tasks/artifacts.py emits on a promotion
-            "from prefect.events import emit_event\n"
-            f"emit_event(event='retrain.model.promoted', resource={{'prefect.resource.id': 'retrain.model.{sha}'}},"
-            " payload={'sha256': '" + sha + "', 'auc': 0.8123, 'previous_champion_sha256': None, 'reason': 'first'})")],
-            env=deployed.env, check=True, timeout=60)
-        (text,) = wait_for(lambda: received, 300, "the notification webhook to be called")
-        assert f"New champion {sha}" in text and "Test AUC 0.8123" in text, text
-    finally:
-        hook.shutdown()
