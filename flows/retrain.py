@@ -14,7 +14,7 @@ from tasks.policies import apply_credentials_block, backoff
 from tasks.preprocess import preprocess_dataset
 from tasks.report import StageEnds, StageStates, finished, keep_champion, write_report
 from tasks.runtime import checked_columns, check_restarts, effective_config, flow_run_id, flow_run_name, one_writer_per_root
-from tasks.train import train_model
+from tasks.train import record_preemption, train_model
 from training.config import RetrainConfig
 
 __all__ = ["retrain"]
@@ -38,11 +38,15 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
         prep_state = preprocess_dataset(config, packed)
         prep = prep_state.result()
         ended.preprocess = time.time()
-        train_state = train_model.with_options(
-            retries=config.train.retry.max_retries,
-            retry_delay_seconds=backoff(config.train.retry.delay_seconds, config.train.retry.max_retries),
-        )(config, packed, prep, score_champion(config, packed) if config.budget.champion_gate else None,
-          return_state=True)
+        try:
+            train_state = train_model.with_options(
+                retries=config.train.retry.max_retries,
+                retry_delay_seconds=backoff(config.train.retry.delay_seconds, config.train.retry.max_retries),
+            )(config, packed, prep, score_champion(config, packed) if config.budget.champion_gate else None,
+              return_state=True)
+        except BaseException:  # a termination signal unwinding the flow: a preempted task says so
+            record_preemption()
+            raise
         trained = train_state.result()
         ended.train = time.time()
         evaluation = evaluate_model(config, packed, trained)

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import logging
 import time
+from dataclasses import dataclass
+from uuid import UUID
 
-from prefect import task
+from prefect import runtime, task
 
 from tasks.artifacts import TrainingProgress
 from tasks.policies import forward_child_event, retry_only_preemptions, task_logger
@@ -13,7 +16,54 @@ from training.pipeline.train_stage import train_stage
 from training.launch.events import CheckpointSaved, ChildEvent, Started, Validated
 from training.launch.results import TrainResult
 
-__all__ = ["train_model"]
+__all__ = ["record_preemption", "train_model"]
+
+
+@dataclass
+class _Preemption:
+    """The train task run this process is being stopped in (SIGTERM: a spot reclaim, a node
+    drain), after its training child wrote an emergency checkpoint."""
+
+    task_run_id: UUID
+    message: str
+
+
+_PREEMPTED: list[_Preemption] = []
+_CRASH_LINE = "Crash detected! Execution was aborted by a termination signal."
+
+
+class _PreemptionIsNotACrash(logging.Filter):
+    """Prefect's task engine logs every termination signal as an ERROR crash. A stop after the
+    emergency checkpoint is the designed path of a spot reclaim: said as a warning, in words."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if _PREEMPTED and record.getMessage().startswith(_CRASH_LINE):
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = _PREEMPTED[-1].message, ()
+        return True
+
+
+logging.getLogger("prefect.task_runs").addFilter(_PreemptionIsNotACrash())
+
+
+def record_preemption() -> None:
+    """Put a preempted train task run in the state it is in: `Preempted` (of type Cancelled:
+    nothing failed), with where it stopped and that the rescheduled flow run resumes, instead of
+    the Crashed state Prefect's engine gives any task a termination signal stops. Called by the
+    flow as the signal unwinds it; best effort (the machine is going away)."""
+    if not _PREEMPTED:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import State
+
+    preempted = _PREEMPTED.pop()
+    try:
+        with get_client(sync_client=True) as client:
+            client.set_task_run_state(preempted.task_run_id, State(type=StateType.CANCELLED, name="Preempted",
+                                                                   message=preempted.message), force=True)
+    except Exception as err:  # noqa: BLE001 - the run resumes either way; only the UI's word is lost
+        logging.getLogger(__name__).debug("could not mark the train task run preempted: %s", err)
 
 
 def _where(saved: list[CheckpointSaved]) -> str:
@@ -67,6 +117,8 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         if saved and saved[0].emergency:  # this process is being stopped (SIGTERM: a spot reclaim)
             logger.warning("stopped by %s%s; the rescheduled flow run resumes from it", type(err).__name__,
                            _where(saved))
+            _PREEMPTED.append(_Preemption(UUID(str(runtime.task_run.id)), f"preempted{_where(saved)}; the rescheduled "
+                                          "flow run resumes from it"))
         raise
     progress.update(progress.max_steps)  # finished, whether completed or stopped early
     if trained.already_complete:

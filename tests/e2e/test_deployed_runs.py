@@ -219,3 +219,12 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
         logs = api.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200}).json()
     said = [log["message"] for log in logs if "emergency checkpoint written" in log["message"]]
     assert said and "the rescheduled flow run resumes from it" in said[0], [log["message"] for log in logs][-30:]
+    # A preemption is not an error: the stopped train task is Preempted, not Crashed, and the
+    # engine's "Crash detected!" line is a warning that says what happened.
+    assert not [log for log in logs if log["level"] >= 40 and "Crash detected" in log["message"]]
+    with deployed.api() as api:
+        tasks = api.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}).json()
+    trains = sorted((t for t in tasks if t["task_key"].startswith("train")), key=lambda t: t["start_time"] or "")
+    states = [(t["state"]["type"], t["state"]["name"]) for t in trains]
+    assert states[0] == ("CANCELLED", "Preempted") and states[-1] == ("COMPLETED", "Completed"), states
+    assert "emergency checkpoint written; the rescheduled flow run resumes from it" in trains[0]["state"]["message"]
