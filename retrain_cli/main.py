@@ -287,8 +287,20 @@ def _call_flow(config: RetrainConfig, clock: _Clock, load: Callable[[], Callable
             server.stop()
 
 
+def _config_path(path: Path | None) -> Path | None:
+    """`--config`, or for a relative `examples/...` path that is not here, the shipped example of
+    that name (the README's commands then work from any folder): the checkout's, or the one pip
+    installed under <prefix>/share/retrain-pipeline."""
+    if path is None or path.exists() or path.is_absolute() or path.parts[:1] != ("examples",):
+        return path
+    for shipped in (Path(__file__).resolve().parents[1] / path, Path(sys.prefix) / "share" / "retrain-pipeline" / path):
+        if shipped.is_file():
+            return shipped
+    return path
+
+
 def _loaded(args: argparse.Namespace) -> RetrainConfig:
-    config = load_config(args.config, args.overrides)
+    config = load_config(_config_path(args.config), args.overrides)
     if not config.storage.is_s3:
         config.storage.root = str(Path(config.storage.root).expanduser().resolve())
     return config

@@ -77,10 +77,12 @@ def buckets(page: str) -> set[str]:
 
 def work_folder(path: Path) -> Path:
     """A folder holding links to the repository's files, as a checkout would: commands run from
-    the repository root, and what they write stays in `path`."""
+    the repository root, and what they write stays in `path`. Not `examples/`: the commands that
+    name an example config must work from any folder, as a user's who installed the project."""
     path.mkdir(parents=True, exist_ok=True)
     for entry in ROOT.iterdir():
-        if not entry.name.startswith(".") and entry.name not in {"README.md"} and not entry.name.endswith(".egg-info"):
+        if (not entry.name.startswith(".") and entry.name not in {"README.md", "examples"}
+                and not entry.name.endswith(".egg-info")):
             (path / entry.name).symlink_to(entry)
     return path
 
