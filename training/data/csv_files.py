@@ -29,7 +29,7 @@ from typing import Callable
 
 from training.errors import DataError
 
-__all__ = ["CSV_SUFFIXES", "CsvConversions", "is_csv"]
+__all__ = ["CONVERSIONS", "CSV_SUFFIXES", "CsvConversions", "is_csv"]
 
 CSV_SUFFIXES = (".csv", ".csv.gz", ".tsv", ".tsv.gz")
 ROW_GROUP_ROWS = 65_536  # as a Parquet writer's usual row groups: a segment is a run of them
@@ -41,30 +41,36 @@ def is_csv(name: str) -> bool:
 
 
 class CsvConversions:
-    """The Parquet conversions of one source's CSV files, made on first use in this process."""
+    """The Parquet conversions of CSV files, made on first use in this process and shared by
+    every source object opened on them (the plan, the pack and the flow's source check each
+    open the source: the file is converted once)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._folder: Path | None = None
-        self._done: dict[tuple[str, str], Path] = {}  # (name, identity stamp) -> converted file
+        self._done: dict[tuple[str, str, str], Path] = {}  # (source, name, identity stamp) -> converted file
+        self._current: dict[tuple[str, str], Path] = {}  # (source, name) -> its latest conversion
 
-    def converted(self, name: str, stamp: str, where: str, read_all: Callable[[], bytes]) -> Path:
-        """The Parquet conversion of CSV file `name` at identity `stamp`; `read_all` reads its bytes."""
+    def converted(self, source: str, name: str, stamp: str, where: str, read_all: Callable[[], bytes]) -> Path:
+        """The Parquet conversion of CSV file `name` of `source` at identity `stamp`; `read_all`
+        reads its bytes."""
+        key = (source, name, stamp)
         with self._lock:  # packing reads from several threads: one conversion per file
-            path = self._done.get((name, stamp))
+            path = self._done.get(key)
             if path is None:
-                path = self._folder_path() / f"{hashlib.sha256(f'{name}:{stamp}'.encode()).hexdigest()[:32]}.parquet"
+                path = self._folder_path() / f"{hashlib.sha256(repr(key).encode()).hexdigest()[:32]}.parquet"
                 _convert(read_all(), name, where, path)
-                self._done[(name, stamp)] = path
+                self._done[key] = path
+            self._current[(source, name)] = path
             return path
 
-    def path(self, name: str) -> Path:
-        """The conversion of `name` made last in this process (`converted` first)."""
+    def path(self, source: str, name: str) -> Path:
+        """The conversion of `name` of `source` made last (`converted` first)."""
         with self._lock:
-            found = [path for (n, _), path in self._done.items() if n == name]
-        if not found:
+            path = self._current.get((source, name))
+        if path is None:
             raise RuntimeError(f"{name} is read before its conversion: call as_parquet first")
-        return found[-1]
+        return path
 
     def _folder_path(self) -> Path:
         if self._folder is None:
@@ -114,3 +120,5 @@ def _convert(data: bytes, name: str, where: str, out: Path) -> None:
                         "with the type you mean)") from None
     tmp.replace(out)
 
+
+CONVERSIONS = CsvConversions()  # this process's

@@ -22,7 +22,7 @@ from typing import Protocol
 from pydantic import BaseModel, ConfigDict
 
 from training.config import StorageConfig
-from training.data.csv_files import CSV_SUFFIXES, CsvConversions, is_csv
+from training.data.csv_files import CONVERSIONS, CSV_SUFFIXES, is_csv
 from training.errors import DataError
 
 __all__ = ["LocalSource", "S3Source", "Source", "SourceFile", "open_source", "source_files"]
@@ -94,7 +94,6 @@ class LocalSource:
         self.uri = str(path)
         self.setting = setting
         self._counter = _Counter()
-        self._csv = CsvConversions()
 
     @property
     def bytes_read(self) -> int:
@@ -116,7 +115,8 @@ class LocalSource:
         """The file as Parquet: itself, or a CSV file's conversion (its reads come from there)."""
         if not is_csv(file.name):
             return file
-        path = self._csv.converted(file.name, file.stamp, self.where(file.name), lambda: self._read_whole(file.name))
+        path = CONVERSIONS.converted(self.uri, file.name, file.stamp, self.where(file.name),
+                                    lambda: self._read_whole(file.name))
         return SourceFile(name=file.name, size=path.stat().st_size, stamp=file.stamp)
 
     def _read_whole(self, name: str) -> bytes:
@@ -129,7 +129,7 @@ class LocalSource:
         return data
 
     def read(self, name: str, offset: int, length: int) -> bytes:
-        path = self._csv.path(name) if is_csv(name) else self._path(name)
+        path = CONVERSIONS.path(self.uri, name) if is_csv(name) else self._path(name)
         try:
             with open(path, "rb") as f:
                 data = os.pread(f.fileno(), length, offset)
@@ -161,7 +161,6 @@ class S3Source:
             prefix, self.only = prefix.rsplit("/", 1)
         self.store = S3Store(settings_for(storage.model_copy(update={"root": prefix})))
         self._counter = _Counter()
-        self._csv = CsvConversions()
 
     @property
     def bytes_read(self) -> int:
@@ -186,12 +185,12 @@ class S3Source:
             self._counter.add(len(data))
             return data
 
-        path = self._csv.converted(file.name, file.stamp, self.where(file.name), whole)
+        path = CONVERSIONS.converted(self.uri, file.name, file.stamp, self.where(file.name), whole)
         return SourceFile(name=file.name, size=path.stat().st_size, stamp=file.stamp)
 
     def read(self, name: str, offset: int, length: int) -> bytes:
         if is_csv(name):
-            with open(self._csv.path(name), "rb") as f:
+            with open(CONVERSIONS.path(self.uri, name), "rb") as f:
                 return os.pread(f.fileno(), length, offset)
         data = self.store.get_range(name, offset, length)
         self._counter.add(len(data))

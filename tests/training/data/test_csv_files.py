@@ -49,16 +49,23 @@ def test_a_folder_of_csv_files_packs_into_segments_and_reruns_read_nothing(tmp_p
 
 
 def test_a_csv_file_converts_to_the_same_parquet_bytes_in_every_process(tmp_path: Path, demo_source: Path) -> None:
-    """Parallel parts of a pack each convert the file: the row groups, and so the segments and
-    their content addresses, must not depend on which process did it."""
+    """Parallel parts of a pack each convert the file in their own process: the row groups, and
+    so the segments and their content addresses, must not depend on which process did it. In
+    one process the conversion is made once, whichever source object asks."""
+    from training.data import csv_files
+
     path = tmp_path / "day.csv"
     pcsv.write_csv(_demo_rows(demo_source).slice(0, 3000), path)
-    digests = []
-    for _ in range(2):
-        source = LocalSource(path)
-        file = source.as_parquet(source.files()[0])
-        digests.append(hashlib.sha256(source.read(file.name, 0, file.size)).hexdigest())
-    assert digests[0] == digests[1]
+    data = path.read_bytes()
+    for out in ("a.parquet", "b.parquet"):  # what two processes would each do
+        csv_files._convert(data, path.name, str(path), tmp_path / out)
+    assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes()
+
+    first, second = LocalSource(path), LocalSource(path)
+    converted = first.as_parquet(first.files()[0])
+    assert second.as_parquet(second.files()[0]) == converted and second.bytes_read == 0  # not read again
+    assert hashlib.sha256(second.read(converted.name, 0, converted.size)).hexdigest() == hashlib.sha256(
+        (tmp_path / "a.parquet").read_bytes()).hexdigest()
 
 
 def test_a_csv_column_of_the_wrong_type_is_one_line_naming_file_and_column(tmp_path: Path, demo_source: Path) -> None:
