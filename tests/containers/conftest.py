@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.containers.spot import BASE_IMAGE, IMAGE_NAME, build_extras, docker, docker_ready, docker_spec, ensure_base_image
-from tests.e2e.conftest import Deployer, PrefectServer, deployer, prefect_server, start_worker  # noqa: F401
+from tests.e2e.conftest import Deployer, PrefectServer, deployer, postgres, prefect_server, start_worker  # noqa: F401
 
 pytestmark = pytest.mark.container
 

@@ -1,5 +1,6 @@
-"""A real `prefect server start` on 127.0.0.1 with its own SQLite home, stopped by PID; the
-deployments deployed as CI does it (from a clone that is then deleted); workers run elsewhere."""
+"""A real `prefect server start` on 127.0.0.1 with a home of its own and a PostgreSQL database
+(tests/postgres.py), stopped by PID; the deployments deployed as CI does it (from a clone that
+is then deleted); workers run elsewhere."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from retrain_cli.temp_server import seed_database
+from tests.postgres import PostgresCluster, running_postgres
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +32,7 @@ def _free_port() -> int:
 
 
 class PrefectServer:
-    def __init__(self, home: Path, port: int) -> None:
+    def __init__(self, home: Path, port: int, database_url: str) -> None:
         self.port = port
         self.log_path = home / "server.log"
         self.api_url = f"http://127.0.0.1:{port}/api"
@@ -43,7 +44,7 @@ class PrefectServer:
             # Without this the UI calls port 4200 and shows "Can't connect".
             "PREFECT_UI_API_URL": self.api_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PREFECT_API_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+            "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url,
         }
 
     def cli(self, *args: str, timeout: float = 120, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -58,10 +59,9 @@ class PrefectServer:
 
 class _RetryingTransport(httpx.HTTPTransport):
     """Retries 503 and 429, and a request that timed out when sending it again is safe, as
-    Prefect's own client does. With two xdist workers, process workers and flows all writing to
-    one server, its SQLite database is often locked: the server then answers 503, or sends
-    nothing for over 30 s. A timed-out write other than an idempotent one may have landed, so it
-    is not repeated (see `_repeatable`)."""
+    Prefect's own client does: a server on a loaded machine can answer 503 or be slow to answer.
+    A timed-out write other than an idempotent one may have landed, so it is not repeated (see
+    `_repeatable`)."""
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         for attempt in range(7):
@@ -92,12 +92,10 @@ def _repeatable(request: httpx.Request) -> bool:
 
 
 @contextlib.contextmanager
-def running_server(home: Path) -> Iterator[PrefectServer]:
-    """`prefect server start` with its own SQLite home, until the block ends."""
-    server = PrefectServer(home, _free_port())
-    # The CLI's empty database copy, when an earlier test's temporary server kept one: the
-    # server then skips its migrations (about 9 s here). Without it, it migrates as usual.
-    seed_database(home / "prefect.db")
+def running_server(home: Path, postgres: PostgresCluster) -> Iterator[PrefectServer]:
+    """`prefect server start` with its own home and a new database of `postgres`, until the block
+    ends."""
+    server = PrefectServer(home, _free_port(), postgres.new_database())
     log = open(home / "server.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(server.port)],
@@ -128,8 +126,17 @@ def running_server(home: Path) -> Iterator[PrefectServer]:
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
-    with running_server(tmp_path_factory.mktemp("prefect-server-home")) as server:
+def postgres() -> Iterator[PostgresCluster]:
+    try:
+        with running_postgres() as cluster:
+            yield cluster
+    except RuntimeError as err:
+        pytest.fail(str(err))
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresCluster) -> Iterator[PrefectServer]:
+    with running_server(tmp_path_factory.mktemp("prefect-server-home"), postgres) as server:
         yield server
 
 

@@ -13,6 +13,7 @@ import boto3
 import pytest
 
 from tests.e2e.conftest import PrefectServer, running_server
+from tests.postgres import PostgresCluster
 from tests.e2e.docs_commands import blocks, buckets, environment, pages, run_block, runnable, work_folder
 
 pytestmark = pytest.mark.slow
@@ -20,10 +21,10 @@ RUN = [page for page in pages() if runnable(page)]
 
 
 @pytest.fixture(scope="module")
-def docs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+def docs_server(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresCluster) -> Iterator[PrefectServer]:
     """A server of this module's own: the pages create work pools and deployments by the names
     they document, which other tests' servers may already hold."""
-    with running_server(tmp_path_factory.mktemp("docs-prefect-home")) as server:
+    with running_server(tmp_path_factory.mktemp("docs-prefect-home"), postgres) as server:
         yield server
 
 
