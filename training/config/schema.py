@@ -142,8 +142,10 @@ class PreprocessConfig(_Section):
     max_tokens: int = Field(128, ge=2, le=65_536, description="data.text: tokens kept per text (a leading [CLS] "
                             "included); longer texts are truncated, shorter ones padded and masked.",
                             json_schema_extra=COMPUTED_SINCE)
-    image_size: int = Field(32, ge=4, le=4096, description="data.image: images are decoded once, converted to RGB "
-                            "and resized to image_size x image_size.", json_schema_extra=COMPUTED_SINCE)
+    image_size: int | None = Field(None, ge=4, le=4096, description="data.image: images are decoded once, converted "
+                                   "to RGB and resized to image_size x image_size. Unset: their own size (the largest "
+                                   "side of the first train images), at most 32; smaller images are never scaled up.",
+                                   json_schema_extra=COMPUTED_SINCE)
     numeric_bins: int = Field(
         48, ge=2, le=1024, description="Quantile bins of each numeric column's train values, for "
         "model.numeric_embedding: piecewise (fewer where a column has fewer distinct values).",

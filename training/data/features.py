@@ -13,6 +13,7 @@ their sha256 in `<key>/arrays/arrays.json` (written last), so training never tok
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -20,7 +21,7 @@ import logging
 import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Generator, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -28,7 +29,7 @@ import pyarrow.compute as pc
 
 from training.config import PreprocessConfig, fingerprint, fingerprinted
 from training.data.arrow_buffers import arrow_int64, int32_values, validity
-from training.data.images import UndecodableImage, decode_images
+from training.data.images import AUTO_SIZE_CAP, UndecodableImage, decode_images, largest_side
 from training.data.drift import drift_reference
 from training.data.manifest import DatasetManifest, segments_dir, shard_folder
 from training.data.ragged import OFFSETS, Ragged
@@ -261,16 +262,19 @@ def derived_rels(stats_rel_dir: str, manifest: DatasetManifest) -> list[str]:
 
 
 def preprocess_key(dataset_fingerprint: str, config: PreprocessConfig, text: bool = False,
-                   regression: bool = False) -> str:
+                   regression: bool = False, image: bool = False) -> str:
     """The content address of preprocessing; with text columns the tokenizers release is part
     of it, since another release may fit another tokenizer from the same texts. A regression
     label's transform is part of it whatever its setting: statistics fitted before the setting
-    existed hold `standardize`, which `auto` may not choose."""
+    existed hold `standardize`, which `auto` may not choose. With image columns, an unset
+    image_size (the images' own size) is too: before it existed, unset meant 32 px."""
     parts: list[Any] = ["preprocess", PREPROCESS_VERSION, dataset_fingerprint, fingerprinted(config)]
     if text:
         parts.append(f"tokenizers-{tokenizers_version()}")
     if regression:
         parts.append(f"target-{config.target_transform}")
+    if image and config.image_size is None:
+        parts.append("image-size-own")
     return fingerprint(*parts)
 
 
@@ -308,7 +312,8 @@ def fit_feature_stats(
     """Fit on the train split and write `<out_root>/<key>/feature_stats.json` and its sha256
     (each atomic, the checksum last), after the derived arrays of text and image columns; verified
     statistics already there (with their arrays) are reused."""
-    key = preprocess_key(manifest.fingerprint, config, bool(manifest.text), manifest.task == "regression")
+    key = preprocess_key(manifest.fingerprint, config, bool(manifest.text), manifest.task == "regression",
+                         bool(manifest.image))
     out_path = out_root / key / "feature_stats.json"
     existing = verified_feature_stats(out_path)
     if existing is not None and (not existing.derives or (out_path.parent / DERIVED_DIR / DERIVED_INDEX).exists()):
@@ -320,7 +325,8 @@ def fit_feature_stats(
         stats.text, stats.max_tokens = list(manifest.text), config.max_tokens
         stats.tokenizer = _fit_text(dataset_dir, manifest, config.vocab_size)
     if manifest.image:
-        stats.image, stats.image_size = list(manifest.image), config.image_size
+        stats.image = list(manifest.image)
+        stats.image_size = config.image_size or _auto_image_size(dataset_dir, manifest)
     if stats.derives:
         stats.image_mean, stats.image_std = write_derived_arrays(dataset_dir, manifest, stats,
                                                                  out_path.parent / DERIVED_DIR)
@@ -331,7 +337,21 @@ def fit_feature_stats(
     return out_path, stats
 
 
-def _train_blocks(dataset_dir: Path, manifest: DatasetManifest, split: str = "train") -> Iterator[Arrays]:
+def _auto_image_size(dataset_dir: Path, manifest: DatasetManifest, sample: int = 256) -> int:
+    """The images' own largest side (the first `sample` train rows), at most AUTO_SIZE_CAP:
+    smaller images are never scaled up."""
+    side, seen = 0, 0
+    with contextlib.closing(_train_blocks(dataset_dir, manifest)) as blocks:
+        for block in blocks:
+            columns = [_ragged([block], f"image{j}") for j in range(len(manifest.image))]
+            side = max(side, *(largest_side(images, sample - seen) for images in columns))
+            seen += len(columns[0])
+            if seen >= sample:
+                break
+    return min(AUTO_SIZE_CAP, side) if side else AUTO_SIZE_CAP
+
+
+def _train_blocks(dataset_dir: Path, manifest: DatasetManifest, split: str = "train") -> Generator[Arrays, None, None]:
     """Every micro-batch of a split's shards, in order (views into the mapped shard: use them
     before asking for the next)."""
     for shard in manifest.shards_of(split):

@@ -38,7 +38,8 @@ def preprocess_stage(
     config = PreprocessConfig.model_validate(preprocess)
     manifest = require_manifest(Path(dataset_dir))
     root = StorageRoot(StorageConfig.model_validate(storage or {"root": storage_root}), tags)
-    key = preprocess_key(manifest.fingerprint, config, bool(manifest.text), manifest.task == "regression")
+    key = preprocess_key(manifest.fingerprint, config, bool(manifest.text), manifest.task == "regression",
+                         bool(manifest.image))
     rel_dir = f"preprocess/{key}"
     rel = f"{rel_dir}/feature_stats.json"
     check_rel = f"{rel}.sha256"

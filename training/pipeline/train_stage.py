@@ -50,7 +50,7 @@ def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: st
     from training.trainer.precision import resolved_numerics
     numerics = resolved_numerics(config.train.device, config.train.precision)
     preprocessing = preprocess_key(dataset_fingerprint, config.preprocess, bool(config.data.text),
-                                   config.data.task == "regression")
+                                   config.data.task == "regression", bool(config.data.image))
     parts = ["run", dataset_fingerprint, preprocessing, train_fingerprint(config, *numerics)]
     if init_sha256 is not None:
         parts.append(f"warm:{init_sha256}")  # a warm start computes something else: its own run

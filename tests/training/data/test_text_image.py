@@ -32,8 +32,9 @@ from training.trainer.run import train
 TEXT = ["data.label=positive", "data.text=[review]", "data.numeric=[]", "data.categorical=[]",
         "preprocess.vocab_size=400", "preprocess.max_tokens=24", "model.text_dim=32", "model.text_layers=1",
         "model.text_heads=2", "model.hidden=[32]"]
+# preprocess.image_size unset: the digits keep their own 8 px.
 IMAGE = ["data.task=multiclass", "data.label=digit", "data.image=[image]", "data.numeric=[]", "data.categorical=[]",
-         "preprocess.image_size=8", "model.image_channels=[16, 32]", "model.hidden=[64]"]
+         "model.image_channels=[16, 32]", "model.hidden=[64]"]
 
 
 @pytest.fixture(scope="session")
@@ -102,6 +103,9 @@ def test_the_tokenizer_fit_is_reproducible_and_keys_the_preprocessing() -> None:
     assert fit_tokenizer(iter(texts), 100) == fit_tokenizer(iter(texts), 100)
     config = load_config().preprocess
     assert preprocess_key("d", config) != preprocess_key("d", config, text=True)  # the tokenizers release joins it
+    # Images at their own size are not the 32 px an unset image_size meant before; a table's key does not move.
+    assert preprocess_key("d", config, image=True) != preprocess_key("d", config)
+    assert preprocess_key("d", config) == preprocess_key("d", config.model_copy(update={"image_size": None}))
 
 
 def test_a_text_classifier_beats_bag_of_words_logistic_regression(tmp_path: Path, reviews_source: Path) -> None:
@@ -158,6 +162,20 @@ def test_an_image_classifier_matches_logistic_regression_on_pixels(tmp_path: Pat
           f"logistic regression on the pixels {reference:.4f}")
     assert ours["accuracy"] >= reference - 0.03, (ours, reference)
     assert len(stats.image_mean) == 3 and stats.image_size == 8
+
+
+@pytest.mark.parametrize(("shape", "setting", "size"), [((12, 20), None, 20), ((40, 24), None, 32), ((12, 20), 16, 16)])
+def test_images_keep_their_own_size_up_to_32_unless_a_size_is_set(
+        tmp_path: Path, shape: tuple[int, int], setting: int | None, size: int) -> None:
+    rng = np.random.default_rng(0)
+    images = [png(rng.integers(0, 255, (*shape, 3), dtype=np.uint8)) for _ in range(60)]
+    source = tmp_path / "pictures.parquet"
+    pq.write_table(pa.table({"image": pa.array(images, pa.binary()), "y": pa.array([0, 1] * 30)}), source)
+    config = load_config(overrides=[f"data.source={source}", "data.label=y", "data.image=[image]", "data.numeric=[]",
+                                    "data.categorical=[]", *([f"preprocess.image_size={setting}"] if setting else [])])
+    dataset_dir, manifest, _ = pack_local(source, config.data, tmp_path / "datasets")
+    _, stats = fit_feature_stats(dataset_dir, manifest, config.preprocess, tmp_path / "preprocess")
+    assert stats.image_size == size
 
 
 def _pixels(dataset_dir: str, stats: FeatureStats, split: str) -> tuple[np.ndarray, np.ndarray]:
