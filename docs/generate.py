@@ -148,10 +148,15 @@ def benchmarks_page() -> str:
              "with the command under its name: it rewrites its result file, and "
              "`python docs/generate.py` this page. A result without a commit or a load was recorded "
              "before the runner kept them.", ""]
+    results = {path.stem: json.loads(path.read_text())
+               for path in sorted((ROOT / "benchmarks" / "results").glob("*.json"))}
+    lines += _headlines(results)
     facts = {key for key, _ in RUN_FACTS} | {"command"}
-    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
-        result = json.loads(path.read_text())
-        lines += [f"## {path.stem}", "", f"`{result.get('command', f'python -m benchmarks.run {path.stem}')}`", ""]
+    for stem, result in results.items():
+        lines += [f"## {stem}", "", f"`{result.get('command', f'python -m benchmarks.run {stem}')}`", ""]
+        method = _method(stem)
+        if method:
+            lines += ["<details><summary>method</summary>", "", method, "", "</details>", ""]
         known = [f"{label}: {result[key]}" for key, label in RUN_FACTS if result.get(key) is not None]
         lines += ["; ".join(known) + ".", "", "| figure | value |", "|---|---|"]
         tables = {name: value for name, value in result.items() if _is_table(value)}
@@ -161,6 +166,30 @@ def benchmarks_page() -> str:
         for name, rows in tables.items():
             lines += [f"### {name}", "", *_table(rows), ""]
     return "\n".join(lines)
+
+
+def _headlines(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The summary table: each headline figure, its target, idle and beside a one-core burner,
+    met or not, its reference in a line, and the date of the run it comes from."""
+    from benchmarks.headlines import HEADLINES
+
+    lines = ["## Summary", "", "| figure | target | idle | loaded | reference | measured |", "|---|---|---|---|---|---|"]
+    for h in HEADLINES:
+        result = results.get(h.result, {})
+        values = [result.get(h.idle), result.get(h.loaded) if h.loaded else None]
+        cells = [f"{_format(v)} ({h.met(v)})" if v is not None else "not measured" for v in values]
+        target = f"{'≤' if h.at_most else '≥'} {_format(h.target)}"
+        lines.append(f"| {h.figure} | {target} | {cells[0]} | {cells[1]} | {h.reference} | "
+                     f"[{h.result}](#{h.result}), {result.get('date', 'no date')} |")
+    return [*lines, ""]
+
+
+def _method(stem: str) -> str:
+    """The benchmark module's docstring: how it measures, and against what."""
+    import ast
+
+    path = ROOT / "benchmarks" / f"bench_{stem}.py"
+    return (ast.get_docstring(ast.parse(path.read_text())) or "") if path.exists() else ""
 
 
 def _is_table(value: Any) -> bool:

@@ -1,0 +1,50 @@
+"""The figures the benchmarks page leads with: each with its target, where it is read from, and
+one line saying what the reference is, including where that reference is not yet a fair one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["HEADLINES", "Headline"]
+
+
+@dataclass(frozen=True)
+class Headline:
+    figure: str
+    result: str  # benchmarks/results/<result>.json
+    idle: str  # the key of the idle figure in that file
+    loaded: str | None  # the key of the figure beside a one-core burner; None: not measured
+    target: float
+    at_most: bool  # met when the figure is at most the target (else: at least)
+    reference: str
+    fair: bool  # the reference is one a skeptic accepts: only then is the target judged
+
+    def met(self, value: float | None) -> str:
+        if value is None:
+            return "not measured"
+        if not self.fair:
+            return "not judged: reference not yet fair"
+        return "met" if (value <= self.target if self.at_most else value >= self.target) else "not met"
+
+
+HEADLINES = (
+    Headline("training time / Lightning's", "lightning", "idle_project_vs_lightning", "loaded_project_vs_lightning",
+             0.83, True, "Lightning's Trainer at the threads the project chose, tensors built before the clock, "
+             "batches gathered by index, the same clipping and schedule", fair=True),
+    Headline("training time / a plain PyTorch loop's", "lightning", "idle_project_vs_plain",
+             "loaded_project_vs_plain", 1.05, True, "a plain loop set up as the Lightning reference", fair=True),
+    Headline("first-epoch speed / the best loader peer's", "peers", "ratio_project_over_best_peer",
+             "loaded_ratio_project_over_best_peer", 1.5, False,
+             "WebDataset, LitData, MosaicML Streaming at their defaults; not yet fair: files hot in the page cache, "
+             "the project on 2 prefetch threads to the peers' 1, a ratio of medians", fair=False),
+    Headline("training loop overhead / a bare loop", "overhead", "loop_overhead_fraction_same_threads_idle",
+             "loop_overhead_fraction_same_threads_loaded", 0.05, True,
+             "a bare loop over the same batches at the same threads; not yet fair: one train shard, loaded during "
+             "the excluded start-up", fair=False),
+    Headline("checkpoint stall / torch.save", "checkpoint", "stall_ratio_vs_torch_save",
+             "loaded_stall_ratio_vs_torch_save", 0.3, True,
+             "an un-synced torch.save; not yet fair: the background write's CPU is not charged to the loop",
+             fair=False),
+    Headline("predict speed / a bare model loop", "predict", "ratio_predict_vs_bare", None, 0.8, False,
+             "a bare model(x) loop over the same rows, transformed and in memory, at the same threads", fair=True),
+)
