@@ -307,6 +307,11 @@ class AsyncCheckpointer:
         """A background save failed (checked every step: training must not go on past it)."""
         return self._error is not None
 
+    @property
+    def writing(self) -> bool:
+        """A background write is still under way."""
+        return self._thread is not None and self._thread.is_alive()
+
     def wait(self) -> None:
         if self._thread is not None:
             self._thread.join()
