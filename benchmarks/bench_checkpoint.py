@@ -137,7 +137,7 @@ def _charged_rounds(work: Path, checkpointer: AsyncCheckpointer, state: dict[str
     charged, durable = [], []
     planned = MIN_STEPS
     for r in range(ROUNDS):
-        if r % 2:  # the steps without a save first: as many as the last round's save took
+        if r % 2:  # the steps without a save first, as many as the previous save took
             base_wall = without(planned)
             wall, steps = with_save(r)
             base = base_wall * steps / planned
