@@ -3,7 +3,8 @@ transform, the model, the output Parquet written) against a bare `model(x)` loop
 rows already transformed and in memory, in batches of the same size, both on the torch thread
 count predict's policy picks on this machine. Predict runs the model in `torch.inference_mode`;
 the bare loop runs under `torch.no_grad` (as such loops are usually written) and, as the floor,
-in `torch.inference_mode` too.
+in `torch.inference_mode` too. Idle, then beside a process spinning on one core (`loaded_`);
+each ratio is the median of the per-round ratios.
 
 And the command's fixed cost: `retrain predict` on a 100-row file from a fresh process, beside
 `python -c "import torch"`, the floor any scoring command pays."""
@@ -20,7 +21,7 @@ from typing import Any, Callable
 import pyarrow.parquet as pq
 import torch
 
-from benchmarks.common import demo_parquet, train_job
+from benchmarks.common import demo_parquet, outside_load, train_job
 from training.trainer.run import train
 from training.model.network import forward_fn
 from training.model.batch_scoring import SCORE_BATCH, load_scoring_model, predict_files
@@ -88,26 +89,35 @@ def run(work: Path, rows: int = 1_000_000, rounds: int = 5) -> dict[str, Any]:
         return (_bare_rows_per_s(scoring, batches, rows, torch.no_grad),
                 _bare_rows_per_s(scoring, batches, rows, torch.inference_mode))
 
-    predict, bare, floor = [], [], []
-    with scoring_threads(RetrainConfig()) as threads:  # both sides on predict's thread count
-        for r in range(rounds):
-            # Each predict run is bracketed by bare loops, and its references are their means: a
-            # shared box drifts by 10-30 % within a minute, and bracketing cancels a linear drift.
-            before = bare_pair()
-            out = work / f"scores-{r}.parquet"
-            t0 = time.perf_counter()
-            result = predict_files([source], scoring, out)
-            predict.append(result.rows / (time.perf_counter() - t0))
-            after = bare_pair()
-            bare.append((before[0] + after[0]) / 2)
-            floor.append((before[1] + after[1]) / 2)
-    ratios = [p / b for p, b in zip(predict, bare, strict=True)]
-    floor_ratios = [p / b for p, b in zip(predict, floor, strict=True)]
-    return {"rows": rows, "batch": SCORE_BATCH, "rounds": rounds, "torch_threads": threads,
-            "predict_rows_per_s": [round(p) for p in predict], "bare_model_rows_per_s": [round(b) for b in bare],
-            "ratio_predict_vs_bare_per_round": [round(x, 3) for x in ratios],
-            "ratio_predict_vs_bare": round(statistics.median(ratios), 3),
-            "bare_inference_mode_rows_per_s": [round(b) for b in floor],
-            "ratio_predict_vs_bare_inference_mode_per_round": [round(x, 3) for x in floor_ratios],
-            "ratio_predict_vs_bare_inference_mode": round(statistics.median(floor_ratios), 3),
+    def rounds_of(tag: str) -> dict[str, Any]:
+        predict, bare, floor = [], [], []
+        with scoring_threads(RetrainConfig()) as threads:  # both sides on predict's thread count
+            for r in range(rounds):
+                # Each predict run is bracketed by bare loops, and its references are their means: a
+                # shared box drifts by 10-30 % within a minute, and bracketing cancels a linear drift.
+                before = bare_pair()
+                out = work / f"scores-{tag}-{r}.parquet"
+                t0 = time.perf_counter()
+                result = predict_files([source], scoring, out)
+                predict.append(result.rows / (time.perf_counter() - t0))
+                after = bare_pair()
+                bare.append((before[0] + after[0]) / 2)
+                floor.append((before[1] + after[1]) / 2)
+        ratios = [p / b for p, b in zip(predict, bare, strict=True)]
+        floor_ratios = [p / b for p, b in zip(predict, floor, strict=True)]
+        prefix = "" if tag == "idle" else f"{tag}_"
+        return {f"{prefix}torch_threads": threads,
+                f"{prefix}predict_rows_per_s": [round(p) for p in predict],
+                f"{prefix}bare_model_rows_per_s": [round(b) for b in bare],
+                f"{prefix}ratio_predict_vs_bare_per_round": [round(x, 3) for x in ratios],
+                f"{prefix}ratio_predict_vs_bare": round(statistics.median(ratios), 3),
+                f"{prefix}bare_inference_mode_rows_per_s": [round(b) for b in floor],
+                f"{prefix}ratio_predict_vs_bare_inference_mode_per_round": [round(x, 3) for x in floor_ratios],
+                f"{prefix}ratio_predict_vs_bare_inference_mode": round(statistics.median(floor_ratios), 3)}
+
+    idle = rounds_of("idle")
+    with outside_load(True):
+        time.sleep(1.0)  # the burner is busy before predict's thread policy looks at the load
+        loaded = rounds_of("loaded")
+    return {"rows": rows, "batch": SCORE_BATCH, "rounds": rounds, **idle, **loaded,
             **_fixed_cost(work, source, package, rounds)}
