@@ -24,7 +24,7 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -147,19 +147,15 @@ def _plain_fair(data: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], li
     return time.perf_counter() - t0, auc
 
 
-def _lightning_fair(data: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[int]], work: Path,
-                    threads: int, peak_lr: float) -> tuple[float, float]:
+def _module(model: torch.nn.Module, optimizers: Callable[[Any], Any]) -> Any:
+    """A LightningModule around `model`: BCE in training_step, validation loss logged,
+    `optimizers(parameters)` as configure_optimizers."""
     import lightning as L
-
-    torch.set_num_threads(threads)
-    t0 = time.perf_counter()
-    torch.manual_seed(0)
-    train, val, cards = data
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.model = _model(cards, train["num"])
+            self.model = model
 
         def training_step(self, batch: Any, _index: int) -> torch.Tensor:
             num, cat, y = batch
@@ -170,10 +166,25 @@ def _lightning_fair(data: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]
             self.log("val_loss", F.binary_cross_entropy_with_logits(self.model({"num": num, "cat": cat}), y))
 
         def configure_optimizers(self) -> Any:
-            opt = torch.optim.AdamW(self.parameters(), lr=peak_lr, weight_decay=1e-4)
-            return {"optimizer": opt, "lr_scheduler": {"scheduler": _schedule(opt), "interval": "step"}}
+            return optimizers(self.parameters())
 
-    module = Module()
+    return Module()
+
+
+def _lightning_fair(data: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[int]], work: Path,
+                    threads: int, peak_lr: float) -> tuple[float, float]:
+    import lightning as L
+
+    torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    train, val, cards = data
+
+    def optimizers(params: Any) -> Any:
+        opt = torch.optim.AdamW(params, lr=peak_lr, weight_decay=1e-4)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": _schedule(opt), "interval": "step"}}
+
+    module = _module(_model(cards, train["num"]), optimizers)
     trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, val_check_interval=STEPS,
                         check_val_every_n_epoch=None, default_root_dir=str(work), gradient_clip_val=GRAD_CLIP)
@@ -192,27 +203,12 @@ def _lightning(source: Path, work: Path) -> tuple[float, float]:
     torch.manual_seed(0)
     train, val, cards = _tensors(source)
 
-    class Module(L.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.model = _model(cards, train["num"])
-
-        def training_step(self, batch: Any, _index: int) -> torch.Tensor:
-            num, cat, y = batch
-            return F.binary_cross_entropy_with_logits(self.model({"num": num, "cat": cat}), y)
-
-        def validation_step(self, batch: Any, _index: int) -> None:
-            num, cat, y = batch
-            self.log("val_loss", F.binary_cross_entropy_with_logits(self.model({"num": num, "cat": cat}), y))
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.AdamW(self.parameters(), lr=3e-3, weight_decay=1e-4)
-
     def loader(data: dict[str, torch.Tensor], shuffle: bool) -> torch.utils.data.DataLoader:
         dataset = torch.utils.data.TensorDataset(data["num"], data["cat"], data["label"])
         return torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=shuffle, drop_last=shuffle)
 
-    module = Module()
+    module = _module(_model(cards, train["num"]),
+                     lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=1e-4))
     trainer = L.Trainer(max_steps=STEPS, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, val_check_interval=STEPS,
                         check_val_every_n_epoch=None, default_root_dir=str(work))
