@@ -15,7 +15,8 @@ import torch
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.trainer.run import train
-from training.trainer.threads import CpuClock, apply_thread_policy, cgroup_quota, decide_threads
+from training.trainer.threads import (LOADER_BUSY_FOR_A_CORE, CpuClock, apply_thread_policy, cgroup_quota,
+                                      decide_threads)
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -119,14 +120,17 @@ def test_a_number_is_taken_as_given() -> None:
 
 
 def test_the_run_sets_and_reports_its_threads(small_config: RetrainConfig) -> None:
-    """Fetching a batch of the small tabular data takes a sliver of a step, so the prefetch
-    thread keeps no core: the step gets every core other processes leave free."""
+    """The run measures its prefetch thread's share of a step and the other processes' load, and
+    sets and reports the count `decide_threads` gives for those figures. (The figures themselves
+    depend on the machine's load, so the test checks the decision made from them.)"""
     small_config.train.loader.torch_threads = "auto"
     result = train(make_job(small_config, "threads-auto"))
     policy = result.threads
     assert policy is not None and policy.setting == "auto" and result.num_workers.used == 0
-    assert policy.loader_busy is not None and policy.loader_busy < 0.5 and policy.reserved == 0
-    assert policy.threads == decide_threads("auto", 0, others_busy=policy.others_busy, loader_busy=0.0).threads
+    assert policy.loader_busy is not None and policy.loader_busy > 0
+    assert policy.reserved == (1 if policy.loader_busy >= LOADER_BUSY_FOR_A_CORE else 0)
+    assert policy.threads == decide_threads("auto", 0, others_busy=policy.others_busy,
+                                            loader_busy=policy.loader_busy).threads
     assert policy.threads == torch.get_num_threads()
     small_config.train.loader.torch_threads = 1
     pinned = train(make_job(small_config, "threads-1"))
