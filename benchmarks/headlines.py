@@ -18,6 +18,16 @@ class Headline:
     at_most: bool  # met when the figure is at most the target (else: at least)
     reference: str
     fair: bool  # the reference is one a skeptic accepts: only then is the target judged
+    idle_per_round: str | None = None  # the key of the idle figure's rounds; None: `<idle>_per_round`
+    loaded_per_round: str | None = None  # likewise for the loaded figure
+
+    @property
+    def idle_rounds(self) -> str:
+        return self.idle_per_round or f"{self.idle}_per_round"
+
+    @property
+    def loaded_rounds(self) -> str | None:
+        return self.loaded_per_round or (f"{self.loaded}_per_round" if self.loaded else None)
 
     def met(self, value: float | None) -> str:
         if value is None:
@@ -41,7 +51,9 @@ HEADLINES = (
     Headline("training loop overhead / a bare loop", "overhead", "loop_overhead_fraction_same_threads_idle",
              "loop_overhead_fraction_same_threads_loaded", 0.05, True,
              "a bare loop over pre-built batches at the project's threads, the same math; the project's data "
-             "comes through its loader from several train shards, read inside the timed loop", fair=True),
+             "comes through its loader from several train shards, read inside the timed loop", fair=True,
+             idle_per_round="loop_overhead_fraction_same_threads_per_round_idle",
+             loaded_per_round="loop_overhead_fraction_same_threads_per_round_loaded"),
     Headline("checkpoint stall / a durable torch.save", "checkpoint", "charged_stall_ratio_vs_durable_torch_save",
              "loaded_charged_stall_ratio_vs_durable_torch_save", 0.3, True,
              "torch.save and fsync; the stall is what a training loop's steps took beyond the same steps without "

@@ -3,7 +3,8 @@
 - `reference/config.md` from the config model (`training.config.RetrainConfig`): every key with
   its type, default, allowed values, description, and whether it changes the run key;
 - `reference/cli.md` from the CLI's own parser (`retrain --help` and each subcommand's);
-- `benchmarks.md` from the benchmarks' result files (`benchmarks/results/*.json`).
+- `benchmarks.md` from the benchmarks' result files (`benchmarks/results/*.json`), and its
+  chart, `img/benchmarks-summary.svg`.
 
 `python docs/generate.py` rewrites them; `python docs/generate.py --check` exits 1 naming each
 page that differs from what the code would generate (the suite runs it, so a page cannot drift).
@@ -148,8 +149,7 @@ def benchmarks_page() -> str:
              "with the command under its name: it rewrites its result file, and "
              "`python docs/generate.py` this page. A result without a commit or a load was recorded "
              "before the runner kept them.", ""]
-    results = {path.stem: json.loads(path.read_text())
-               for path in sorted((ROOT / "benchmarks" / "results").glob("*.json"))}
+    results = _results()
     lines += _headlines(results)
     facts = {key for key, _ in RUN_FACTS} | {"command"}
     for stem, result in results.items():
@@ -168,6 +168,16 @@ def benchmarks_page() -> str:
     return "\n".join(lines)
 
 
+def _results() -> dict[str, dict[str, Any]]:
+    return {path.stem: json.loads(path.read_text()) for path in sorted((ROOT / "benchmarks" / "results").glob("*.json"))}
+
+
+def benchmarks_chart() -> str:
+    from benchmarks.charts import summary_svg
+
+    return summary_svg(_results())
+
+
 def _headlines(results: dict[str, dict[str, Any]]) -> list[str]:
     """The summary table: each headline figure, its target, idle and beside a one-core burner,
     met or not, its reference in a line, and the date of the run it comes from."""
@@ -181,7 +191,9 @@ def _headlines(results: dict[str, dict[str, Any]]) -> list[str]:
         target = f"{'≤' if h.at_most else '≥'} {_format(h.target)}"
         lines.append(f"| {h.figure} | {target} | {cells[0]} | {cells[1]} | {h.reference} | "
                      f"[{h.result}](#{h.result}), {result.get('date', 'no date')} |")
-    return [*lines, ""]
+    return [*lines, "", "![Each headline figure's rounds (dots) and median (bar), idle and beside a one-core "
+                       "burner, against its dashed target: green met, red not met, grey not judged]"
+                       "(img/benchmarks-summary.svg)", ""]
 
 
 def _method(stem: str) -> str:
@@ -205,7 +217,8 @@ def _table(rows: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
-PAGES = {"reference/config.md": config_reference, "reference/cli.md": cli_reference, "benchmarks.md": benchmarks_page}
+PAGES = {"reference/config.md": config_reference, "reference/cli.md": cli_reference, "benchmarks.md": benchmarks_page,
+         "img/benchmarks-summary.svg": benchmarks_chart}
 
 
 def main(argv: list[str] | None = None) -> int:
