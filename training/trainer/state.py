@@ -148,7 +148,11 @@ class TrainState:
         except (MemoryError, torch.OutOfMemoryError) as err:
             raise ConfigError(f"the model does not fit in {device.type} memory ({type(err).__name__}); lower "
                               "model.hidden, model.embedding_dim or preprocess.max_vocab") from None
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.optim.weight_decay)
+        # torch implements the fused kernel for CPU and CUDA; a resumed run keeps the implementation
+        # its checkpoint's param_groups name, so its numerics do not change mid-run.
+        fused = tc.optim.fused and device.type in ("cpu", "cuda")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.optim.weight_decay,
+                                      fused=fused or None)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc.schedule.warmup_steps, tc.max_steps))
         # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
