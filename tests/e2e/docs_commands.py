@@ -17,6 +17,7 @@ import doctest
 import os
 import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +100,16 @@ def _console(text: str) -> list[tuple[str, str]]:
 
 
 def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
-    """Run one block; an AssertionError names the page and line, with the output's tail."""
+    """Run one block; an AssertionError names the page and line, with the output's tail. Its
+    seconds are printed (`pytest -s` shows where a page's time goes)."""
+    t0 = time.monotonic()
+    try:
+        _run_block(block, cwd, env)
+    finally:
+        print(f"docs command: {block.where} took {time.monotonic() - t0:.1f} s")
+
+
+def _run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
     if block.lang == "bash":
         out = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], cwd=cwd, env=env, capture_output=True,
                              text=True, timeout=BLOCK_TIMEOUT)
