@@ -179,7 +179,7 @@ def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
 
 
 def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
-    overrides = small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=3000", "train.eval_every=1000",
+    overrides = small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=1500", "train.eval_every=500",
                                                                     "train.checkpoint.every=10"]
     args = _sets(overrides)
     proc = subprocess.Popen(
@@ -264,7 +264,7 @@ def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: P
     root = tmp_path / "root"
     # Long enough that the interrupt lands while it trains, however loaded the machine: it is
     # sent once the first checkpoint exists, and what follows it takes a few seconds at most.
-    overrides = small_overrides(root, demo_source) + ["train.max_steps=3000", "train.eval_every=1000",
+    overrides = small_overrides(root, demo_source) + ["train.max_steps=1500", "train.eval_every=500",
                                                       "train.checkpoint.every=10", "train.patience=0"]
     args = _sets(overrides)
     had_copy = empty_database_copy().exists()
