@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import logging
 import os
@@ -15,53 +16,22 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
-from benchmarks import (
-    bench_checkpoint,
-    bench_incremental,
-    bench_lightning,
-    bench_loading,
-    bench_overhead,
-    bench_pack_memory,
-    bench_packing,
-    bench_peers,
-    bench_plan,
-    bench_predict,
-    bench_quality,
-    bench_preemption,
-    bench_s3,
-    bench_scaling,
-    bench_scale,
-    bench_startup,
-    bench_transformer,
-    bench_tuning,
-    bench_tuning_replay,
-    bench_warm_start,
-)
+import torch
+
 from benchmarks.common import machine
 
-SUITE = {
-    "packing": bench_packing.run,
-    "loading": bench_loading.run,
-    "peers": bench_peers.run,
-    "checkpoint": bench_checkpoint.run,
-    "preemption": bench_preemption.run,
-    "warm_start": bench_warm_start.run,
-    "overhead": bench_overhead.run,
-    "scale": bench_scale.run,
-    "s3": bench_s3.run,
-    "scaling": bench_scaling.run,
-    "transformer": bench_transformer.run,
-    "tuning": bench_tuning.run,
-    "tuning_replay": bench_tuning_replay.run,
-    "predict": bench_predict.run,
-    "lightning": bench_lightning.run,
-    "quality": bench_quality.run,
-    "startup": bench_startup.run,
-    "incremental": bench_incremental.run,
-    "pack_memory": bench_pack_memory.run,
-    "plan": bench_plan.run,
-}
+# name -> module (benchmarks/bench_<name>.py, whose `run(work)` returns the figures). Imported
+# only when asked for: `gpu` runs on a GPU machine that has the training core and none of the
+# orchestration (Prefect, boto3, Lightning) the others import.
+SUITE = ("packing", "loading", "peers", "checkpoint", "preemption", "warm_start", "overhead", "scale", "s3",
+         "scaling", "transformer", "tuning", "tuning_replay", "predict", "lightning", "quality", "startup",
+         "incremental", "pack_memory", "plan", "gpu")
+
+
+def _runner(name: str) -> Callable[[Path], dict[str, Any]]:
+    return importlib.import_module(f"benchmarks.bench_{name}").run  # type: ignore[no-any-return]
 
 
 META = ("machine", "command", "commit", "date", "load_before", "load_after", "wall_seconds")
@@ -77,7 +47,8 @@ def _commit() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
                                 ":!benchmarks/results"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        # A copy of the tree without its .git (the GPU machine gets one): the caller says.
+        return os.environ.get("BENCH_COMMIT", "unknown")
     return head + ("+changes" if dirty else "")
 
 
@@ -89,11 +60,13 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
     where = machine()
-    for name in args.names or list(SUITE):
+    # The GPU check runs where a GPU is; on a CPU machine only when named (its rehearsal).
+    default = [n for n in SUITE if n != "gpu" or torch.cuda.is_available()]
+    for name in args.names or default:
         with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
             load_before = os.getloadavg()[0]
             t0 = time.perf_counter()
-            result = SUITE[name](Path(tmp))
+            result = _runner(name)(Path(tmp))
             # Where and when: the shared machines these run on are noisy, so the load is kept too.
             result["machine"] = where
             result["command"] = f"python -m benchmarks.run {name}"
@@ -107,7 +80,7 @@ def main() -> None:
         print("| figure | value |\n|---|---|")
         for key, value in result.items():
             if key not in META:
-                print(f"| {key} | {value} |")
+                print(f"| {key} | {str(value)[:200]} |")
 
 
 if __name__ == "__main__":
