@@ -43,7 +43,7 @@ CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
 BF16 = torch.bfloat16 if CUDA else None
 # Seconds each part may take on an H100 (the rehearsal on a CPU gets GPU_CHECK_SCALE times more).
-BUDGETS = {"probes": 40, "prep": 60, "precision": 60, "resume": 90, "perf": 45, "busy": 45, "plan": 90,
+BUDGETS = {"probes": 40, "prep": 60, "precision": 60, "resume": 90, "perf": 45, "busy": 90, "plan": 90,
            "compile": 120, "autobatch": 50}
 # The parts whose figures are timings: they wait until the GPU is otherwise idle (see run).
 TIMED = ("perf", "busy", "plan", "compile", "autobatch")
@@ -67,8 +67,11 @@ def run(work: Path) -> dict[str, Any]:
     lines = work / "results.jsonl"
     scale = float(os.environ.get("GPU_CHECK_SCALE", "1"))
     parts: dict[str, dict[str, Any]] = {}
+    only = [p for p in os.environ.get("GPU_CHECK_PARTS", "").split(",") if p]  # a rerun of some parts
     quiet_after = os.environ.get("GPU_CHECK_QUIET_AFTER")  # a file that exists while other work uses the GPU
     for part, budget in BUDGETS.items():
+        if only and part not in only and part != "prep":
+            continue
         if part in TIMED and quiet_after:
             waited = time.perf_counter()
             while Path(quiet_after).exists() and time.perf_counter() - waited < 300:
@@ -156,6 +159,16 @@ def job(family: str, name: str, *extra: str) -> Any:
     return train_job(WORK / family, name, base + FAMILY[family] + list(extra))
 
 
+def trained(j: Any) -> Any:
+    """train(j)'s TrainResult (a whole run: no rung, rank 0)."""
+    from training.launch.results import TrainResult
+    from training.trainer.run import train
+
+    result = train(j)
+    assert isinstance(result, TrainResult)
+    return result
+
+
 def history(result: Any) -> list[dict[str, Any]]:
     return [{"step": v.step, "loss": v.train_loss, **v.metrics} for v in result.history]
 
@@ -218,7 +231,7 @@ def part_probes() -> None:
         restore_rng(state)
         return len(state["cuda"])
 
-    def text_step_syncs() -> int:
+    def text_step_syncs() -> list[str]:
         import warnings
 
         from training.model.encoders import TextEncoder
@@ -233,7 +246,9 @@ def part_probes() -> None:
             enc(tok, ntok).sum().backward()
             if CUDA:
                 torch.cuda.set_sync_debug_mode(0)
-        return sum("synchroniz" in str(w.message) for w in seen)
+        # Each sync's warning, with the line of the model that caused it.
+        return [f"{Path(w.filename).name}:{w.lineno}: {str(w.message)[:120]}" for w in seen
+                if "synchroniz" in str(w.message)][:5]
 
     probe("piecewise_deterministic", piecewise)
     probe("quantile_target_on_device", quantile)
@@ -252,13 +267,12 @@ def part_prep() -> None:
 def part_precision() -> None:
     """The shipped defaults (piecewise embeddings, deterministic kernels, precision auto) against
     the same run in fp32."""
-    from training.trainer.run import train
 
     steps = ["train.max_steps=60", "train.eval_every=20"] if QUICK else ["train.max_steps=400"]
     out: dict[str, Any] = {}
     for precision in ("auto", "fp32"):
         reset_determinism()
-        r = train(job("tabular", f"precision-{precision}", *steps, f"train.precision={precision}"))
+        r = trained(job("tabular", f"precision-{precision}", *steps, f"train.precision={precision}"))
         out[precision] = {"precision": r.precision, "device": r.device, "history": history(r),
                           "metric": r.best_val_metric, "steps_per_s": r.steps / r.seconds.train,
                           "peak_bytes": r.accelerator.get("memory_peak_bytes")}
@@ -354,13 +368,15 @@ def part_perf() -> None:
 
 
 def _device_spans(prof: Any) -> list[tuple[float, float]]:
-    """(start, end) in microseconds of every kernel, copy and set the GPU ran while profiled."""
-    spans = [(e.time_range.start, e.time_range.end) for e in prof.events()
-             if e.device_type == torch.autograd.DeviceType.CUDA]
-    if not spans:  # device activity with no CPU op to hang it on: read kineto's own events
-        spans = [(e.start_ns() / 1e3, e.end_ns() / 1e3) for e in prof.profiler.kineto_results.events()
-                 if e.device_type() == torch.autograd.DeviceType.CUDA]
-    return sorted(spans)
+    """(start, end) in microseconds of every kernel, copy and set the GPU ran while profiled.
+    Kineto's own events first: building the profiler's FunctionEvents for some 50,000 kernels
+    took most of a 45-second budget on an H200."""
+    cuda = torch.autograd.DeviceType.CUDA
+    try:
+        return sorted((e.start_ns() / 1e3, e.end_ns() / 1e3) for e in prof.profiler.kineto_results.events()
+                      if e.device_type() == cuda)
+    except AttributeError:  # another torch's names
+        return sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda)
 
 
 def _kernel_busy(prof: Any) -> dict[str, Any]:
@@ -386,7 +402,6 @@ def part_busy() -> None:
     how much of the time the GPU has work."""
     from torch.profiler import ProfilerActivity, profile
 
-    from training.trainer.run import train
 
     for family, extra in (("tabular", []), ("text", TRANSFORMER)):
         quick = ["train.max_steps=20", "train.batch_size=16"] if QUICK else ["train.max_steps=300"]
@@ -394,7 +409,7 @@ def part_busy() -> None:
         reset_determinism()
         activities = [ProfilerActivity.CUDA] if CUDA else [ProfilerActivity.CPU]
         with profile(activities=activities) as prof:
-            r = train(j)
+            r = trained(j)
         res = _kernel_busy(prof) if CUDA else {"busy_fraction": None}
         record(f"busy_{family}", ok=res["busy_fraction"] is not None or not CUDA, steps=r.steps,
                train_seconds=r.seconds.train, eval_seconds=r.seconds.eval,
@@ -445,7 +460,7 @@ def part_compile() -> None:
         eager = _step_time(copy.deepcopy(model), task, batches, BF16, 3 if QUICK else 40)
         torch._dynamo.reset()
         dynamo_utils.counters.clear()
-        compiled = torch.compile(model)
+        compiled: Any = torch.compile(model)
         t0 = time.perf_counter()
         with torch.random.fork_rng(devices=[DEV] if CUDA else []):
             task.forward_loss(forward_fn(compiled, model), batches[0], DEV, BF16).backward()
@@ -487,6 +502,10 @@ def part_autobatch() -> None:
         budget = cuda_memory_budget(free, torch.cuda.memory_reserved(DEV), total, 0.8)
     else:
         total = budget = 2 << 30
+    # One step first: cuBLAS takes its workspace from the caching allocator at the first matmul
+    # of a process (64 MiB on an H200), which is not the search's to give back.
+    task.forward_loss(forward_fn(model), {k: v[:1] for k, v in batches[0].items()}, DEV, BF16).backward()
+    model.zero_grad(set_to_none=True)
     base = torch.cuda.memory_allocated() if CUDA else 0
     s = find_micro_batch(model, task, 1 << 16, example, DEV, BF16, budget, max_seconds=10 if QUICK else 30)
     res: dict[str, Any] = {"budget": budget, "total": total, "micro": s.micro_batch, "accum": s.grad_accum,

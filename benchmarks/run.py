@@ -31,7 +31,7 @@ SUITE = ("packing", "loading", "peers", "checkpoint", "preemption", "warm_start"
 
 
 def _runner(name: str) -> Callable[[Path], dict[str, Any]]:
-    return importlib.import_module(f"benchmarks.bench_{name}").run  # type: ignore[no-any-return]
+    return importlib.import_module(f"benchmarks.bench_{name}").run
 
 
 META = ("machine", "command", "commit", "date", "load_before", "load_after", "wall_seconds")

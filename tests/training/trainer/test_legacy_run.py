@@ -33,7 +33,9 @@ def test_an_earlier_versions_checkpoint_resumes_to_its_weights(tmp_path: Path) -
     source, _ = ensure_demo_dataset(tmp_path / "src", rows=SMALL_ROWS, seed=7)  # the file that version packed
     # That version's overrides (data.segment_rows did not exist), and its defaults where they changed since.
     overrides = [o for o in small_overrides(tmp_path / "root", source) if not o.startswith("data.segment_rows")]
-    overrides += ["train.patience=5", "model.numeric_embedding=none", "train.optim.fused=false"]
+    # ... and its device: the checkpoint was made on a CPU, and on a GPU the run would compute
+    # (and be keyed) otherwise.
+    overrides += ["train.patience=5", "model.numeric_embedding=none", "train.optim.fused=false", "train.device=cpu"]
     config = load_config(overrides=overrides)
     shutil.copytree(FIXTURE / "datasets", tmp_path / "root" / "datasets")
     job = make_job(config)
