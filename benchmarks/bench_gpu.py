@@ -15,7 +15,8 @@ Parts:
 - resume: SIGKILL twice and resume, against an uninterrupted run, on the GPU;
 - perf: bf16 against fp32 step time and peak memory, the MLP and the text transformer;
 - busy: the share of the training loop's wall time the GPU spends in kernels;
-- plan: `retrain plan`'s predicted step time for this GPU against the one measured here;
+- plan: `retrain plan`'s predicted H100 step time against the one measured here, with the
+  priors of the run and with the priors shipped now (fitted to an earlier run of this part);
 - compile: torch.compile's speed-up, and the graphs compiled after the first step;
 - autobatch: the auto batch size on real CUDA memory, and the end-of-run fp32 re-timing.
 
@@ -89,33 +90,65 @@ def run(work: Path) -> dict[str, Any]:
                 record = json.loads(line)
                 parts[record.pop("part")] = record
             lines.unlink()
-    return {**headlines(parts), "parts": parts}
+    return headlines(parts)
 
 
 def headlines(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The figures the benchmarks page shows, each from its part (None where the part failed)."""
+    """The figures the benchmarks page shows, each from its part (None where the part failed),
+    then the parts' own records as `detail` (kept in the file, left off the page)."""
+    from training.cost.hardware import GPUS
+    from training.cost.roofline import predict_step
+    from training.cost.step_count import StepCount
+
     def get(part: str, *keys: str) -> Any:
         value: Any = parts.get(part, {})
         for key in keys:
             value = value.get(key) if isinstance(value, dict) else None
         return value
 
+    def ms(seconds: Any) -> Any:
+        return seconds * 1000 if isinstance(seconds, float) else None
+
+    def plan_row(family: str) -> dict[str, Any]:
+        count = get(f"plan_{family}", "count")
+        predicted = get(f"plan_{family}", "predicted_s") or [None, None, None]
+        now = predict_step(StepCount(**count), GPUS["H100"], 1, "auto") if count else None
+        measured = get(f"plan_{family}", "measured_s")
+        return {"micro_batch": get(f"plan_{family}", "micro_batch"), "kernels": (count or {}).get("kernels"),
+                "measured_step_ms": ms(measured), "measured_loop_step_ms": ms(get(f"plan_{family}", "loop_s")),
+                "predicted_ms_at_run": ms(predicted[1]), "measured_over_predicted_at_run":
+                get(f"plan_{family}", "measured_over_predicted"),
+                "predicted_ms_shipped_priors": ms(now.mid) if now else None,
+                "measured_over_predicted_shipped_priors": measured / now.mid if now and measured else None}
+
+    def precision_row(name: str) -> dict[str, Any]:
+        return {"micro_batch": get(f"perf_{name}", "micro_batch"), "fp32_step_ms": ms(get(f"perf_{name}", "fp32", "step_s")),
+                "bf16_step_ms": ms(get(f"perf_{name}", "bf16", "step_s")), "bf16_speedup": get(f"perf_{name}", "speedup_bf16"),
+                "bf16_peak_memory_over_fp32": get(f"perf_{name}", "peak_ratio_bf16")}
+
+    def compile_row(name: str) -> dict[str, Any]:
+        return {"micro_batch": get(f"compile_{name}", "micro_batch"), "eager_step_ms": ms(get(f"compile_{name}", "eager_s")),
+                "compiled_step_ms": ms(get(f"compile_{name}", "compiled_s")), "speedup": get(f"compile_{name}", "speedup"),
+                "compile_seconds": get(f"compile_{name}", "warmup_compile_s"),
+                "graphs_added_after_step_1": get(f"compile_{name}", "graphs_added_after_step_1")}
+
     return {
         "device": get("env", "device"),
         "auto_precision": get("env", "auto_precision"),
         "bf16_vs_fp32_loss_max_relative_difference": get("precision", "loss_rel_max"),
         "bf16_vs_fp32_validation_metric_gap": get("precision", "metric_gap"),
-        "bf16_speedup_mlp": get("perf_mlp", "speedup_bf16"),
-        "bf16_speedup_transformer": get("perf_transformer", "speedup_bf16"),
-        "bf16_peak_memory_ratio_transformer": get("perf_transformer", "peak_ratio_bf16"),
+        "sigkill_resume_bit_identical": get("resume", "bit_identical"),
         "gpu_busy_fraction_tabular": get("busy_tabular", "busy_fraction"),
         "gpu_busy_fraction_text": get("busy_text", "busy_fraction"),
-        "sigkill_resume_bit_identical": get("resume", "bit_identical"),
-        "plan_measured_over_predicted": {f: get(f"plan_{f}", "measured_over_predicted") for f in FAMILY},
         "auto_batch_micro_batch": get("autobatch", "micro"),
-        "auto_batch_trains_without_oom": get("autobatch", "ok"),
-        "compile_speedup_transformer": get("compile_transformer", "speedup"),
-        "compile_graphs_added_after_step_1": get("compile_transformer", "graphs_added_after_step_1"),
+        "auto_batch_real_steps_peak_bytes": get("autobatch", "real_steps_peak_bytes"),
+        "auto_batch_fp32_retiming": get("autobatch", "fp32_slowdown_at_auto_batch"),
+        "probes_passed": [k.removeprefix("probe_") for k, v in parts.items() if k.startswith("probe_") and v.get("ok")],
+        "probes_failed": [k.removeprefix("probe_") for k, v in parts.items() if k.startswith("probe_") and not v.get("ok")],
+        "bf16_against_fp32": {name: precision_row(name) for name in ("mlp", "transformer")},
+        "plan_against_measured": {family: plan_row(family) for family in FAMILY},
+        "torch_compile": {name: compile_row(name) for name in ("transformer", "mlp")},
+        "detail": parts,
     }
 
 

@@ -31,8 +31,9 @@ touch "$QUIET"
     --ignore=tests/training/storage/test_s3_storage.py --ignore=tests/training/storage/test_trust_boundary.py \
     > "$OUT/pytest.log" 2>&1
   echo "== pytest exit $? after $(( $(date +%s) - T0 )) s" >> "$OUT/pytest.log"; rm -f "$QUIET" ) &
+TESTS=$!
 
 GPU_CHECK_QUIET_AFTER=$QUIET python3 -m benchmarks.run gpu --out "$OUT"
-wait
+wait "$TESTS"  # not a bare `wait`: that would wait on the tee above, which never ends
 tail -30 "$OUT/pytest.log"
 echo "== total $(( $(date +%s) - T0 )) s"

@@ -40,6 +40,8 @@ META = ("machine", "command", "commit", "date", "load_before", "load_after", "wa
 def _commit() -> str:
     """The commit measured, with "+changes" when the working tree differs from it."""
     repo = Path(__file__).resolve().parents[1]
+    if os.environ.get("BENCH_COMMIT"):  # a copy of the tree (the GPU machine's) whose .git, if any, is not its own
+        return os.environ["BENCH_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -47,8 +49,7 @@ def _commit() -> str:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
                                 ":!benchmarks/results"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        # A copy of the tree without its .git (the GPU machine gets one): the caller says.
-        return os.environ.get("BENCH_COMMIT", "unknown")
+        return "unknown"
     return head + ("+changes" if dirty else "")
 
 

@@ -129,6 +129,8 @@ def cli_reference() -> str:
 
 
 def _format(value: Any) -> str:
+    if value is None:
+        return "not measured"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, list) and all(isinstance(v, (int, float)) for v in value):
@@ -151,7 +153,8 @@ def benchmarks_page() -> str:
              "before the runner kept them.", ""]
     results = _results()
     lines += _headlines(results)
-    facts = {key for key, _ in RUN_FACTS} | {"command"}
+    # "detail": a benchmark's raw records, kept in its file for whoever digs, left off the page.
+    facts = {key for key, _ in RUN_FACTS} | {"command", "detail"}
     for stem, result in results.items():
         lines += [f"## {stem}", "", f"`{result.get('command', f'python -m benchmarks.run {stem}')}`", ""]
         method = _method(stem)
@@ -159,7 +162,7 @@ def benchmarks_page() -> str:
             lines += ["<details><summary>method</summary>", "", method, "", "</details>", ""]
         known = [f"{label}: {result[key]}" for key, label in RUN_FACTS if result.get(key) is not None]
         lines += ["; ".join(known) + ".", "", "| figure | value |", "|---|---|"]
-        tables = {name: value for name, value in result.items() if _is_table(value)}
+        tables = {name: value for name, value in result.items() if _is_table(value) and name not in facts}
         lines += [f"| {name} | {_format(value)} |" for name, value in result.items()
                   if name not in facts and name not in tables]
         lines.append("")

@@ -2,10 +2,12 @@
 
 Per step: the matmul-class ops take the longer of their FLOPs at the precision's peak and their
 bytes at the memory bandwidth (a roofline); every other kernel is bandwidth-bound; AdamW streams
-the weights, gradients and moments once; and each kernel pays a launch. Peaks are never reached,
-so each term is scaled by an efficiency. The efficiencies and the launch cost below are priors,
-not measurements (no GPU runs here): they give every prediction a low-high range, and a step
-time measured on an instance replaces the prediction (`cost.prices.<type>.measured_step_seconds`).
+the weights, gradients and moments once; and each kernel costs the host its launch. Peaks are
+never reached, so each term is scaled by an efficiency. The host's cost per kernel is measured
+(`python -m benchmarks.run gpu`, benchmarks/results/gpu.json); the compute and bandwidth
+efficiencies are priors, because every built-in model measured there was host-bound. The three
+sets give every prediction a low-high range, and a step time measured on an instance replaces
+the prediction (`cost.prices.<type>.measured_step_seconds`).
 """
 
 from __future__ import annotations
@@ -21,14 +23,19 @@ __all__ = ["Efficiency", "PRIORS", "StepPrediction", "predict_step", "training_b
 class Efficiency(BaseModel):
     compute: float  # fraction of peak FLOP/s the matmuls reach
     bandwidth: float  # fraction of peak bandwidth the memory-bound kernels reach
-    launch_seconds: float  # per kernel, eager mode
+    launch_seconds: float  # host seconds per counted kernel, eager mode
 
 
-# Optimistic, middle, pessimistic. Small tabular matmuls reach a modest share of peak; eager
-# PyTorch pays a few microseconds per kernel launch on the host.
-PRIORS = (Efficiency(compute=0.7, bandwidth=0.85, launch_seconds=4e-6),
-          Efficiency(compute=0.45, bandwidth=0.7, launch_seconds=6e-6),
-          Efficiency(compute=0.25, bandwidth=0.5, launch_seconds=10e-6))
+# Optimistic, middle, pessimistic. Small tabular matmuls reach a modest share of peak. The host
+# cost per kernel is what one eager bf16 training step took per counted kernel on a GPU, less
+# the step's compute and memory terms: 43 us (tabular MLP, 77 kernels), 35 us (text
+# transformer, 247) and 43 us (image CNN, 78) on an H200 with a 16-core Xeon host
+# (benchmarks/results/gpu.json, parts plan_*). It covers Python, dispatch and autograd, not only
+# the launch itself, which is why it is ten times a bare launch. Low and high allow for faster
+# and slower hosts.
+PRIORS = (Efficiency(compute=0.7, bandwidth=0.85, launch_seconds=30e-6),
+          Efficiency(compute=0.45, bandwidth=0.7, launch_seconds=40e-6),
+          Efficiency(compute=0.25, bandwidth=0.5, launch_seconds=60e-6))
 # Gradients of a multi-GPU instance are all-reduced over its links each step: 10-100 GB/s
 # (PCIe to NVLink), an assumption like the priors.
 ALLREDUCE_GBS = (100.0, 25.0, 10.0)
