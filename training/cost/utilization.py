@@ -10,6 +10,7 @@ __all__ = ["TimeSplit", "Utilization", "utilization_summary"]
 
 DATA_BOUND_STALL = 0.10
 MEMORY_BOUND_PEAK = 0.90
+FP32_FASTER = 0.95  # an fp32 step this much faster than the run's mixed-precision one is worth advising
 
 
 class TimeSplit(BaseModel):
@@ -41,10 +42,12 @@ class Utilization(BaseModel):
 
 
 def utilization_summary(train: float, data_wait: float, compute: float, checkpoint: float, evaluation: float,
-                        samples: int, accelerator: dict[str, Any], device: str = "cuda") -> Utilization:
+                        samples: int, accelerator: dict[str, Any], device: str = "cuda", precision: str = "fp32",
+                        fp32_slowdown: float = 1.0) -> Utilization:
     """Split of step time (data wait, compute, checkpoint stall, evaluation), samples/s, the
     data-stall fraction and a bottleneck verdict with advice; `train` is the steps' wall time,
-    of which `data_wait` and `compute` were measured inside the step."""
+    of which `data_wait` and `compute` were measured inside the step. `fp32_slowdown` is the
+    run's measured fp32 step time over its own (1.0 for an fp32 run)."""
     step_total = train + checkpoint + evaluation
     other = max(0.0, train - data_wait - compute)  # optimizer step, bookkeeping
     split = TimeSplit(data_wait=data_wait, compute=compute + other, checkpoint_stall=checkpoint, evaluation=evaluation)
@@ -63,6 +66,15 @@ def utilization_summary(train: float, data_wait: float, compute: float, checkpoi
         verdict, advice = "compute-bound", ("the CPU cores are busy with the model's arithmetic; a GPU, or more "
                                             "cores, is what would raise throughput")
     else:
-        verdict, advice = "compute-bound", "the good state: the accelerator is busy; a larger train.batch_size may raise throughput"
+        # Not "the accelerator is busy": nothing here measures that. A small model's step on a
+        # modern GPU is mostly the host launching kernels (benchmarks/results/gpu.json's busy
+        # fraction of a tabular run), which more rows per step or a compiled graph amortise.
+        verdict, advice = "compute-bound", ("the step itself sets the pace, not the data; on a GPU a small model's "
+                                            "step is mostly the host launching kernels (retrain plan shows what "
+                                            "bounds it): a larger train.batch_size or train.compile raises throughput")
+    if precision in ("bf16", "fp16") and fp32_slowdown < FP32_FASTER:
+        # Autocast adds cast kernels; where launches dominate, they cost more than the faster math saves.
+        advice += (f"; an fp32 step took {fp32_slowdown:.2f}x this run's {precision} step, so this model trains "
+                   "faster with train.precision: fp32")
     return Utilization(seconds=split, fractions=fractions, samples_per_second=samples / train if train else 0.0,
                        data_stall_fraction=stall, accelerator=accelerator, verdict=verdict, advice=advice)

@@ -12,8 +12,17 @@ def test_the_verdict_is_worded_for_the_device_used() -> None:
     assert cpu.verdict == "compute-bound"
     assert "accelerator" not in cpu.advice and "CPU" in cpu.advice
     gpu = utilization_summary(*_BUSY, 1000, {"memory_peak_fraction": 0.5}, "cuda")
-    assert gpu.verdict == "compute-bound" and "accelerator is busy" in gpu.advice
+    assert gpu.verdict == "compute-bound" and "train.compile" in gpu.advice and "busy" not in gpu.advice
     starved = utilization_summary(*_STARVED, 1000, {}, "cpu")
     assert starved.verdict == "data-bound" and starved.advice.startswith("the CPU waits for data")
     assert "pin memory" not in starved.advice
     assert starved.seconds.data_wait == 6.0 and abs(sum(v for _, v in starved.fractions.items()) - 1.0) < 1e-9
+
+
+def test_a_model_that_steps_faster_in_fp32_is_told_so() -> None:
+    """On a GPU a small model's autocast casts can cost more than bf16 saves (the GPU check's MLP)."""
+    slower = utilization_summary(*_BUSY, 1000, {}, "cuda", "bf16", fp32_slowdown=0.88)
+    assert "0.88x" in slower.advice and "train.precision: fp32" in slower.advice
+    faster = utilization_summary(*_BUSY, 1000, {}, "cuda", "bf16", fp32_slowdown=3.6)
+    fp32 = utilization_summary(*_BUSY, 1000, {}, "cuda", "fp32")
+    assert "train.precision" not in faster.advice and "train.precision" not in fp32.advice
