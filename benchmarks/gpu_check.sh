@@ -7,7 +7,8 @@
 # The GPU machine described in docs/development.md has torch, numpy, pyarrow, tokenizers and
 # pytest, and neither network nor the project's other dependencies: their wheels travel in .whl/
 # (the command that fetches them is in docs/development.md), and the training core runs from the
-# checkout on PYTHONPATH, without Prefect. BENCH_COMMIT names the commit (the copy has no .git).
+# checkout on PYTHONPATH, without Prefect. BENCH_COMMIT names the commit measured (a copied tree's
+# .git may be missing, or not its own).
 set -u
 OUT=${OUT:-/tmp/gpu-check-out}
 mkdir -p "$OUT"

@@ -31,7 +31,7 @@ class Efficiency(BaseModel):
 # the step's compute and memory terms: 43 us (tabular MLP, 77 kernels), 35 us (text
 # transformer, 247) and 43 us (image CNN, 78) on an H200 with a 16-core Xeon host
 # (benchmarks/results/gpu.json, parts plan_*). It covers Python, dispatch and autograd, not only
-# the launch itself, which is why it is ten times a bare launch. Low and high allow for faster
+# the launch itself, which is why it is several times a bare launch. Low and high allow for faster
 # and slower hosts.
 PRIORS = (Efficiency(compute=0.7, bandwidth=0.85, launch_seconds=30e-6),
           Efficiency(compute=0.45, bandwidth=0.7, launch_seconds=40e-6),
