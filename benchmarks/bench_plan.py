@@ -5,8 +5,9 @@ The model is the built-in text model at the size `bench_transformer` trains (6 b
 384, 128 tokens, over 10M parameters), at micro-batch 64. One step is counted on this CPU, as
 `retrain plan` counts it; the plan's rows then price 20,000 steps on a g5.xlarge (one A10G) and an
 a2-highgpu-1g (one A100 40 GB), on demand, under a loose and a tight deadline. Step times and
-hours are predictions from the GPUs' published figures (`training/cost/hardware.py`), not
-measurements: no GPU runs here. Start-up (60 s) and a checkpoint's stall (5 s) are assumptions.
+hours are predictions from the GPUs' published figures (`training/cost/hardware.py`) and the
+host's cost per kernel measured by the `gpu` benchmark, not measurements of this model: no GPU
+runs here. Start-up (60 s) and a checkpoint's stall (5 s) are assumptions.
 """
 
 from __future__ import annotations
