@@ -30,9 +30,11 @@ The fair figure, on which the target is judged: cold reads (every file a reader 
 evicted from the page cache first, with posix_fadvise, before each read, idle and beside the
 burner), the project's loader on one prefetch thread (`project-1`), and the median of the
 per-round ratios of the project's rate to the best peer's in the same round, over 6 million
-source rows (about a second of reading or more per epoch). What stays unequal:
-the project's one prefetch thread overlaps reading with the consuming thread, where a peer
-reads in its consumer's thread.
+source rows (about a second of reading or more per epoch). The project's prefetch thread
+overlaps reading with the consuming thread, so in the cold reads each peer is also read with
+the same overlap (`<peer>-1`): its whole pipeline (reading, decoding, the transform, the
+shuffle, the tensors) on one thread beside the consumer, which takes finished batches from a
+queue. A round's best peer is the faster of each peer's two ways.
 
 The peers are not in the project's lock (Streaming's package imports torchvision, whose PyPI
 build does not load against this CPU torch), so each is installed with `pip --no-deps --target`
@@ -67,6 +69,10 @@ PEERS: dict[str, list[str]] = {
 }
 READERS = ("project", "project-1", "webdataset", "litdata", "streaming")  # project-1: one prefetch thread
 PEER_READERS = ("webdataset", "litdata", "streaming")
+# Each peer with its pipeline on one thread beside the consumer, as the project's `project-1`:
+# read only in the cold rounds, where the target is judged.
+THREADED_PEERS = tuple(f"{peer}-1" for peer in PEER_READERS)
+PREFETCH_DEPTH = 2  # batches a threaded peer keeps ready, as the project keeps a shard ahead
 
 
 def peer_folder(peer: str) -> Path:
@@ -145,6 +151,29 @@ def _batched(samples: Iterator[dict[str, Any]], transform: Any) -> Iterator[dict
         yield from flush()
 
 
+def _on_a_thread(items: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """`items` produced on one thread beside the consumer, PREFETCH_DEPTH ahead."""
+    import queue
+    import threading
+
+    done = object()
+    ready: queue.Queue[Any] = queue.Queue(maxsize=PREFETCH_DEPTH)
+
+    def produce() -> None:
+        try:
+            for item in items:
+                ready.put(item)
+            ready.put(done)
+        except BaseException as err:  # noqa: BLE001 - raised in the consumer
+            ready.put(err)
+
+    threading.Thread(target=produce, name="peer-prefetch", daemon=True).start()
+    while (item := ready.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
 def _samples(reader: str, dataset: Path, converted: Path) -> Iterator[dict[str, Any]]:
     if reader == "webdataset":
         import webdataset as wds
@@ -176,8 +205,9 @@ def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -
 
     from training.data.features import FeatureStats
 
-    importlib.import_module({"project": "training.data.loader", "project-1": "training.data.loader",
-                             "webdataset": "webdataset", "litdata": "litdata", "streaming": "streaming.base"}[reader])
+    peer = reader.removesuffix("-1")
+    importlib.import_module({"project": "training.data.loader", "webdataset": "webdataset", "litdata": "litdata",
+                             "streaming": "streaming.base"}[peer])
     transform = FeatureStats.from_json(stats.read_text()).transformer()
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
@@ -193,7 +223,8 @@ def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -
         for _ in range(batches.batches_per_epoch):
             rows += int(next(it)[2]["label"].shape[0])
     else:
-        for batch in _batched(_samples(reader, dataset, converted), transform):
+        pipeline = _batched(_samples(peer, dataset, converted), transform)
+        for batch in _on_a_thread(pipeline) if reader in THREADED_PEERS else pipeline:
             rows += int(batch["label"].shape[0])
     seconds = time.perf_counter() - t0
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -231,7 +262,8 @@ def _in_process(action: str, peer: str, *paths: Path) -> Any:
     """A write, a memory touch or a first-epoch read in a fresh interpreter, with the peer's
     folder first on its path."""
     project = str(Path(__file__).resolve().parent.parent)
-    path = [str(peer_folder(peer))] if peer in PEERS else []
+    package = peer.removesuffix("-1")
+    path = [str(peer_folder(package))] if package in PEERS else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, project])}
     out = subprocess.run([sys.executable, "-c", _CHILD, action, peer, *map(str, paths)], env=env,
                          capture_output=True, text=True)
@@ -244,7 +276,7 @@ _CHILD = """
 import json, sys, types
 from pathlib import Path
 action, peer = sys.argv[1], sys.argv[2]
-if peer == "streaming":
+if peer.startswith("streaming"):
     # streaming/__init__.py imports streaming.vision, hence torchvision; its writer and dataset
     # live in streaming.base, which does not: the package is entered without that __init__.
     import importlib.util
@@ -282,17 +314,19 @@ def run(work: Path, rows: int = 6_000_000, rounds: int = 5) -> dict[str, Any]:
         _in_process("write", peer, dataset, converted[peer])
         print(f"  {peer}: written in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     def files_of(reader: str) -> Path:
-        return converted.get(reader, dataset)
+        return converted.get(reader.removesuffix("-1"), dataset)
 
     def cold_read(reader: str) -> dict[str, float]:
         evict(files_of(reader))
-        return _in_process("read", reader, dataset, stats_path, converted.get(reader, work))
+        return _in_process("read", reader, dataset, stats_path, converted.get(reader.removesuffix("-1"), work))
 
     usage: dict[str, list[dict[str, float]]] = {reader: [] for reader in READERS}
-    cold: dict[str, list[dict[str, float]]] = {reader: [] for reader in READERS}
+    cold: dict[str, list[dict[str, float]]] = {reader: [] for reader in (*READERS, *THREADED_PEERS)}
     primed: dict[str, list[dict[str, float]]] = {reader: [] for reader in READERS}
     touches: dict[str, list[int]] = {reader: [] for reader in READERS}
     for _ in range(rounds):  # interleaved: drift on a shared box hits every reader alike
+        for reader in THREADED_PEERS:
+            cold[reader].append(cold_read(reader))
         for reader in READERS:
             cold[reader].append(cold_read(reader))
             usage[reader].append(_in_process("read", reader, dataset, stats_path, converted.get(reader, work)))
@@ -303,9 +337,11 @@ def run(work: Path, rows: int = 6_000_000, rounds: int = 5) -> dict[str, Any]:
     # The same first epochs beside a one-core CPU burner: on two cores a second prefetch
     # thread is a gain only while the second core is free, so both conditions are reported.
     loaded: dict[str, list[dict[str, float]]] = {reader: [] for reader in READERS}
-    loaded_cold: dict[str, list[dict[str, float]]] = {reader: [] for reader in READERS}
+    loaded_cold: dict[str, list[dict[str, float]]] = {reader: [] for reader in (*READERS, *THREADED_PEERS)}
     with outside_load(True):
         for _ in range(rounds):
+            for reader in THREADED_PEERS:
+                loaded_cold[reader].append(cold_read(reader))
             for reader in READERS:
                 loaded_cold[reader].append(cold_read(reader))
                 loaded[reader].append(_in_process("read", reader, dataset, stats_path, converted.get(reader, work)))
@@ -350,15 +386,18 @@ def run(work: Path, rows: int = 6_000_000, rounds: int = 5) -> dict[str, Any]:
 
 def _fair_figures(tag: str, reads: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
     """Rates of cold reads, and the median of the per-round ratios of the project on one
-    prefetch thread to the best peer of the same round."""
+    prefetch thread to the best peer of the same round, each peer in its faster way (in its
+    consumer's thread, or on one thread beside it)."""
     rates = {reader: [u["rows_per_s"] for u in runs] for reader, runs in reads.items()}
-    per_round = [rates["project-1"][i] / max(rates[p][i] for p in PEER_READERS) for i in range(len(rates["project-1"]))]
+    peers = (*PEER_READERS, *THREADED_PEERS)
+    per_round = [rates["project-1"][i] / max(rates[p][i] for p in peers) for i in range(len(rates["project-1"]))]
     return {
         f"{tag}_first_epoch_rows_per_s_rounds": {reader: [round(x) for x in r] for reader, r in rates.items()},
         f"{tag}_seconds_medians": {reader: round(statistics.median(u["seconds"] for u in runs), 3)
                                    for reader, runs in reads.items()},
         f"{tag}_ratio_project_one_thread_over_best_peer_per_round": [round(x, 2) for x in per_round],
         f"{tag}_ratio_project_one_thread_over_best_peer": round(statistics.median(per_round), 2),
+        f"{tag}_best_peer_per_round": [max(peers, key=lambda p: rates[p][i]) for i in range(len(per_round))],
     }
 
 
