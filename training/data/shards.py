@@ -14,6 +14,7 @@ Why not `webdataset.ShardWriter`/`WebDataset` here (webdataset 1.0.2, measured o
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import mmap
@@ -148,11 +149,17 @@ class ShardTarWriter:
                 self._check()
                 self._file.flush()
                 os.fsync(self._file.fileno())
-                return WrittenShard(self._file.tell(), self._hash.hexdigest(), self._fast_hash.hexdigest())
+                written = WrittenShard(self._file.tell(), self._hash.hexdigest(), self._fast_hash.hexdigest())
+                self._file.close()
+                return written
             except OSError as err:
                 raise StorageError(f"cannot write shard {self.path}: {err.strerror or err}") from None
             finally:
-                self._file.close()
+                if not self._file.closed:
+                    # After a failed write: closing flushes what is still buffered, which fails
+                    # the same way, and must not replace the error that names the shard.
+                    with contextlib.suppress(OSError):
+                        self._file.close()
 
         done = self._executor.submit(finish)
         if self._own_executor:

@@ -291,3 +291,19 @@ def test_a_damaged_reused_segment_is_packed_again_with_a_warning(
     assert (folder / "segment.json").read_bytes() == segment  # the same bytes as before
     assert json.loads((dataset / "manifest.json").read_text()) == manifest
     assert not [p for p in folder.parent.iterdir() if ".removed-" in p.name or ".partial-" in p.name]
+
+
+def test_a_shard_whose_buffered_bytes_cannot_go_either_is_still_named(tmp_path: Path) -> None:
+    """A full disk fails a write while earlier bytes still sit in the file's buffer: closing the
+    file then fails too, and that must not replace the error naming the shard (a traceback on a
+    full disk, seen while packing parts)."""
+    from training.data.shards import ShardTarWriter
+    from training.errors import StorageError
+
+    shard = tmp_path / "train-000000.tar"
+    shard.symlink_to("/dev/full")  # every write: ENOSPC
+    writer = ShardTarWriter(shard)
+    writer.add("0.num.npy", b"x" * 100)  # buffered: not written yet
+    with pytest.raises(StorageError, match=r"cannot write shard .*train-000000\.tar: No space left on device"):
+        writer.add("1.num.npy", b"y" * 100)
+        writer.close().result()
