@@ -36,7 +36,7 @@ def _overrides(endpoint: str, bucket: str, prefix: str) -> list[str]:
     # The built-in demo data (generated in each new container from its seed, byte for byte),
     # trained long enough that the reclaim lands while it trains, whatever the machine's load.
     return [f"storage.root=s3://{bucket}/{prefix}", f"storage.endpoint_url={endpoint}", "storage.heartbeat_seconds=0.2",
-            "storage.multipart_mb=5", "train.max_steps=4000", "train.eval_every=1000", "train.checkpoint.every=50",
+            "storage.multipart_mb=5", "train.max_steps=2000", "train.eval_every=1000", "train.checkpoint.every=50",
             "train.batch_size=128", "train.schedule.warmup_steps=5", "train.patience=0", "train.retry.delay_seconds=0",
             "train.loader.num_workers=0", "train.loader.torch_threads=1", "model.hidden=[32, 16]", "model.embedding_dim=4"]
 
@@ -143,7 +143,7 @@ def test_a_stopped_container_resumes_from_s3_in_a_new_one(prefect_server: Prefec
     report, containers = outcome["report"], outcome["containers"]
     assert containers[0]["exit_code"] == 0  # it went by itself, within the grace: no SIGKILL
     assert "AwaitingRetry" in outcome["state_names"] and "Crashed" not in outcome["state_names"]
-    assert report["preemptions"] == 1 and report["status"] == "completed" and report["steps"] == 4000
+    assert report["preemptions"] == 1 and report["status"] == "completed" and report["steps"] == 2000
     (resumed,) = report["resumed_from_steps"]
     assert resumed > 0 and report["steps_lost"] == 0  # the emergency checkpoint is where it stopped
     assert report["model"]["sha256"] == _reference_sha(s3_server, s3_bucket)
@@ -171,7 +171,7 @@ def test_a_killed_container_is_rescheduled_by_the_automation_and_resumes(
     # there would take the resumed container's concurrency slot away.
     after = names[names.index("Crashed") + 1:]
     assert after[:2] == ["AwaitingRetry", "Pending"], names
-    assert report["preemptions"] == 1 and report["status"] == "completed" and report["steps"] == 4000
+    assert report["preemptions"] == 1 and report["status"] == "completed" and report["steps"] == 2000
     (resumed,) = report["resumed_from_steps"]
     assert resumed % 50 == 0 and report["steps_lost"] >= 0  # from a periodic checkpoint
     assert report["model"]["sha256"] == _reference_sha(s3_server, s3_bucket)

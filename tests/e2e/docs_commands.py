@@ -99,23 +99,24 @@ def _console(text: str) -> list[tuple[str, str]]:
     return [(command, "\n".join(expected).strip() + "\n") for command, expected in pairs]
 
 
-def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
-    """Run one block; an AssertionError names the page and line, with the output's tail. Its
-    seconds are printed (`pytest -s` shows where a page's time goes)."""
+def run_block(block: Block, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str] | None:
+    """Run one block; an AssertionError names the page and line, with the output's tail. A bash
+    block's process is returned, for checks beyond its exit status. Its seconds are printed
+    (`pytest -s` shows where a page's time goes)."""
     t0 = time.monotonic()
     try:
-        _run_block(block, cwd, env)
+        return _run_block(block, cwd, env)
     finally:
         print(f"docs command: {block.where} took {time.monotonic() - t0:.1f} s")
 
 
-def _run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
+def _run_block(block: Block, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str] | None:
     if block.lang == "bash":
         out = subprocess.run(["bash", "-euo", "pipefail", "-c", block.text], cwd=cwd, env=env, capture_output=True,
                              text=True, timeout=BLOCK_TIMEOUT)
         assert out.returncode == 0, (f"{block.where}: exit {out.returncode}\n{block.text}\n--- stdout\n"
                                      f"{out.stdout[-2000:]}\n--- stderr\n{out.stderr[-4000:]}")
-        return
+        return out
     checker = doctest.OutputChecker()
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     for command, expected in _console(block.text):
@@ -124,6 +125,7 @@ def _run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
         assert checker.check_output(expected, out.stdout, flags), (
             f"{block.where}: the output of `{command}` no longer matches the page\n--- documented\n{expected}"
             f"--- actual (exit {out.returncode})\n{out.stdout[-4000:]}")
+    return None
 
 
 def environment(prefect_api_url: str, s3_endpoint: str) -> dict[str, str]:

@@ -31,51 +31,6 @@ def _sets(overrides: list[str]) -> list[str]:
     return [arg for o in overrides for arg in ("--set", o)]
 
 
-def test_demo_with_no_arguments(tmp_path: Path) -> None:
-    out = _retrain([], tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    report_path = Path(out.stdout.strip().splitlines()[-1])
-    assert report_path.is_absolute() and report_path.is_relative_to(tmp_path / ".retrain")
-    report = json.loads(report_path.read_text())
-    assert report["status"] in ("completed", "early_stopped")
-    assert 0.5 < report["metrics"]["auc"] <= report["bayes_auc"] + 0.01
-    assert "Bayes-optimal AUC" in out.stdout
-    # Its temporary server is gone: no link to it, but the command that opens the UI over the
-    # root's run history, which then shows this run.
-    assert "View at" not in out.stdout + out.stderr
-    root = tmp_path / ".retrain"
-    assert f"  ui          retrain ui --set storage.root={root}" in out.stdout
-    _the_ui_shows_the_run(root, report["prefect_flow_run_id"])
-
-
-def _the_ui_shows_the_run(root: Path, flow_run_id: str) -> None:
-    import urllib.request
-
-    from retrain_cli.temp_server import free_port, server_is_up
-
-    port = free_port()
-    ui = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "ui", "--set", f"storage.root={root}", "--port",
-                           str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while not server_is_up(f"http://127.0.0.1:{port}/api"):
-            assert ui.poll() is None and time.monotonic() < deadline, ui.communicate()
-            time.sleep(0.2)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/flow_runs/{flow_run_id}") as response:
-            assert json.loads(response.read())["id"] == flow_run_id
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui-settings") as response:
-            assert json.loads(response.read())["api_url"] == f"http://127.0.0.1:{port}/api"  # not 4200's
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/") as response:
-            assert b"<!DOCTYPE html>" in response.read()  # the UI itself
-    finally:
-        ui.send_signal(signal.SIGINT)
-        try:
-            ui.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            ui.kill()
-            ui.wait()
-
-
 def test_ui_without_a_run_history_is_one_line(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "retrain_cli.main", "ui", "--set", f"storage.root={tmp_path / 'none'}"],
                          capture_output=True, text=True, timeout=120)
