@@ -246,14 +246,43 @@ class Worker:
                                      start_new_session=True)
 
     def stop(self) -> None:
+        """SIGTERM to the worker, and SIGKILL to the flow runs it started. Each run is a session
+        of its own, which the worker's signal does not reach, and a stopping worker waits for its
+        runs: a run still in flight (a schedule's next) would hold it, and then outlive it."""
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        deadline = time.monotonic() + 30
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            for group in _process_groups_below(self.proc.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(group, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.5)
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
         self._log.close()
+
+
+def _process_groups_below(pid: int) -> set[int]:
+    """The process groups of `pid`'s descendants, other than its own (from /proc: Linux)."""
+    parent: dict[int, int] = {}
+    group: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone since the listing
+            continue
+        parent[int(entry.name)], group[int(entry.name)] = int(fields[1]), int(fields[2])
+    below, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, ppid in parent.items() if ppid in frontier} - below
+        below |= frontier
+    return {group[p] for p in below} - {group.get(pid, pid), 0}
 
 
 @pytest.fixture
