@@ -8,7 +8,7 @@ import os
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -84,6 +84,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 and not any(item.get_closest_marker(m) for m in _NOT_UNIT_MARKS)
                 and not _SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))):
             item.add_marker(unit)
+    _heavy_files_first(items)
     marked = [item for item in items if item.get_closest_marker("cuda")]
     if not marked:
         return
@@ -93,6 +94,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA GPU")
         for item in marked:
             item.add_marker(skip)
+
+
+# On two workers (pytest-xdist, --dist loadfile) a file is a unit of work, handed to whichever
+# worker is free next. The files that share the `deployed` server (a work pool and every shipped
+# deployment, about 25 s to set up) make one unit, so that one worker sets it up.
+_ONE_UNIT = ("tests/e2e/test_deployed_runs.py", "tests/e2e/test_deployment.py", "tests/e2e/test_ui.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getoption("dist") != "loadfile":
+        return None  # the scheduling asked for on the command line
+    from xdist.scheduler import LoadFileScheduling
+
+    class Scheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return _ONE_UNIT[0] if path in _ONE_UNIT else path
+
+    config.option.loadscopereorder = False  # the order _heavy_files_first gives
+    return Scheduling(config, log)
+
+
+def _heavy_files_first(items: list[pytest.Item]) -> None:
+    """The `deployed` unit, then the files that start servers and processes, then the unit
+    tier's files, most tests first: the long files start early, and the last to start are
+    short, so neither worker idles at the end while the other finishes a long file (xdist's own
+    order, most tests first, starts the unit tier's files first). A file's tests keep their order."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def rank(path: str) -> tuple[int, int]:
+        tests = files[path]
+        if path in _ONE_UNIT:
+            return (0, 0)
+        if any(item.get_closest_marker("unit") is None for item in tests):
+            return (1, 0)
+        return (2, -len(tests))
+
+    items[:] = [item for path in sorted(files, key=rank) for item in files[path]]
 
 
 class _NoProcessInUnitTests(RuntimeError):
