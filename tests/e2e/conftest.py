@@ -238,7 +238,7 @@ class Worker:
     """`prefect worker start` in a directory of its own, stopped by PID."""
 
     def __init__(self, server: PrefectServer, pool: str, cwd: Path, log: Path) -> None:
-        self.log_path = log
+        self.server, self.pool, self.log_path = server, pool, log
         self._log = open(log, "w")
         env = {**server.env, "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_WORKER_PREFETCH_SECONDS": "5"}
         self.proc = subprocess.Popen([sys.executable, "-m", "prefect", "worker", "start", "--pool", pool],
@@ -246,24 +246,40 @@ class Worker:
                                      start_new_session=True)
 
     def stop(self) -> None:
-        """SIGTERM to the worker, and SIGKILL to the flow runs it started. Each run is a session
-        of its own, which the worker's signal does not reach, and a stopping worker waits for its
-        runs: a run still in flight (a schedule's next) would hold it, and then outlive it."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+        """Stopped as an operator stops one: a first SIGTERM (it takes no new run), then the
+        flow runs it started are SIGKILLed: each is a session of its own, out of reach of the
+        worker's signal, and a stopping worker waits for them (a schedule's run in flight would
+        hold it, then outlive it). Once the server holds none of the pool's runs as running (the
+        worker reported them crashed), a second SIGTERM, which a Prefect worker takes as its kill:
+        on a loaded machine a worker whose runs are gone was seen to linger for over 30 s."""
+        self._signal(signal.SIGTERM)
         deadline = time.monotonic() + 30
+        escalated = False
         while self.proc.poll() is None and time.monotonic() < deadline:
-            for group in _process_groups_below(self.proc.pid):
+            runs = _process_groups_below(self.proc.pid)
+            for group in runs:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(group, signal.SIGKILL)
+            if not runs and not escalated and not self._runs_in_flight():
+                self._signal(signal.SIGTERM)
+                escalated = True
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=0.5)
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            self._signal(signal.SIGKILL)
             self.proc.wait()
         self._log.close()
+
+    def _signal(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signum)
+
+    def _runs_in_flight(self) -> bool:
+        with self.server.api() as api:
+            response = api.post("/flow_runs/filter", json={
+                "work_pools": {"name": {"any_": [self.pool]}},
+                "flow_runs": {"state": {"type": {"any_": ["PENDING", "RUNNING"]}}}, "limit": 1})
+        return response.status_code != 200 or bool(response.json())
 
 
 def _process_groups_below(pid: int) -> set[int]:
