@@ -111,12 +111,13 @@ def test_the_server_creates_scheduled_runs_and_a_worker_completes_one(
     except AssertionError:
         raise AssertionError(worker.log_path.read_text()[-4000:]) from None
     assert finished["auto_scheduled"]
+    # Stop it scheduling more (the worker would run the next due run while the test waits
+    # below). Under the suite's load the server can be busy for a moment (it answered 503 once),
+    # which is not what this test is about: try a few times.
+    wait_for(lambda: _pause(deployed, dep["id"]), 180, "the server to pause the deployment")
     scoring = wait_for(lambda: flow_runs_of(deployed, deployment(deployed, predict, flow="predict")["id"]), 300,
                        "the predict run that the completed scheduled run triggers")
     assert scoring
-    # Stop it scheduling more. Under the suite's load the server's SQLite can be busy for a
-    # moment (it answered 503 once), which is not what this test is about: try a few times.
-    wait_for(lambda: _pause(deployed, dep["id"]), 180, "the server to pause the deployment")
     log = deployed.log_path.read_text()
     assert not [e for e in SCHEDULER_ERRORS if e in log], log[-3000:]
 
