@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -133,38 +134,6 @@ def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
     assert not list(datasets.glob("*/manifest.json"))  # and no dataset of bad data
 
 
-def test_killed_cli_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
-    overrides = small_overrides(tmp_path / "root", demo_source) + ["train.max_steps=1500", "train.eval_every=500",
-                                                                    "train.checkpoint.every=10"]
-    args = _sets(overrides)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
-    runs = tmp_path / "root" / "runs"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        ckpts = list(runs.glob("*/checkpoints/step-*")) if runs.exists() else []
-        if len(ckpts) >= 2:
-            break
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the CLI's whole process group goes away
-    proc.wait()
-    deadline = time.time() + 120  # its temporary server (a session of its own) follows its parent
-    while _servers_of(tmp_path / "root") and time.time() < deadline:
-        time.sleep(0.1)
-    assert not _servers_of(tmp_path / "root")
-    for _ in range(100):
-        if not _worker_pids(str(runs)):
-            break
-        time.sleep(0.05)
-    again = _retrain(args, tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
-    assert report["status"] in ("completed", "early_stopped") and report["resumed_from_steps"]
-    assert "resumed from steps" in again.stdout
-
-
 def test_plan_prints_the_cheapest_instance_meeting_the_deadline(tmp_path: Path, demo_source: Path) -> None:
     cfg = tmp_path / "prices.yaml"
     cfg.write_text(
@@ -213,44 +182,73 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_an_interrupted_cli_says_so_in_one_line_and_a_rerun_finishes(tmp_path: Path, demo_source: Path,
-                                                                    how: str, prefect_server) -> None:
-    root = tmp_path / "root"
-    # Long enough that the interrupt lands while it trains, however loaded the machine: it is
-    # sent once the first checkpoint exists, and what follows it takes a few seconds at most.
-    overrides = small_overrides(root, demo_source) + ["train.max_steps=1500", "train.eval_every=500",
-                                                      "train.checkpoint.every=10", "train.patience=0"]
-    args = _sets(overrides)
-    had_copy = empty_database_copy().exists()
+def _checkpoints(root: Path) -> set[str]:
+    return {p.name for p in root.glob("runs/*/checkpoints/step-*[0-9]")}
+
+
+def _stop_once_it_trains(args: list[str], cwd: Path, root: Path, stop: Callable[[int], None]) -> tuple[int, str]:
+    """`retrain run` stopped by `stop(pid)` once this attempt wrote a checkpoint of its own, so
+    that the stop lands while it trains, however loaded the machine; its exit code and stderr."""
+    before = _checkpoints(root)
     # A terminal's foreground job has SIGINT at its default; a test session started in the
     # background of a non-interactive shell hands its children SIGINT ignored.
-    proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "run", *args], cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                             preexec_fn=_default_sigint)
     deadline = time.time() + 300
-    while not list(root.glob("runs/*/checkpoints/step-*[0-9]")) and time.time() < deadline:
+    while not _checkpoints(root) - before and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    if how == "ctrl-c":
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal sends: the whole foreground group
-    else:
-        os.kill(proc.pid, signal.SIGTERM)
+    stop(proc.pid)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == (130 if how == "ctrl-c" else 75), err[-3000:]
+    return proc.returncode, err
+
+
+def _said_interrupted(code: int, err: str, expected: int) -> None:
+    assert code == expected, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("retrain: interrupted (") and "checkpoint saved; run the same command again" in last, last
     assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_cli_stopped_by_ctrl_c_sigterm_or_sigkill_resumes_on_rerun(tmp_path: Path, demo_source: Path) -> None:
+    """One run stopped three ways in turn, each time while it trains, then finished by a rerun of
+    the same command; each attempt starts (and takes down) a temporary Prefect server."""
+    root = tmp_path / "root"
+    # Long enough that each stop lands while it trains: it is sent once the attempt wrote a
+    # checkpoint, and what follows it takes a few seconds at most.
+    args = _sets(small_overrides(root, demo_source) + ["train.max_steps=1500", "train.eval_every=500",
+                                                       "train.checkpoint.every=10", "train.patience=0"])
+    had_copy = empty_database_copy().exists()
+    # Ctrl-C: what a terminal sends, to the whole foreground group.
+    code, err = _stop_once_it_trains(args, tmp_path, root, lambda pid: os.killpg(pid, signal.SIGINT))
+    _said_interrupted(code, err, 130)
+    assert "preempted" not in err and "rescheduled flow run" not in err, err[-3000:]  # the user's stop
     assert not _servers_of(root)  # the temporary server went with it
-    if how == "sigterm":
-        _started_from_the_empty_copy(err, had_copy)
-        return
-    # The session's server: a rerun on the temporary one is test_killed_cli_resumes_on_rerun's.
-    again = _retrain(args, tmp_path, env=prefect_server.env)
+    _started_from_the_empty_copy(err, had_copy)
+    # SIGTERM to the CLI alone (a container's stop): the CLI stops its flow and its server.
+    code, err = _stop_once_it_trains(args, tmp_path, root, lambda pid: os.kill(pid, signal.SIGTERM))
+    _said_interrupted(code, err, 75)
+    assert not _servers_of(root)
+    # SIGKILL to the whole group: nothing runs after it, and the temporary server (a session of
+    # its own) follows its parent.
+    code, _ = _stop_once_it_trains(args, tmp_path, root, lambda pid: os.killpg(pid, signal.SIGKILL))
+    assert code == -signal.SIGKILL
+    deadline = time.time() + 120
+    while _servers_of(root) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _servers_of(root)
+    deadline = time.time() + 30
+    while _worker_pids(str(root / "runs")) and time.time() < deadline:
+        time.sleep(0.05)
+
+    again = _retrain(args, tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     report = json.loads(Path(again.stdout.strip().splitlines()[-1]).read_text())
-    assert report["status"] == "completed" and report["resumed_from_steps"]
-    assert report["preemptions"] == 0  # the user's Ctrl-C is not a spot reclaim, nor its cost
-    assert "preempted" not in err and "rescheduled flow run" not in err, err[-3000:]
+    assert report["status"] == "completed" and len(report["resumed_from_steps"]) == 3, report["resumed_from_steps"]
+    assert "resumed from steps" in again.stdout
+    # The SIGTERM and the SIGKILL count as preemptions; the user's Ctrl-C is not a spot reclaim,
+    # nor its cost.
+    assert report["preemptions"] == 2
 
 
 def test_a_running_local_server_is_used_instead_of_a_temporary_one(tmp_path: Path, demo_source: Path,
