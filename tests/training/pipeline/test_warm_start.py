@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import torch
 
-from training.config import RetrainConfig
+from tests.conftest import small_overrides
+from training.config import RetrainConfig, load_config
+from training.launch.results import TrainResult
 from training.data.validation import category_hash
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
@@ -15,7 +19,7 @@ from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import train_stage
 
 
-def _run(config: RetrainConfig) -> dict:
+def _run(config: RetrainConfig) -> TrainResult:
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
     trained = train_stage(config, packed, prep)
@@ -23,39 +27,47 @@ def _run(config: RetrainConfig) -> dict:
     return trained
 
 
-def test_warm_start_from_a_compatible_champion(small_config: RetrainConfig) -> None:
-    small_config.eval.target_auc = 0.55
-    first = _run(small_config)
-    assert not first.warm_start.used
+@pytest.fixture(scope="module")
+def champion(tmp_path_factory: pytest.TempPathFactory, demo_source: Path) -> tuple[Path, TrainResult]:
+    """A root whose first run asked for a warm start, found no champion, trained fresh and was
+    promoted: the champion the tests below start from, each in a copy of the root."""
+    root = tmp_path_factory.mktemp("champion") / "root"
+    first = _run(load_config(overrides=small_overrides(root, demo_source) + ["eval.target_auc=0.55",
+                                                                            "train.init_from=champion"]))
+    return root, first
 
-    small_config.train.init_from = "champion"
-    small_config.train.max_steps = 20
-    small_config.train.eval_every = 5
-    warm = _run(small_config)
+
+def _config_on_a_copy(champion: tuple[Path, TrainResult], tmp_path: Path, demo_source: Path,
+                      *overrides: str) -> RetrainConfig:
+    root = tmp_path / "root"
+    shutil.copytree(champion[0], root, symlinks=True)
+    return load_config(overrides=[*small_overrides(root, demo_source), "eval.target_auc=0.55",
+                                  "train.init_from=champion", *overrides])
+
+
+def test_no_champion_means_a_fresh_start_then_a_warm_start_from_the_compatible_one(
+        champion: tuple[Path, TrainResult], tmp_path: Path, demo_source: Path) -> None:
+    first = champion[1]
+    assert first.warm_start is not None and first.warm_start.to_json() == {
+        "requested": True, "used": False, "reason": "no champion yet: fresh start", "champion_sha256": None}
+
+    config = _config_on_a_copy(champion, tmp_path, demo_source, "train.max_steps=20", "train.eval_every=5")
+    warm = _run(config)
     assert warm.warm_start.used, warm.warm_start.reason
     assert warm.warm_start.champion_sha256 == first.model.sha256
     assert warm.run_key != first.run_key
     # starting from a trained model, the first validation already clears the target
     assert warm.steps_to_target == 5
     # at a tenth of the fresh start's peak rate (train.warm_lr_scale): no re-warming to the full peak
-    peak = small_config.train.optim.lr * small_config.train.warm_lr_scale
+    peak = config.train.optim.lr * config.train.warm_lr_scale
     assert max(v.lr for v in warm.history) <= peak * (1 + 1e-6) < max(v.lr for v in first.history)
 
 
-def test_incompatible_champion_falls_back_to_a_fresh_start(small_config: RetrainConfig) -> None:
-    _run(small_config)
-    small_config.train.init_from = "champion"
-    small_config.model.hidden = [8]
-    trained = _run(small_config)
+def test_incompatible_champion_falls_back_to_a_fresh_start(champion: tuple[Path, TrainResult], tmp_path: Path,
+                                                           demo_source: Path) -> None:
+    trained = _run(_config_on_a_copy(champion, tmp_path, demo_source, "model.hidden=[8]"))
     assert not trained.warm_start.used
     assert "model config differs" in trained.warm_start.reason
-
-
-def test_no_champion_means_fresh_start(small_config: RetrainConfig) -> None:
-    small_config.train.init_from = "champion"
-    trained = _run(small_config)
-    assert trained.warm_start is not None and trained.warm_start.to_json() == {"requested": True, "used": False, "reason": "no champion yet: fresh start",
-                                     "champion_sha256": None}
 
 
 def test_a_warm_start_grows_the_vocabulary_by_value_and_scores_as_the_champion_did(
@@ -167,19 +179,19 @@ def test_a_short_warm_start_learns_the_new_rows(tmp_path: Path, demo_source: Pat
     assert roc_auc(y, flip) < roc_auc(y, same) - 0.01, (roc_auc(y, flip), roc_auc(y, same))
 
 
-def test_the_effective_step_budget_reaches_the_task_from_the_job(small_config: RetrainConfig) -> None:
+def test_the_effective_step_budget_reaches_the_task_from_the_job(champion: tuple[Path, TrainResult], tmp_path: Path,
+                                                                 demo_source: Path) -> None:
     """A warm start trains its own budget (scaled to what is new), not train.max_steps: the
     child's Started event carries the job's, which the task's progress and log lines read."""
     from training.launch.events import Started
 
-    _run(small_config)
-    small_config.train.init_from, small_config.train.max_steps = "champion", 200
-    packed = pack_stage(small_config)
-    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess.model_dump(), small_config.storage.root)
+    config = _config_on_a_copy(champion, tmp_path, demo_source, "train.max_steps=200")
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
     events: list[object] = []
-    warm = train_stage(small_config, packed, prep, events.append)
+    warm = train_stage(config, packed, prep, events.append)
     (started,) = [e for e in events if isinstance(e, Started)]
-    assert warm.warm_start.used and started.max_steps == warm.steps < small_config.train.max_steps
+    assert warm.warm_start.used and started.max_steps == warm.steps < config.train.max_steps
 
 
 def test_a_warm_start_grows_the_output_layer_by_a_new_class(tmp_path: Path, demo_source: Path) -> None:
