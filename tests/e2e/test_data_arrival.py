@@ -68,19 +68,31 @@ def test_a_file_that_lands_starts_a_run_that_packs_only_that_file(
         return sorted((json.loads(p.read_text()) for p in (tmp_path / "root").glob("runs/*/reports/*.json")),
                       key=lambda r: r["pipeline_started_at"])
 
-    # The deadlines only catch a hang; each wait ends as soon as its run completes.
+    watch_id = deployment(prefect_server, watch_name, flow="watch")["id"]
+
+    def watching(on: bool) -> None:
+        """The watch's schedule on or off: while a retrain run it started trains, each look would
+        be a flow-run process of its own that finds nothing new."""
+        with prefect_server.api() as api:
+            api.patch(f"/deployments/{watch_id}", json={"paused": not on}).raise_for_status()
+
+    # The deadlines only catch a hang; each wait ends as soon as its run exists or completes.
     try:
-        wait_for(completed, 600, "the watch's first look to start a retrain run that completes")
+        wait_for(lambda: flow_runs_of(prefect_server, retrain_id), 600, "the watch's first look to start a retrain run")
+        watching(False)
+        wait_for(completed, 600, "the retrain run the first look started to complete")
         assert [r["stages"]["pack"]["segments_packed"] for r in reports()] == [2]
         shutil.copy(days / "day-2.parquet", source)  # new data lands
-        wait_for(lambda: len(completed()) >= 2, 600, "the arrival of day-2 to start a second run that completes")
+        watching(True)  # the schedule's next look finds it
+        wait_for(lambda: len(flow_runs_of(prefect_server, retrain_id)) >= 2, 600,
+                 "the arrival of day-2 to start a second retrain run")
+        watching(False)
+        wait_for(lambda: len(completed()) >= 2, 600, "the second retrain run to complete")
     except AssertionError as failed:
         states = [(r["name"], r["state"]["name"]) for r in flow_runs_of(prefect_server, retrain_id)]
         raise AssertionError(f"{failed}\nretrain runs: {states}\n{worker.log_path.read_text()[-6000:]}") from None
     finally:
-        with prefect_server.api() as api:  # no more looks
-            api.patch(f"/deployments/{deployment(prefect_server, watch_name, flow='watch')['id']}",
-                      json={"paused": True})
+        watching(False)  # no more looks
     second = reports()[1]["stages"]["pack"]
     assert second["segments"] == 3 and second["segments_packed"] == 1
     assert second["source_bytes_read"] <= 1.2 * (days / "day-2.parquet").stat().st_size
