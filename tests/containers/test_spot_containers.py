@@ -1,12 +1,13 @@
 """A spot reclaim as ECS and Kubernetes do it, on one machine: the shipped image and docker
 deployment, a real docker worker, moto's S3 server as the storage root.
 
+One run, reclaimed twice:
 - `docker stop -t 30` mid-training (SIGTERM, a grace, SIGKILL): the emergency checkpoint reaches
   S3, the run goes AwaitingRetry, the worker starts a new container with an empty disk, and it
-  resumes from S3 to the weights of a run that was never interrupted.
-- `docker kill` (no signal to act on, as when a node vanishes): the worker reports the run
-  Crashed, the shipped automation reschedules it, and a new container resumes from the last
-  periodic checkpoint.
+  resumes from S3.
+- then `docker kill` of that container (no signal to act on, as when a node vanishes): the worker
+  reports the run Crashed, the shipped automation reschedules it, and a third container resumes
+  from the last periodic checkpoint, to the weights of a run that was never interrupted.
 """
 
 from __future__ import annotations
@@ -99,81 +100,75 @@ def _record(key: str, value: Any) -> None:
     RESULTS.write_text(json.dumps({**found, key: value}, indent=1, sort_keys=True))
 
 
-def _reclaim_and_resume(server: PrefectServer, deployed: Deployed, start_worker: Callable[[str], Worker],
-                        s3_server: str, s3_bucket: str, reclaim: Callable[[str], None]) -> dict[str, Any]:
-    prefix = f"spot-{uuid.uuid4().hex[:6]}"
-    config = load_config(overrides=_overrides(s3_server, s3_bucket, prefix)).model_dump(mode="json")
-    name = deployed.deploy(f"retrain-{prefix}", config)
-    run = RunOnS3(s3_server, s3_bucket, prefix)
-    samples: list[tuple[float, int]] = []
-    finished = threading.Event()
-    watcher = threading.Thread(target=watch_heartbeat, args=(run, finished.is_set, samples), daemon=True)
-    run_id = _run(server, name)
-    worker = start_worker(deployed.pool)
-    watcher.start()
-    try:
-        wait_for(lambda: len(run.complete_checkpoints()) >= 2, 600, "two checkpoints on S3", 0.2)
-        (first,) = wait_for(lambda: [c for c in containers_of(run_id) if c["running"]], 300, "the flow run's container")
-        reclaimed_at = time.time()
-        reclaim(first["id"])
-        _final(server, run_id, worker, 900)
-    finally:
-        finished.set()
-        watcher.join(5)
-    containers = containers_of(run_id)
-    assert len(containers) >= 2 and containers[0]["id"] == first["id"]  # a new container finished the run
-    report = run.json("/report.json")
-    assert report is not None
-    return {"report": report, "containers": containers, "samples": samples, "reclaimed_at": reclaimed_at,
-            "state_names": _state_names(server, run_id)}
-
-
 def _state_names(server: PrefectServer, run_id: str) -> list[str]:
     with server.api() as api:
         states = api.get("/flow_run_states/", params={"flow_run_id": run_id}).json()
     return [s["name"] for s in sorted(states, key=lambda s: s["timestamp"])]
 
 
-@pytest.mark.timeout(3600)
-def test_a_stopped_container_resumes_from_s3_in_a_new_one(prefect_server: PrefectServer, deployed_image: Deployed,
-                                                          start_worker: Callable[[str], Worker], s3_server: str,
-                                                          s3_bucket: str) -> None:
-    outcome = _reclaim_and_resume(prefect_server, deployed_image, start_worker, s3_server, s3_bucket,
-                                  lambda cid: docker("stop", "-t", "30", cid, timeout=120))
-    report, containers = outcome["report"], outcome["containers"]
-    assert containers[0]["exit_code"] == 0  # it went by itself, within the grace: no SIGKILL
-    assert "AwaitingRetry" in outcome["state_names"] and "Crashed" not in outcome["state_names"]
-    assert report["preemptions"] == 1 and report["status"] == "completed" and report["steps"] == 2000
-    (resumed,) = report["resumed_from_steps"]
-    assert resumed > 0 and report["steps_lost"] == 0  # the emergency checkpoint is where it stopped
-    assert report["model"]["sha256"] == _reference_sha(s3_server, s3_bucket)
-    assert deployed_image.image is not None
-    _record("image", {"name": deployed_image.image, "bytes": image_bytes(deployed_image.image)})
-    _record("stop_to_first_resumed_step_seconds",
-            first_resumed_step_after(outcome["samples"], outcome["reclaimed_at"], resumed))
+def _running_other_than(run_id: str, gone: list[str]) -> list[dict[str, Any]]:
+    return [c for c in containers_of(run_id) if c["running"] and c["id"] not in gone]
 
 
 @pytest.mark.timeout(3600)
-def test_a_killed_container_is_rescheduled_by_the_automation_and_resumes(
+def test_a_stopped_then_a_killed_container_each_resume_from_s3_in_a_new_one(
         prefect_server: PrefectServer, deployed_image: Deployed, start_worker: Callable[[str], Worker],
         s3_server: str, s3_bucket: str) -> None:
+    """One run reclaimed twice: its first container stopped, the next one killed, each while it
+    trains; a third container finishes it to the weights of a run that was never interrupted."""
     installed = subprocess.run([sys.executable, "-m", "retrain_cli.main", "automations"], env=prefect_server.env,
                                cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120)
     assert installed.returncode == 0, installed.stderr[-2000:]
     assert "automation retrain-reschedule-crashed-runs" in installed.stdout
-    outcome = _reclaim_and_resume(prefect_server, deployed_image, start_worker, s3_server, s3_bucket,
-                                  lambda cid: docker("kill", cid, timeout=60))
-    report, containers = outcome["report"], outcome["containers"]
-    assert containers[0]["exit_code"] == 137  # SIGKILL: nothing ran after it
-    names = outcome["state_names"]
-    assert "Crashed" in names, names
-    # The automation acts once: one reschedule, then the worker's Pending; a second AwaitingRetry
-    # there would take the resumed container's concurrency slot away.
-    after = names[names.index("Crashed") + 1:]
-    assert after[:2] == ["AwaitingRetry", "Pending"], names
-    assert report["preemptions"] == 1 and report["status"] == "completed" and report["steps"] == 2000
-    (resumed,) = report["resumed_from_steps"]
-    assert resumed % 50 == 0 and report["steps_lost"] >= 0  # from a periodic checkpoint
+    prefix = f"spot-{uuid.uuid4().hex[:6]}"
+    config = load_config(overrides=_overrides(s3_server, s3_bucket, prefix)).model_dump(mode="json")
+    name = deployed_image.deploy(f"retrain-{prefix}", config)
+    run = RunOnS3(s3_server, s3_bucket, prefix)
+    samples: list[tuple[float, int]] = []
+    finished = threading.Event()
+    watcher = threading.Thread(target=watch_heartbeat, args=(run, finished.is_set, samples), daemon=True)
+    run_id = _run(prefect_server, name)
+    worker = start_worker(deployed_image.pool)
+    watcher.start()
+    try:
+        wait_for(lambda: len(run.complete_checkpoints()) >= 2, 600, "two checkpoints on S3", 0.2)
+        (first,) = wait_for(lambda: _running_other_than(run_id, []), 300, "the flow run's container")
+        stopped_at = time.time()
+        docker("stop", "-t", "30", first["id"], timeout=120)
+        # The worker starts a new container; it is killed once it has checkpointed twice itself.
+        (second,) = wait_for(lambda: _running_other_than(run_id, [first["id"]]), 600, "a second container")
+        reached = max(run.complete_checkpoints())
+        wait_for(lambda: len([s for s in run.complete_checkpoints() if s > reached]) >= 2, 600,
+                 "two checkpoints of the second container on S3", 0.2)
+        killed_at = time.time()
+        docker("kill", second["id"], timeout=60)
+        _final(prefect_server, run_id, worker, 900)
+    finally:
+        finished.set()
+        watcher.join(5)
+    containers = containers_of(run_id)
+    assert [c["id"] for c in containers[:2]] == [first["id"], second["id"]] and len(containers) >= 3
+    # docker stop: it went by itself, within the grace (no SIGKILL); docker kill: nothing ran after it.
+    assert [c["exit_code"] for c in containers[:2]] == [0, 137]
+    names = _state_names(prefect_server, run_id)
+    # The stop: AwaitingRetry, and no crash; the kill: Crashed, then the automation acts once: one
+    # reschedule and the worker's Pending (a second AwaitingRetry there would take the resumed
+    # container's concurrency slot away).
+    assert "AwaitingRetry" in names[:names.index("Crashed")], names
+    assert names[names.index("Crashed") + 1:][:2] == ["AwaitingRetry", "Pending"] and names.count("Crashed") == 1, names
+    report = run.json("/report.json")
+    assert report is not None
+    assert report["preemptions"] == 2 and report["status"] == "completed" and report["steps"] == 2000
+    after_stop, after_kill = report["resumed_from_steps"]
+    # The stop's emergency checkpoint is where it stopped (no step lost); the kill's resume is a
+    # periodic one.
+    assert 0 < after_stop <= reached and after_kill % 50 == 0 and after_kill > reached
+    (ledger,) = [k for k in run.keys("runs/") if k.endswith("/attempts.jsonl")]
+    attempts = [json.loads(line) for line in
+                run.s3.get_object(Bucket=s3_bucket, Key=ledger)["Body"].read().decode().splitlines() if line.strip()]
+    assert [(a["resumed_from"], a["steps_lost"]) for a in attempts[1:2]] == [(after_stop, 0)], attempts
     assert report["model"]["sha256"] == _reference_sha(s3_server, s3_bucket)
-    _record("kill_to_first_resumed_step_seconds",
-            first_resumed_step_after(outcome["samples"], outcome["reclaimed_at"], resumed))
+    assert deployed_image.image is not None
+    _record("image", {"name": deployed_image.image, "bytes": image_bytes(deployed_image.image)})
+    _record("stop_to_first_resumed_step_seconds", first_resumed_step_after(samples, stopped_at, after_stop))
+    _record("kill_to_first_resumed_step_seconds", first_resumed_step_after(samples, killed_at, after_kill))
