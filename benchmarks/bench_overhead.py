@@ -8,6 +8,8 @@ shards (2 MB each), so the shards read after start-up are waited for inside the 
 The headline is the overhead at the same thread count (the project's policy's), the project's
 loop bracketed by two bare loops; the bare loop at torch's default threads is shown too (a
 hand-written loop's setting, which thrashes beside a burner). Medians of per-round ratios.
+The two bare loops of a round are the same work twice: how far apart they land (the median of
+|after / before - 1|) is the noise floor below which the overhead cannot be told from nothing.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool)
     ckpt_overrides = base + [f"train.eval_every={STEPS}"]
     tag = "loaded" if load else "idle"
     bare, bare_same, quiet, ckpt = [], [], [], []
+    bare_twice: list[float] = []  # the same bare loop twice in a round: the measurement's own noise
     with outside_load(load):
         # A discarded first project run: it learns the thread count the policy picks here, and
         # takes the first run's page-cache and allocator warm-up out of the rounds.
@@ -140,7 +143,9 @@ def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool)
             _run_end(ends[0], work, f"{tag}{r}", ckpt_overrides, bare, ckpt, bare_at)
             before = bare_at(threads)
             quiet.append(_project_loop(work, f"quiet-{tag}{r}", quiet_overrides))
-            bare_same.append((before + bare_at(threads)) / 2)
+            after = bare_at(threads)
+            bare_same.append((before + after) / 2)
+            bare_twice.append(after / before - 1)
             _run_end(ends[1], work, f"{tag}{r}", ckpt_overrides, bare, ckpt, bare_at)
     loop = [q["seconds"] / b - 1 for q, b in zip(quiet, bare, strict=True)]
     same = [q["seconds"] / b - 1 for q, b in zip(quiet, bare_same, strict=True)]
@@ -154,6 +159,8 @@ def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool)
         f"loop_overhead_fraction_{tag}": round(statistics.median(loop), 3),
         f"loop_overhead_fraction_same_threads_per_round_{tag}": [round(x, 3) for x in same],
         f"loop_overhead_fraction_same_threads_{tag}": round(statistics.median(same), 3),
+        f"bare_loop_again_fraction_per_round_{tag}": [round(x, 3) for x in bare_twice],
+        f"bare_loop_again_spread_{tag}": round(statistics.median(abs(x) for x in bare_twice), 3),
         f"project_loop_seconds_checkpoint_every_200_{tag}": [round(c["seconds"], 3) for c in ckpt],
         f"checkpointing_overhead_fraction_per_round_{tag}": [round(x, 3) for x in checkpointing],
         f"checkpointing_overhead_fraction_{tag}": round(statistics.median(checkpointing), 3),

@@ -6,6 +6,11 @@ the bare loop runs under `torch.no_grad` (as such loops are usually written) and
 in `torch.inference_mode` too. Idle, then beside a process spinning on one core (`loaded_`);
 each ratio is the median of the per-round ratios.
 
+Where its CPU goes: the CPU seconds predict takes (every thread of its process) over the bare
+loop's, per round. With one core free (beside the burner) nothing overlaps, so the speed ratio
+cannot exceed 1 / that (`one_core_bound`); with a core beside the model, reading and writing
+overlap it.
+
 And the command's fixed cost: `retrain predict` on a 100-row file from a fresh process, beside
 `python -c "import torch"`, the floor any scoring command pays."""
 
@@ -46,15 +51,16 @@ def _bare_batches(scoring: Any, source: Path) -> Batches:
     return batches
 
 
-def _bare_rows_per_s(scoring: Any, batches: Batches, rows: int, mode: Callable[[], Any]) -> float:
+def _bare_rows_per_s(scoring: Any, batches: Batches, rows: int, mode: Callable[[], Any]) -> tuple[float, float]:
     """The floor: the model over pre-built tensors, nothing else, under `mode` (`torch.no_grad`
-    as a hand-written loop is usually written, or `torch.inference_mode`, the fastest)."""
+    as a hand-written loop is usually written, or `torch.inference_mode`, the fastest); its rows
+    per second and the CPU seconds it took (every thread of this process)."""
     forward = forward_fn(scoring.model)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with mode():
         for batch in batches:
             forward(batch)
-    return rows / (time.perf_counter() - t0)
+    return rows / (time.perf_counter() - t0), time.process_time() - c0
 
 
 def _wall(cmd: list[str]) -> float:
@@ -85,24 +91,28 @@ def run(work: Path, rows: int = 1_000_000, rounds: int = 5) -> dict[str, Any]:
     scoring.model.eval()
     batches = _bare_batches(scoring, source)
 
-    def bare_pair() -> tuple[float, float]:
+    def bare_pair() -> tuple[tuple[float, float], tuple[float, float]]:
         return (_bare_rows_per_s(scoring, batches, rows, torch.no_grad),
                 _bare_rows_per_s(scoring, batches, rows, torch.inference_mode))
 
     def rounds_of(tag: str) -> dict[str, Any]:
-        predict, bare, floor = [], [], []
+        predict, bare, floor, cpu = [], [], [], []
         with scoring_threads(RetrainConfig()) as threads:  # both sides on predict's thread count
             for r in range(rounds):
                 # Each predict run is bracketed by bare loops, and its references are their means: a
                 # shared box drifts by 10-30 % within a minute, and bracketing cancels a linear drift.
                 before = bare_pair()
                 out = work / f"scores-{tag}-{r}.parquet"
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 result = predict_files([source], scoring, out)
                 predict.append(result.rows / (time.perf_counter() - t0))
+                predict_cpu = time.process_time() - c0
                 after = bare_pair()
-                bare.append((before[0] + after[0]) / 2)
-                floor.append((before[1] + after[1]) / 2)
+                bare.append((before[0][0] + after[0][0]) / 2)
+                floor.append((before[1][0] + after[1][0]) / 2)
+                # CPU per row, predict's over the bare loop's: what the read, checks, transform and
+                # write add to the model's work. With one core free, no overlap can hide it.
+                cpu.append(predict_cpu / ((before[0][1] + after[0][1]) / 2))
         ratios = [p / b for p, b in zip(predict, bare, strict=True)]
         floor_ratios = [p / b for p, b in zip(predict, floor, strict=True)]
         prefix = "" if tag == "idle" else f"{tag}_"
@@ -113,7 +123,10 @@ def run(work: Path, rows: int = 1_000_000, rounds: int = 5) -> dict[str, Any]:
                 f"{prefix}ratio_predict_vs_bare": round(statistics.median(ratios), 3),
                 f"{prefix}bare_inference_mode_rows_per_s": [round(b) for b in floor],
                 f"{prefix}ratio_predict_vs_bare_inference_mode_per_round": [round(x, 3) for x in floor_ratios],
-                f"{prefix}ratio_predict_vs_bare_inference_mode": round(statistics.median(floor_ratios), 3)}
+                f"{prefix}ratio_predict_vs_bare_inference_mode": round(statistics.median(floor_ratios), 3),
+                f"{prefix}cpu_predict_over_bare_per_round": [round(x, 3) for x in cpu],
+                f"{prefix}cpu_predict_over_bare": round(statistics.median(cpu), 3),
+                f"{prefix}one_core_bound": round(1 / statistics.median(cpu), 3)}
 
     idle = rounds_of("idle")
     with outside_load(True):
