@@ -4,6 +4,7 @@ one line saying what the reference is, including where that reference is not yet
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["HEADLINES", "Headline"]
 
@@ -20,6 +21,12 @@ class Headline:
     fair: bool  # the reference is one a skeptic accepts: only then is the target judged
     idle_per_round: str | None = None  # the key of the idle figure's rounds; None: `<idle>_per_round`
     loaded_per_round: str | None = None  # likewise for the loaded figure
+    # Why a condition misses its target, from the measurements that show it: a template over the
+    # result file's keys, per condition ("idle", "loaded"); shown under the table while it misses.
+    why: tuple[tuple[str, str], ...] = ()
+    # The key, per condition, of the measurement's own noise (the reference measured against
+    # itself): shown beside the figure, since a target inside it is not resolved by the figure.
+    noise: tuple[tuple[str, str], ...] = ()
 
     @property
     def idle_rounds(self) -> str:
@@ -28,6 +35,17 @@ class Headline:
     @property
     def loaded_rounds(self) -> str | None:
         return self.loaded_per_round or (f"{self.loaded}_per_round" if self.loaded else None)
+
+    def why_missed(self, condition: str, result: dict[str, Any]) -> str | None:
+        """The measured reason `condition` misses its target, or None when none is recorded (or
+        the result lacks a key it names: a result from before the benchmark measured it)."""
+        template = dict(self.why).get(condition)
+        if template is None:
+            return None
+        try:
+            return template.format_map(result)
+        except (KeyError, ValueError, TypeError):
+            return None
 
     def met(self, value: float | None) -> str:
         if value is None:
@@ -51,19 +69,46 @@ HEADLINES = (
              "loaded_cold_ratio_project_one_thread_over_best_peer", 1.5, False,
              "WebDataset, LitData, MosaicML Streaming at their defaults, every read from a cold page cache, the "
              "project on one prefetch thread; each peer in the faster of its consumer's thread and one thread beside "
-             "it, with its whole pipeline there; median of per-round ratios", fair=True),
+             "it, with its whole pipeline there; median of per-round ratios", fair=True,
+             why=(("loaded", "the project's prefetch thread overlaps reading with the consuming thread, which idle "
+                   "takes both cores: a cold epoch in {cold_seconds_medians[project-1]} s. Beside the burner the two "
+                   "threads share the cores with the burner's and it takes {loaded_cold_seconds_medians[project-1]} s, while WebDataset, "
+                   "which reads and consumes on one thread, takes {cold_seconds_medians[webdataset]} s idle and "
+                   "{loaded_cold_seconds_medians[webdataset]} s beside the burner (medians). The loaded figure is the "
+                   "price of losing the second core, which a machine with a core free beside its training process "
+                   "does not pay; the project's CPU per million rows is {cpu_seconds_per_million_rows_loaded[project-1]} "
+                   "s against WebDataset's {cpu_seconds_per_million_rows_loaded[webdataset]} s."),)),
     Headline("training loop overhead / a bare loop", "overhead", "loop_overhead_fraction_same_threads_idle",
              "loop_overhead_fraction_same_threads_loaded", 0.05, True,
              "a bare loop over pre-built batches at the project's threads, the same math; the project's data "
              "comes through its loader from several train shards, read inside the timed loop", fair=True,
              idle_per_round="loop_overhead_fraction_same_threads_per_round_idle",
-             loaded_per_round="loop_overhead_fraction_same_threads_per_round_loaded"),
+             loaded_per_round="loop_overhead_fraction_same_threads_per_round_loaded",
+             noise=(("idle", "bare_loop_again_spread_idle"), ("loaded", "bare_loop_again_spread_loaded"))),
     Headline("checkpoint stall / a durable torch.save", "checkpoint", "charged_stall_ratio_vs_durable_torch_save",
              "loaded_charged_stall_ratio_vs_durable_torch_save", 0.3, True,
              "torch.save and fsync; the stall is what a training loop's steps took beyond the same steps without "
-             "a save, so the writer's CPU is charged. Beside the burner, 2 cores leave the writer no core of its "
-             "own", fair=True),
+             "a save, so the writer's CPU is charged", fair=True,
+             why=(("loaded", "the loop trains on {loaded_charged_threads} thread in both conditions. Idle, the "
+                   "background writer has the second core and a save stalls training {charged_stall_per_save_seconds} "
+                   "s; beside the burner the writer's work (serialising, hashing and fsync: "
+                   "{loaded_background_write_seconds} s per save) competes with training and the burner for the two "
+                   "cores, and the stall is "
+                   "{loaded_charged_stall_per_save_seconds} s, about a durable torch.save's "
+                   "{loaded_durable_torch_save_seconds} s, while save() itself blocks the loop "
+                   "{loaded_loop_stall_per_save_seconds} s. A machine with a core free beside training is the idle "
+                   "condition."),)),
     Headline("predict speed / a bare model loop", "predict", "ratio_predict_vs_bare", "loaded_ratio_predict_vs_bare",
              0.8, False,
-             "a bare model(x) loop over the same rows, transformed and in memory, at the same threads", fair=True),
+             "a bare model(x) loop over the same rows, transformed and in memory, at the same threads", fair=True,
+             why=tuple((c, "predict does {" + k + "cpu_predict_over_bare}x the bare loop's CPU work per row (reading "
+                        "the Parquet, checking, encoding and transforming the features, writing the scores), on a "
+                        "reading and a writing thread beside the model's, so its speed over the bare loop's is about "
+                        "the cores it keeps busy over that CPU ratio: " + ("idle" if c == "idle" else "beside the "
+                        "burner") + " it keeps {" + k + "predict_cores_used} cores busy, and the measured ratio, {" + k +
+                        "ratio_predict_vs_bare}, is about {" + k + "predict_cores_used} / {" + k + "cpu_predict_over_"
+                        "bare} (medians of rounds). Meeting 0.8 takes 0.8 times that CPU ratio in cores, which a "
+                        "machine with a core free beside the model gives it; on 2 cores beside a one-core burner, it "
+                        "takes predict's work beyond the model's falling to a quarter of the model's.")
+                       for c, k in (("idle", ""), ("loaded", "loaded_")))),
 )
