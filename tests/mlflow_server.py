@@ -28,7 +28,11 @@ class MlflowServer:
     def start(self, timeout: float = 120) -> MlflowServer:
         self.home.mkdir(parents=True, exist_ok=True)
         log = open(self.home / "server.log", "ab")
-        env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false", "DO_NOT_TRACK": "true"}
+        # No job runner: it serves MLflow's GenAI jobs (scorers, trace rollups), which tracking
+        # and the model registry, all this project uses, never start; it is a consumer of ten
+        # workers beside the server.
+        env = {**os.environ, "MLFLOW_ENABLE_TELEMETRY": "false", "DO_NOT_TRACK": "true",
+               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port),
              "--backend-store-uri", f"sqlite:///{self.home / 'mlflow.db'}",
