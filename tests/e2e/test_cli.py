@@ -198,6 +198,7 @@ def _stop_once_it_trains(args: list[str], cwd: Path, root: Path, stop: Callable[
     deadline = time.time() + 300
     while not _checkpoints(root) - before and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]  # it ended before it trained
     stop(proc.pid)
     _, err = proc.communicate(timeout=120)
     return proc.returncode, err
@@ -214,8 +215,8 @@ def test_a_cli_stopped_by_ctrl_c_sigterm_or_sigkill_resumes_on_rerun(tmp_path: P
     """One run stopped three ways in turn, each time while it trains, then finished by a rerun of
     the same command; each attempt starts (and takes down) a temporary Prefect server."""
     root = tmp_path / "root"
-    # Long enough that each stop lands while it trains: it is sent once the attempt wrote a
-    # checkpoint, and what follows it takes a few seconds at most.
+    # Long enough that each stop lands while the attempt trains: what follows its checkpoint
+    # takes a few seconds at most.
     args = _sets(small_overrides(root, demo_source) + ["train.max_steps=1500", "train.eval_every=500",
                                                        "train.checkpoint.every=10", "train.patience=0"])
     had_copy = empty_database_copy().exists()
