@@ -11,7 +11,6 @@ States load with `torch.load(weights_only=True)`, which cannot execute code.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
@@ -19,7 +18,6 @@ import logging
 import math
 import os
 import shutil
-import sys
 import threading
 import time
 from dataclasses import asdict, field
@@ -348,30 +346,8 @@ class AsyncCheckpointer:
             write()
             self.wait()
             return
-        def write_behind_training() -> None:
-            _yield_to_training()
-            write()
-
-        self._thread = threading.Thread(target=write_behind_training, name=f"checkpoint-{manifest.step}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=write, name=f"checkpoint-{manifest.step}", daemon=True)
         self._thread.start()
-
-
-# How much nicer than the training thread the background writer runs. Its serialising, hashing
-# and fsync compete with the steps for the cores: beside another job on a 2-core machine, at the
-# same priority they took the steps about half the writer's CPU (benchmarks/bench_checkpoint.py,
-# the charged stall). The steps are what the run is billed for; the write is done a little later,
-# before the next save starts. Idle cores still run the writer at full speed.
-WRITER_NICE = 10
-
-
-def _yield_to_training() -> None:
-    """Lower this thread's CPU priority (Linux schedules each thread as a task of its own, so
-    this leaves the training thread's alone); elsewhere, or where it is refused, do nothing."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError):
-            me = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + WRITER_NICE))
 
 
 class CheckpointSchedule:

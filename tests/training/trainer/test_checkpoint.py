@@ -1,15 +1,12 @@
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from pathlib import Path
 
 import pytest
 import torch
 
 from training.trainer.checkpoint import (
-    WRITER_NICE,
     AsyncCheckpointer,
     CheckpointManifest,
     apply_retention,
@@ -114,21 +111,3 @@ def test_background_saves_reuse_one_copy_and_write_each_saves_values(tmp_path: P
     for step in (1, 2, 3):
         saved = load_checkpoint_state(tmp_path / step_dir_name(step))
         assert saved["step"] == step and torch.equal(saved["model"]["w"], torch.full((1000,), float(step)))
-
-
-@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="thread priorities are Linux's")
-def test_the_background_writer_gives_way_to_training_and_a_blocking_save_does_not(tmp_path: Path) -> None:
-    """The writer thread runs at a lower CPU priority than the loop; the emergency save, which
-    runs on the loop's own thread, leaves that thread's priority as it was."""
-    seen: list[int] = []
-
-    def on_published(_path: Path, _protect: set[int]) -> None:
-        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
-
-    before = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    checkpointer = AsyncCheckpointer(tmp_path, keep_last=2, on_published=on_published)
-    checkpointer.save(CheckpointManifest(10, "run", "cfg", {}), {"step": 10}, protect=set())
-    checkpointer.wait()
-    checkpointer.save(CheckpointManifest(20, "run", "cfg", {}), {"step": 20}, protect=set(), blocking=True)
-    assert seen == [min(19, before + WRITER_NICE), before]
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == before
