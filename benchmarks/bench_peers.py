@@ -395,6 +395,12 @@ def _fair_figures(tag: str, reads: dict[str, list[dict[str, float]]]) -> dict[st
         f"{tag}_first_epoch_rows_per_s_rounds": {reader: [round(x) for x in r] for reader, r in rates.items()},
         f"{tag}_seconds_medians": {reader: round(statistics.median(u["seconds"] for u in runs), 3)
                                    for reader, runs in reads.items()},
+        # CPU seconds (user and system, every thread) per million rows, and the cores kept busy
+        # (CPU seconds over wall seconds): a reader bound by one core shows about 1.
+        f"{tag}_cpu_seconds_per_million_rows": {reader: _cpu_per_million(runs) for reader, runs in reads.items()},
+        f"{tag}_cores_used_medians": {reader: round(statistics.median((u["user_s"] + u["system_s"]) / u["seconds"]
+                                                                      for u in runs), 2)
+                                      for reader, runs in reads.items()},
         f"{tag}_ratio_project_one_thread_over_best_peer_per_round": [round(x, 2) for x in per_round],
         f"{tag}_ratio_project_one_thread_over_best_peer": round(statistics.median(per_round), 2),
         f"{tag}_best_peer_per_round": [max(peers, key=lambda p: rates[p][i]) for i in range(len(per_round))],
