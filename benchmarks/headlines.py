@@ -70,13 +70,13 @@ HEADLINES = (
              "WebDataset, LitData, MosaicML Streaming at their defaults, every read from a cold page cache, the "
              "project on one prefetch thread; each peer in the faster of its consumer's thread and one thread beside "
              "it, with its whole pipeline there; median of per-round ratios", fair=True,
-             why=tuple((c, "on one prefetch thread the project reads about as fast as one core lets it: a cold "
+             why=tuple((c, "on one prefetch thread the project's loader is bound by one core, as WebDataset is: a cold "
                         "epoch took {" + k + "seconds_medians[project-1]} s with {" + k + "cores_used_medians[project-1]} "
                         "cores busy and {" + k + "cpu_seconds_per_million_rows[project-1]} CPU seconds per million "
                         "rows, against WebDataset's {" + k + "seconds_medians[webdataset]} s, {" + k +
                         "cores_used_medians[webdataset]} cores and {" + k + "cpu_seconds_per_million_rows[webdataset]} "
-                        "s (medians). With each reader on about a core, the project's lead is about the ratio of "
-                        "their CPU per row, and 1.5x takes the project's CPU per row to two thirds of WebDataset's. "
+                        "s (medians). On one core each, speed follows CPU per row, and 1.5x needs the project's CPU "
+                        "per row at two thirds of WebDataset's. "
                         "Its default two prefetch threads took {" + k + "seconds_medians[project]} s " +
                         ("idle, with the second core free" if c == "idle" else "beside the burner") + ".")
                        for c, k in (("idle", "cold_"), ("loaded", "loaded_cold_")))),
