@@ -17,11 +17,12 @@ def _worker_pids(run_dir: str, rank: int | None = None) -> list[int]:
         if not entry.isdigit():
             continue
         try:
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            # A forked worker's title is one string (setproctitle), a fresh one's is NUL-separated.
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if rank is not None else []
         except OSError:
             continue
-        if b"training.trainer.worker" not in cmdline or not any(run_dir.encode() in part for part in cmdline):
+        if b"training.trainer.worker" not in cmdline or run_dir.encode() not in cmdline:
             continue
         if rank is not None and (f"RANK={rank}".encode() not in environ or b"TORCHELASTIC_RUN_ID" not in b" ".join(
                 e[:19] for e in environ)):

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from training.launch.events import Idle, JobOrder, read_event
+from training.launch.forks import start_child
 
 __all__ = ["Child", "WarmPool", "HOLD_FLAG"]
 
@@ -53,9 +54,8 @@ class Child:
     def __init__(self, command: list[str], env: dict[str, str], hold: bool) -> None:
         # Its own process group: when it ends, anything it leaves behind (a DataLoader worker
         # orphaned by a SIGKILL, torchrun's ranks) is killed with the group, not left running.
-        self.proc = subprocess.Popen([*command, HOLD_FLAG] if hold else command, stdout=subprocess.PIPE,
-                                     stdin=subprocess.PIPE if hold else None, text=True, env=env,
-                                     start_new_session=True)
+        # A single-process worker is forked from the zygote (see training.launch.forks).
+        self.proc = start_child([*command, HOLD_FLAG] if hold else command, env, stdin_pipe=hold)
         self.hold = hold
         # Orphans inherit the pipe, so its end of file can come long after the process is gone:
         # lines are read in a thread, and `follow` stops once the process has exited.

@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ import training
 from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
 from training.launch.child import Child, WarmPool
+from training.launch.forks import ChildProcess
 from training.launch.events import ChildEvent, ErrorReport, LogLine, read_event
 from training.launch.job import TrainJob
 from training.launch.results import RungResult, TrainResult
@@ -128,7 +128,7 @@ def _dispatch(line: str, on_event: Callable[[ChildEvent], None]) -> None:
 def run_training_process(
     job: TrainJob,
     on_event: Callable[[ChildEvent], None] = log_child_event,
-    on_start: Callable[[subprocess.Popen[str]], None] = lambda proc: None,
+    on_start: Callable[[ChildProcess], None] = lambda proc: None,
     pool: WarmPool | None = None,
 ) -> TrainResult:
     """Train `job` in a child process (a warm one from `pool`, when it has one); return its
@@ -148,7 +148,7 @@ def run_rung_process(job: TrainJob, on_event: Callable[[ChildEvent], None] = log
 
 
 def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
-            on_start: Callable[[subprocess.Popen[str]], None],
+            on_start: Callable[[ChildProcess], None],
             pool: WarmPool | None) -> tuple[int, Path, list[ErrorReport], bool]:
     """Run the job in a child to its end: (exit code, its error file, the errors it reported,
     under torchrun). With a pool, a single-process job runs in a warm child when one is idle,

@@ -1,0 +1,284 @@
+"""Training children forked from a zygote (`training.trainer.zygote`), seen as subprocess sees
+its children.
+
+A process that starts training children (a flow run, a task retried after a preemption, the
+next flow run in the same worker, a test session) keeps one zygote: a process that imported
+torch and the training loop once. Each single-process job's child is forked from it, so it
+skips the imports a fresh Python would pay (about 2.5 s of CPU each). Anything the zygote
+cannot vouch for starts a fresh process as before: torchrun jobs, a parent whose environment
+changed a variable read at import time, a zygote that died or refused to serve.
+
+`ForkedProcess` has the part of `subprocess.Popen`'s interface the launcher uses (pid, stdin,
+stdout, poll, wait, send_signal, kill, returncode). The zygote reports each exit code; signals
+go through a pidfd where Linux has one, so a number reused after the exit is never signalled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import IO, Any, Protocol
+
+__all__ = ["ChildProcess", "ForkedProcess", "WORKER_MODULE", "start_child"]
+
+WORKER_MODULE = "training.trainer.worker"
+_ZYGOTE_MODULE = "training.trainer.zygote"
+# Read when a library loads (OpenMP's thread count, allocator and CUDA settings, torch's own
+# flags, Python's): a child whose environment differs in one of them gets a zygote that
+# started with it.
+_IMPORT_TIME = re.compile(r"^(OMP_|MKL_|KMP_|GOMP_|OPENBLAS_|TORCH|PYTORCH_|CUDA_|NCCL_|NVIDIA_|TRITON_|LD_|"
+                          r"MALLOC_|GLIBC_|PYTHON)")
+_MAX_MESSAGE = 1 << 20
+
+
+class ChildProcess(Protocol):
+    """What the launcher needs of a child process: subprocess.Popen, or a forked one."""
+
+    pid: int
+    stdin: IO[str] | None
+    stdout: IO[str] | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class ForkedProcess:
+    """A child forked by the zygote."""
+
+    def __init__(self, args: list[str], pid: int, stdin: IO[str] | None, stdout: IO[str]) -> None:
+        self.args, self.pid = args, pid
+        self.stdin: IO[str] | None = stdin
+        self.stdout: IO[str] | None = stdout
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+        self._pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            self._pidfd = os.pidfd_open(pid)
+
+    def _exited(self, returncode: int) -> None:
+        self.returncode = returncode
+        self._ended.set()
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            return
+        pidfd = self._pidfd
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            else:
+                os.kill(self.pid, sig)
+        except (ProcessLookupError, OSError):
+            pass  # it exited meanwhile
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _import_time_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if _IMPORT_TIME.match(k)}
+
+
+class _Zygote:
+    """One zygote process and the thread that reads what it reports."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env_key = _import_time_env(env)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen([sys.executable, "-m", _ZYGOTE_MODULE, str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, start_new_session=True)
+        theirs.close()
+        self.sock = ours
+        self.alive = False
+        self._lock = threading.Lock()
+        self._children: dict[int, ForkedProcess] = {}
+        self._spawned: dict[int, int] = {}
+        self._replied = threading.Condition()
+        self._next_id = 0
+        ready = self._receive()
+        if ready is None or "ready" not in ready:
+            self.close()
+            return
+        self.pid = int(ready["ready"])
+        self.alive = True
+        threading.Thread(target=self._read, daemon=True, name="retrain-zygote").start()
+
+    def _receive(self) -> dict[str, Any] | None:
+        try:
+            data = self.sock.recv(_MAX_MESSAGE)
+        except OSError:
+            return None
+        return json.loads(data) if data else None
+
+    def _read(self) -> None:
+        while (message := self._receive()) is not None:
+            if "spawned" in message:
+                with self._replied:
+                    self._spawned[int(message["spawned"])] = int(message["pid"])
+                    self._replied.notify_all()
+            elif "exited" in message:
+                child = self._children.pop(int(message["exited"]), None)
+                if child is not None:
+                    child._exited(int(message["returncode"]))
+        # The zygote is gone: its children got SIGTERM (their parent-death signal) and write
+        # their emergency checkpoints, but their exit codes went with it. They read as killed
+        # by SIGTERM once they are gone: a preemption, which a retry resumes.
+        with self._replied:
+            self.alive = False
+            self._replied.notify_all()
+        for pid, child in list(self._children.items()):
+            threading.Thread(target=_await_lost, args=(child,), daemon=True).start()
+            self._children.pop(pid, None)
+
+    def spawn(self, argv: list[str], env: dict[str, str], hold: bool) -> ForkedProcess | None:
+        out_r, out_w = os.pipe()
+        in_r, in_w = os.pipe() if hold else (os.open(os.devnull, os.O_RDONLY), -1)
+        try:
+            with self._lock:
+                request_id = self._next_id
+                self._next_id += 1
+                message = {"spawn": request_id, "argv": argv, "env": env, "cwd": os.getcwd()}
+                try:
+                    socket.send_fds(self.sock, [json.dumps(message).encode()], [in_r, out_w, 2])
+                except OSError:
+                    return None
+                with self._replied:
+                    while request_id not in self._spawned and self.alive:
+                        self._replied.wait()
+                    pid = self._spawned.pop(request_id, None)
+                if pid is None:
+                    return None
+                child = ForkedProcess(argv, pid, open(in_w, "w", encoding="utf-8") if hold else None,
+                                      open(out_r, encoding="utf-8"))
+                self._children[pid] = child
+                in_w = out_r = -1  # the files own them now
+                return child
+        finally:
+            for fd in (in_r, out_w, in_w, out_r):
+                if fd >= 0:
+                    os.close(fd)
+
+    def close(self) -> None:
+        """Close the control socket: the zygote exits (idle warm children get SIGTERM)."""
+        with contextlib.suppress(OSError):
+            # shutdown, not only close: the reader thread's pending recv keeps a closed socket
+            # open in the kernel, and the zygote would never see the end.
+            self.sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
+
+def _await_lost(child: ForkedProcess) -> None:
+    pidfd = child._pidfd
+    if pidfd is not None:
+        import select
+
+        with contextlib.suppress(OSError):
+            select.select([pidfd], [], [])
+    else:
+        import time
+
+        while _exists(child.pid):
+            time.sleep(0.2)
+    child._exited(-signal.SIGTERM)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+_lock = threading.Lock()
+_zygote: _Zygote | None = None
+
+
+def _zygote_for(env: dict[str, str]) -> _Zygote | None:
+    global _zygote
+    with _lock:
+        if _zygote is not None and (not _zygote.alive or _zygote.env_key != _import_time_env(env)):
+            _zygote.close()
+            _zygote = None
+        if _zygote is None:
+            _zygote = _Zygote(env)
+        return _zygote if _zygote.alive else None
+
+
+def _close() -> None:
+    global _zygote
+    with _lock:
+        if _zygote is not None:
+            _zygote.close()
+            _zygote = None
+
+
+def _forget_in_forked_child() -> None:
+    # A process forked from this one (not exec'd) must not hold the control socket open: the
+    # zygote exits when the socket's last holder closes it. Closed, never shut down: shutting
+    # down would end the parent's connection too.
+    global _zygote
+    if _zygote is not None:
+        with contextlib.suppress(OSError):
+            _zygote.sock.close()
+        _zygote = None
+
+
+atexit.register(_close)
+os.register_at_fork(after_in_child=_forget_in_forked_child)
+
+
+def _worker_args(command: list[str]) -> list[str] | None:
+    """The worker's own arguments when `command` starts a single-process worker, else None."""
+    if command[:3] != [sys.executable, "-m", WORKER_MODULE]:
+        return None
+    return command[3:]
+
+
+def start_child(command: list[str], env: dict[str, str], stdin_pipe: bool) -> ChildProcess:
+    """Start `command` (its stdout piped, in a session of its own): forked from the zygote when
+    it runs a single-process worker, else a fresh process."""
+    args = _worker_args(command)
+    if args is not None and env.get("RETRAIN_NO_ZYGOTE") != "1":
+        zygote = _zygote_for(env)
+        if zygote is not None:
+            # The worker checks that its parent lives: the zygote is its parent, and the zygote
+            # lives as long as this process holds it.
+            job, error, _parent, *rest = args
+            child = zygote.spawn([WORKER_MODULE, job, error, str(zygote.pid), *rest], env, stdin_pipe)
+            if child is not None:
+                return child
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.PIPE if stdin_pipe else None,
+                            text=True, env=env, start_new_session=True)
