@@ -5,8 +5,9 @@ A process that starts training children (a flow run, a task retried after a pree
 next flow run in the same worker, a test session) keeps one zygote: a process that imported
 torch and the training loop once. Each single-process job's child is forked from it, so it
 skips the imports a fresh Python would pay (about 2.5 s of CPU each). Anything the zygote
-cannot vouch for starts a fresh process as before: torchrun jobs, a parent whose environment
-changed a variable read at import time, a zygote that died or refused to serve.
+cannot vouch for starts a fresh process as before: torchrun jobs, a machine with an NVIDIA
+driver, a parent whose environment changed a variable read at import time, a zygote that died
+or refused to serve.
 
 `ForkedProcess` has the part of `subprocess.Popen`'s interface the launcher uses (pid, stdin,
 stdout, poll, wait, send_signal, kill, returncode). The zygote reports each exit code; signals
@@ -267,11 +268,17 @@ def _worker_args(command: list[str]) -> list[str] | None:
     return command[3:]
 
 
+def _nvidia_driver() -> bool:
+    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
+
+
 def start_child(command: list[str], env: dict[str, str], stdin_pipe: bool) -> ChildProcess:
     """Start `command` (its stdout piped, in a session of its own): forked from the zygote when
-    it runs a single-process worker, else a fresh process."""
+    it runs a single-process worker on a machine without an NVIDIA driver, else a fresh process.
+    Where there is a GPU, a child's CUDA context takes longer to start than the imports, and a
+    fresh process can inherit no CUDA state from anyone."""
     args = _worker_args(command)
-    if args is not None and env.get("RETRAIN_NO_ZYGOTE") != "1":
+    if args is not None and env.get("RETRAIN_NO_ZYGOTE") != "1" and not _nvidia_driver():
         zygote = _zygote_for(env)
         if zygote is not None:
             # The worker checks that its parent lives: the zygote is its parent, and the zygote

@@ -42,6 +42,12 @@ _MAX_MESSAGE = 1 << 20
 _STARTED_IN = os.getcwd()
 
 
+def _cuda_initialized() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_initialized())
+
+
 def _send(sock: socket.socket, message: dict[str, Any]) -> None:
     sock.send(json.dumps(message).encode())
 
@@ -120,6 +126,9 @@ def main(control_fd: int) -> int:
     # A fork copies only the forking thread: no Python thread may hold a lock the child needs.
     # The native pools the imports start (OpenBLAS's, jemalloc's) re-arm themselves in a forked
     # child through their own fork handlers, as they do for every DataLoader worker.
+    if _cuda_initialized():
+        _send(sock, {"refused": "CUDA was initialized by the imports; a forked child could not use it"})
+        return 1
     if threading.active_count() != 1:
         _send(sock, {"refused": f"{threading.active_count()} Python threads after the imports"})
         return 1

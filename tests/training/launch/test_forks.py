@@ -21,6 +21,8 @@ from training.launch.process import run_training_process
 
 from tests.training.helpers import make_job
 
+pytestmark = pytest.mark.skipif(forks._nvidia_driver(), reason="children start fresh where there is an NVIDIA driver")
+
 
 def _parent_of(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as f:
@@ -85,7 +87,7 @@ def test_an_import_time_variable_that_changed_gets_a_new_zygote(small_config: Re
     run_training_process(make_job(small_config, "first"))
     assert forks._zygote is not None
     first = forks._zygote.pid
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2" if os.environ.get("OMP_NUM_THREADS") == "1" else "1")
     run_training_process(make_job(small_config, "second"))
     assert forks._zygote is not None and forks._zygote.pid != first
     with pytest.raises(ProcessLookupError):
@@ -94,6 +96,14 @@ def test_an_import_time_variable_that_changed_gets_a_new_zygote(small_config: Re
 
 def test_a_factory_module_in_the_working_folder_is_found(small_config: RetrainConfig, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m` puts the working folder first on sys.path, so a fresh worker finds a user's
+    factory module there: a forked one must too, although its zygote started elsewhere."""
+    small_config.train.max_steps = 20
+    monkeypatch.chdir(tmp_path)
+    forks._close()
+    run_training_process(make_job(small_config, "elsewhere"))  # the zygote starts in tmp_path
+    assert forks._zygote is not None
+    zygote = forks._zygote.pid
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "my_model.py").write_text(textwrap.dedent("""
@@ -101,7 +111,6 @@ def test_a_factory_module_in_the_working_folder_is_found(small_config: RetrainCo
     """))
     monkeypatch.chdir(folder)
     small_config.model.factory = "my_model:build"
-    small_config.train.max_steps = 20
     started, on_start = _recording_starts()
     assert run_training_process(make_job(small_config, "factory"), on_start=on_start).steps == 20  # type: ignore[arg-type]
-    assert isinstance(started[0], ForkedProcess)
+    assert isinstance(started[0], ForkedProcess) and forks._zygote.pid == zygote
