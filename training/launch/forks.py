@@ -28,6 +28,8 @@ import sys
 import threading
 from typing import IO, Any, Protocol
 
+from training.storage.files import process_alive
+
 __all__ = ["ChildProcess", "ForkedProcess", "WORKER_MODULE", "start_child"]
 
 WORKER_MODULE = "training.trainer.worker"
@@ -121,6 +123,7 @@ class _Zygote:
         self._lock = threading.Lock()
         self._children: dict[int, ForkedProcess] = {}
         self._spawned: dict[int, int] = {}
+        self._exits: dict[int, int] = {}
         self._replied = threading.Condition()
         self._next_id = 0
         ready = self._receive()
@@ -145,18 +148,22 @@ class _Zygote:
                     self._spawned[int(message["spawned"])] = int(message["pid"])
                     self._replied.notify_all()
             elif "exited" in message:
-                child = self._children.pop(int(message["exited"]), None)
+                pid, code = int(message["exited"]), int(message["returncode"])
+                with self._replied:
+                    child = self._children.pop(pid, None)
+                    if child is None:
+                        self._exits[pid] = code  # it ended before its spawner registered it
                 if child is not None:
-                    child._exited(int(message["returncode"]))
+                    child._exited(code)
         # The zygote is gone: its children got SIGTERM (their parent-death signal) and write
         # their emergency checkpoints, but their exit codes went with it. They read as killed
         # by SIGTERM once they are gone: a preemption, which a retry resumes.
         with self._replied:
             self.alive = False
             self._replied.notify_all()
-        for pid, child in list(self._children.items()):
+            lost, self._children = list(self._children.values()), {}
+        for child in lost:
             threading.Thread(target=_await_lost, args=(child,), daemon=True).start()
-            self._children.pop(pid, None)
 
     def spawn(self, argv: list[str], env: dict[str, str], hold: bool) -> ForkedProcess | None:
         out_r, out_w = os.pipe()
@@ -178,8 +185,15 @@ class _Zygote:
                     return None
                 child = ForkedProcess(argv, pid, open(in_w, "w", encoding="utf-8") if hold else None,
                                       open(out_r, encoding="utf-8"))
-                self._children[pid] = child
                 in_w = out_r = -1  # the files own them now
+                with self._replied:
+                    code = self._exits.pop(pid, None)
+                    if code is None and self.alive:
+                        self._children[pid] = child
+                if code is not None:
+                    child._exited(code)
+                elif not self.alive:
+                    threading.Thread(target=_await_lost, args=(child,), daemon=True).start()
                 return child
         finally:
             for fd in (in_r, out_w, in_w, out_r):
@@ -208,19 +222,9 @@ def _await_lost(child: ForkedProcess) -> None:
     else:
         import time
 
-        while _exists(child.pid):
+        while process_alive(child.pid):
             time.sleep(0.2)
     child._exited(-signal.SIGTERM)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _lock = threading.Lock()

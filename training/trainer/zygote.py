@@ -123,12 +123,12 @@ def main(control_fd: int) -> int:
 
     for module in PRELOAD:
         importlib.import_module(module)
-    # A fork copies only the forking thread: no Python thread may hold a lock the child needs.
-    # The native pools the imports start (OpenBLAS's, jemalloc's) re-arm themselves in a forked
-    # child through their own fork handlers, as they do for every DataLoader worker.
     if _cuda_initialized():
         _send(sock, {"refused": "CUDA was initialized by the imports; a forked child could not use it"})
         return 1
+    # A fork copies only the forking thread: no Python thread may hold a lock the child needs.
+    # The native pools the imports start (OpenBLAS's, jemalloc's) re-arm themselves in a forked
+    # child through their own fork handlers, as they do for every DataLoader worker.
     if threading.active_count() != 1:
         _send(sock, {"refused": f"{threading.active_count()} Python threads after the imports"})
         return 1
@@ -138,6 +138,14 @@ def main(control_fd: int) -> int:
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below through wake_w
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the parent's to pass on
     _send(sock, {"ready": os.getpid()})
+    try:
+        _serve(sock, wake_r, wake_w)
+    except OSError:
+        pass  # the parent went while we wrote to it: exiting fires the children's parent-death signal
+    return 0
+
+
+def _serve(sock: socket.socket, wake_r: int, wake_w: int) -> None:
     while True:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
@@ -147,7 +155,7 @@ def main(control_fd: int) -> int:
             continue
         data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
         if not data:
-            return 0  # the parent is gone: exiting fires the children's parent-death signal
+            return  # the parent is gone: exiting fires the children's parent-death signal
         request = json.loads(data)
         pid = os.fork()
         if pid == 0:
