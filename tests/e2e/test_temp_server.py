@@ -1,11 +1,14 @@
 """The empty database copy of the CLI's temporary Prefect server: copied whole through SQLite's
-backup API, and used only when intact and migrated. (That a new root's server starts from it,
-and that it holds no runs, is tested through the CLI: tests/e2e/test_cli.py.)"""
+backup API, used only when intact and migrated, and holding every block type of the installed
+integrations. (That a new root's server starts from it, and that it holds no runs, is tested
+through the CLI: tests/e2e/test_cli.py.)"""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+
+import pytest
 
 from retrain_cli.temp_server import copy_database, is_migrated
 
@@ -58,3 +61,60 @@ def test_a_port_taken_between_choosing_and_binding_is_chosen_again(tmp_path: Pat
             assert "address already in use" in (tmp_path / "server.log").read_text()
         finally:
             server.stop()
+
+
+def test_a_server_started_from_the_copy_has_every_block_type_of_the_integrations(tmp_path: Path) -> None:
+    """A server started from the copy skips Prefect's block registration: the copy, made per
+    Prefect version and set of integrations, must hold every block type they define."""
+    import json
+    import urllib.request
+
+    import prefect.plugins
+    from prefect.blocks.core import Block
+    from prefect.utilities.dispatch import get_registry_for_type
+
+    from retrain_cli.temp_server import TemporaryServer
+
+    servers = []
+    for name in ("first", "second"):  # the first keeps a copy when there is none yet
+        server = TemporaryServer(f"sqlite+aiosqlite:///{tmp_path / name / 'server.db'}", tmp_path / name / "log")
+        server.start()
+        servers.append(server)
+        if server.seeded_from is not None:
+            break
+    try:
+        assert server.seeded_from is not None
+        request = urllib.request.Request(f"{server.api_url}/block_types/filter", data=b"{}",  # noqa: S310 - loopback
+                                         method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request) as response:  # noqa: S310 - loopback
+            on_server = {block_type["slug"] for block_type in json.loads(response.read())}
+    finally:
+        for server in servers:
+            server.stop()
+    prefect.plugins.load_prefect_collections()
+    defined = set(get_registry_for_type(Block) or {})
+    assert "aws-credentials" in defined  # prefect-aws's, which S3 runs use
+    assert defined <= on_server, sorted(defined - on_server)
+
+
+def test_another_integration_version_gets_a_copy_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from retrain_cli import temp_server
+
+    before = temp_server.empty_database_copy()
+    real = importlib.metadata.entry_points
+
+    class Upgraded:
+        name, version = "prefect-aws", "999.0"
+
+    class EntryPoint:
+        dist = Upgraded
+
+    def entry_points(**kwargs: str) -> object:
+        found = real(**kwargs)
+        return [*found, EntryPoint()] if kwargs.get("group") == "prefect.collections" else found
+
+    monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
+    after = temp_server.empty_database_copy()
+    assert after != before and after.parent == before.parent
