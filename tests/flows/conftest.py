@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -14,14 +15,19 @@ def prefect_harness() -> Iterator[None]:
     import prefect.testing.utilities as harness
     from prefect.testing.utilities import prefect_test_harness
 
-    from retrain_cli.temp_server import seed_database
+    from retrain_cli.temp_server import has_every_block_type, seed_database
 
     # The harness puts its database in a fresh mkdtemp() folder. When an earlier test's
     # temporary server kept the CLI's empty database copy, the folder gets that copy first and
-    # the harness's server skips the migrations (about 9 s here); otherwise it migrates as usual.
+    # the harness's server skips the migrations (about 9 s here) and, as the CLI's would, the
+    # block registration; otherwise it migrates and registers as usual.
+    skip = {"PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false", "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+
     def seeded_temp_dir() -> str:
         folder = tempfile.mkdtemp()
         seed_database(Path(folder) / "prefect-test.db")
+        if has_every_block_type(Path(folder) / "prefect-test.db"):
+            os.environ.update(skip)  # read by the harness's server process only
         return folder
 
     original = harness.mkdtemp
@@ -29,6 +35,10 @@ def prefect_harness() -> Iterator[None]:
     try:
         with prefect_test_harness(server_startup_timeout=180):
             harness.mkdtemp = original  # type: ignore[attr-defined]
+            for name in skip:
+                os.environ.pop(name, None)
             yield
     finally:
         harness.mkdtemp = original  # type: ignore[attr-defined]
+        for name in skip:
+            os.environ.pop(name, None)
