@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 
 from benchmarks.common import machine
+from benchmarks.provenance import code_sha
 
 # name -> module (benchmarks/bench_<name>.py, whose `run(work)` returns the figures). Imported
 # only when asked for: `gpu` runs on a GPU machine that has the training core and none of the
@@ -34,7 +35,7 @@ def _runner(name: str) -> Callable[[Path], dict[str, Any]]:
     return importlib.import_module(f"benchmarks.bench_{name}").run
 
 
-META = ("machine", "command", "commit", "date", "load_before", "load_after", "wall_seconds")
+META = ("machine", "command", "commit", "code_sha", "date", "load_before", "load_after", "wall_seconds")
 
 
 def _commit() -> str:
@@ -72,6 +73,7 @@ def main() -> None:
             result["machine"] = where
             result["command"] = f"python -m benchmarks.run {name}"
             result["commit"] = _commit()
+            result["code_sha"] = code_sha(name)  # docs/generate.py marks the result stale once it differs
             result["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             result["load_before"] = round(load_before, 2)
             result["load_after"] = round(os.getloadavg()[0], 2)

@@ -150,18 +150,23 @@ def benchmarks_page() -> str:
              "average is recorded before and after, because these machines are shared. Rerun one "
              "with the command under its name: it rewrites its result file, and "
              "`python docs/generate.py` this page. A result without a commit or a load was recorded "
-             "before the runner kept them.", ""]
+             "before the runner kept them. A result whose hash of the code it measures (the "
+             "product's packages, the pinned dependencies, the benchmark's own module) differs "
+             "from the current tree's is marked **stale**: its figures describe code that has "
+             "changed since.", ""]
     results = _results()
     lines += _headlines(results)
     # "detail": a benchmark's raw records, kept in its file for whoever digs, left off the page.
-    facts = {key for key, _ in RUN_FACTS} | {"command", "detail"}
+    facts = {key for key, _ in RUN_FACTS} | {"command", "detail", "code_sha"}
     for stem, result in results.items():
         lines += [f"## {stem}", "", f"`{result.get('command', f'python -m benchmarks.run {stem}')}`", ""]
         method = _method(stem)
         if method:
             lines += ["<details><summary>method</summary>", "", method, "", "</details>", ""]
         known = [f"{label}: {result[key]}" for key, label in RUN_FACTS if result.get(key) is not None]
-        lines += ["; ".join(known) + ".", "", "| figure | value |", "|---|---|"]
+        stale = _stale(stem, result)
+        lines += [*([f"**stale**: {stale}.", ""] if stale else []), "; ".join(known) + ".", "",
+                  "| figure | value |", "|---|---|"]
         tables = {name: value for name, value in result.items() if _is_table(value) and name not in facts}
         lines += [f"| {name} | {_format(value)} |" for name, value in result.items()
                   if name not in facts and name not in tables]
@@ -169,6 +174,18 @@ def benchmarks_page() -> str:
         for name, rows in tables.items():
             lines += [f"### {name}", "", *_table(rows), ""]
     return "\n".join(lines)
+
+
+def _stale(stem: str, result: dict[str, Any]) -> str | None:
+    """Why a result no longer describes the current tree, or None when it does."""
+    from benchmarks.provenance import code_sha
+
+    recorded = result.get("code_sha")
+    if not recorded:
+        return "recorded before the runner kept a hash of the code it measured"
+    if recorded != code_sha(stem):
+        return f"the code it measures has changed since; rerun `python -m benchmarks.run {stem}`"
+    return None
 
 
 def _results() -> dict[str, dict[str, Any]]:
@@ -197,8 +214,9 @@ def _headlines(results: dict[str, dict[str, Any]]) -> list[str]:
         cells = [f"{_format(v)} ({h.met(v)}{f'; noise ±{_format(n)}' if n is not None else ''})" if v is not None
                  else "not measured" for v, n in zip(values, noise, strict=True)]
         target = f"{'≤' if h.at_most else '≥'} {_format(h.target)}"
+        stale = " (**stale**)" if result and _stale(h.result, result) else ""
         lines.append(f"| {h.figure} | {target} | {cells[0]} | {cells[1]} | {h.reference} | "
-                     f"[{h.result}](#{h.result}), {result.get('date', 'no date')} |")
+                     f"[{h.result}](#{h.result}), {result.get('date', 'no date')}{stale} |")
         for condition, value in zip(("idle", "loaded"), values, strict=True):
             if value is not None and h.met(value) == "not met":
                 why = h.why_missed(condition, result) or "not yet explained by a measurement."
