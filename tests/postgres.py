@@ -7,7 +7,10 @@ the automation fires once per attempt (four reschedules of one crashed run, the 
 revokes the concurrency lease of the container that had just resumed it).
 
 One cluster per test process, on a free port, with its data in a temporary folder; each server
-gets a database of its own. Durability is off (fsync, synchronous commit): it is thrown away.
+gets a database of its own, a copy (`createdb -T`) of one that Prefect's migrations and block
+registration ran on once: a server started on it skips the registration, which imports every
+installed integration (as the CLI's temporary server does on its database copy). Durability is
+off (fsync, synchronous commit): it is thrown away.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -47,9 +51,15 @@ def _free_port() -> int:
 
 
 class PostgresCluster:
+    # Prefect's settings for a server on a database made from the template.
+    SERVER_ENV = {"PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+                  "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+    _TEMPLATE = "prefect_template"
+
     def __init__(self, bin_dir: Path, folder: Path, port: int, as_user: list[str]) -> None:
         self.bin_dir, self.folder, self.port, self._as_user = bin_dir, folder, port, as_user
         self._databases = 0
+        self._template_ready = False
 
     def run(self, tool: str, *args: str) -> None:
         out = subprocess.run([*self._as_user, str(self.bin_dir / tool), *args], capture_output=True, text=True,
@@ -57,12 +67,57 @@ class PostgresCluster:
         if out.returncode != 0:
             raise RuntimeError(f"{tool} {' '.join(args)} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
 
+    def _url(self, name: str) -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{name}"
+
     def new_database(self) -> str:
-        """A new, empty database; its SQLAlchemy URL for Prefect."""
+        """A new database with Prefect's tables and block types and nothing else; its SQLAlchemy
+        URL for Prefect (start its server with SERVER_ENV)."""
+        if not self._template_ready:
+            self._make_template()
         self._databases += 1
         name = f"prefect_{self._databases}"
-        self.run("createdb", "-h", str(self.folder), "-p", str(self.port), "-U", "postgres", name)
-        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{name}"
+        self.run("createdb", "-h", str(self.folder), "-p", str(self.port), "-U", "postgres", "-T", self._TEMPLATE, name)
+        return self._url(name)
+
+    def _make_template(self) -> None:
+        """Prefect's migrations and block registration, as its server runs them on start-up, on
+        the template database; nothing stays connected to it (`createdb -T` needs that)."""
+        self.run("createdb", "-h", str(self.folder), "-p", str(self.port), "-U", "postgres", self._TEMPLATE)
+        home = tempfile.mkdtemp(prefix="retrain-test-prefect-template-")
+        try:
+            out = subprocess.run([sys.executable, "-c", _REGISTER], capture_output=True, text=True, timeout=300, env={
+                **os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_DATABASE_CONNECTION_URL": self._url(self._TEMPLATE),
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"preparing Prefect's template database failed:\n{out.stderr[-3000:]}")
+        self._template_ready = True
+
+
+# What a Prefect server's start-up does to its database (prefect.server.api.server's lifespan).
+_REGISTER = """
+import asyncio
+
+import prefect.plugins
+from prefect.server.database import provide_database_interface
+from prefect.server.models.block_registration import run_block_auto_registration
+
+
+async def main():
+    prefect.plugins.load_prefect_collections()  # the integrations' block types, as the server's start-up loads them
+    db = provide_database_interface()
+    await db.create_db()
+    session = await db.session()
+    async with session:
+        await run_block_auto_registration(session=session)
+        await session.commit()
+    await (await db.engine()).dispose()  # the process exits with no connection left open
+
+
+asyncio.run(main())
+"""
 
 
 @contextlib.contextmanager

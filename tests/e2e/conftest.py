@@ -101,7 +101,7 @@ def running_server(home: Path, postgres: PostgresCluster) -> Iterator[PrefectSer
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(server.port)],
         # The scheduler's loop every 5 s instead of 60: the scheduled-runs test waits for it,
         # and only its interval, not what it does, would make that test slower.
-        env={**server.env, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}, stdout=log,
+        env={**server.env, **postgres.SERVER_ENV, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}, stdout=log,
         stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:

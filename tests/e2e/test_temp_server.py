@@ -70,10 +70,6 @@ def test_a_server_started_from_the_copy_has_every_block_type_of_the_integrations
     import json
     import urllib.request
 
-    import prefect.plugins
-    from prefect.blocks.core import Block
-    from prefect.utilities.dispatch import get_registry_for_type
-
     from retrain_cli.temp_server import TemporaryServer, has_every_block_type
 
     servers = []
@@ -92,10 +88,27 @@ def test_a_server_started_from_the_copy_has_every_block_type_of_the_integrations
     finally:
         for server in servers:
             server.stop()
-    prefect.plugins.load_prefect_collections()
-    defined = set(get_registry_for_type(Block) or {})
+    defined = _defined_block_types()
     assert "aws-credentials" in defined  # prefect-aws's, which S3 runs use
     assert defined <= on_server, sorted(defined - on_server)
+
+
+def test_the_test_servers_database_copy_has_every_block_type_of_the_integrations(prefect_server) -> None:
+    """The tests' own servers start on a copy of a database registered once (tests/postgres.py),
+    without registering: it must hold what a server's own registration would."""
+    with prefect_server.api() as api:
+        on_server = {block_type["slug"] for block_type in api.post("/block_types/filter", json={"limit": 200}).json()}
+    assert _defined_block_types() <= on_server, sorted(_defined_block_types() - on_server)
+
+
+def _defined_block_types() -> set[str]:
+    """The block types of Prefect and the installed integrations, as a server's start-up finds them."""
+    import prefect.plugins
+    from prefect.blocks.core import Block
+    from prefect.utilities.dispatch import get_registry_for_type
+
+    prefect.plugins.load_prefect_collections()
+    return set(get_registry_for_type(Block) or {})
 
 
 def test_another_integration_version_gets_a_copy_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
