@@ -90,15 +90,22 @@ def _prefect_overhead(work: Path, source: Path, rounds: int) -> dict[str, Any]:
     def config(seed: int) -> RetrainConfig:
         return load_config(overrides=[f"storage.root={work / 'flow'}", f"data.source={source}", f"train.seed={seed}"])
 
-    retrain(config(1))  # starts the ephemeral server: the one-off cost is not orchestration overhead
+    from prefect.server.api.server import SubprocessASGIServer
+
     walls, bodies, stalls = [], [], []
-    for r in range(rounds):
-        t0 = time.perf_counter()
-        state = retrain(config(2 + r), return_state=True)
-        walls.append(time.perf_counter() - t0)
-        report = json.loads(Path(state.result()).read_text())
-        bodies.append(_task_run_seconds(state.state_details.flow_run_id))
-        stalls.append(report["utilization"]["data_stall_fraction"])
+    try:
+        retrain(config(1))  # starts the ephemeral server: the one-off cost is not orchestration overhead
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            state = retrain(config(2 + r), return_state=True)
+            walls.append(time.perf_counter() - t0)
+            report = json.loads(Path(state.result()).read_text())
+            bodies.append(_task_run_seconds(state.state_details.flow_run_id))
+            stalls.append(report["utilization"]["data_stall_fraction"])
+    finally:
+        # Prefect keeps its ephemeral server until this process exits: the benchmarks that run
+        # after this one in the same `benchmarks.run` must not share the machine with it.
+        SubprocessASGIServer().stop()
     fractions = [w / b - 1 for w, b in zip(walls, bodies, strict=True)]
     return {"flow_wall_seconds": [round(w, 2) for w in walls], "task_bodies_seconds": [round(b, 2) for b in bodies],
             "prefect_overhead_fraction_per_round": [round(f, 3) for f in fractions],

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from benchmarks.common import machine
-from benchmarks.provenance import code_sha
+from benchmarks.provenance import MEASURED, code_sha
 
 # name -> module (benchmarks/bench_<name>.py, whose `run(work)` returns the figures). Imported
 # only when asked for: `gpu` runs on a GPU machine that has the training core and none of the
@@ -46,8 +46,8 @@ def _commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
-        # Results the suite itself wrote are not changes to what it measured.
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+        # Only changes to what it measures (a test or a page being edited is not one).
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *MEASURED, "benchmarks",
                                 ":!benchmarks/results"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -216,7 +216,7 @@ def _headlines(results: dict[str, dict[str, Any]]) -> list[str]:
         target = f"{'≤' if h.at_most else '≥'} {_format(h.target)}"
         stale = " (**stale**)" if result and _stale(h.result, result) else ""
         lines.append(f"| {h.figure} | {target} | {cells[0]} | {cells[1]} | {h.reference} | "
-                     f"[{h.result}](#{h.result}), {result.get('date', 'no date')}{stale} |")
+                     f"[{h.result}](#{h.result}), {result.get('date', 'no date')}{_load(result)}{stale} |")
         for condition, value in zip(("idle", "loaded"), values, strict=True):
             if value is not None and h.met(value) == "not met":
                 why = h.why_missed(condition, result) or "not yet explained by a measurement."
@@ -226,6 +226,14 @@ def _headlines(results: dict[str, dict[str, Any]]) -> list[str]:
     return [*lines, "", "![Each headline figure's rounds (dots) and median (bar), idle and beside a one-core "
                        "burner, against its dashed target: green met, red not met, grey not judged]"
                        "(img/benchmarks-summary.svg)", ""]
+
+
+def _load(result: dict[str, Any]) -> str:
+    """The load average around the run: before, and after when recorded."""
+    if result.get("load_before") is None:
+        return ""
+    after = f" to {result['load_after']}" if result.get("load_after") is not None else ""
+    return f", load {result['load_before']}{after}"
 
 
 def _method(stem: str) -> str:
