@@ -16,12 +16,13 @@ def prefect_harness() -> Iterator[None]:
     from prefect.testing.utilities import prefect_test_harness
 
     from retrain_cli.temp_server import has_every_block_type, seed_database
+    from tests.postgres import PostgresCluster
 
     # The harness puts its database in a fresh mkdtemp() folder. When an earlier test's
     # temporary server kept the CLI's empty database copy, the folder gets that copy first and
     # the harness's server skips the migrations (about 9 s here) and, as the CLI's would, the
     # block registration; otherwise it migrates and registers as usual.
-    skip = {"PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false", "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+    skip = PostgresCluster.SERVER_ENV  # the same Prefect settings as the end-to-end tests' servers
 
     def seeded_temp_dir() -> str:
         folder = tempfile.mkdtemp()
