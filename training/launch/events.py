@@ -101,6 +101,7 @@ class ErrorReport(_Event):
     event: Literal["error"] = "error"
     type: str
     message: str
+    transient: bool = False  # a StorageError's: the network or the endpoint failed, worth a retry
 
 
 class Idle(_Event):

@@ -97,6 +97,15 @@ def _error_class(report: ErrorReport) -> type[RetrainError]:
     return cls if isinstance(cls, type) and issubclass(cls, RetrainError) else RetrainError
 
 
+def rebuild_error(report: ErrorReport) -> RetrainError:
+    """The child's error as this process's: the same class and message, and a storage error's
+    `transient`, which decides whether the task retries it."""
+    cls = _error_class(report)
+    if issubclass(cls, errors.StorageError):
+        return cls(report.message, transient=report.transient)
+    return cls(report.message)
+
+
 def _rank_errors(error_path: Path) -> list[ErrorReport]:
     found = []
     for path in sorted(error_path.parent.glob(error_path.name + "*")):
@@ -217,7 +226,7 @@ def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[ErrorRepor
     if rc == EXIT_USER_ERROR and (reported or error_path.exists()):
         report = reported[-1] if reported else ErrorReport.model_validate_json(error_path.read_text())
         error_path.unlink(missing_ok=True)
-        raise _error_class(report)(report.message)
+        raise rebuild_error(report)
     if distributed:
         # torchrun exits 1 whatever its ranks did: their error files say what happened. A user
         # error on any rank wins; otherwise a rank was killed or lost its peers: a preemption.
@@ -225,7 +234,7 @@ def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[ErrorRepor
             if report.type == "Bug":
                 raise RuntimeError(f"training job {job.run_key} failed on a rank: {report.message}; see its log above")
             if _error_class(report) is not Preempted:
-                raise _error_class(report)(report.message)
+                raise rebuild_error(report)
         raise Preempted(f"training job {job.run_key} lost a rank (torchrun exit code {rc}); resuming on retry")
     bug = next((report for report in [*reported, *_rank_errors(error_path)] if report.type == "Bug"), None)
     detail = f": {bug.message}" if bug else f" with exit code {rc}"

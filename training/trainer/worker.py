@@ -171,7 +171,7 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
         logging.getLogger("training").warning("%s: %s", kind, err)
         return EXIT_PREEMPTED
     except RetrainError as err:
-        report = ErrorReport(type=type(err).__name__, message=str(err))
+        report = ErrorReport(type=type(err).__name__, message=str(err), transient=getattr(err, "transient", False))
         _emit(report)  # also on the event pipe: the error may be that the disk holding error_path is full
         _write_error(error_path, report)
         return EXIT_USER_ERROR
