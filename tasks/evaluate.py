@@ -3,10 +3,11 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.artifacts import publish_promotion
-from tasks.policies import retry_transient, task_logger
+from tasks.policies import forward_child_event, retry_transient, task_logger
 from training.config import RetrainConfig
-from training.pipeline.evaluate_stage import champion_validation_metric, evaluate_stage
+from training.launch.events import ChildEvent
 from training.pipeline.handoffs import Evaluation, PackResult
+from training.pipeline.stage_child import champion_metric_in_child, evaluate_in_child
 from training.launch.results import TrainResult
 
 __all__ = ["evaluate_model", "score_champion"]
@@ -14,8 +15,9 @@ __all__ = ["evaluate_model", "score_champion"]
 
 @task(name="evaluate", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
 def evaluate_model(config: RetrainConfig, packed: PackResult, trained: TrainResult) -> Evaluation:
-    """Test-split metrics and the champion/challenger decision."""
-    evaluation = evaluate_stage(config, packed, trained)
+    """Test-split metrics and the champion/challenger decision, in a child process (scoring and
+    export need torch; this process need not import it)."""
+    evaluation = evaluate_in_child(config, packed, trained, _to_run_log)
     publish_promotion(evaluation)
     # The reason names the test metric and what it was compared with: said once.
     task_logger().info("%s: %s", "promoted" if evaluation.promotion.promoted else "champion kept",
@@ -26,7 +28,11 @@ def evaluate_model(config: RetrainConfig, packed: PackResult, trained: TrainResu
 @task(name="champion-baseline", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
 def score_champion(config: RetrainConfig, packed: PackResult) -> float | None:
     """The champion's validation eval.metric on this dataset: the bar the champion gate holds training to."""
-    value = champion_validation_metric(config, packed)
+    value = champion_metric_in_child(config, packed, _to_run_log)
     task_logger().info("champion gate: %s", "no usable champion to beat" if value is None
                        else f"the champion's validation {config.eval.metric or 'metric'} is {value:.4f}")
     return value
+
+
+def _to_run_log(event: ChildEvent) -> None:
+    forward_child_event(task_logger(), event)

@@ -51,6 +51,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_preemption.py",  # kills training processes
     "test_warm_children.py",  # warm training children
     "test_forks.py",  # training children forked from the zygote
+    "test_stage_child.py",  # evaluation in a child process
     "test_disk_full.py",  # a training process on a small filesystem
     "test_root_lock.py",  # competing processes
     "test_s3_lease.py",  # competing processes on S3

@@ -54,6 +54,8 @@ def test_multiclass_and_regression_metrics_equal_scikit_learn(seed: int) -> None
 def test_metric_names_of_the_config_are_those_of_the_tasks() -> None:
     from training.config import TASK_METRICS
     from training.model.objectives import TASKS
+    from training.model.task_metrics import DEFAULT_METRIC, METRICS
 
     assert {name: tuple(t.metrics) for name, t in TASKS.items()} == TASK_METRICS
-    assert all(TASK_METRICS[name][0] == t.default_metric for name, t in TASKS.items())
+    assert {name: tuple(m) for name, m in METRICS.items()} == TASK_METRICS
+    assert all(TASK_METRICS[name][0] == t.default_metric == DEFAULT_METRIC[name] for name, t in TASKS.items())

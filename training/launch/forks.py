@@ -5,7 +5,7 @@ A process that starts training children (a flow run, a task retried after a pree
 next flow run in the same worker, a test session) keeps one zygote: a process that imported
 torch and the training loop once. Each single-process job's child is forked from it, so it
 skips the imports a fresh Python would pay (about 2.5 s of CPU each). Anything the zygote
-cannot vouch for starts a fresh process as before: torchrun jobs, a machine with an NVIDIA
+cannot vouch for starts a fresh process as before: torchrun jobs, a machine with a GPU
 driver, a parent whose environment changed a variable read at import time, a zygote that died
 or refused to serve.
 
@@ -28,11 +28,17 @@ import sys
 import threading
 from typing import IO, Any, Protocol
 
+from training.launch.numerics import gpu_driver_present
 from training.storage.files import process_alive
 
-__all__ = ["ChildProcess", "ForkedProcess", "WORKER_MODULE", "start_child"]
+__all__ = ["ChildProcess", "FORKABLE", "ForkedProcess", "STAGE_CHILD_MODULE", "WORKER_MODULE", "start_child"]
 
 WORKER_MODULE = "training.trainer.worker"
+# Stage work that needs torch, run outside the flow's process (see training.launch.calls).
+STAGE_CHILD_MODULE = "training.pipeline.stage_child"
+# The modules a zygote runs in its children: each takes `JOB ERROR PARENT_PID ...` and has a
+# `main(argv) -> int`.
+FORKABLE = (WORKER_MODULE, STAGE_CHILD_MODULE)
 _ZYGOTE_MODULE = "training.trainer.zygote"
 # Read when a library loads (OpenMP's thread count, allocator and CUDA settings, torch's own
 # flags, Python's): a child whose environment differs in one of them gets a zygote that
@@ -265,30 +271,28 @@ atexit.register(_close)
 os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
-def _worker_args(command: list[str]) -> list[str] | None:
-    """The worker's own arguments when `command` starts a single-process worker, else None."""
-    if command[:3] != [sys.executable, "-m", WORKER_MODULE]:
+def _forkable(command: list[str]) -> tuple[str, list[str]] | None:
+    """(the module, its own arguments) when `command` runs one of the zygote's modules in a
+    single process, else None."""
+    if len(command) < 3 or command[:2] != [sys.executable, "-m"] or command[2] not in FORKABLE:
         return None
-    return command[3:]
-
-
-def _nvidia_driver() -> bool:
-    return os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl")
+    return command[2], command[3:]
 
 
 def start_child(command: list[str], env: dict[str, str], stdin_pipe: bool) -> ChildProcess:
     """Start `command` (its stdout piped, in a session of its own): forked from the zygote when
-    it runs a single-process worker on a machine without an NVIDIA driver, else a fresh process.
-    Where there is a GPU, a child's CUDA context takes longer to start than the imports, and a
-    fresh process can inherit no CUDA state from anyone."""
-    args = _worker_args(command)
-    if args is not None and env.get("RETRAIN_NO_ZYGOTE") != "1" and not _nvidia_driver():
+    it runs one of the zygote's modules (a single-process worker, a stage child) on a machine
+    without a GPU driver, else a fresh process. Where there is a GPU, a child's CUDA context
+    takes longer to start than the imports, and a fresh process can inherit no CUDA state from
+    anyone."""
+    forkable = _forkable(command)
+    if forkable is not None and env.get("RETRAIN_NO_ZYGOTE") != "1" and not gpu_driver_present():
         zygote = _zygote_for(env)
         if zygote is not None:
-            # The worker checks that its parent lives: the zygote is its parent, and the zygote
+            # The child checks that its parent lives: the zygote is its parent, and the zygote
             # lives as long as this process holds it.
-            job, error, _parent, *rest = args
-            child = zygote.spawn([WORKER_MODULE, job, error, str(zygote.pid), *rest], env, stdin_pipe)
+            module, (job, error, _parent, *rest) = forkable
+            child = zygote.spawn([module, job, error, str(zygote.pid), *rest], env, stdin_pipe)
             if child is not None:
                 return child
     return subprocess.Popen(command, stdout=subprocess.PIPE, stdin=subprocess.PIPE if stdin_pipe else None,

@@ -1,5 +1,6 @@
 """What each supervised task means to training and evaluation: the model's outputs, the loss,
-the predictions, the metrics and which way each metric is better.
+the predictions, and its metrics (defined, with which way each is better, in the torch-free
+`training.model.task_metrics`).
 
 One class per task, found by name in `TASKS`; `Task.of(stats)` binds one to a dataset's label
 (its classes, or its fitted label transform). The packer's side of a task (which label values are
@@ -8,27 +9,18 @@ valid, how they are stored) is `training.data.labels`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from training.data.features import FeatureStats
-from training.errors import ConfigError
 from training.model.network import Batch, Forward
 from training.model.target_transform import LabelTransform
-from training.metrics import (accuracy, log_loss, mae, macro_f1, multiclass_accuracy, multiclass_log_loss, r2, rmse,
-                              roc_auc)
+from training.model.task_metrics import DEFAULT_METRIC, METRICS, Metric
 
-__all__ = ["Metric", "Task", "TASKS", "higher_is_better", "metric_for", "is_better", "reaches"]
-
-
-@dataclass(frozen=True)
-class Metric:
-    fn: Callable[[np.ndarray, np.ndarray], float]
-    higher_is_better: bool
+__all__ = ["Task", "TASKS"]
 
 
 class Task:
@@ -72,8 +64,8 @@ class Task:
 
 
 class BinaryTask(Task):
-    name, default_metric = "binary", "auc"
-    metrics = {"auc": Metric(roc_auc, True), "logloss": Metric(log_loss, False), "accuracy": Metric(accuracy, True)}
+    name = "binary"
+    metrics, default_metric = METRICS[name], DEFAULT_METRIC[name]
 
     def loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.binary_cross_entropy_with_logits(output.float(), y)
@@ -83,9 +75,8 @@ class BinaryTask(Task):
 
 
 class MulticlassTask(Task):
-    name, default_metric = "multiclass", "accuracy"
-    metrics = {"accuracy": Metric(multiclass_accuracy, True), "macro_f1": Metric(macro_f1, True),
-               "logloss": Metric(multiclass_log_loss, False)}
+    name = "multiclass"
+    metrics, default_metric = METRICS[name], DEFAULT_METRIC[name]
 
     @property
     def n_outputs(self) -> int:
@@ -103,8 +94,8 @@ class RegressionTask(Task):
     (`preprocess.target_transform`); predictions are converted back, so metrics and users see
     the label's own units."""
 
-    name, default_metric = "regression", "rmse"
-    metrics = {"rmse": Metric(rmse, False), "mae": Metric(mae, False), "r2": Metric(r2, True)}
+    name = "regression"
+    metrics, default_metric = METRICS[name], DEFAULT_METRIC[name]
 
     def __init__(self, stats: FeatureStats) -> None:
         super().__init__(stats)
@@ -118,31 +109,3 @@ class RegressionTask(Task):
 
 
 TASKS: dict[str, type[Task]] = {t.name: t for t in (BinaryTask, MulticlassTask, RegressionTask)}
-
-
-def metric_for(task: str, configured: str | None) -> str:
-    """eval.metric, or the task's default; a metric the task does not have is a ConfigError."""
-    kind = TASKS[task]
-    if configured is None:
-        return kind.default_metric
-    if configured not in kind.metrics:
-        raise ConfigError(f"eval.metric: {configured!r} is not a {task} metric; use one of {sorted(kind.metrics)}")
-    return configured
-
-
-def is_better(task: str, metric: str, value: float, than: float, by: float = 0.0) -> bool:
-    """`value` beats `than` by at least `by` in the metric's direction."""
-    if higher_is_better(task, metric):
-        return value >= than + by and value > than
-    return value <= than - by and value < than
-
-
-def higher_is_better(task: str, metric: str) -> bool:
-    return TASKS[task].metrics[metric].higher_is_better
-
-
-def reaches(task: str, metric: str, value: float, target: float) -> bool:
-    """`value` is at `target` or beyond it in the metric's direction."""
-    return value == target or is_better(task, metric, value, target)
-
-

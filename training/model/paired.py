@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from training.model.objectives import TASKS
+from training.model.task_metrics import METRICS
 
 __all__ = ["PairedDifference", "paired_difference"]
 
@@ -59,7 +59,7 @@ def paired_difference(task: str, metric: str, y: np.ndarray, challenger: np.ndar
     """The improvement of `challenger`'s predictions over `champion`'s on labels `y` (the same
     rows, in the same order), with its two-sided `confidence` interval. `y_champion`: the same
     labels in the champion's class indices, where a multiclass champion's classes differ."""
-    kind = TASKS[task].metrics[metric]
+    kind = METRICS[task][metric]
     y_b = y if y_champion is None else y_champion
     sign = 1.0 if kind.higher_is_better else -1.0
     if task == "binary" and metric == "auc":

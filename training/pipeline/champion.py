@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from training.config import EvalConfig, metric_name
 from training.errors import CheckpointError, StorageError
-from training.model.objectives import higher_is_better, is_better, reaches
+from training.model.task_metrics import higher_is_better, is_better, reaches
 from training.model.model_ref import ChampionPointer, read_pointer
-from training.model.package import UntrustedFactory, load_package, meta_sha256
 from training.storage.files import write_json_atomic
 from training.storage.root import StorageRoot
 
@@ -74,6 +73,8 @@ def check_champion(root: StorageRoot, trusted_factory: str | None) -> Champion |
         return _unusable(None, models, f"its pointer is unreadable: {err}", etag=etag)
     if pointer is None:
         return None
+    # Loading the package is the check that needs torch: a root with no champion never gets here.
+    from training.model.package import UntrustedFactory, load_package
     package = models / pointer.sha256
     for name in ("model.json", "model.pt"):
         rel = f"models/{pointer.sha256}/{name}"
@@ -136,6 +137,7 @@ def decide_promotion(
 
 def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str, Any], uri: str | None = None) -> Path:
     """Copy the package to models/<sha256>/ (first), then swap the champion pointer (last)."""
+    from training.model.package import meta_sha256
     target = models_root / sha256
     if (target / "model.json").exists() and meta_sha256(target) != meta_sha256(package_dir):
         shutil.rmtree(target)  # a damaged copy of this very package: replace it with the verified one

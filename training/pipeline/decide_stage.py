@@ -88,7 +88,7 @@ def _decide(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
 def _incomparable(config: RetrainConfig, meta: PackageMeta, stats: FeatureStats,
                   manifest: DatasetManifest) -> str | None:
     """Why the champion cannot stand in for this run's model (None: it can)."""
-    from training.model.evaluation import compatible, other_target
+    from training.model.compatibility import compatible, other_target
 
     if meta.architecture != config.model.model_dump(mode="json"):
         return "the champion's model config differs from model.*: this run trains its own"
@@ -134,7 +134,7 @@ def _champion_scores(config: RetrainConfig, champion: Champion, manifest: Datase
 def _degraded(config: RetrainConfig, recorded: float | None, now: float | None) -> bool | None:
     """Whether the champion scores worse on the new rows by more than eval.min_delta (None:
     cannot tell, e.g. a binary AUC over rows of one class)."""
-    from training.model.objectives import is_better
+    from training.model.task_metrics import is_better
 
     if recorded is None or now is None:
         return None

@@ -33,8 +33,9 @@ def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> flo
     """The champion's eval.metric on this run's validation split, for the champion gate (None
     when there is no usable champion that reads these columns and predicts this label).
     Evaluation's work, run before training by the flow."""
-    from training.model.evaluation import compatible, evaluate_package, other_target
-    from training.model.objectives import metric_for
+    from training.model.compatibility import compatible, other_target
+    from training.model.evaluation import evaluate_package
+    from training.model.task_metrics import metric_for
     from training.model.package import package_stats
     from training.pipeline.champion import check_champion
     champion = check_champion(StorageRoot.from_config(config), config.model.factory)
@@ -53,7 +54,7 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
     """The challenger's test metrics and the champion/challenger decision, promoted atomically."""
     from training.model.evaluation import score_package
     from training.pipeline.champion import decide_promotion
-    from training.model.objectives import metric_for, reaches
+    from training.model.task_metrics import metric_for, reaches
     from training.pipeline.champion import check_champion
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
@@ -190,7 +191,8 @@ def _champion_metrics(
 ) -> tuple[dict[str, Any] | None, str | None, str | None, PackageScores | None]:
     """(the champion's test metrics to compare with, how they were obtained, why it is unusable,
     its scores row by row when it was re-evaluated here)."""
-    from training.model.evaluation import compatible, score_package
+    from training.model.compatibility import compatible
+    from training.model.evaluation import score_package
     from training.model.package import package_stats
     if champion is None:
         return None, None, None, None
@@ -214,7 +216,7 @@ def _paired(ours: PackageScores, theirs: PackageScores | None, task: str, metric
     """(the challenger's metrics on the rows the champion was scored on, the improvement with
     its confidence interval), both on the same rows: all of them, or, where the champion's
     classes are not this dataset's, the rows of the classes it knows."""
-    from training.model.objectives import TASKS
+    from training.model.task_metrics import METRICS
     from training.model.paired import paired_difference
 
     if theirs is None:
@@ -223,7 +225,7 @@ def _paired(ours: PackageScores, theirs: PackageScores | None, task: str, metric
     y, pred = ours.y, ours.pred
     if theirs.rows.size != ours.rows.size:
         y, pred = ours.y[theirs.rows], ours.pred[theirs.rows]
-        compared = {**{name: m.fn(y, pred) for name, m in TASKS[task].metrics.items()}, "rows": int(y.size)}
+        compared = {**{name: m.fn(y, pred) for name, m in METRICS[task].items()}, "rows": int(y.size)}
     difference = paired_difference(task, metric, y, pred, theirs.pred, config.eval.confidence,
                                    y_champion=theirs.y)
     return compared, difference
@@ -232,7 +234,7 @@ def _paired(ours: PackageScores, theirs: PackageScores | None, task: str, metric
 def _champion_target(champion: Champion | None, manifest: DatasetManifest) -> str | None:
     """Why the champion predicts something else than this run (None: the same thing, or no
     champion whose statistics can be read)."""
-    from training.model.evaluation import other_target
+    from training.model.compatibility import other_target
     from training.model.package import package_stats
     if champion is None or not (champion.usable or champion.recorded_metrics_only):
         return None

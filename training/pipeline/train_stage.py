@@ -34,6 +34,7 @@ from training.storage.files import write_json_atomic
 from training.storage.root import StorageRoot
 from training.launch.events import ChildEvent, Validated
 from training.launch.job import TrainJob, train_fingerprint
+from training.launch.numerics import resolved_numerics
 from training.launch.process import log_child_event, run_training_process
 from training.launch.results import TrainResult, WarmStart
 from training.launch.runs import RUN_FOLDERS, finished_result, run_rel
@@ -47,7 +48,6 @@ log = logging.getLogger(__name__)
 
 
 def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
-    from training.trainer.precision import resolved_numerics
     numerics = resolved_numerics(config.train.device, config.train.precision)
     preprocessing = preprocess_key(dataset_fingerprint, config.preprocess, bool(config.data.text),
                                    config.data.task == "regression", bool(config.data.image))
@@ -69,7 +69,7 @@ class WarmStartPlan:
 def warm_start_plan(config: RetrainConfig, champion: Champion | None,
                     manifest: DatasetManifest | None = None) -> tuple[WarmStartPlan | None, str]:
     """(champion weights + stats, reason) when `train.init_from: champion` can be honoured."""
-    from training.model.evaluation import compatible, other_target
+    from training.model.compatibility import compatible, other_target
     if config.train.init_from != "champion":
         return None, "train.init_from is none"
     if champion is None:
@@ -100,7 +100,7 @@ def _added_classes(config: RetrainConfig, stats: FeatureStats, manifest: Dataset
     """The classes this dataset adds to a multiclass champion's, when it only adds some (none
     dropped, same task and label): the built-in model's output layer grows by them, as its
     embeddings grow by new categories. Empty when the champion cannot be grown into this model."""
-    from training.model.evaluation import other_target
+    from training.model.compatibility import other_target
     if (manifest is None or config.model.factory is not None or manifest.task != "multiclass"
             or other_target(stats, manifest, classes_may_differ=True) is not None):
         return []
@@ -195,7 +195,7 @@ def train_stage(
 ) -> TrainResult:
     """Train the run in a child process (or find it finished); `champion_val_metric` is the
     champion gate's bar, measured by `champion_validation_auc` before training."""
-    from training.model.objectives import higher_is_better
+    from training.model.task_metrics import higher_is_better
     from training.pipeline.champion import check_champion
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)

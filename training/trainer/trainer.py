@@ -34,7 +34,8 @@ from training.data.manifest import require_manifest
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
 from training.model.network import Batch, ModelSchema, forward_fn, to_device
-from training.model.objectives import Task, higher_is_better, metric_for
+from training.model.objectives import Task
+from training.model.task_metrics import higher_is_better, metric_for
 from training.model.package import load_warm_start
 from training.trainer.checkpoint import (
     AsyncCheckpointer,

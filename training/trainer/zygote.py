@@ -10,8 +10,10 @@ the imports once.
 The child is the worker a fresh process would be: the zygote forks before anything has run a
 kernel, and it refuses to serve if an import left a second Python thread (a fork copies only
 the forking thread). The child then takes its job's environment, working folder, argv and stdin,
-stdout and stderr from the request, starts a session of its own, and runs
-`training.trainer.worker.main`, which seeds every generator from the job. Its parent-death
+stdout and stderr from the request, starts a session of its own, and runs the `main` of the
+module its argv names: `training.trainer.worker`, which seeds every generator from the job, or
+`training.pipeline.stage_child` (evaluation and export; `training.launch.forks.FORKABLE`
+lists them). Its parent-death
 signal points at the zygote, and the zygote exits when its parent closes the control socket,
 so a child still gets SIGTERM (and writes its emergency checkpoint) when the task process dies.
 
@@ -94,9 +96,11 @@ def _run_child(request: dict[str, Any], fds: list[int], sock: socket.socket, clo
         sys.stdin = open(0, encoding="utf-8", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)
-        from training.trainer import worker
+        from training.launch.forks import FORKABLE
 
-        code = worker.main(sys.argv[1:])
+        if sys.argv[0] not in FORKABLE:
+            raise ValueError(f"the zygote runs only {FORKABLE}, not {sys.argv[0]!r}")
+        code = importlib.import_module(sys.argv[0]).main(sys.argv[1:])
     except SystemExit as ended:
         code = ended.code if isinstance(ended.code, int) else (0 if ended.code is None else 1)
     except BaseException:  # noqa: BLE001 - a bug in the worker: its traceback, then exit 1 as python would

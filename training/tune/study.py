@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 from training.config import RetrainConfig, fingerprint, fingerprinted
 from training.cost.bill import SECONDS_PER_HOUR
 from training.errors import ConfigError
-from training.model.objectives import higher_is_better, metric_for
+from training.model.task_metrics import higher_is_better, metric_for
 from training.search_space import Dimension, parse_space
 from training.storage.root import StorageRoot
 from training.tune.rungs import rungs

@@ -17,11 +17,12 @@ from training.config import RetrainConfig
 from training.errors import Preempted
 from training.launch import forks
 from training.launch.forks import ForkedProcess
+from training.launch.numerics import gpu_driver_present
 from training.launch.process import run_training_process
 
 from tests.training.helpers import make_job
 
-pytestmark = pytest.mark.skipif(forks._nvidia_driver(), reason="children start fresh where there is an NVIDIA driver")
+pytestmark = pytest.mark.skipif(gpu_driver_present(), reason="children start fresh where there is a GPU driver")
 
 
 def _parent_of(pid: int) -> int:

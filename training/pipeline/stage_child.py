@@ -1,0 +1,131 @@
+"""The stages' work that needs torch, in a child process (`training.launch.calls`): the
+challenger's evaluation and promotion (scoring, the paired comparison, torch.export), and the
+champion gate's validation metric. The flow's process calls `evaluate_in_child` and
+`champion_metric_in_child`; the child runs `main` on the request they write.
+
+`python -m training.pipeline.stage_child REQUEST.json ERROR.json PARENT_PID RESULT.json`; exit
+codes: 0 done, EXIT_USER_ERROR with the error in ERROR.json; warnings go to the parent as `log`
+events, as the training worker's do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Callable, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from training.config import RetrainConfig
+from training.errors import EXIT_USER_ERROR, RetrainError, StorageError
+from training.launch.calls import call_in_child
+from training.launch.events import ChildEvent, ErrorReport, LogLine
+from training.launch.forks import STAGE_CHILD_MODULE
+from training.launch.process import log_child_event
+from training.launch.results import TrainResult
+from training.pipeline.handoffs import Evaluation, PackResult
+from training.storage.files import write_atomic
+
+__all__ = ["champion_metric_in_child", "evaluate_in_child", "main"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    config: RetrainConfig
+    packed: PackResult
+
+
+class EvaluateRequest(_Request):
+    call: Literal["evaluate"] = "evaluate"
+    trained: TrainResult
+
+
+class ChampionMetricRequest(_Request):
+    call: Literal["champion_metric"] = "champion_metric"
+
+
+_REQUEST: TypeAdapter[EvaluateRequest | ChampionMetricRequest] = TypeAdapter(
+    Annotated[Union[EvaluateRequest, ChampionMetricRequest], Field(discriminator="call")])
+_METRIC: TypeAdapter[float | None] = TypeAdapter(float | None)
+
+
+def evaluate_in_child(config: RetrainConfig, packed: PackResult, trained: TrainResult,
+                      on_event: Callable[[ChildEvent], None] = log_child_event) -> Evaluation:
+    """`evaluate_stage`, run in a child process."""
+    text = call_in_child(STAGE_CHILD_MODULE, EvaluateRequest(config=config, packed=packed, trained=trained),
+                         "the evaluation", on_event)
+    return Evaluation.model_validate_json(text)
+
+
+def champion_metric_in_child(config: RetrainConfig, packed: PackResult,
+                             on_event: Callable[[ChildEvent], None] = log_child_event) -> float | None:
+    """`champion_validation_metric`, run in a child process."""
+    text = call_in_child(STAGE_CHILD_MODULE, ChampionMetricRequest(config=config, packed=packed),
+                         "the champion gate's evaluation", on_event)
+    return _METRIC.validate_json(text)
+
+
+def _run(request: EvaluateRequest | ChampionMetricRequest) -> str:
+    from training.pipeline.evaluate_stage import champion_validation_metric, evaluate_stage
+
+    if isinstance(request, EvaluateRequest):
+        return evaluate_stage(request.config, request.packed, request.trained).model_dump_json()
+    return _METRIC.dump_json(champion_validation_metric(request.config, request.packed)).decode()
+
+
+def _emit(event: ChildEvent) -> None:
+    sys.stdout.write(event.model_dump_json() + "\n")
+    sys.stdout.flush()
+
+
+class _ToParent(logging.Handler):
+    """Warnings and errors go to the parent, which logs them into the task run (the UI)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            _emit(LogLine(level=record.levelname, logger=record.name, message=record.getMessage()))
+        except Exception:  # noqa: BLE001 - logging must never break the stage
+            self.handleError(record)
+
+
+def _report(error_path: Path, report: ErrorReport) -> int:
+    _emit(report)  # on the event pipe too: the disk that holds error_path may be full
+    try:
+        error_path.write_text(report.model_dump_json())
+    except OSError:
+        pass
+    return EXIT_USER_ERROR
+
+
+def main(argv: list[str]) -> int:
+    request_path, error_path, parent, result_path = Path(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3])
+    logging.basicConfig(level=logging.WARNING, handlers=[_ToParent()], force=True)
+    logging.captureWarnings(True)
+    try:
+        # Ends with its parent: the work is idempotent, and the parent's retry does it again.
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() != parent:
+        return 1  # the parent went before this process could watch for it
+    try:
+        result = _run(_REQUEST.validate_json(request_path.read_text()))
+    except StorageError as err:
+        return _report(error_path, ErrorReport(type=type(err).__name__, message=str(err), transient=err.transient))
+    except RetrainError as err:
+        return _report(error_path, ErrorReport(type=type(err).__name__, message=str(err)))
+    except (ConnectionError, TimeoutError) as err:
+        # A network failure that nothing below named: the retry policy treats it as transient.
+        return _report(error_path, ErrorReport(type="StorageError", message=f"{type(err).__name__}: {err}",
+                                               transient=True))
+    write_atomic(result_path, result.encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
