@@ -116,7 +116,7 @@ def _automations(args: argparse.Namespace) -> int:
 def _ui(args: argparse.Namespace) -> int:
     """The Prefect UI over the storage root's own run history: a Prefect server on its database,
     with the UI and without background services, in this process's place (Ctrl-C stops it)."""
-    from retrain_cli.temp_server import free_port, port_is_free
+    from retrain_cli.temp_server import free_port, port_is_free, registration_skipped
     from training.storage.root import local_dir_for
 
     config = _loaded(args)
@@ -127,7 +127,7 @@ def _ui(args: argparse.Namespace) -> int:
     port = args.port or (4200 if port_is_free(4200) else free_port())
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "PREFECT_SERVER_DATABASE_CONNECTION_URL": f"sqlite+aiosqlite:///{database}",
-           "PREFECT_UI_API_URL": f"{url}/api", "PREFECT_SERVER_UI_ENABLED": "true"}
+           "PREFECT_UI_API_URL": f"{url}/api", "PREFECT_SERVER_UI_ENABLED": "true", **registration_skipped(database)}
     env.pop("PREFECT_API_URL", None)
     _say(f"the Prefect UI over the run history in {database}: {url} (Ctrl-C stops it)")
     sys.stderr.flush()

@@ -103,6 +103,16 @@ def has_every_block_type(path: Path) -> bool:
     return bool(version == _registered_mark())
 
 
+def registration_skipped(database: Path | None) -> dict[str, str]:
+    """The settings under which a Prefect server skips its block registration at start-up: for a
+    database that already has every block type (made from the empty copy); none otherwise."""
+    if database is None or not has_every_block_type(database):
+        return {}
+    return {"PREFECT_SERVER_REGISTER_BLOCKS_ON_START": "false",
+            # Memoizing would import every integration to hash its blocks: the cost being skipped.
+            "PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION": "false"}
+
+
 def copy_database(source: Path, target: Path, user_version: int | None = None) -> None:
     """A consistent copy through SQLite's backup API (the source may be open in WAL mode),
     written beside the target and renamed into place: a reader never sees half of it;
@@ -194,10 +204,7 @@ class TemporaryServer:
             "PREFECT__SERVER_FINAL": "1",
             "PREFECT_SERVER_DATABASE_CONNECTION_URL": self.database_url,
         }
-        database = _sqlite_file(self.database_url)
-        if database is not None and has_every_block_type(database):
-            env["PREFECT_SERVER_REGISTER_BLOCKS_ON_START"] = "false"
-            env["PREFECT_SERVER_MEMOIZE_BLOCK_AUTO_REGISTRATION"] = "false"  # it would import them to hash them
+        env.update(registration_skipped(_sqlite_file(self.database_url)))
         env.pop("PREFECT_API_URL", None)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         from training.launch.process import with_parent_death_signal

@@ -70,7 +70,7 @@ def test_a_server_started_from_the_copy_has_every_block_type_of_the_integrations
     import json
     import urllib.request
 
-    from retrain_cli.temp_server import TemporaryServer, has_every_block_type
+    from retrain_cli.temp_server import TemporaryServer, has_every_block_type, registration_skipped
 
     servers = []
     for name in ("first", "second"):  # the first keeps a copy when there is none yet
@@ -81,6 +81,9 @@ def test_a_server_started_from_the_copy_has_every_block_type_of_the_integrations
             break
     try:
         assert server.seeded_from is not None and has_every_block_type(tmp_path / name / "server.db")
+        # `retrain ui` starts its server on that database with the same settings.
+        assert registration_skipped(tmp_path / name / "server.db")["PREFECT_SERVER_REGISTER_BLOCKS_ON_START"] == "false"
+        assert registration_skipped(tmp_path / "none.db") == {}
         request = urllib.request.Request(f"{server.api_url}/block_types/filter", data=b"{}",  # noqa: S310 - loopback
                                          method="POST", headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request) as response:  # noqa: S310 - loopback
