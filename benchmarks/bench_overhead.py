@@ -180,6 +180,36 @@ def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool)
     }
 
 
+# A model whose math is a small part of a step: what is left of the project's step beyond the
+# bare loop's is the loop's own per-step work (its bookkeeping and its loader), in microseconds.
+_TINY_MODEL = ["model.hidden=[4]", "model.embedding_dim=1"]
+
+
+def _per_step_work(work: Path, base: list[str], rounds: int) -> dict[str, Any]:
+    """The project's per-step work beyond the bare loop's, idle, on a tiny model at the same
+    threads: the floor under the loop overhead, whatever the model."""
+    tiny = base + _TINY_MODEL
+    quiet = tiny + [f"train.eval_every={STEPS}", f"train.checkpoint.every={STEPS}"]
+    job = train_job(work, "tiny-probe", tiny)
+    _project_loop(work, "tiny-warmup", quiet)
+    threads = torch.get_num_threads()
+    bare, project = [], []
+    for r in range(rounds):
+        torch.set_num_threads(threads)
+        if r % 2:
+            project.append(_project_loop(work, f"tiny-{r}", quiet)["seconds"])
+        torch.set_num_threads(threads)
+        bare.append(_bare_loop(load_config(overrides=tiny), job.dataset_dir, job.stats_path))
+        if not r % 2:
+            torch.set_num_threads(threads)
+            project.append(_project_loop(work, f"tiny-{r}", quiet)["seconds"])
+    extra = [(p - b) / STEPS * 1e6 for p, b in zip(project, bare, strict=True)]
+    return {"tiny_model_bare_step_us": round(statistics.median(bare) / STEPS * 1e6, 1),
+            "tiny_model_project_step_us": round(statistics.median(project) / STEPS * 1e6, 1),
+            "per_step_work_beyond_bare_us_per_round": [round(x, 1) for x in extra],
+            "per_step_work_beyond_bare_us": round(statistics.median(extra), 1)}
+
+
 def run(work: Path, rounds: int = 9) -> dict[str, Any]:
     """The loop overhead at default settings, on an idle machine and beside a CPU burner; the
     bare loop runs with torch's default thread count (as a hand-written loop would) and with the
@@ -193,6 +223,12 @@ def run(work: Path, rounds: int = 9) -> dict[str, Any]:
     out: dict[str, Any] = {"steps": STEPS, "rounds": rounds, "torch_default_threads": DEFAULT_THREADS}
     out.update(_loop_rounds(work, job, base, rounds, load=False))
     out.update(_loop_rounds(work, job, base, rounds, load=True))
+    out.update(_per_step_work(work, base, rounds))
+    # That work as a share of a default-model step at the project's threads, idle and loaded.
+    for tag in ("idle", "loaded"):
+        step_us = statistics.median(out[f"bare_loop_seconds_same_threads_{tag}"]) / STEPS * 1e6
+        out[f"default_model_bare_step_us_{tag}"] = round(step_us, 1)
+        out[f"per_step_work_share_of_a_step_{tag}"] = round(out["per_step_work_beyond_bare_us"] / step_us, 3)
     torch.set_num_threads(DEFAULT_THREADS)
     out.update(_prefect_overhead(work, source, rounds))
     return out
