@@ -86,7 +86,17 @@ HEADLINES = (
              "comes through its loader from several train shards, read inside the timed loop", fair=True,
              idle_per_round="loop_overhead_fraction_same_threads_per_round_idle",
              loaded_per_round="loop_overhead_fraction_same_threads_per_round_loaded",
-             noise=(("idle", "bare_loop_again_spread_idle"), ("loaded", "bare_loop_again_spread_loaded"))),
+             noise=(("idle", "bare_loop_again_spread_idle"), ("loaded", "bare_loop_again_spread_loaded")),
+             why=tuple((c, "what the project's step does beyond the bare loop's (its timing, heartbeat, schedule "
+                        "and budget checks, and the loader's batch), measured idle on a tiny model whose math is a "
+                        "small part of a step, is {per_step_work_beyond_bare_us} µs a step (rounds: "
+                        "{per_step_work_beyond_bare_us_per_round}): {per_step_work_share_of_a_step_" + c + "} of a "
+                        "default-model step " + ("idle" if c == "idle" else "beside the burner") + " ({default_model_"
+                        "bare_step_us_" + c + "} µs), against the measured {loop_overhead_fraction_same_threads_" + c +
+                        "}, whose rounds spread as far as the same bare loop run twice does (±{bare_loop_again_"
+                        "spread_" + c + "}). A model whose step takes longer pays the same "
+                        "microseconds as a smaller share.")
+                       for c in ("idle", "loaded"))),
     Headline("checkpoint stall / a durable torch.save", "checkpoint", "charged_stall_ratio_vs_durable_torch_save",
              "loaded_charged_stall_ratio_vs_durable_torch_save", 0.3, True,
              "torch.save and fsync; the stall is what a training loop's steps took beyond the same steps without "
