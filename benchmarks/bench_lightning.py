@@ -19,7 +19,11 @@ number of steps, from the same Parquet file.
 
 Wall time to the same number of steps and one validation, over interleaved rounds, on an idle
 machine and beside a process spinning on one core; each ratio is the median of the per-round
-ratios.
+ratios. The project runs first in each round, since the references take the threads it chose;
+the references' order rotates from round to round, so that none always follows the same one. The plain fused loop runs twice a round: the spread of its second
+run against its first is the measurement's own noise. The project's run is split into its
+optimizer steps and the rest (opening the packed data, building the model, its periodic
+checkpoints' stalls, validation, writing the result), from its own accounting.
 """
 
 from __future__ import annotations
@@ -220,8 +224,10 @@ def _lightning(source: Path, work: Path) -> tuple[float, float]:
     return time.perf_counter() - t0, auc
 
 
-def _project(work: Path, source: Path, name: str) -> tuple[float, float, int, float]:
-    """Wall seconds, validation AUC, the threads its policy chose and its peak learning rate."""
+def _project(work: Path, source: Path, name: str) -> tuple[float, float, int, float, float, int]:
+    """Wall seconds, validation AUC, the threads its policy chose, its peak learning rate, the
+    seconds its optimizer steps took and the checkpoints it wrote."""
+    from training.launch.results import TrainResult
     from training.trainer.run import train
 
     job = train_job(work, name, [f"data.source={source}", f"train.max_steps={STEPS}", f"train.eval_every={STEPS}",
@@ -229,11 +235,13 @@ def _project(work: Path, source: Path, name: str) -> tuple[float, float, int, fl
     t0 = time.perf_counter()
     result = train(job)
     wall = time.perf_counter() - t0
-    assert result is not None and result.threads is not None and result.batch_layout is not None
-    return wall, float(result.best_val_metric or 0.0), result.threads.threads, result.batch_layout.peak_lr
+    assert isinstance(result, TrainResult) and result.threads is not None and result.batch_layout is not None
+    return (wall, float(result.best_val_metric or 0.0), result.threads.threads, result.batch_layout.peak_lr,
+            result.seconds.train, result.checkpoints_saved)
 
 
 SIDES = ("project", "lightning", "plain", "plain_fused", "lightning_common", "plain_common")
+FAIR = SIDES[:4]
 
 
 def _rounds(work: Path, source: Path, rounds: int, load: bool) -> dict[str, Any]:
@@ -246,20 +254,36 @@ def _rounds(work: Path, source: Path, rounds: int, load: bool) -> dict[str, Any]
     # warm-up run in `run` already paid: a short untimed run of each first.
     _lightning_fair(data, work / f"lightning-warm-up-{tag}", DEFAULT_THREADS, 1e-3, steps=20)
     _plain_fair(data, DEFAULT_THREADS, 1e-3, fused=True, steps=20)
+    steps_seconds: list[float] = []
+    checkpoints: list[int] = []
+    again: list[float] = []
     with outside_load(load):
         for r in range(rounds):  # interleaved: drift on a shared box hits every side
-            torch.set_num_threads(DEFAULT_THREADS)
-            wall, auc, used, peak_lr = _project(work, source, f"{tag}-{r}")
-            threads.append(used)
-            results = {"project": (wall, auc),
-                       "lightning": _lightning_fair(data, work / f"lightning-{tag}-{r}", used, peak_lr),
-                       "plain": _plain_fair(data, used, peak_lr),
-                       "plain_fused": _plain_fair(data, used, peak_lr, fused=True)}
+            results: dict[str, tuple[float, float]] = {}
+            used, peak_lr = DEFAULT_THREADS, 1e-3
+            # The project runs first (the references take the threads it chose this round); the
+            # references' order rotates, so that none always follows the same neighbour.
+            references = FAIR[1:]
+            for side in ("project", *references[r % 3:], *references[:r % 3]):
+                torch.set_num_threads(DEFAULT_THREADS)
+                if side == "project":
+                    wall, auc, used, peak_lr, steps_wall, saved = _project(work, source, f"{tag}-{r}")
+                    results[side] = (wall, auc)
+                    threads.append(used)
+                    steps_seconds.append(round(steps_wall, 2))
+                    checkpoints.append(saved)
+                elif side == "lightning":
+                    results[side] = _lightning_fair(data, work / f"lightning-{tag}-{r}", used, peak_lr)
+                else:
+                    results[side] = _plain_fair(data, used, peak_lr, fused=side == "plain_fused")
+            again_wall, _ = _plain_fair(data, used, peak_lr, fused=True)
+            again.append(round(again_wall / results["plain_fused"][0] - 1, 3))
             torch.set_num_threads(DEFAULT_THREADS)  # as commonly written: torch's default
             results["lightning_common"] = _lightning(source, work / f"lightning-common-{tag}-{r}")
             torch.set_num_threads(DEFAULT_THREADS)
             results["plain_common"] = _plain(source)
-            for name, (wall, auc) in results.items():
+            for name in SIDES:
+                wall, auc = results[name]
                 seconds[name].append(round(wall, 2))
                 aucs[name].append(round(auc, 4))
 
@@ -267,8 +291,20 @@ def _rounds(work: Path, source: Path, rounds: int, load: bool) -> dict[str, Any]
         per_round = [round(p / o, 3) for p, o in zip(seconds["project"], seconds[other], strict=True)]
         return statistics.median(per_round), per_round
 
-    out: dict[str, Any] = {f"{tag}_threads_per_round": threads, f"{tag}_seconds_per_round": seconds,
-                           f"{tag}_validation_auc": aucs}
+    outside = [round(w - s, 2) for w, s in zip(seconds["project"], steps_seconds, strict=True)]
+    out: dict[str, Any] = {
+        f"{tag}_threads_per_round": threads, f"{tag}_seconds_per_round": seconds, f"{tag}_validation_auc": aucs,
+        f"{tag}_project_steps_seconds_per_round": steps_seconds,
+        f"{tag}_project_steps_seconds": round(statistics.median(steps_seconds), 2),
+        f"{tag}_project_outside_steps_seconds_per_round": outside,
+        f"{tag}_project_outside_steps_seconds": round(statistics.median(outside), 2),
+        f"{tag}_project_checkpoints": round(statistics.median(checkpoints)),
+        f"{tag}_plain_fused_seconds": round(statistics.median(seconds["plain_fused"]), 2),
+        f"{tag}_plain_fused_again_fraction_per_round": again,
+        f"{tag}_plain_fused_again_spread": round(statistics.median(abs(x) for x in again), 3),
+        f"{tag}_project_steps_vs_plain_fused": round(statistics.median(
+            s / p for s, p in zip(steps_seconds, seconds["plain_fused"], strict=True)), 3),
+    }
     for other in SIDES[1:]:
         median, per_round = ratio(other)
         out[f"{tag}_project_vs_{other}"] = median
@@ -276,7 +312,7 @@ def _rounds(work: Path, source: Path, rounds: int, load: bool) -> dict[str, Any]
     return out
 
 
-def run(work: Path, rows: int = 200_000, rounds: int = 5) -> dict[str, Any]:
+def run(work: Path, rows: int = 200_000, rounds: int = 7) -> dict[str, Any]:
     source = demo_parquet(work, rows)
     _project(work, source, "warm-up")  # packs and preprocesses once: cached for every round
     return {"rows": rows, "steps": STEPS, "batch": BATCH, "rounds": rounds,

@@ -64,7 +64,17 @@ HEADLINES = (
              "loaded_project_vs_plain", 1.05, True, "a plain loop set up as the Lightning reference", fair=True),
     Headline("training time / a plain loop's with fused AdamW", "lightning", "idle_project_vs_plain_fused",
              "loaded_project_vs_plain_fused", 1.05, True, "the plain loop with the project's optimiser kernel: what "
-             "the project's loop costs beyond it", fair=True),
+             "the project's loop costs beyond it", fair=True,
+             noise=(("idle", "idle_plain_fused_again_spread"), ("loaded", "loaded_plain_fused_again_spread")),
+             why=tuple((c, "the project's run is its optimizer steps ({" + c + "_project_steps_seconds} s) and {" + c +
+                        "_project_outside_steps_seconds} s around them (opening the packed data, building the model, "
+                        "the stalls of its {" + c + "_project_checkpoints} periodic checkpoints, the validation, "
+                        "writing the result), medians of rounds " + ("idle" if c == "idle" else "beside the burner") +
+                        ". Its steps alone take {" + c + "_project_steps_vs_plain_fused} of the plain fused loop's "
+                        "whole run ({" + c + "_plain_fused_seconds} s), and that loop run twice in the same rounds "
+                        "lands ±{" + c + "_plain_fused_again_spread} apart (rounds: {" + c + "_plain_fused_again_"
+                        "fraction_per_round}).")
+                       for c in ("idle", "loaded"))),
     Headline("first-epoch speed / the best loader peer's", "peers", "cold_ratio_project_one_thread_over_best_peer",
              "loaded_cold_ratio_project_one_thread_over_best_peer", 1.5, False,
              "WebDataset, LitData, MosaicML Streaming at their defaults, every read from a cold page cache, the "
