@@ -85,6 +85,7 @@ def _curves(work: Path, source: Path) -> tuple[list[Curve], float]:
 
     from training.pipeline.preprocess_stage import preprocess_stage
     from training.search_space import parse_space
+    from training.tune.rungs import rungs
     from training.tune.trial import TRIAL_CHILDREN, rung_stage
 
     straight, paused = _config(work, "straight", source), _config(work, "paused", source)
@@ -104,7 +105,7 @@ def _curves(work: Path, source: Path) -> tuple[list[Curve], float]:
             result = rung_stage(straight.with_values(params, "(tuning trial)"), packed, prep, MAX_STEPS, lambda event: None)
             curves.append(_curve(params, Path(straight.storage.root) / "runs" / result.run_key / "result.json"))
             if i < PAUSE_PROBES:
-                for step in paused.rungs():
+                for step in rungs(paused):
                     last = rung_stage(paused.with_values(params, "(tuning trial)"), packed_p, prep_p, step, lambda event: None)
                 # Each resume's time from the job's start to its first step done: measured
                 # directly, because the difference of two runs' totals is as noisy as the
