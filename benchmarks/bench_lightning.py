@@ -261,7 +261,7 @@ def _rounds(work: Path, source: Path, rounds: int, load: bool) -> dict[str, Any]
         for r in range(rounds):  # interleaved: drift on a shared box hits every side
             results: dict[str, tuple[float, float]] = {}
             used, peak_lr = DEFAULT_THREADS, 1e-3
-            # The project runs first (the references take the threads it chose this round); the
+            # The project runs first (the references take the threads it chose in the same round); the
             # references' order rotates, so that none always follows the same neighbour.
             references = FAIR[1:]
             for side in ("project", *references[r % 3:], *references[:r % 3]):
