@@ -142,11 +142,20 @@ class _NoProcessInUnitTests(RuntimeError):
     pass
 
 
+@pytest.fixture(scope="session")
+def _matplotlib_font_cache() -> None:
+    """matplotlib builds its font cache on its first import on a machine, and runs `fc-list`
+    to do it where fontconfig is installed (Chromium brings it). That process is the machine's
+    one-off, not the test's: built before the guard, a unit test that plots starts none."""
+    import matplotlib.font_manager  # noqa: F401
+
+
 @pytest.fixture(autouse=True)
 def unit_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A unit test that starts a process fails, naming the promise it broke."""
     if request.node.get_closest_marker("unit") is None:
         return
+    request.getfixturevalue("_matplotlib_font_cache")
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise _NoProcessInUnitTests(f"{request.node.nodeid} is in the unit tier, which starts no process: add it "
