@@ -52,6 +52,7 @@ from training.storage.root import StorageRoot
 from training.tune.rungs import rungs
 from training.launch.results import RungResult
 from training.tune.journal import PublishedJournal
+from training.tune.journal_gate import JournalGate
 
 __all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "STUDY_DIR"]
 
@@ -164,7 +165,9 @@ class Study:
         pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=self.rungs[0], min_early_stopping_rate=0,
                                                          reduction_factor=self.tune.reduction_factor)
                   if self.tune.pruner == "optuna_sh" else optuna.pruners.NopPruner())
-        storage = optuna.storages.JournalStorage(PublishedJournal(self.root, f"{self.rel}/journal.log"))
+        journal = f"{self.rel}/journal.log"
+        self.gate = JournalGate(self.root.display(journal), self.key, self.dims, self.rungs)
+        storage = optuna.storages.JournalStorage(PublishedJournal(self.root, journal, self.gate))
         self.study = optuna.create_study(study_name=self.key, storage=storage, pruner=pruner, load_if_exists=True,
                                          direction="maximize" if self.maximize else "minimize")
         self.budget = StudyBudget(config)
@@ -317,7 +320,23 @@ class Study:
             self._live(frozen.number).set_user_attr("status", "budget")
             self.study.tell(frozen.number, state=TrialState.PRUNED)
             return None
-        return self._work(frozen.number, json.loads(frozen.user_attrs["params"]), rung, price)
+        params = self.params_of(frozen)
+        if params is None:  # killed between Optuna's ask and the sampling: nothing to train
+            self._live(frozen.number).set_user_attr("status", "pruned")
+            self.study.tell(frozen.number, state=TrialState.FAIL)
+            return None
+        return self._work(frozen.number, params, rung, price)
+
+    def params_of(self, frozen: Any) -> dict[str, Any] | None:
+        """The config values a trial trains with (each checked against tune.space by the journal's
+        gate), or None for a trial that has none."""
+        raw = frozen.user_attrs.get("params")
+        if raw is not None:
+            params: dict[str, Any] = json.loads(raw)
+            return params
+        if set(frozen.params) == {d.key for d in self.dims}:
+            return {d.key: d.value(frozen.params[d.key]) for d in self.dims}
+        return None
 
     def _work(self, number: int, params: dict[str, Any], rung: int, price: float) -> RungWork:
         trial = self.study.get_trials(deepcopy=False)[number]

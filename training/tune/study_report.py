@@ -5,7 +5,6 @@ counterfactual, the best trial), `tune_curve.png` (best metric against cumulativ
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,8 @@ class _Row(BaseModel):
 class TrialRow(_Row):
     number: int
     params: dict[str, Any]
-    state: str  # completed, early_stopped, pruned, budget (stopped by the study's budget), running, failed
+    state: str  # completed, early_stopped, pruned, budget (stopped by the study's budget), running, failed,
+    # refused (its journal lines broke the journal's rules: never trained, never the best)
     rung: int | None  # index of the last rung reached (None: none yet)
     steps: int
     value: float | None  # the metric at the last rung reached (or the finished run's best)
@@ -92,7 +92,9 @@ class TuneReport(_Row):
         return self.model_dump(mode="json")
 
 
-def _state(trial: Any) -> str:
+def _state(trial: Any, refused: bool) -> str:
+    if refused:
+        return "refused"
     name = trial.state.name.lower()
     status = trial.user_attrs.get("status")
     if name == "complete":
@@ -103,13 +105,14 @@ def _state(trial: Any) -> str:
 
 
 def _row(study: Study, trial: Any) -> TrialRow:
+    refused = trial.number in study.gate.refused_trials
     billed = float(trial.user_attrs.get("billed_seconds", 0.0))
     steps = int(trial.user_attrs.get("steps", 0))
     reached = [i for i, step in enumerate(study.rungs) if step <= steps] if steps else []
     value = trial.value if trial.value is not None else (
         trial.intermediate_values[trial.last_step] if trial.last_step is not None else None)
     return TrialRow(
-        number=trial.number, params=json.loads(trial.user_attrs.get("params", "{}")), state=_state(trial),
+        number=trial.number, params={} if refused else study.params_of(trial) or {}, state=_state(trial, refused),
         rung=reached[-1] if reached else None, steps=steps, value=value,
         rung_values={int(k): float(v) for k, v in trial.intermediate_values.items()},
         billed_seconds=billed, usd=study.budget.usd(billed), gpu_hours=study.budget.gpu_hours(billed),
