@@ -172,6 +172,85 @@ def test_a_champion_alias_someone_else_set_is_not_moved(mlflow_url: str, tmp_pat
     assert f"not moved: it is on version {theirs.version} of 'shared-model', which this pipeline did not register" in problem
 
 
+def _package(tmp_path: Path) -> Path:
+    package = tmp_path / "package"
+    package.mkdir(exist_ok=True)
+    (package / "model.json").write_text("{}")
+    return package
+
+
+def test_a_foreign_run_id_in_tracking_json_is_not_used(mlflow_url: str, tmp_path: Path) -> None:
+    """tracking.json is root input: a run id planted there must not receive this run's metrics,
+    model or aliases."""
+    from training.config import TrackingConfig
+    from training.pipeline.tracking import MlflowTracker, register_model
+
+    client = _client(mlflow_url)
+    experiment = client.get_experiment_by_name("retrain") or client.get_experiment(client.create_experiment("retrain"))
+    foreign = client.create_run(experiment.experiment_id, tags={TAG_RUN_KEY: "f" * 16, "owner": "someone else"})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "tracking.json").write_text(json.dumps({"uri": mlflow_url, "run_id": foreign.info.run_id}))
+    name = "planted-model"
+    tracker = MlflowTracker(TrackingConfig(mlflow_uri=mlflow_url, registered_model=name), mlflow_url, "a" * 16, run_dir)
+    register_model(tracker, _package(tmp_path), "1" * 64, is_champion=True)
+
+    ours = tracker.notes.run_id
+    assert ours is not None and ours != foreign.info.run_id
+    assert client.get_run(ours).data.tags[TAG_RUN_KEY] == "a" * 16
+    assert client.get_model_version_by_alias(name, "champion").run_id == ours
+    assert client.search_model_versions(f"name = '{name}' and run_id = '{foreign.info.run_id}'") == []
+    assert any("not run key" in p for p in tracker.notes.problems)
+
+
+def test_a_version_whose_source_or_sha_differs_is_not_aliased(mlflow_url: str, tmp_path: Path) -> None:
+    from training.config import TrackingConfig
+    from training.pipeline.tracking import MlflowTracker, register_model
+
+    name, key = "edited-model", "b" * 16
+    tracker = MlflowTracker(TrackingConfig(mlflow_uri=mlflow_url, registered_model=name), mlflow_url, key,
+                            tmp_path / "run")
+    run_id = tracker.run_id()
+    client = _client(mlflow_url)
+    client.create_registered_model(name)
+    edited = client.create_model_version(name, source="s3://elsewhere/model", run_id=run_id,
+                                         tags={TAG_RUN_KEY: key, "retrain.sha256": "2" * 64})
+    register_model(tracker, _package(tmp_path), "2" * 64, is_champion=True)
+    champion = client.get_model_version_by_alias(name, "champion")
+    assert champion.version != edited.version and champion.source.endswith("/model")
+    assert champion.source != "s3://elsewhere/model" and champion.tags["retrain.sha256"] == "2" * 64
+    assert any("another source or sha256" in p for p in tracker.notes.problems)
+
+    again = MlflowTracker(TrackingConfig(mlflow_uri=mlflow_url, registered_model=name), mlflow_url, key,
+                          tmp_path / "run")
+    register_model(again, _package(tmp_path), "2" * 64, is_champion=True)  # a retry finds the good version
+    assert again.notes.model_version == champion.version
+
+
+def test_a_fresh_sqlite_store_opened_by_several_processes_at_once_records_every_run(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    uri = f"sqlite:///{tmp_path / 'fresh' / 'mlflow.db'}"
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from training.config import TrackingConfig\n"
+        "from training.pipeline.tracking import MlflowTracker\n"
+        "t = MlflowTracker(TrackingConfig(mlflow_uri=sys.argv[1]), sys.argv[1], sys.argv[2], Path(sys.argv[3]))\n"
+        "print(t.run_id(), t.notes.problems)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, uri, f"{i:016x}", str(tmp_path / f"run{i}")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+    outputs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    assert all(out.strip().splitlines()[-1].endswith(" []") for out in outputs), outputs
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("retrain").experiment_id])
+    assert len(runs) == 3
+
+
 def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: MlflowServer, tmp_path: Path,
                                                              demo_source: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The stage functions the flow's tasks call (no Prefect: it adds nothing to this), with the

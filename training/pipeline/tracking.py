@@ -16,21 +16,30 @@ On when `tracking.mlflow_uri` or MLFLOW_TRACKING_URI is set; otherwise nothing h
   the report.
 - The `champion` alias is moved only from a version this pipeline registered: an alias someone
   else set is left alone, and the report says so.
+- `<run>/tracking.json` is input from whoever can write the storage root, so it is checked
+  against MLflow: its run id is used only when that run carries this run key's tag in the
+  configured experiment, and a version is reused (and aliased) only when its source and its
+  `retrain.sha256` are this package's. Otherwise a new run or version is made, with a warning.
+- A fresh SQLite store is created by one process at a time (MLflow's table creation and
+  migrations race otherwise, and the loser records nothing).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
 import queue
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import RetrainConfig, TrackingConfig
+from training.errors import StorageError
 from training.storage.files import read_json, write_json_atomic
 
 __all__ = ["MlflowTracker", "TrackingNotes", "BackgroundTracker", "flat_params", "register_model", "tracker_for"]
@@ -43,6 +52,8 @@ MAX_PARAM = 500  # MLflow's param value limit (6000 on recent servers; long list
 
 class TrackingNotes(BaseModel):
     """What the stages recorded in MLflow and what they could not (`<run>/tracking.json`)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     uri: str
     run_id: str | None = None
@@ -73,9 +84,9 @@ class MlflowTracker:
 
     def __init__(self, config: TrackingConfig, uri: str, run_key: str, run_dir: Path) -> None:
         self.config, self.uri, self.run_key, self.run_dir = config, uri, run_key, run_dir
-        found = read_json(run_dir / NOTES_FILE)
-        self.notes = TrackingNotes.model_validate(found) if isinstance(found, dict) else TrackingNotes(uri=uri)
+        self.notes = _read_notes(run_dir / NOTES_FILE, uri)
         self._client: Any = None
+        self._checked = False  # the recorded run id was checked against MLflow in this process
         self.off: str | None = None  # why tracking stopped for this stage
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -87,7 +98,12 @@ class MlflowTracker:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, round(self.config.timeout_seconds))))
             from mlflow import MlflowClient
 
-            self._client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+            with _store_creation_lock(self.uri):
+                client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+                if self.uri.startswith("sqlite:"):  # both stores made (tables, migrations) under the lock
+                    client.search_experiments(max_results=1)
+                    client.search_registered_models(max_results=1)
+            self._client = client
         return self._client
 
     def call(self, what: str, fn: Callable[[Any], Any]) -> Any:
@@ -127,8 +143,9 @@ class MlflowTracker:
     # -- the run ----------------------------------------------------------------------------
 
     def run_id(self, params: dict[str, str] | None = None, tags: dict[str, str] | None = None) -> str | None:
-        """The run key's MLflow run: found by its tag, or created (with `params`)."""
-        if self.notes.run_id is not None:
+        """The run key's MLflow run: the one tracking.json names when MLflow confirms it, else
+        found by its tag, or created (with `params`)."""
+        if self.notes.run_id is not None and (self._checked or self.off is not None):
             return self.notes.run_id
 
         def find_or_create(client: Any) -> str:
@@ -136,6 +153,8 @@ class MlflowTracker:
             experiment_id = (experiment.experiment_id if experiment is not None
                              else client.create_experiment(self.config.experiment))
             self.notes.experiment_id = experiment_id
+            if self.notes.run_id is not None and self._is_ours(client, self.notes.run_id, experiment_id):
+                return self.notes.run_id
             found = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_RUN_KEY}` = '{self.run_key}'",
                                        max_results=1)
             if found:
@@ -150,7 +169,25 @@ class MlflowTracker:
             return str(run.info.run_id)
 
         self.notes.run_id = self.call("the MLflow run", find_or_create)
+        self._checked = self.notes.run_id is not None
         return self.notes.run_id
+
+    def _is_ours(self, client: Any, run_id: str, experiment_id: str) -> bool:
+        """Whether the recorded run is this run key's, in the configured experiment, and live."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(run_id)
+        except MlflowException:
+            run = None
+        if (run is not None and run.info.experiment_id == experiment_id and run.info.lifecycle_stage == "active"
+                and run.data.tags.get(TAG_RUN_KEY) == self.run_key):
+            return True
+        problem = (f"{NOTES_FILE} named MLflow run {run_id!r}, which is not run key {self.run_key}'s run in "
+                   f"experiment '{self.config.experiment}': not used; this run key's own run is used instead")
+        log.warning("MLflow: %s", problem)
+        self.note_problem(problem)
+        return False
 
     def log_metrics(self, metrics: dict[str, float], step: int, what: str) -> None:
         run_id = self.run_id()
@@ -187,9 +224,18 @@ def register_model(tracker: MlflowTracker, package_dir: Path, sha256: str, is_ch
     name = tracker.config.registered_model
 
     def version_of_run(client: Any) -> str:
+        source = f"{client.get_run(run_id).info.artifact_uri}/model"
         existing = client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'")
+        for found in existing:
+            tags = dict(found.tags or {})
+            if (found.source == source and tags.get("retrain.sha256") == sha256
+                    and tags.get(TAG_RUN_KEY) == tracker.run_key):
+                return str(found.version)
         if existing:
-            return str(existing[0].version)
+            problem = (f"version {existing[0].version} of '{name}' from this run has another source or sha256 than "
+                       "this package: not aliased; a new version is registered")
+            log.warning("MLflow: %s", problem)
+            tracker.note_problem(problem)
         client.log_artifacts(run_id, str(package_dir), artifact_path="model")  # weights, model.json, export/
         from mlflow.exceptions import MlflowException
 
@@ -199,7 +245,6 @@ def register_model(tracker: MlflowTracker, package_dir: Path, sha256: str, is_ch
             if err.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
             client.create_registered_model(name, description="Models trained and promoted by the retrain pipeline.")
-        source = f"{client.get_run(run_id).info.artifact_uri}/model"
         version = client.create_model_version(name, source, run_id=run_id,
                                               tags={TAG_RUN_KEY: tracker.run_key, "retrain.sha256": sha256})
         return str(version.version)
@@ -243,6 +288,39 @@ def _move_champion(tracker: MlflowTracker, name: str, version: str) -> None:
         return
     if tracker.do("the champion alias", lambda c: c.set_registered_model_alias(name, "champion", version)):
         _add_alias(tracker, "champion")
+
+
+def _read_notes(path: Path, uri: str) -> TrackingNotes:
+    """tracking.json as written by these stages, or fresh notes when it is absent, unreadable,
+    holds keys it never holds, or was written for another MLflow server."""
+    try:
+        found = read_json(path)
+    except StorageError as err:
+        log.warning("%s; its MLflow records are found again by the run key", err)
+        return TrackingNotes(uri=uri)
+    if found is None:
+        return TrackingNotes(uri=uri)
+    try:
+        notes = TrackingNotes.model_validate(found)
+    except ValidationError as err:
+        first = err.errors()[0]
+        log.warning("%s: %s at %s; its MLflow records are found again by the run key", path, first["msg"],
+                    ".".join(str(p) for p in first["loc"]) or "the top")
+        return TrackingNotes(uri=uri)
+    return notes if notes.uri == uri else TrackingNotes(uri=uri)
+
+
+@contextmanager
+def _store_creation_lock(uri: str) -> Iterator[None]:
+    """One process at a time creates a SQLite store's tables (a lock file beside the database)."""
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    database = Path(uri.removeprefix("sqlite:///").split("?", 1)[0])
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{database}.retrain-create.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def tracker_for(config: RetrainConfig, run_key: str, run_dir: Path) -> MlflowTracker | None:
