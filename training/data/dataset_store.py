@@ -12,7 +12,9 @@ saying where the shards are; they come down on demand, through the size-limited 
 (`training.data.shard_cache`).
 
 Retention (`DatasetStore.retain`) keeps the newest datasets and removes the segments that no
-kept dataset lists, here and on S3.
+kept dataset lists, here and on S3. On an s3:// root it decides from the manifests on S3 (what
+every machine shares), never from this machine's copies alone: a fresh machine holds only the
+datasets it packed itself.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class DatasetStore:
     def __init__(self, root: StorageRoot) -> None:
         self.root = root
         self._remote_listing: dict[str, int] | None = None  # rel -> size under datasets/segments/
+        self._remote_datasets: dict[str, float] | None = None  # rel of each dataset manifest -> modified
         self.uploaded_bytes = 0
         self._segments_root: Path | None = None
 
@@ -86,11 +89,17 @@ class DatasetStore:
         write_json_atomic(folder / REMOTE_MARKER, marker.model_dump())
 
     def _listing(self) -> dict[str, int]:
-        """{"<key>/<file>": size} of every segment file on S3, listed once."""
+        """{"<key>/<file>": size} of every segment file on S3, listed once (with the datasets'
+        manifests: one listing of datasets/)."""
         if self._remote_listing is None:
             assert self.root.remote is not None
+            found = self.root.remote.list_detailed("datasets/")
             strip = len(SEGMENTS) + 1
-            self._remote_listing = {rel[strip:]: size for rel, size in self.root.remote.list(SEGMENTS + "/").items()}
+            self._remote_listing = {rel[strip:]: size for rel, (size, _, _) in found.items()
+                                    if rel.startswith(SEGMENTS + "/")}
+            self._remote_datasets = {rel: modified for rel, (_, _, modified) in found.items()
+                                     if not rel.startswith(SEGMENTS + "/") and rel.count("/") == 2
+                                     and rel.endswith("/manifest.json")}
         return self._remote_listing
 
     def available_segment(self, key: str) -> SegmentManifest | None:
@@ -259,7 +268,8 @@ class DatasetStore:
         return sorted(set(removed))
 
     def _datasets(self) -> dict[str, tuple[float, DatasetManifest]]:
-        """Every dataset manifest here, with its modification time."""
+        """Every dataset manifest here and, on an s3:// root, on S3 (whose copy and time win),
+        with its modification time."""
         found: dict[str, tuple[float, DatasetManifest]] = {}
         for path in self.local_root().glob("*/manifest.json"):
             try:
@@ -267,7 +277,27 @@ class DatasetStore:
             except (DataError, OSError):
                 continue
             found[path.parent.name] = (path.stat().st_mtime, manifest)
+        if self.root.remote is not None:
+            self._listing()
+            assert self._remote_datasets is not None
+            for rel, modified in self._remote_datasets.items():
+                remote = self._remote_manifest(rel)
+                if remote is not None:
+                    found[remote.fingerprint] = (modified, remote)
         return found
+
+    def _remote_manifest(self, rel: str) -> DatasetManifest | None:
+        """The dataset manifest at `rel` on S3, when it is one and names the folder it is in."""
+        assert self.root.remote is not None
+        data = self.root.remote.get_bytes(rel)
+        if data is None:
+            return None
+        try:
+            manifest = DatasetManifest.from_json(data, self.root.remote.uri(rel))
+        except DataError as err:
+            log.warning("%s; retention does not count it", err)
+            return None
+        return manifest if rel == f"datasets/{manifest.fingerprint}/manifest.json" else None
 
     def _remove(self, folder: Path) -> None:
         trash = folder.with_name(f".{folder.name}.removed-{uuid.uuid4().hex[:12]}")

@@ -301,13 +301,19 @@ class S3Store:
 
     def list_objects(self, rel_prefix: str) -> dict[str, tuple[int, str]]:
         """{relative key: (size, ETag)} of every object under `rel_prefix`."""
-        out: dict[str, tuple[int, str]] = {}
+        return {rel: (size, etag) for rel, (size, etag, _) in self.list_detailed(rel_prefix).items()}
+
+    def list_detailed(self, rel_prefix: str) -> dict[str, tuple[int, str, float]]:
+        """{relative key: (size, ETag, last modified as a Unix time)} of every object under `rel_prefix`."""
+        out: dict[str, tuple[int, str, float]] = {}
         paginator = self.client.get_paginator("list_objects_v2")
         strip = len(self.key(""))
         try:
             for page in paginator.paginate(Bucket=self.bucket, Prefix=self.key(rel_prefix)):
                 for obj in page.get("Contents", []):
-                    out[obj["Key"][strip:]] = (int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
+                    modified = obj.get("LastModified")
+                    out[obj["Key"][strip:]] = (int(obj["Size"]), str(obj.get("ETag", "")).strip('"'),
+                                               modified.timestamp() if modified is not None else 0.0)
         except Exception as err:  # noqa: BLE001 - ClientError/BotoCoreError, mapped to one line
             raise self._error(err, "list", rel_prefix) from None
         return out

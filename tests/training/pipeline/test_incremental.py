@@ -177,6 +177,44 @@ def test_retention_removes_segments_no_kept_dataset_lists(tmp_path: Path, demo_s
     assert len(list(datasets.glob("segments/*/segment.json"))) == 2 and first.fingerprint != second.fingerprint
 
 
+def test_retention_on_a_fresh_machine_keeps_the_datasets_s3_holds(s3_bucket: str, s3_server: str, tmp_path: Path,
+                                                                   demo_source: Path) -> None:
+    """Every pod is a fresh machine: it holds only what it packed itself, yet the kept datasets
+    are those on the shared root."""
+    import boto3
+
+    days = _days(demo_source, tmp_path / "all", 2)
+    (tmp_path / "x").mkdir()
+    (tmp_path / "y").mkdir()
+    os.link(days[0], tmp_path / "x" / days[0].name)
+    os.link(days[1], tmp_path / "y" / days[1].name)
+
+    def on(machine: str, source: Path) -> RetrainConfig:
+        return load_config(overrides=[*small_overrides(tmp_path / "unused", source),
+                                      *s3_overrides(s3_bucket, s3_server, tmp_path / machine),
+                                      "storage.keep_datasets=3"])
+
+    first = pack_stage(on("machine-a", tmp_path / "x"))
+    second = pack_stage(on("machine-b", tmp_path / "y"))  # a fresh home on the same root
+    assert second.segments_removed == 0
+    raw = boto3.client("s3", endpoint_url=s3_server)
+    keys = {o["Key"] for page in raw.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket)
+            for o in page.get("Contents", [])}
+    prefix = "team/retrain/datasets"
+    listed = require_manifest(Path(first.dataset_dir)).segments
+    assert listed and all(f"{prefix}/segments/{s.key}/segment.json" in keys for s in listed)
+    assert f"{prefix}/{first.fingerprint}/manifest.json" in keys
+
+    # Keeping none besides the current one removes the other dataset whole: no dangling manifest.
+    third = pack_stage(load_config(overrides=[*small_overrides(tmp_path / "unused", tmp_path / "y"),
+                                              *s3_overrides(s3_bucket, s3_server, tmp_path / "machine-c"),
+                                              "storage.keep_datasets=0"]))
+    assert third.segments_removed == len(listed)
+    keys = {o["Key"] for page in raw.get_paginator("list_objects_v2").paginate(Bucket=s3_bucket)
+            for o in page.get("Contents", [])}
+    assert not any(k.startswith(f"{prefix}/{first.fingerprint}/") for k in keys)
+
+
 def test_on_s3_a_segment_is_uploaded_once(s3_bucket: str, s3_server: str, tmp_path: Path, demo_source: Path) -> None:
     days = _days(demo_source, tmp_path / "all", 4)
     source = tmp_path / "src"
