@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import RetrainConfig
 from training.cost.hardware import GPUS
-from training.cost.planner import PLAN_KEYS, Calibrated, PlanRow
+from training.cost.planner import MAX_ACCUMULATION, PLAN_KEYS, Calibrated, PlanRow
 from training.cost.roofline import predict_step
 from training.cost.step_count import StepCount
 from training.errors import ConfigError, RetrainError
@@ -148,6 +148,25 @@ def store_choice(config: RetrainConfig, row: PlanRow) -> None:
     root.publish(CHOICE, RUN)
 
 
+def _check_memory_variant(config: RetrainConfig, choice: PlanChoice, shown: str) -> None:
+    """A plan's memory variant splits the configured batch into at most MAX_ACCUMULATION
+    micro-batches and never changes the effective batch (`training.cost.planner.variants`): a
+    stored pick that does otherwise was not written by a plan."""
+    train = config.train
+    try:
+        batch = int(choice.set.get("train.batch_size", train.batch_size))
+        accumulation = int(choice.set.get("train.grad_accum", train.grad_accum))
+    except ValueError:
+        return  # not a number: the config's validation names the key
+    if not 1 <= accumulation <= max(MAX_ACCUMULATION, train.grad_accum):
+        raise ConfigError(f"{shown}: train.grad_accum={accumulation} is not one a plan picks (1 to "
+                          f"{MAX_ACCUMULATION}); run `retrain plan` again to replace the file")
+    if batch * accumulation != train.batch_size * train.grad_accum:
+        raise ConfigError(f"{shown}: train.batch_size x train.grad_accum = {batch} x {accumulation} is not the "
+                          f"configured effective batch {train.batch_size} x {train.grad_accum}; a plan keeps it. "
+                          "Run `retrain plan` again to replace the file")
+
+
 def resolve_planned_instance(config: RetrainConfig) -> RetrainConfig:
     """`cost.instance_type: auto`: the instance type, market and memory variant of the last
     `retrain plan` on this storage root."""
@@ -161,7 +180,11 @@ def resolve_planned_instance(config: RetrainConfig) -> RetrainConfig:
     shown = root.display(CHOICE)
     try:
         choice = PlanChoice.model_validate(json.loads(path.read_text()))
-    except (OSError, ValueError, ValidationError):
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the top level"
+        raise ConfigError(f"{shown}: {where}: {first['msg']}; run `retrain plan` again to replace the file") from None
+    except (OSError, ValueError):
         raise ConfigError(f"{shown} is not a readable plan choice; run `retrain plan` again") from None
     if choice.instance_type == "auto":
         raise ConfigError(f"{shown}: instance_type must name an instance type, not 'auto'; run `retrain plan` again")
@@ -169,5 +192,6 @@ def resolve_planned_instance(config: RetrainConfig) -> RetrainConfig:
     if refused:
         raise ConfigError(f"{shown}: a plan may set only {', '.join(sorted(PLAN_KEYS))}, not {refused[0]!r}; "
                           "run `retrain plan` again to replace the file")
+    _check_memory_variant(config, choice, shown)
     values = {"cost.instance_type": choice.instance_type, "cost.market": choice.market, **choice.set}
     return config.with_values(values, f"the plan in {shown}")  # validation parses "true", "64"

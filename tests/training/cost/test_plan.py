@@ -315,12 +315,12 @@ def test_an_auto_run_takes_the_planned_instance_and_its_memory_variant(tmp_path)
     config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
     with pytest.raises(ConfigError, match="run `retrain plan` with this storage.root first"):
         resolve_planned_instance(config)
-    pick = PlanRow(instance_type="g4dn.xlarge", market="spot", rate_per_hour=0.19, variant="micro-batch 64 x 2",
-                   set={"model.gradient_checkpointing": "true", "train.batch_size": "64", "train.grad_accum": "2"})
+    pick = PlanRow(instance_type="g4dn.xlarge", market="spot", rate_per_hour=0.19, variant="micro-batch 256 x 2",
+                   set={"model.gradient_checkpointing": "true", "train.batch_size": "256", "train.grad_accum": "2"})
     store_choice(config, pick)
     run = resolve_planned_instance(config)
     assert (run.cost.instance_type, run.cost.market) == ("g4dn.xlarge", "spot")
-    assert run.model.gradient_checkpointing is True and (run.train.batch_size, run.train.grad_accum) == (64, 2)
+    assert run.model.gradient_checkpointing is True and (run.train.batch_size, run.train.grad_accum) == (256, 2)
     assert run.cost.rate() == (0.1869, 1)
     (tmp_path / "plan" / "choice.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not a readable plan choice"):
@@ -335,6 +335,9 @@ def test_an_auto_run_takes_the_planned_instance_and_its_memory_variant(tmp_path)
     {"set": {"train.max_steps=1 --set storage.root": "/tmp"}},
     {"set": {"train.max_steps.x": "1"}},
     {"set": {"train.batch_size": "many"}},
+    {"set": {"train.grad_accum": "100000000"}},
+    {"set": {"train.batch_size": "8", "train.grad_accum": "2"}},
+    {"set": {"train.batch_size": "1", "train.grad_accum": "512"}},
     {"instance_type": "auto"},
     {"instance_type": "no-such-instance"},
     {"market": "free"},
@@ -352,6 +355,20 @@ def test_a_stored_plan_choice_sets_only_what_a_plan_decides(tmp_path, planted) -
     (tmp_path / "plan").mkdir()
     (tmp_path / "plan" / "choice.json").write_text(json.dumps(choice))
     with pytest.raises(ConfigError, match="plan/choice.json"):
+        resolve_planned_instance(config)
+
+
+@pytest.mark.parametrize(("planted", "named"), [({"extra": "key"}, "extra"), ({"set": {"train.batch_size": 64}}, "set.train.batch_size"),
+                                               ({"market": None}, "market")])
+def test_a_plan_choice_that_breaks_its_schema_names_the_key(tmp_path, planted, named) -> None:  # type: ignore[no-untyped-def]
+    from training.errors import ConfigError
+    from training.pipeline.step_times import resolve_planned_instance
+
+    config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
+    choice = {"instance_type": "local-cpu", "market": "on_demand", "set": {}, "planned_at": 0.0, **planted}
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "choice.json").write_text(json.dumps(choice))
+    with pytest.raises(ConfigError, match=rf"plan/choice.json: {named}: "):
         resolve_planned_instance(config)
 
 
