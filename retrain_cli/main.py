@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from retrain_cli.parser import build_parser
-from retrain_cli.temp_server import TemporaryServer, server_is_up
+from retrain_cli.temp_server import TemporaryServer, server_answers, server_is_up
 from retrain_cli.tune_summary import tune_summary
 from training.config import RetrainConfig, load_config
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
@@ -50,6 +50,10 @@ def _choose_server(config: RetrainConfig) -> tuple[str | None, TemporaryServer |
 
     settings = get_current_settings()
     if settings.api.url:
+        if not server_answers(settings.api.url):
+            raise ConfigError(f"PREFECT_API_URL is {settings.api.url}, but no Prefect server answers there: start it "
+                              "(`prefect server start`), or unset PREFECT_API_URL and retrain starts a temporary "
+                              "server for the run")
         _say(f"using the Prefect server at {settings.api.url}")
         return None, None
     local = f"http://127.0.0.1:{settings.server.api.port}/api"

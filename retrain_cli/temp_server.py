@@ -41,6 +41,20 @@ def server_is_up(api_url: str, timeout: float = 0.5) -> bool:
         return False
 
 
+def server_answers(api_url: str, timeout: float = 5.0) -> bool:
+    """Whether anything answers HTTP at `api_url` (a refusal such as 401 counts: a Prefect Cloud
+    workspace wants its key, which the client sends and this probe does not)."""
+    import urllib.error
+
+    try:
+        with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout):  # noqa: S310 - the user's URL
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, ValueError):  # refused, unreachable, timed out, or not a URL at all
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -65,6 +65,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_cli_help.py::test_version",  # the installed entry point
     "test_deploy_steps.py::test_the_image_is_tagged",  # git in a child process
     "test_predict.py::test_the_export_loads_without_the_project",  # a fresh interpreter
+    "test_predict.py::test_a_full_disk_while_scoring",  # mounts a small filesystem
     "test_plan.py::test_the_memory_estimate_matches_a_measured_cpu_step",  # a measuring child
     "test_incremental.py::test_retrain_when_drift",  # the train stage's training process
     "test_threads.py::test_a_real_burner_is_counted",  # a CPU-burning process

@@ -122,3 +122,12 @@ def test_predict_refuses_an_output_that_is_a_folder_or_its_input(trained: Path, 
                prefect_server.env)
     _one_error_line(out, "is the input file")
     assert data.read_bytes() == before
+
+
+def test_a_prefect_server_that_does_not_answer_is_one_line(tmp_path: Path, demo_source: Path, prefect_server) -> None:
+    """As after `retrain ui` stops: Prefect's banner told the user to set PREFECT_API_URL."""
+    from retrain_cli.temp_server import free_port
+
+    env = {**prefect_server.env, "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    out = _cli("run", _sets(small_overrides(tmp_path / "root", demo_source)), tmp_path, env)
+    _one_error_line(out, "PREFECT_API_URL", "no Prefect server answers there")

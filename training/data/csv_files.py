@@ -25,9 +25,12 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from training.errors import DataError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["CONVERSIONS", "CSV_SUFFIXES", "CsvConversions", "is_csv"]
 
@@ -91,6 +94,7 @@ def _convert(data: bytes, name: str, where: str, out: Path) -> None:
             data = gzip.decompress(data)
         except (OSError, EOFError) as err:
             raise DataError(f"{where}: not a readable gzip file ({err})") from None
+    _check_header(data, where)
     delimiter = "\t" if name.lower().removesuffix(".gz").endswith(".tsv") else ","
     read = pcsv.ReadOptions(block_size=_BLOCK_BYTES, use_threads=False)
     parse = pcsv.ParseOptions(delimiter=delimiter)
@@ -101,6 +105,7 @@ def _convert(data: bytes, name: str, where: str, out: Path) -> None:
             pending: list[pa.RecordBatch] = []
             rows = written = 0
             for batch in reader:
+                _check_text(batch, where, rows + written * ROW_GROUP_ROWS)
                 pending.append(batch)
                 rows += batch.num_rows
                 while rows >= ROW_GROUP_ROWS:
@@ -109,8 +114,13 @@ def _convert(data: bytes, name: str, where: str, out: Path) -> None:
                     rest = table.slice(ROW_GROUP_ROWS)
                     pending, rows = rest.to_batches(), rest.num_rows
                     written += 1
-            if rows or not written:  # the last rows; a file of a header alone keeps its schema
+            if not rows and not written:
+                raise DataError(f"{where}: a header and no rows; add the file's rows, or move it out of the source")
+            if rows:
                 writer.write_table(pa.Table.from_batches(pending, reader.schema), row_group_size=ROW_GROUP_ROWS)
+    except DataError:
+        tmp.unlink(missing_ok=True)
+        raise
     except pa.ArrowInvalid as err:
         tmp.unlink(missing_ok=True)
         # pyarrow names the column and the value ("In CSV column #2: CSV conversion error to
@@ -119,6 +129,35 @@ def _convert(data: bytes, name: str, where: str, out: Path) -> None:
                         "taken from its first rows; a later value of another type needs the file as Parquet, "
                         "with the type you mean)") from None
     tmp.replace(out)
+
+
+def _check_header(data: bytes, where: str) -> None:
+    """Column names are UTF-8 text (pyarrow takes other bytes, and Parquet's reader then fails
+    on the names with a traceback)."""
+    header = data.split(b"\n", 1)[0]
+    try:
+        header.decode("utf-8")
+    except UnicodeDecodeError as err:
+        column = header[:err.start].count(b",") + header[:err.start].count(b"\t") + 1
+        raise DataError(f"{where}: the header (line 1) is not UTF-8 text: byte 0x{header[err.start]:02x} in the "
+                        f"name of column {column}; save the file as UTF-8") from None
+
+
+def _check_text(batch: pa.RecordBatch, where: str, before: int) -> None:
+    """A CSV holds text: a column typed binary holds bytes that are not UTF-8 (never an image)."""
+    import pyarrow as pa
+
+    # Only binary columns are read value by value, and a CSV has one only when it is not UTF-8.
+    for i, field in enumerate(batch.schema):
+        if not (pa.types.is_binary(field.type) or pa.types.is_large_binary(field.type)):
+            continue
+        for row, value in enumerate(batch.column(i).to_pylist()):
+            try:
+                if value is not None:
+                    value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{where}: column '{field.name}' holds bytes that are not UTF-8 text (row "
+                                f"{before + row + 1}: {value[:20]!r}); save the file as UTF-8") from None
 
 
 CONVERSIONS = CsvConversions()  # this process's

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from training.config import DataConfig, RetrainConfig, StorageConfig
 from training.data.demo import DEMOS
+from training.data.number_columns import check_number_columns, looks_numeric
 from training.data.parquet_reader import ParquetRanges
 from training.data.sources import open_source
 from training.data.validation import FeatureValidator
@@ -33,16 +34,26 @@ def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumn
     ranges = source_schema(spec, config.storage)
     inferred = None
     defaults = [c for k in FEATURE_KEYS for c in getattr(config.data, k)]
+    sample = _strings_sample(ranges)
+    candidates: list[str] = []
     # Inferred only where the config names no feature column and the defaults (the demo's
     # columns) are not all there: a demo-shaped file keeps training as it always did.
     if not config.data.model_fields_set & set(FEATURE_KEYS) and not set(defaults) <= set(ranges.schema.names):
         exclude = tuple(c for c in (config.data.split_key, config.data.time_column) if c)
-        inferred = infer_columns(ranges.schema, config.data.label, _strings_sample(ranges), exclude)
+        inferred = infer_columns(ranges.schema, config.data.label, sample, exclude)
         config = config.with_values({f"data.{k}": v for k, v in inferred.columns.items()},
                                     f"(feature columns inferred from {ranges.where})")
+        candidates = [c for c in inferred.columns.get("categorical", [])
+                      if sample is not None and c in sample.column_names and looks_numeric(sample.column(c))]
     check_source_columns(ranges.where, ranges.schema, config.data)
     FeatureValidator(config.data).check_schema(ranges.where, ranges.schema)  # repeated columns, types
+    declared = [c for c in config.data.numeric if _is_text(ranges.schema.field(c).type)]
+    check_number_columns(ranges, declared, candidates)
     return config, inferred
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t))
 
 
 def source_schema(spec: str, storage: StorageConfig | None = None) -> ParquetRanges:
@@ -53,7 +64,7 @@ def source_schema(spec: str, storage: StorageConfig | None = None) -> ParquetRan
 
 def _strings_sample(ranges: ParquetRanges, rows: int = 256) -> pa.Table | None:
     """A few rows of the string columns (free text or categories?): their column chunks alone."""
-    names = [f.name for f in ranges.schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+    names = [f.name for f in ranges.schema if _is_text(f.type)]
     if not names or not ranges.row_group_rows:
         return None
     batch = next(iter(ranges.parquet.iter_batches(batch_size=rows, row_groups=[0], columns=names)), None)

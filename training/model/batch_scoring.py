@@ -20,6 +20,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import errno
 import os
 import queue
 import threading
@@ -40,7 +41,7 @@ from training.data.arrow_buffers import arrow_float32, arrow_float64, arrow_int8
 from training.data.features import FeatureStats, FeatureTransform
 from training.data.validation import FeatureValidator, feature_arrays
 from training.data.ragged import OFFSETS, Ragged
-from training.errors import CheckpointError, ConfigError, DataError
+from training.errors import CheckpointError, ConfigError, DataError, StorageError
 from training.model.evaluation import EVAL_BATCH
 from training.model.network import forward_fn
 from training.model.package import load_package, meta_sha256
@@ -269,15 +270,29 @@ def predict_files(files: list[Path], scoring: ScoringModel, output: Path, keys: 
         rows = pq.ParquetFile(output).metadata.num_rows
         return PredictResult(output=str(output), rows=rows, model_sha256=scoring.sha256, skipped=True,
                              seconds=time.perf_counter() - t0, key_columns=keys)
-    output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     try:
+        output.parent.mkdir(parents=True, exist_ok=True)
         rows = _write(files, scoring, tmp, keys, meta)
         os.replace(tmp, output)
+    except OSError as err:  # the inputs' read errors are DataErrors by now: this is the output's
+        raise StorageError(f"cannot write the scores to {output}: {_write_failure(err, output)}") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # it was never made: the folder could not be written
     return PredictResult(output=str(output), rows=rows, model_sha256=scoring.sha256, skipped=False,
                          seconds=time.perf_counter() - t0, key_columns=keys)
+
+
+def _write_failure(err: OSError, output: Path) -> str:
+    if isinstance(err, (FileExistsError, NotADirectoryError)):
+        return f"{output.parent} is not a folder; choose another --output"
+    text = err.strerror or str(err).splitlines()[0]
+    if err.errno == errno.ENOSPC or "No space left on device" in text:
+        return "No space left on device; free space there or choose another --output"
+    return f"{text}; choose another --output"
 
 
 def _check_output(output: Path, files: list[Path]) -> None:

@@ -91,8 +91,8 @@ def check_champion(root: StorageRoot, trusted_factory: str | None) -> Champion |
 
 def _unusable(pointer: ChampionPointer | None, package: Path, problem: str, recorded: bool = False,
               etag: str | None = None) -> Champion:
-    log.warning("the champion %s is unusable: %s; this run's model will be judged %s",
-                pointer.sha256[:12] if pointer else "?", problem,
+    log.warning("the champion%s is unusable: %s; this run's model will be judged %s",
+                f" {pointer.sha256[:12]}" if pointer else "", problem,
                 "on the champion's recorded test metrics" if recorded else "against eval.target alone")
     return Champion(pointer, package, problem, recorded, etag)
 
@@ -118,7 +118,8 @@ def decide_promotion(
         return False, "this model is already the champion"
     if champion is None and champion_problem is not None:
         meets = f"meets {key}" if target is not None else f"(no {key} set)"
-        return True, (f"the champion {(champion_sha or '')[:12]} is unusable ({champion_problem}); "
+        named = f" {champion_sha[:12]}" if champion_sha else ""
+        return True, (f"the champion{named} is unusable ({champion_problem}); "
                       f"judged alone: test {name} {value:.4f} {meets}")
     if champion is None:
         return True, f"no champion yet; test {name} {value:.4f}"

@@ -16,7 +16,7 @@ from typing import Iterator
 
 from training.config import RetrainConfig
 from training.data.sources import source_files
-from training.errors import CheckpointError, DataError
+from training.errors import CheckpointError, ConfigError, DataError
 from training.model.batch_scoring import PredictResult, ScoringModel, load_scoring_model, predict_files, scoring_meta
 from training.pipeline.champion import check_champion
 from training.storage.root import StorageRoot, settings_for
@@ -110,6 +110,7 @@ def nothing_to_score(source: str) -> str | None:
 def predict_stage(config: RetrainConfig, source: str, output: str, model: str = "champion",
                   keys: list[str] | None = None) -> PredictResult:
     """Score `source` with `model` into `output` (see `training.model.batch_scoring`)."""
+    _check_output_outside_input(source, output)
     scoring = resolve_model(config, model)
     with scoring_threads(config) as threads, tempfile.TemporaryDirectory(prefix="retrain-predict-") as tmp:
         files = (_download_inputs(config, source, Path(tmp) / "in") if source.startswith("s3://")
@@ -119,6 +120,16 @@ def predict_stage(config: RetrainConfig, source: str, output: str, model: str = 
         else:
             result = _predict_to_s3(config, files, scoring, output, keys, Path(tmp) / "out")
         return result.model_copy(update={"torch_threads": threads})
+
+
+def _check_output_outside_input(source: str, output: str) -> None:
+    """Scores written into the input folder would be read as input by the next run."""
+    if source.startswith("s3://") or output.startswith("s3://"):
+        return
+    folder, target = Path(source).expanduser().resolve(), Path(output).expanduser().resolve()
+    if folder.is_dir() and target.is_relative_to(folder):
+        raise ConfigError(f"--output {output} is inside the input folder {source}: the next run would read the "
+                          "scores as input; write them outside it")
 
 
 def _predict_to_s3(config: RetrainConfig, files: list[Path], scoring: ScoringModel, output: str,

@@ -87,3 +87,43 @@ def test_an_unreadable_gzip_csv_is_one_line(tmp_path: Path) -> None:
     config = load_config(overrides=small_overrides(tmp_path / "root", source))
     with pytest.raises(DataError, match=r"day\.csv\.gz: not a readable gzip file"):
         pack_stage(config)
+
+
+def _checked(source: Path, *extra: str):  # type: ignore[no-untyped-def]
+    from training.data.source_check import checked_source
+
+    return checked_source(load_config(overrides=[f"data.source={source}", "data.label=y",
+                                                 f"storage.root={source.parent / 'root'}", *extra]))
+
+
+def test_one_stray_value_among_numbers_is_reported_not_inferred_as_a_category(tmp_path: Path) -> None:
+    lines = ["x1,x2,y", *(f"{i * 0.5},{i % 7},{i % 2}" for i in range(5000))]
+    lines.insert(4001, "oops,3,1")  # data row 4001
+    source = tmp_path / "numbers.csv"
+    source.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as err:
+        _checked(source)
+    message = str(err.value)
+    assert "column 'x1' reads as text because 1 of its 5001 values are not numbers, the first 'oops' at row 4001" \
+        in message and "\n" not in message
+    # Named a category on purpose, it is one.
+    config, _ = _checked(source, "data.categorical=[x1]", "data.numeric=[x2]")
+    assert config.data.categorical == ["x1"]
+    with pytest.raises(DataError, match=r"column 'x1' \(data.numeric\) holds text: row 4001 is 'oops'"):
+        _checked(source, "data.numeric=[x1, x2]", "data.categorical=[]")
+
+
+def test_a_csv_that_is_not_utf8_or_has_no_rows_is_one_line(tmp_path: Path) -> None:
+    header = tmp_path / "header.csv"
+    header.write_bytes(b"a,b\xff,y\n1,2,1\n3,4,0\n")
+    with pytest.raises(DataError, match=r"header.csv: the header \(line 1\) is not UTF-8 text: byte 0xff in the "
+                                        r"name of column 2"):
+        _checked(header)
+    values = tmp_path / "values.csv"
+    values.write_bytes(b"a,b,y\n1,x,1\n2,\xff\xfe,0\n")
+    with pytest.raises(DataError, match=r"values.csv: column 'b' holds bytes that are not UTF-8 text \(row 2"):
+        _checked(values)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("a,b,y\n")
+    with pytest.raises(DataError, match=r"empty.csv: a header and no rows"):
+        _checked(empty)

@@ -23,6 +23,9 @@ def test_decisions() -> None:
     assert not decide_promotion("a", {"auc": 0.9}, "a", {"auc": 0.9}, cfg)[0]
     ok, why = decide_promotion("a", {"auc": 0.7}, None, None, EvalConfig(target_auc=0.75))
     assert not ok and "below eval.target_auc" in why
+    # A champion whose pointer cannot be read has no name to show: none is made up.
+    ok, why = decide_promotion("a", {"auc": 0.8}, None, None, cfg, champion_problem="pointer damaged")
+    assert ok and why.startswith("the champion is unusable (pointer damaged); judged alone")
 
 
 def _trained(config: RetrainConfig, name: str) -> tuple[dict, dict]:

@@ -120,6 +120,39 @@ def test_bad_input_is_one_line_naming_the_file_and_column(trained, tmp_path: Pat
     assert not (tmp_path / "o3.parquet").exists()
 
 
+def test_an_output_that_cannot_be_written_is_one_line(trained, tmp_path: Path) -> None:
+    """A full disk, or an output path that cannot be a file, is one StorageError naming the
+    output; no temporary file is left."""
+    from training.errors import ConfigError, StorageError
+    from training.pipeline.predict_stage import predict_stage
+
+    config, package, _ = trained
+    scoring = load_scoring_model(package, None)
+    source = _test_split(config, tmp_path / "in.parquet")
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(StorageError, match=r"cannot write the scores to .*a-file/scores.parquet: .*a-file is not a folder"):
+        predict_files([source], scoring, tmp_path / "a-file" / "scores.parquet")
+    with pytest.raises(StorageError, match=r"cannot write the scores to /proc/self/mem"):
+        predict_files([source], scoring, Path("/proc/self/mem"))
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    shutil.copy(source, inputs / "day.parquet")
+    with pytest.raises(ConfigError, match=r"is inside the input folder .*: the next run would read the scores"):
+        predict_stage(config, str(inputs), str(inputs / "scores.parquet"))
+
+
+def test_a_full_disk_while_scoring_is_one_line(trained, tmp_path: Path) -> None:
+    from tests.conftest import small_filesystem
+    from training.errors import StorageError
+
+    config, package, _ = trained
+    source = _test_split(config, tmp_path / "in.parquet")
+    with small_filesystem(tmp_path / "disk", 64) as disk:
+        with pytest.raises(StorageError, match=r"scores.parquet: No space left on device") as err:
+            predict_files([source], load_scoring_model(package, None), disk / "scores.parquet")
+        assert "\n" not in str(err.value) and list(disk.iterdir()) == []
+
+
 def test_no_champion_yet_is_one_line(small_config: RetrainConfig) -> None:
     from training.pipeline.predict_stage import resolve_model
 
