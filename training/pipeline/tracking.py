@@ -168,9 +168,10 @@ class MlflowTracker:
                     client.log_batch(run.info.run_id, params=items[i:i + 100])
             return str(run.info.run_id)
 
-        self.notes.run_id = self.call("the MLflow run", find_or_create)
-        self._checked = self.notes.run_id is not None
-        return self.notes.run_id
+        found = self.call("the MLflow run", find_or_create)
+        if found is not None:  # a failed call keeps the record: MLflow may only be down
+            self.notes.run_id, self._checked = found, True
+        return found
 
     def _is_ours(self, client: Any, run_id: str, experiment_id: str) -> bool:
         """Whether the recorded run is this run key's, in the configured experiment, and live."""
@@ -219,6 +220,7 @@ def register_model(tracker: MlflowTracker, package_dir: Path, sha256: str, is_ch
     there by this run, or there already)."""
     run_id = tracker.run_id()
     if run_id is None:
+        tracker.note_problem(f"the registered model version: not recorded ({tracker.off or 'no MLflow run'})")
         tracker.save()
         return
     name = tracker.config.registered_model
