@@ -63,8 +63,9 @@ def test_a_sigkilled_cuda_run_resumes_bit_identically(small_config: RetrainConfi
 
 def test_auto_batch_size_fits_real_cuda_memory_and_the_fp32_retiming_survives(small_config: RetrainConfig) -> None:
     small_config.train.batch_size = 4096
-    result = _trained(_on_cuda(small_config, auto_batch_size=True, max_steps=20), "auto-batch")
-    assert result.status in ("completed", "early_stopped") and result.fp32_slowdown > 0
+    result = _trained(_on_cuda(small_config, auto_batch_size=True, max_steps=20, measure_fp32=True), "auto-batch")
+    assert result.status in ("completed", "early_stopped")
+    assert result.precision == "fp32" or (result.fp32_slowdown is not None and result.fp32_slowdown > 0)
 
 
 def test_compile_trains_on_cuda_without_recompiling(small_config: RetrainConfig, monkeypatch: pytest.MonkeyPatch) -> None:

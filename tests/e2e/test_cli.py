@@ -151,6 +151,24 @@ def test_plan_prints_the_cheapest_instance_meeting_the_deadline(tmp_path: Path, 
     assert {r["instance_type"] for r in plan["rows"]} == {"slow-cheap", "fast-dear"}
 
 
+def test_plan_picks_a_cloud_cpu_for_the_demo_when_no_local_machine_is_offered(tmp_path: Path,
+                                                                              demo_source: Path) -> None:
+    """The demo's small MLP runs a step in milliseconds on a core: a CPU instance at a few cents
+    an hour is cheaper than any GPU, whose step is bound by the host launching kernels."""
+    from training.config.prices import DEFAULT_PRICES
+
+    types = ",".join(name for name in DEFAULT_PRICES if name != "local-cpu")
+    args = [*_sets(small_overrides(tmp_path / "root", demo_source)), "--instance-types", types,
+            "--calibration-steps", "60"]
+    out = subprocess.run([sys.executable, "-m", "retrain_cli.main", "plan", *args, "--json"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    plan = json.loads(out.stdout)
+    assert plan["cheapest"]["instance_type"].startswith("c6i."), plan["why"]
+    cpu = plan["cheapest"]
+    assert "core(s)" in cpu["step_source"] and cpu["step_seconds"][1] > 0
+
+
 def _servers_of(root: Path) -> list[int]:
     """Prefect server processes whose database lives under `root` (the CLI's temporary server)."""
     pids = []

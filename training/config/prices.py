@@ -23,6 +23,12 @@ Azure, from `catalogs/v6/azure/vms.csv` at commit 098741e70562f65d7af1cceb81e33b
 2026-11-23; the newest Azure catalog file reachable from here), region eastus, one row per instance (GPUs
 included): Standard_NC4as_T4_v3, Standard_NC24ads_A100_v4, Standard_ND96amsr_A100_v4.
 
+CPU instances: AWS's compute-optimised c6i family (Intel Xeon Ice Lake, 2 vCPUs per physical
+core), from the same AWS file and commit, us-east-1, priced as above. `vcpus` and `memory_gb` (the
+catalog's MemoryGiB in GB) come from its columns; spot is the median of the region's five zones
+(c6i.large $0.0248-$0.0317/h, c6i.8xlarge $0.4865-$0.5709/h). `retrain plan` predicts their step
+time from the one it measures where it runs, carried to their cores (`training.cost.cpu_step`).
+
 `gpu` names the GPU in `training.cost.hardware.GPUS` (its published throughput, bandwidth and
 memory, with sources) and `vcpus` the host's vCPUs, both from the same catalogs' columns.
 `gpu_memory_gb` is each GPU's memory as its vendor's datasheet gives it (NVIDIA T4 16 GB, A10G
@@ -47,6 +53,12 @@ PRICE_SOURCE = ("skypilot-catalog (read 2026-11-23): catalogs/v7/aws/vms.csv @ 0
 DEFAULT_PRICES: dict[str, dict[str, Any]] = {
     # Your own machine: no marginal compute bill.
     "local-cpu": {"gpus": 0, "on_demand_per_hour": 0.0, "spot_per_hour": 0.0},
+    # AWS CPU instances (see above).
+    "c6i.large": {"gpus": 0, "vcpus": 2, "memory_gb": 4.29, "on_demand_per_hour": 0.085, "spot_per_hour": 0.0262},
+    "c6i.xlarge": {"gpus": 0, "vcpus": 4, "memory_gb": 8.59, "on_demand_per_hour": 0.17, "spot_per_hour": 0.0674},
+    "c6i.2xlarge": {"gpus": 0, "vcpus": 8, "memory_gb": 17.18, "on_demand_per_hour": 0.34, "spot_per_hour": 0.1639},
+    "c6i.4xlarge": {"gpus": 0, "vcpus": 16, "memory_gb": 34.36, "on_demand_per_hour": 0.68, "spot_per_hour": 0.2994},
+    "c6i.8xlarge": {"gpus": 0, "vcpus": 32, "memory_gb": 68.72, "on_demand_per_hour": 1.36, "spot_per_hour": 0.5211},
     "g4dn.xlarge": {"gpus": 1, "gpu": "T4", "vcpus": 4, "gpu_memory_gb": 16, "on_demand_per_hour": 0.526, "spot_per_hour": 0.1869},  # 1x T4 16 GB
     "g5.xlarge": {"gpus": 1, "gpu": "A10G", "vcpus": 4, "gpu_memory_gb": 24, "on_demand_per_hour": 1.006, "spot_per_hour": 0.4028},  # 1x A10G 24 GB
     "g5.12xlarge": {"gpus": 4, "gpu": "A10G", "vcpus": 48, "gpu_memory_gb": 24, "on_demand_per_hour": 5.672, "spot_per_hour": 2.5445},  # 4x A10G

@@ -422,6 +422,10 @@ class TrainConfig(_Section):
                           "timings).", json_schema_extra=OPERATIONAL)
     profile: bool = Field(False, description="Record a short torch.profiler trace into the run folder; top ops in the "
                           "report.", json_schema_extra=OPERATIONAL)
+    measure_fp32: bool = Field(
+        False, description="After a bf16 or fp16 run, time fp32 steps on a copy of the model (26 forward and backward "
+        "passes) for the report's naive fp32 counterfactual and its precision advice. Off: the naive run is priced at "
+        "this run's step time, and the report says so.", json_schema_extra=OPERATIONAL)
     # Sections. optim and schedule compute: their fields join the run key as if they were this
     # section's own (FLAT), so run keys written before the sections existed stay what they were.
     retrain_when: Literal["always", "drift", "degraded"] = Field(
@@ -539,9 +543,13 @@ class InstancePrice(_Section):
     gpu: str | None = Field(None, description="The GPU model, a key of training.cost.hardware.GPUS (T4, A10G, "
                             "V100-16GB, A100-40GB, A100-80GB, A100-80GB-PCIe, H100): `retrain plan` predicts its step "
                             "time from the GPU's published throughput and bandwidth.", json_schema_extra=OPERATIONAL)
-    vcpus: int | None = Field(None, gt=0, description="The host's vCPUs: `retrain plan` caps the step rate at what "
-                              "they can load, from this machine's measured loading pace per core.",
+    vcpus: int | None = Field(None, gt=0, description="The host's vCPUs: `retrain plan` caps a GPU's step rate at what "
+                              "they can load, from this machine's measured loading pace per core; without a `gpu`, it "
+                              "predicts the step from this machine's, carried to the instance's cores.",
                               json_schema_extra=OPERATIONAL)
+    memory_gb: float | None = Field(None, gt=0, description="The host's memory in GB: `retrain plan` refuses an "
+                                    "instance without a `gpu` whose memory the training would not fit.",
+                                    json_schema_extra=OPERATIONAL)
     interruption_band: Literal["<5%", "5-10%", "10-15%", "15-20%", ">20%"] | None = Field(
         None, description="Monthly spot interruption frequency band (AWS Spot Instance Advisor); empty: the shipped "
         "band for cost.region, else train.checkpoint.mean_seconds_between_preemptions.", json_schema_extra=OPERATIONAL)

@@ -61,7 +61,7 @@ class Counterfactual(_Figure):
 
     seconds: float
     steps: int
-    fp32_slowdown: float
+    fp32_slowdown: float | None  # None: not measured, the naive run priced at this run's step time
     usd: float
     gpu_hours: float
     storage_usd: float = 0.0
@@ -100,7 +100,7 @@ def naive_counterfactual(
     other_stage_seconds: float,
     train_seconds_per_step: float,
     naive_steps: int,
-    fp32_slowdown: float,
+    fp32_slowdown: float | None,
     on_demand_per_hour: float,
     gpus: int,
 ) -> Counterfactual:
@@ -108,9 +108,10 @@ def naive_counterfactual(
 
     `train_seconds_per_step` is the measured time of one optimizer step (compute, data wait,
     evaluation and checkpoint time spread over the steps); `fp32_slowdown` is measured fp32 step
-    time over this run's step time (1.0 when this run already trained in fp32).
+    time over this run's step time (1.0 when this run already trained in fp32; None when it was not
+    measured: this run's step time stands in for it).
     """
-    seconds = other_stage_seconds + train_seconds_per_step * fp32_slowdown * naive_steps
+    seconds = other_stage_seconds + train_seconds_per_step * (fp32_slowdown or 1.0) * naive_steps
     return Counterfactual(seconds=seconds, steps=naive_steps, fp32_slowdown=fp32_slowdown,
                           usd=on_demand_per_hour * seconds / SECONDS_PER_HOUR, gpu_hours=gpus * seconds / SECONDS_PER_HOUR)
 
@@ -127,7 +128,7 @@ def restarting_counterfactual(
     """The naive job on this run's market, under this run's preemptions: with no checkpoints,
     each preemption throws away every step done so far and pays a restart."""
     redone = sum(min(step, naive.steps) for step in steps_reached_at_preemptions)
-    extra = redone * train_seconds_per_step * naive.fp32_slowdown + restart_seconds * len(steps_reached_at_preemptions)
+    extra = redone * train_seconds_per_step * (naive.fp32_slowdown or 1.0) + restart_seconds * len(steps_reached_at_preemptions)
     seconds = naive.seconds + extra
     return Counterfactual(seconds=seconds, steps=naive.steps, steps_redone=redone,
                           preemptions=len(steps_reached_at_preemptions), fp32_slowdown=naive.fp32_slowdown,

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from training.config import InstancePrice, RetrainConfig
 from training.cost.bill import GB
+from training.cost.cpu_step import CpuScaling, predict_cpu_step
 from training.cost.hardware import GPUS
 from training.cost.interruptions import SPOT_BANDS, hourly_rates
 from training.cost.roofline import StepPrediction, predict_step, training_bytes
@@ -34,6 +35,7 @@ class HereFigures(BaseModel):
     startup_seconds: float
     data_seconds: float  # pack and preprocess
     load_seconds_per_batch: float | None  # one core producing one training batch
+    cpu_scaling: CpuScaling | None = None  # one step at one thread against several, here
 
 
 class Calibrated(BaseModel):
@@ -105,6 +107,10 @@ def variants(costs: StepCosts, configured_precision: str, micro_batch: int) -> l
     """As configured, then what would cut memory, cheapest in step time first: bf16, gradient
     checkpointing, then smaller micro-batches with accumulation (the same effective batch)."""
     out = [Variant(name="as configured", set={}, count=costs.as_run)]
+    if configured_precision == "auto" and costs.fp32 is not None:
+        # Priced beside the half precision `auto` takes, not as a memory saving (it holds more):
+        # `plan_rows` keeps whichever of the two is cheaper where both fit.
+        out.append(Variant(name="fp32", set={"train.precision": "fp32"}, count=costs.fp32))
     if configured_precision == "fp32":
         out.append(Variant(name="bf16", set={"train.precision": "auto"}, count=costs.bf16))
     if costs.checkpointed is not None:
@@ -142,10 +148,16 @@ def _step_for(name: str, price: InstancePrice, variant: Variant, config: Retrain
         return _measured(price.measured_step_seconds, "measured on the instance (cost.prices)")
     if name in calibrated.measured and variant.name == "as configured":
         return _measured(calibrated.measured[name], "measured on the instance by an earlier run")
+    if price.gpu is None and price.vcpus is not None:
+        cpu = predict_cpu_step(here.seconds_per_step * variant.accumulation, here.cpu_scaling, price.vcpus,
+                               price.relative_speed)
+        how = "measured" if cpu.measured_share else "assumed"
+        return (StepPrediction(low=cpu.low, mid=cpu.mid, high=cpu.high, precision="fp32", bound="cpu"),
+                f"predicted: this machine's step on {cpu.cores} core(s), parallel share {cpu.share:.2f} ({how})")
     if price.gpu is None:
         return _measured(here.seconds_per_step / price.relative_speed,
                          f"measured here / relative_speed {price.relative_speed:g}")
-    precision = config.train.precision if not variant.set.get("train.precision") else "auto"
+    precision = variant.set.get("train.precision", config.train.precision)
     pred = predict_step(variant.count, GPUS[price.gpu], price.gpus, precision)
     source = f"predicted: {price.gpu} {pred.precision}, {pred.bound}-bound"
     if calibrated.runs:
@@ -192,10 +204,14 @@ def _row(name: str, market: str, rate: float, price: InstancePrice, variant: Var
 
 
 def _fitting(price: InstancePrice, options: list[Variant]) -> tuple[Variant | None, float | None, str]:
-    """The first variant whose training memory fits one of the instance's GPUs."""
-    memory = price.gpu_memory_gb or (GPUS[price.gpu].memory_gb if price.gpu else None)
+    """The first variant whose training memory fits one of the instance's GPUs (the fp32
+    alternative of `auto` is not a memory saving: `_precision_alternative` prices it)."""
+    options = [v for v in options if v.name != "fp32"]
+    memory = price.gpu_memory_gb or (GPUS[price.gpu].memory_gb if price.gpu else price.memory_gb)
     if memory is None:
         return options[0], None, ""
+    # A CPU instance trains as configured: the variants save accelerator memory.
+    options = options if price.gpu else options[:1]
     needs = [(v, training_bytes(v.count, max(1, price.gpus))) for v in options]
     for variant, need in needs:
         if need <= memory * GB:
@@ -203,7 +219,21 @@ def _fitting(price: InstancePrice, options: list[Variant]) -> tuple[Variant | No
     least = min(n for _, n in needs)
     return None, needs[0][1] / GB, (f"training needs about {needs[0][1] / GB:.1f} GB a GPU as configured and at least "
                                     f"{least / GB:.1f} GB in any variant (weights, gradients, AdamW state, activations, "
-                                    f"CUDA context); its GPU has {memory:g} GB")
+                                    f"{'CUDA context' if price.gpu else 'the process'}); its "
+                                    f"{'GPU' if price.gpu else 'memory'} has {memory:g} GB")
+
+
+def _precision_alternative(price: InstancePrice, variant: Variant, config: RetrainConfig, costs: StepCosts,
+                           micro_batch: int) -> tuple[Variant, float | None] | None:
+    """`train.precision: auto` on a GPU: fp32 beside the half precision, where it fits as configured."""
+    if variant.name != "as configured" or price.gpu is None:
+        return None
+    fp32 = next((v for v in variants(costs, config.train.precision, micro_batch) if v.name == "fp32"), None)
+    if fp32 is None:
+        return None
+    memory = price.gpu_memory_gb or GPUS[price.gpu].memory_gb
+    need = training_bytes(fp32.count, max(1, price.gpus))
+    return (fp32, need / GB) if need <= memory * GB else None
 
 
 def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_batch: int,
@@ -221,7 +251,13 @@ def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_b
                                     refused=why, hours=(math.inf,) * 3, cost_usd=(math.inf,) * 3,
                                     meets_deadline=False))
                 continue
-            rows.append(_row(name, market, rate, price, variant, config, here, deadline,
-                             calibrated or Calibrated()).model_copy(
-                update={"need_gb": need}))
+            row = _row(name, market, rate, price, variant, config, here, deadline, calibrated or Calibrated())
+            row = row.model_copy(update={"need_gb": need})
+            alternative = _precision_alternative(price, variant, config, costs, micro_batch)
+            if alternative is not None:
+                other, other_need = alternative
+                other_row = _row(name, market, rate, price, other, config, here, deadline,
+                                 calibrated or Calibrated()).model_copy(update={"need_gb": other_need})
+                row = min(row, other_row, key=lambda r: r.cost_usd[1])
+            rows.append(row)
     return sorted(rows, key=lambda r: (not r.fits, not r.meets_deadline, r.cost_usd[1]))

@@ -2,7 +2,11 @@
 
 Per step: the matmul-class ops take the longer of their FLOPs at the precision's peak and their
 bytes at the memory bandwidth (a roofline); every other kernel is bandwidth-bound; AdamW streams
-the weights, gradients and moments once; and each kernel costs the host its launch. Peaks are
+the weights, gradients and moments once; and each kernel costs the host its launch. An eager
+step runs the host ahead of the GPU, which queues its kernels: the step takes the longer of the
+host's launches and the GPU's work, not their sum. fp16 is the exception: its GradScaler reads
+back whether the gradients overflowed at every step, a sync that stops the host from running
+ahead, so there the two add up. Peaks are
 never reached, so each term is scaled by an efficiency. The host's cost per kernel is measured
 (`python -m benchmarks.run gpu`, benchmarks/results/gpu.json); the compute and bandwidth
 efficiencies are priors, because every built-in model measured there was host-bound. The three
@@ -52,8 +56,8 @@ class StepPrediction(BaseModel):
     bound: str  # the largest term at the middle estimate: compute, memory or launch
 
 
-def _seconds(count: StepCount, gpu: GpuSpec, gpus: int, peak: float, eff: Efficiency, link_gbs: float
-             ) -> tuple[float, dict[str, float]]:
+def _seconds(count: StepCount, gpu: GpuSpec, gpus: int, peak: float, eff: Efficiency, link_gbs: float,
+             synced: bool) -> tuple[float, dict[str, float]]:
     bw = gpu.bandwidth_gbs * 1e9 * eff.bandwidth
     share = 1.0 / gpus  # data parallel: each GPU takes 1/gpus of the rows, every kernel still launches
     matmul = max(count.flops * share / (peak * eff.compute), count.matmul_bytes * share / bw)
@@ -61,15 +65,17 @@ def _seconds(count: StepCount, gpu: GpuSpec, gpus: int, peak: float, eff: Effici
     launch = count.kernels * eff.launch_seconds
     comm = 0.0 if gpus == 1 else 2 * (gpus - 1) / gpus * count.parameter_bytes / (link_gbs * 1e9)
     parts = {"compute": matmul, "memory": memory + comm, "launch": launch}
-    return sum(parts.values()), parts
+    device = matmul + memory + comm
+    return (launch + device if synced else max(launch, device)), parts
 
 
 def predict_step(count: StepCount, gpu: GpuSpec, gpus: int, precision: str) -> StepPrediction:
     """Seconds per optimizer step of `count` on an instance with `gpus` of `gpu`."""
     peak, runs_in = peak_flops(gpu, precision)
-    low, _ = _seconds(count, gpu, gpus, peak, PRIORS[0], ALLREDUCE_GBS[0])
-    mid, parts = _seconds(count, gpu, gpus, peak, PRIORS[1], ALLREDUCE_GBS[1])
-    high, _ = _seconds(count, gpu, gpus, peak, PRIORS[2], ALLREDUCE_GBS[2])
+    synced = runs_in == "fp16"  # the GradScaler's per-step read-back (see the module)
+    low, _ = _seconds(count, gpu, gpus, peak, PRIORS[0], ALLREDUCE_GBS[0], synced)
+    mid, parts = _seconds(count, gpu, gpus, peak, PRIORS[1], ALLREDUCE_GBS[1], synced)
+    high, _ = _seconds(count, gpu, gpus, peak, PRIORS[2], ALLREDUCE_GBS[2], synced)
     return StepPrediction(low=low, mid=mid, high=high, precision=runs_in, bound=max(parts, key=lambda k: parts[k]))
 
 

@@ -30,3 +30,4 @@ class StepCosts(BaseModel):
     as_run: StepCount
     bf16: StepCount
     checkpointed: StepCount | None  # None: the model has no gradient_checkpointing switch
+    fp32: StepCount | None = None  # without autocast, when the run is configured for a half precision

@@ -43,11 +43,11 @@ class Utilization(BaseModel):
 
 def utilization_summary(train: float, data_wait: float, compute: float, checkpoint: float, evaluation: float,
                         samples: int, accelerator: dict[str, Any], device: str = "cuda", precision: str = "fp32",
-                        fp32_slowdown: float = 1.0) -> Utilization:
+                        fp32_slowdown: float | None = 1.0) -> Utilization:
     """Split of step time (data wait, compute, checkpoint stall, evaluation), samples/s, the
     data-stall fraction and a bottleneck verdict with advice; `train` is the steps' wall time,
     of which `data_wait` and `compute` were measured inside the step. `fp32_slowdown` is the
-    run's measured fp32 step time over its own (1.0 for an fp32 run)."""
+    run's measured fp32 step time over its own (1.0 for an fp32 run; None: not measured)."""
     step_total = train + checkpoint + evaluation
     other = max(0.0, train - data_wait - compute)  # optimizer step, bookkeeping
     split = TimeSplit(data_wait=data_wait, compute=compute + other, checkpoint_stall=checkpoint, evaluation=evaluation)
@@ -72,7 +72,7 @@ def utilization_summary(train: float, data_wait: float, compute: float, checkpoi
         verdict, advice = "compute-bound", ("the step itself sets the pace, not the data; on a GPU a small model's "
                                             "step is mostly the host launching kernels (retrain plan shows what "
                                             "bounds it): a larger train.batch_size or train.compile raises throughput")
-    if precision in ("bf16", "fp16") and fp32_slowdown < FP32_FASTER:
+    if precision in ("bf16", "fp16") and fp32_slowdown is not None and fp32_slowdown < FP32_FASTER:
         # Autocast adds cast kernels; where launches dominate, they cost more than the faster math saves.
         advice += (f"; an fp32 step took {fp32_slowdown:.2f}x this run's {precision} step, so this model trains "
                    "faster with train.precision: fp32")

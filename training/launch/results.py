@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, model_validator
 
+from training.cost.cpu_step import CpuScaling
 from training.cost.step_count import StepCosts, StepCount
 from training.model.model_ref import ModelRef
 from training.trainer.threads import ThreadPolicy
@@ -144,8 +145,9 @@ class TrainResult(_Result):
     preemptions: int
     steps_lost: int
     seconds: Seconds
+    steady_step_seconds: float | None = None  # per step after warm-up, this attempt (Trainer.steady_step_seconds)
     billed_seconds: float
-    fp32_slowdown: float = 1.0
+    fp32_slowdown: float | None = 1.0  # fp32 step time over this run's; None: not measured (train.measure_fp32)
     profile: dict[str, Any] | None = None
     accelerator: dict[str, Any]
     first_step_latency_seconds: float | None = None
@@ -155,6 +157,7 @@ class TrainResult(_Result):
     checkpoint_interval: dict[str, Any] | None = None
     step_count: StepCount | None = None  # one step as a GPU would run it (training.trainer.step_cost)
     step_costs: StepCosts | None = None  # ... and its memory-saving variants, when the job asked (plan)
+    cpu_scaling: CpuScaling | None = None  # ... and, on a CPU, its one-thread against many-thread time (plan)
     samples_seen: int = 0
     batch_layout: BatchLayout | None = None
     num_workers: LoaderWorkers = LoaderWorkers()

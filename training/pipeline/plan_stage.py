@@ -102,11 +102,15 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     assert result.step_costs is not None and result.batch_layout is not None
     seconds = result.seconds
     probe = result.num_workers.probe if result.num_workers is not None else None
+    # The steady step (warm-up left out), and the warm-up's extra seconds paid once, as start-up.
+    per_step = result.steady_step_seconds or seconds.train / steps
+    warm_up = max(0.0, seconds.train - per_step * steps)
     here = HereFigures(
-        steps=tc.max_steps, evals=-(-tc.max_steps // tc.validate_every), seconds_per_step=seconds.train / steps,
+        steps=tc.max_steps, evals=-(-tc.max_steps // tc.validate_every), seconds_per_step=per_step,
         seconds_per_validation=seconds.eval, seconds_per_checkpoint=seconds.checkpoint,
-        startup_seconds=seconds.startup, data_seconds=data_seconds,
-        load_seconds_per_batch=probe.data_seconds_per_batch if probe is not None else None)
+        startup_seconds=seconds.startup + warm_up, data_seconds=data_seconds,
+        load_seconds_per_batch=probe.data_seconds_per_batch if probe is not None else None,
+        cpu_scaling=result.cpu_scaling)
     micro_batch = result.batch_layout.micro_batch
     book = StepTimeBook.load(StorageRoot.from_config(config))
     calibrated = book.calibration(family_of(config), signature_of(result.step_costs.as_run))

@@ -118,7 +118,9 @@ def _cost_lines(cost: CostReport) -> list[str]:
         f"| total | {_usd(cost.total_usd)} | {_usd(naive.total_usd)} | {_usd(restart.total_usd)} |",
         "",
         f"This run {savings(cost.savings_usd, 'the naive on-demand run')}, and "
-        f"{savings(cost.savings_vs_restarting_usd, 'the naive run on this market')}.",
+        f"{savings(cost.savings_vs_restarting_usd, 'the naive run on this market')}."
+        + (" The naive runs' fp32 steps are priced at this run's step time: set train.measure_fp32 to time them."
+           if naive.fp32_slowdown is None else ""),
         "",
         "| stage | $ |",
         "|---|---|",

@@ -23,6 +23,7 @@ from training.trainer.precision import measure_fp32_slowdown
 from training.launch.results import BatchLayout, LoaderWorkers, RungResult, TrainResult
 from training.launch.runs import AttemptRecord, append_attempt, rung_file
 from training.trainer.throughput import accelerator_stats
+from training.trainer.trainer import steady_step_seconds
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,8 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
     """Export the best checkpoint as the model package, write result.json and publish the run
     (result.json last: it marks the run done)."""
     _settle(trainer)  # the final and best checkpoints must be on disk before the export
-    fp32_slowdown = 1.0
-    if trainer.precision != "fp32":
+    fp32_slowdown: float | None = 1.0 if trainer.precision == "fp32" else None
+    if trainer.precision != "fp32" and trainer.tc.measure_fp32:
         fp32_slowdown = measure_fp32_slowdown(trainer.state.model, trainer.task, trainer.train_batches.batch(0, 0),
                                               trainer.device, trainer.precision)
     stopper, job = trainer.state.stopper, trainer.job
@@ -89,13 +90,17 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
 def _step_counts(trainer: Trainer) -> dict[str, Any]:
     """One step counted as a GPU would run it, for the report's predicted-against-actual step
     time; with the memory-saving variants too when `retrain plan` calibrates."""
-    from training.trainer.step_cost import count_step, measure_step_costs
+    from training.trainer.step_cost import count_step, measure_cpu_scaling, measure_step_costs
 
     batch, precision = trainer.train_batches.batch(0, 0), trainer.tc.precision
     try:
         if trainer.job.count_variants:
             costs = measure_step_costs(trainer.state.model, trainer.task, batch, precision)
-            return {"step_costs": costs, "step_count": costs.as_run}
+            counts: dict[str, Any] = {"step_costs": costs, "step_count": costs.as_run}
+            if trainer.device.type == "cpu" and trainer.threads is not None:
+                counts["cpu_scaling"] = measure_cpu_scaling(trainer.state.model, trainer.task, batch,
+                                                            trainer.threads.threads, trainer.threads.usable_cpus)
+            return counts
         dtype = None if precision == "fp32" else torch.bfloat16
         return {"step_count": count_step(trainer.state.model, trainer.task, batch, dtype)}
     except Exception as err:  # noqa: BLE001 - a user model the count cannot follow: the trained model matters more
@@ -104,7 +109,7 @@ def _step_counts(trainer: Trainer) -> dict[str, Any]:
         return {}
 
 
-def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: float) -> TrainResult:
+def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: float | None) -> TrainResult:
     progress, stopper, tc = trainer.state.progress, trainer.state.stopper, trainer.tc
     assert progress.micro_batch is not None and stopper.best_step is not None
     uploader = trainer.book.uploader
@@ -121,6 +126,7 @@ def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: flo
         device=trainer.device.type, model=package, history=progress.history,
         resumed_from_steps=progress.resumed_from_steps, preemptions=progress.preemptions,
         steps_lost=progress.steps_lost, seconds=progress.seconds.model_copy(),
+        steady_step_seconds=steady_step_seconds(trainer.step_durations),
         first_step_latency_seconds=trainer.first_step_latency,
         restart_to_first_step_seconds=progress.restart_to_first_step_seconds,
         checkpoints_saved=progress.checkpoints_saved,

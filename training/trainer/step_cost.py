@@ -22,11 +22,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
+from training.cost.cpu_step import CpuScaling
 from training.cost.step_count import StepCosts, StepCount
 from training.model.network import Batch, forward_fn
 from training.model.objectives import Task
 
-__all__ = ["count_step", "measure_step_costs"]
+__all__ = ["count_step", "measure_cpu_scaling", "measure_step_costs"]
 
 # AdamW per parameter and step: read weight, gradient and both moments, write weight and both
 # moments. Its FLOPs (about a dozen per parameter) are negligible beside the model's.
@@ -138,10 +139,50 @@ def _transient_bytes(saved: dict[int, int], peak: int, rows: Batch, params: list
 
 def measure_step_costs(model: torch.nn.Module, task: Task, batch: Batch, configured_precision: str) -> StepCosts:
     """The step as a GPU would train it under `train.precision` (auto, bf16 and fp16 run in half
-    precision there; fp16 moves the bytes bf16 does), in bf16, and with gradient checkpointing."""
+    precision there; fp16 moves the bytes bf16 does), in bf16, in fp32 (autocast's casts are
+    kernels of their own: a small model can run faster without them), and with gradient
+    checkpointing."""
     half = torch.bfloat16
     dtype = None if configured_precision == "fp32" else half
     as_run = count_step(model, task, batch, dtype)
     bf16 = as_run if dtype is not None else count_step(model, task, batch, half)
+    fp32 = as_run if dtype is None else count_step(model, task, batch, None)
     checkpointed = count_step(model, task, batch, dtype, True) if _switches(model) else None
-    return StepCosts(as_run=as_run, bf16=bf16, checkpointed=checkpointed)
+    return StepCosts(as_run=as_run, bf16=bf16, checkpointed=checkpointed, fp32=fp32)
+
+
+def measure_cpu_scaling(model: torch.nn.Module, task: Task, batch: Batch, threads: int, usable_cpus: float,
+                        budget_seconds: float = 1.0) -> CpuScaling:
+    """One forward and backward of a copy of `model` on `batch`, timed on the CPU at one thread
+    and at `compare` threads (the run's, at least two, at most the usable cores), for the
+    parallel share `training.cost.cpu_step` carries to other machines' cores. Not timed on one
+    core, nor when one step takes longer than `budget_seconds` (the share is then a prior)."""
+    import time
+
+    compare = min(max(2, threads), int(usable_cpus))
+    if compare < 2:
+        return CpuScaling(threads=threads)
+    probe = copy.deepcopy(model).to("cpu").train()
+    rows = {k: v.to("cpu") for k, v in batch.items()}
+    forward = forward_fn(probe, model)
+    before = torch.get_num_threads()
+
+    def timed(n: int, reps: int) -> float:
+        torch.set_num_threads(n)
+        task.forward_loss(forward, rows, torch.device("cpu"), None).backward()  # warm-up at this count
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            probe.zero_grad(set_to_none=True)
+            task.forward_loss(forward, rows, torch.device("cpu"), None).backward()
+        return (time.perf_counter() - t0) / reps
+
+    try:
+        with torch.random.fork_rng():
+            first = timed(compare, 1)
+            if first > budget_seconds:
+                return CpuScaling(threads=threads)
+            reps = max(1, min(8, int(budget_seconds / 4 / max(first, 1e-6))))
+            many, one = timed(compare, reps), timed(1, reps)
+    finally:
+        torch.set_num_threads(before)
+    return CpuScaling(threads=threads, compare_threads=compare, one_thread_seconds=one, compare_seconds=many)

@@ -58,15 +58,26 @@ from training.trainer.throughput import (
     data_and_compute_seconds,
 )
 
-__all__ = ["EVAL_BATCH_SIZE", "StopFlag", "Trainer"]
+__all__ = ["EVAL_BATCH_SIZE", "StopFlag", "Trainer", "steady_step_seconds"]
 
 log = logging.getLogger(__name__)
 EVAL_BATCH_SIZE = 8192
+STEP_DURATIONS = 2048  # enough for a steady per-step figure (plan's calibration, the report)
 Emit = Callable[[ChildEvent], None]
 
 
 def _quiet(event: ChildEvent) -> None:
     """Progress is rank 0's to report."""
+
+
+def steady_step_seconds(durations: list[float]) -> float | None:
+    """Seconds per step once warmed up: the mean over the steps after the first fifth (at least
+    5; the allocator, thread pools and caches warm up there, and a short calibration that counted
+    them would overstate every later step several times). None with fewer than 10 steps."""
+    if len(durations) < 10:
+        return None
+    steady = durations[max(5, len(durations) // 5):]
+    return sum(steady) / len(steady)
 
 
 class Trainer:
@@ -129,6 +140,7 @@ class Trainer:
         self.stop_agreed = False  # under DDP: the stop request all ranks agreed on last step
         self.rows_seen = 0
         self.first_step_latency: float | None = None
+        self.step_durations: list[float] = []  # the attempt's first STEP_DURATIONS steps' wall time
         self.saved_step: int | None = None
         self._last = 0.0
 
@@ -331,6 +343,8 @@ class Trainer:
         progress.step += 1
         t_end = now()
         seconds.train += t_end - self._last
+        if len(self.step_durations) < STEP_DURATIONS:
+            self.step_durations.append(t_end - self._last)
         self._last = t_end
         self.book.heartbeat.write(progress.step, seconds.train)
         if self.profiler is not None:

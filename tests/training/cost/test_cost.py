@@ -88,8 +88,9 @@ def test_shipped_price_table_is_sourced_and_sane() -> None:
     for name, entry in DEFAULT_PRICES.items():
         if name == "local-cpu":
             continue
-        # Spot below on-demand, and a GPU count for every cloud instance.
-        assert entry["gpus"] >= 1 and 0 < entry["spot_per_hour"] < entry["on_demand_per_hour"], name
+        # Spot below on-demand; a GPU count for every GPU instance, vCPUs and memory for every CPU one.
+        assert 0 < entry["spot_per_hour"] < entry["on_demand_per_hour"], name
+        assert entry["gpus"] >= 1 if entry.get("gpu") else (entry["vcpus"] >= 2 and entry["memory_gb"] > 0), name
     # GCP entries are host + GPUs (the catalog's two rows), not the host alone ($0.74/h).
     assert DEFAULT_PRICES["a2-highgpu-1g"]["on_demand_per_hour"] == pytest.approx(0.73948 + 2.93391)
     assert DEFAULT_PRICES["a2-highgpu-8g"]["gpus"] == 8

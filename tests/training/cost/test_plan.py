@@ -418,3 +418,74 @@ def test_a_directory_at_the_step_time_book_loses_calibration_not_the_run(tmp_pat
         book.add(root, StepTime(instance_type="local-cpu", gpu=None, device="cpu", family="tabular", signature="s",
                                 actual_seconds=0.01))
     assert book.records and "unreadable" in caplog.text and "cannot write" in caplog.text
+
+
+def test_a_cpu_instances_step_is_this_machines_carried_to_its_cores_by_the_measured_share() -> None:
+    from training.cost.cpu_step import CpuScaling, cores_for_training, predict_cpu_step
+
+    # 2.0 s at one thread, 1.2 s at two: a parallel share of 0.8 (Amdahl).
+    scaling = CpuScaling(threads=2, compare_threads=2, one_thread_seconds=2.0, compare_seconds=1.2)
+    assert cores_for_training(2) == 1 and cores_for_training(8) == 3 and cores_for_training(32) == 15
+    step = predict_cpu_step(1.2, scaling, vcpus=8, relative_speed=1.0)
+    assert step.measured_share and step.share == pytest.approx(0.8)
+    assert step.mid == pytest.approx(2.0 * (0.2 + 0.8 / 3))
+    assert step.low < step.mid < step.high
+    one_core = predict_cpu_step(1.2, scaling, vcpus=2, relative_speed=1.0)
+    assert one_core.mid == pytest.approx(2.0) and one_core.low < 2.0 < one_core.high
+    assert predict_cpu_step(1.2, scaling, vcpus=8, relative_speed=2.0).mid == pytest.approx(step.mid / 2)
+    prior = predict_cpu_step(1.2, None, vcpus=8, relative_speed=1.0)
+    assert not prior.measured_share and prior.share == 0.5
+
+
+def test_plan_picks_a_cloud_cpu_for_a_small_model_and_a_gpu_for_a_heavy_one() -> None:
+    """The shipped table's CPU types against its GPUs: a small tabular step that a core runs in
+    milliseconds is cheapest on a c6i; a step that takes a core seconds but a GPU milliseconds
+    is cheapest on a GPU."""
+    from training.config.prices import DEFAULT_PRICES
+    from training.cost.cpu_step import CpuScaling
+
+    config = RetrainConfig()
+    names = [n for n in DEFAULT_PRICES if n != "local-cpu"]
+    scaling = CpuScaling(threads=2, compare_threads=2, one_thread_seconds=0.006, compare_seconds=0.004)
+    small = _count(1.2e8, 50_000, 2e6).model_copy(update={"kernels": 77})
+    here = _here(0.004).model_copy(update={"steps": 2000, "cpu_scaling": scaling})
+    rows = plan_rows(config, names, StepCosts(as_run=small, bf16=small, checkpointed=None), 512, here, None)
+    assert rows[0].instance_type.startswith("c6i.") and "core(s)" in rows[0].step_source
+
+    heavy = _count(5e12, 20_000_000, 2e9).model_copy(update={"kernels": 250})
+    slow_here = _here(3.0).model_copy(update={"steps": 2000, "cpu_scaling": scaling})
+    rows = plan_rows(config, names, StepCosts(as_run=heavy, bf16=heavy, checkpointed=None), 256, slow_here, None)
+    assert DEFAULT_PRICES[rows[0].instance_type].get("gpu"), rows[0]
+
+
+def test_a_cpu_instance_too_small_for_the_model_is_refused() -> None:
+    config = RetrainConfig()
+    big = _count(1e9, 1_500_000_000 // 4, 1e9)  # 6 GB of weights, gradients and moments
+    rows = plan_rows(config, ["c6i.large", "c6i.2xlarge"], StepCosts(as_run=big, bf16=big, checkpointed=None), 512,
+                     _here(), None)
+    refused = {r.instance_type: r for r in rows if not r.fits}
+    assert set(refused) == {"c6i.large"} and "its memory has 4.29 GB" in (refused["c6i.large"].refused or "")
+
+
+def test_auto_precision_is_priced_both_ways_and_the_faster_kept() -> None:
+    """A launch-bound step runs faster without autocast's casts (fewer kernels): the plan keeps
+    fp32 and sets it. A compute-bound step runs faster on the half-precision tensor cores."""
+    config = RetrainConfig.model_validate({"train": {"precision": "auto"}})
+    tiny_half, tiny_full = _count(1.2e8, 50_000, 2e6, kernels=77), _count(1.2e8, 50_000, 2e6, kernels=57)
+    rows = plan_rows(config, ["g5.xlarge"], StepCosts(as_run=tiny_half, bf16=tiny_half, checkpointed=None,
+                                                      fp32=tiny_full), 512, _here(), None)
+    assert {r.variant for r in rows} == {"fp32"} and rows[0].set == {"train.precision": "fp32"}
+    heavy_half = _count(5e13, 10_000_000, 1e9, kernels=250)
+    heavy_full = heavy_half.model_copy(update={"precision": "fp32", "kernels": 200})
+    rows = plan_rows(config, ["g5.xlarge"], StepCosts(as_run=heavy_half, bf16=heavy_half, checkpointed=None,
+                                                      fp32=heavy_full), 512, _here(), None)
+    assert {r.variant for r in rows} == {"as configured"}
+
+
+def test_an_eager_step_takes_the_longer_of_launches_and_gpu_work_but_fp16_adds_them() -> None:
+    count = _count(2e11, 1_000_000, 1e8, kernels=100)
+    bf16 = predict_step(count, GPUS["A10G"], 1, "bf16")
+    fp16 = predict_step(count, GPUS["A10G"], 1, "fp16")
+    launch = 100 * 40e-6
+    assert bf16.mid > launch  # the GPU's work is the longer: the launches hide behind it
+    assert fp16.mid == pytest.approx(bf16.mid + launch)  # the scaler's read-back serialises them

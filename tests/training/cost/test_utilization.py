@@ -26,3 +26,13 @@ def test_a_model_that_steps_faster_in_fp32_is_told_so() -> None:
     faster = utilization_summary(*_BUSY, 1000, {}, "cuda", "bf16", fp32_slowdown=3.6)
     fp32 = utilization_summary(*_BUSY, 1000, {}, "cuda", "fp32")
     assert "train.precision" not in faster.advice and "train.precision" not in fp32.advice
+
+
+def test_an_unmeasured_fp32_step_gives_no_precision_advice_and_prices_the_naive_run_at_this_runs_step() -> None:
+    from training.cost.bill import naive_counterfactual
+
+    quiet = utilization_summary(*_BUSY, 1000, {}, "cuda", "bf16", fp32_slowdown=None)
+    assert "fp32" not in quiet.advice
+    naive = naive_counterfactual(other_stage_seconds=10.0, train_seconds_per_step=0.5, naive_steps=100,
+                                 fp32_slowdown=None, on_demand_per_hour=3.6, gpus=1)
+    assert naive.seconds == 60.0 and naive.fp32_slowdown is None

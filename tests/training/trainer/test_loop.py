@@ -139,3 +139,12 @@ def test_profile_records_a_trace_and_top_ops(small_config: RetrainConfig) -> Non
     assert profile["steps"] == 10 and profile["after_steps"] == 10
     names = [op["name"] for op in profile["top_ops"]]
     assert any("addmm" in n or "linear" in n or "mm" in n for n in names), names
+
+
+def test_the_steady_step_time_leaves_the_warm_up_out() -> None:
+    from training.trainer.trainer import steady_step_seconds
+
+    assert steady_step_seconds([0.5] * 9) is None
+    warm = [0.200, 0.050, 0.030] + [0.010] * 47  # the first steps pay the warm-up
+    assert steady_step_seconds(warm) == pytest.approx(0.010)
+    assert sum(warm) / len(warm) > 1.4 * 0.010  # what the plan's calibration took per step before
