@@ -480,6 +480,32 @@ def test_a_budget_stop_is_in_the_flow_runs_state_message(small_config: RetrainCo
     assert "budget.max_wall_seconds" in state.message and state.result() in state.message
 
 
+@pytest.mark.parametrize("kind", ["regression", "multiclass"])
+def test_a_run_given_only_source_and_label_infers_the_task_from_the_label(tmp_path: Path, kind: str) -> None:
+    """`retrain run --set data.source=<file> --set data.label=<column>` on a float label (named
+    like one of the demo's columns) trains a regression, on a string label a multiclass model."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.conftest import small_overrides
+    from training.config import load_config
+
+    rng = np.random.default_rng(0)
+    x1, x2 = rng.normal(size=3000), rng.normal(size=3000)
+    if kind == "regression":
+        label, values = "price", 3.0 * x1 - x2 + rng.normal(size=3000) * 0.3
+    else:
+        label, values = "colour", np.array(["red", "green", "blue"])[np.digitize(x1 + 0.3 * x2, [-0.5, 0.5])]
+    source = tmp_path / "mine.parquet"
+    pq.write_table(pa.table({"x1": x1, "x2": x2, label: values}), source)
+    config = load_config(overrides=[*small_overrides(tmp_path / "root", source), f"data.label={label}"])
+    report = _report(retrain(config, return_state=True).result())
+    assert report["task"] == kind, report.get("task")
+    metric, better = ("r2", 0.8) if kind == "regression" else ("accuracy", 0.7)
+    assert report["metrics"][metric] > better, report["metrics"]
+
+
 def test_a_run_given_only_source_and_label_infers_the_feature_columns(tmp_path: Path) -> None:
     """A deployment's run started from the UI with a user's own file and its label, as
     `retrain run` would be: the flow infers the feature columns from the schema and trains, and

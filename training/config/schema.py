@@ -80,6 +80,9 @@ class DataConfig(_Section):
         "values of the train split); regression: a float label, standardised on the train split.",
         json_schema_extra=COMPUTED_SINCE)
     label: str = Field("clicked", description="Label column (its values: see data.task).", json_schema_extra=COMPUTED)
+    drop_null_labels: bool = Field(
+        False, description="Leave out rows whose label is null (their count is logged); off: a null label is an "
+        "error naming its row.", json_schema_extra=COMPUTED_SINCE)
     numeric: list[str] = Field(list(DEMO_NUMERIC), description="Numeric feature columns.", json_schema_extra=COMPUTED)
     categorical: list[str] = Field(
         list(DEMO_CATEGORICAL), description="Categorical feature columns (any type).", json_schema_extra=COMPUTED
@@ -122,6 +125,11 @@ class DataConfig(_Section):
 
     @model_validator(mode="after")
     def _columns_distinct(self) -> DataConfig:
+        for key in ("numeric", "categorical"):
+            # A label named like one of the demo's default columns takes it out of that default
+            # list; named in a list the config gives, it is listed twice (below).
+            if key not in self.model_fields_set and self.label in getattr(self, key):
+                object.__setattr__(self, key, [c for c in getattr(self, key) if c != self.label])
         columns = [self.label, *self.numeric, *self.categorical, *self.vector, *self.text, *self.image]
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         if repeated:
@@ -437,12 +445,18 @@ class TrainConfig(_Section):
     drift_threshold: float = Field(
         0.2, gt=0, description="train.retrain_when: drift: the population stability index (PSI) over which a feature "
         "counts as drifted (0.1-0.2 is commonly read as moderate, over 0.2 as large).", json_schema_extra=OPERATIONAL)
-    optim: OptimConfig = Field(default_factory=OptimConfig, json_schema_extra=FLAT_COMPUTED)
-    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, json_schema_extra=FLAT_COMPUTED)
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, json_schema_extra=OPERATIONAL)
-    loader: LoaderConfig = Field(default_factory=LoaderConfig, json_schema_extra=OPERATIONAL)
-    distributed: DistributedConfig = Field(default_factory=DistributedConfig, json_schema_extra=OPERATIONAL)
-    retry: RetryConfig = Field(default_factory=RetryConfig, json_schema_extra=OPERATIONAL)
+    optim: OptimConfig = Field(default_factory=OptimConfig, json_schema_extra=FLAT_COMPUTED,
+                               description="The optimizer: AdamW's learning rate, weight decay, clipping, its kernel.")
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, json_schema_extra=FLAT_COMPUTED,
+                                     description="The learning-rate schedule: warm-up, then decay.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, json_schema_extra=OPERATIONAL,
+                                         description="When checkpoints are written and how many are kept; the spot notice.")
+    loader: LoaderConfig = Field(default_factory=LoaderConfig, json_schema_extra=OPERATIONAL,
+                                 description="Loading batches: worker processes, threads, the shard cache.")
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig, json_schema_extra=OPERATIONAL,
+                                           description="Data-parallel training over several processes and nodes (DDP).")
+    retry: RetryConfig = Field(default_factory=RetryConfig, json_schema_extra=OPERATIONAL,
+                               description="Retries after a preemption, and how often a flow run may be restarted.")
 
     @model_validator(mode="after")
     def _world(self) -> TrainConfig:
@@ -711,7 +725,8 @@ class StorageConfig(_Section):
         30.0, gt=0, description="How often a run on an s3:// root records its step on S3, so a resume on a fresh "
         "machine counts the work lost to within this interval. One small PUT each time.", json_schema_extra=OPERATIONAL
     )
-    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, json_schema_extra=OPERATIONAL)
+    lifecycle: LifecycleConfig = Field(default_factory=LifecycleConfig, json_schema_extra=OPERATIONAL,
+                                       description="S3 lifecycle rules by object class (shards, checkpoints, models, runs).")
 
     @field_validator("root")
     @classmethod
@@ -794,16 +809,26 @@ class TrackingConfig(_Section):
 class RetrainConfig(_Section):
     """Everything that defines a retraining run."""
 
-    data: DataConfig = Field(default_factory=DataConfig, json_schema_extra=COMPUTED)
-    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig, json_schema_extra=COMPUTED)
-    model: ModelConfig = Field(default_factory=ModelConfig, json_schema_extra=COMPUTED)
-    train: TrainConfig = Field(default_factory=TrainConfig, json_schema_extra=COMPUTED)
-    eval: EvalConfig = Field(default_factory=EvalConfig, json_schema_extra=OPERATIONAL)
-    storage: StorageConfig = Field(default_factory=StorageConfig, json_schema_extra=OPERATIONAL)
-    cost: CostConfig = Field(default_factory=CostConfig, json_schema_extra=OPERATIONAL)
-    budget: BudgetConfig = Field(default_factory=BudgetConfig, json_schema_extra=OPERATIONAL)
-    tune: TuneConfig = Field(default_factory=TuneConfig, json_schema_extra=OPERATIONAL)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig, json_schema_extra=OPERATIONAL)
+    data: DataConfig = Field(default_factory=DataConfig, json_schema_extra=COMPUTED,
+                             description="The source data: where it is, the label, the feature columns, splits and packing.")
+    preprocess: PreprocessConfig = Field(default_factory=PreprocessConfig, json_schema_extra=COMPUTED,
+                                         description="Feature statistics and encodings fitted on the train split (cached).")
+    model: ModelConfig = Field(default_factory=ModelConfig, json_schema_extra=COMPUTED,
+                               description="The network: widths, embeddings, dropout, or your own model.factory.")
+    train: TrainConfig = Field(default_factory=TrainConfig, json_schema_extra=COMPUTED,
+                               description="Training: steps, batch, validation, early stopping, precision, device.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, json_schema_extra=OPERATIONAL,
+                             description="Evaluation and the champion/challenger gate: the metric, the target, the margin.")
+    storage: StorageConfig = Field(default_factory=StorageConfig, json_schema_extra=OPERATIONAL,
+                                   description="The storage root (a folder or s3://) and what it keeps.")
+    cost: CostConfig = Field(default_factory=CostConfig, json_schema_extra=OPERATIONAL,
+                             description="What the machine costs: its instance type, market, prices and cost tags.")
+    budget: BudgetConfig = Field(default_factory=BudgetConfig, json_schema_extra=OPERATIONAL,
+                                 description="Spending limits that stop a run gracefully: dollars, GPU-hours, seconds.")
+    tune: TuneConfig = Field(default_factory=TuneConfig, json_schema_extra=OPERATIONAL,
+                             description="Hyperparameter search (retrain tune): the space, the pruner, the budget.")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, json_schema_extra=OPERATIONAL,
+                                     description="MLflow tracking and the model registry (optional).")
 
     @model_validator(mode="after")
     def _metric_of_task(self) -> RetrainConfig:

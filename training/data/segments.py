@@ -151,24 +151,34 @@ class _SegmentPacker:
         self.vector_dims: list[int] | None = None
         self.time_range: tuple[float, float] | None = None
         self.null_keys = 0  # rows whose data.split_key is null: they share one key, so one split
+        self.dropped_null_labels = 0  # data.drop_null_labels: rows left out for a null label
 
     def add(self, batch: pa.RecordBatch, file_row: int, seed: int, group_row: int) -> None:
         """A record batch whose first row is `file_row` of the file and `group_row` of its row group."""
         if self.vector_dims is None:
             self.vector_dims = [_vector_dim(self.where, batch.column(name), name) for name in self.config.vector]
-        label_col = batch.column(self.config.label)
-        if self.classes is not None:
-            label = self.classes.encode(self.where, self.config.label, label_col, file_row)
-        else:
-            label = self.validator.label(self.where, label_col, file_row, [])
-        arrays = {"label": label, **feature_arrays(self.validator, self.where, batch, file_row, self.vector_dims,
-                                                    file_row)}
+        # The split of every row first: it is a function of the row's place (or key), which a
+        # dropped row must not shift for the rows after it.
         if self.config.split_key is not None:
             keys = batch.column(self.config.split_key)
             self.null_keys += keys.null_count
             split = split_of_keys(category_hash(keys), self.config)
         else:
             split = split_of_rows(seed, group_row, batch.num_rows, self.config)
+        label_col = batch.column(self.config.label)
+        if self.config.drop_null_labels and label_col.null_count:
+            keep = label_col.is_valid()
+            self.dropped_null_labels += label_col.null_count
+            batch, split = batch.filter(keep), split[keep.to_numpy(zero_copy_only=False)]
+            label_col = batch.column(self.config.label)
+            if not batch.num_rows:
+                return
+        if self.classes is not None:
+            label = self.classes.encode(self.where, self.config.label, label_col, file_row)
+        else:
+            label = self.validator.label(self.where, label_col, file_row, [])
+        arrays = {"label": label, **feature_arrays(self.validator, self.where, batch, file_row, self.vector_dims,
+                                                    file_row)}
         if self.config.time_column is not None:
             self._time(batch.column(self.config.time_column))
         # One stable gather groups the rows by split, keeping their order within each.
@@ -269,6 +279,9 @@ def _finish(packer: _SegmentPacker, plan: SegmentPlan, config: DataConfig, range
         to = SPLITS[int(split_of_keys(np.zeros(1, dtype=np.int64), config)[0])]
         log.warning("%s: data.split_key '%s' is null in %d of %d rows: they share one key, so all of them went "
                     "to the %s split", packer.where, config.split_key, packer.null_keys, plan.rows, to)
+    if packer.dropped_null_labels:
+        log.info("%s: %d of %d rows left out: their label '%s' is null (data.drop_null_labels)", packer.where,
+                 packer.dropped_null_labels, plan.rows, config.label)
     view = fingerprinted(config)
     view.pop("window", None)  # a window chooses segments; it does not change them
     key = fingerprint("segment", SEGMENT_FORMAT, view, plan.file.name, ranges.schema_text, groups,

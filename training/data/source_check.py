@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
 from training.config import DataConfig, RetrainConfig, StorageConfig
 from training.data.demo import DEMOS
+from training.data.label_check import check_label, infer_task, profile_label
 from training.data.number_columns import check_number_columns, looks_numeric
 from training.data.parquet_reader import ParquetRanges
 from training.data.sources import open_source
@@ -26,29 +28,60 @@ FEATURE_KEYS = ("numeric", "categorical", "vector", "text", "image")
 
 def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumns | None]:
     """The config with its feature columns inferred from the source's schema when none of
-    data.numeric/categorical/vector/text/image was given, and the source checked against it
-    (a demo source is the project's own: nothing to check). Reads a listing and one footer."""
+    data.numeric/categorical/vector/text/image was given, its task from the label's values when
+    data.task was not given, and the source checked against it (a demo source is the project's
+    own: nothing to check). Reads a listing, one footer and the first file's label column."""
     spec = config.data.source
     if spec is None or spec in DEMOS:
         return config, None
     ranges = source_schema(spec, config.storage)
-    inferred = None
-    defaults = [c for k in FEATURE_KEYS for c in getattr(config.data, k)]
-    sample = _strings_sample(ranges)
-    candidates: list[str] = []
-    # Inferred only where the config names no feature column and the defaults (the demo's
-    # columns) are not all there: a demo-shaped file keeps training as it always did.
-    if not config.data.model_fields_set & set(FEATURE_KEYS) and not set(defaults) <= set(ranges.schema.names):
-        exclude = tuple(c for c in (config.data.split_key, config.data.time_column) if c)
-        inferred = infer_columns(ranges.schema, config.data.label, sample, exclude)
-        config = config.with_values({f"data.{k}": v for k, v in inferred.columns.items()},
-                                    f"(feature columns inferred from {ranges.where})")
-        candidates = [c for c in inferred.columns.get("categorical", [])
-                      if sample is not None and c in sample.column_names and looks_numeric(sample.column(c))]
+    _check_named(ranges.where, ranges.schema, config.data.label, "data.label")
+    task_given = "task" in config.data.model_fields_set  # before any key is set below: that sets them all
+    config, inferred, candidates = _feature_columns(config, ranges)
+    config, inferred = _label_task(config, ranges, inferred, task_given)
     check_source_columns(ranges.where, ranges.schema, config.data)
     FeatureValidator(config.data).check_schema(ranges.where, ranges.schema)  # repeated columns, types
     declared = [c for c in config.data.numeric if _is_text(ranges.schema.field(c).type)]
     check_number_columns(ranges, declared, candidates)
+    return config, inferred
+
+
+def _feature_columns(config: RetrainConfig, ranges: ParquetRanges
+                     ) -> tuple[RetrainConfig, InferredColumns | None, list[str]]:
+    """Inferred where the config names no feature column and the defaults (the demo's columns)
+    are not all there: a demo-shaped file keeps training as it always did, less its label. Where
+    the config names some, the others are empty: a user's source never inherits the demo's lists.
+    Also the inferred text columns whose first rows are all numbers (checked whole later)."""
+    given = config.data.model_fields_set & set(FEATURE_KEYS)
+    label = config.data.label
+    if given:
+        unset: dict[str, Any] = {f"data.{k}": [] for k in FEATURE_KEYS if k not in given}
+        return (config.with_values(unset, "(feature lists the config does not give)") if unset else config), None, []
+    defaults = [c for k in FEATURE_KEYS for c in getattr(config.data, k)]
+    if set(defaults) <= set(ranges.schema.names):
+        kept = {f"data.{k}": [c for c in getattr(config.data, k) if c != label] for k in FEATURE_KEYS}
+        return config.with_values(kept, "(the demo's feature columns, less the label)"), None, []
+    sample = _strings_sample(ranges)
+    exclude = tuple(c for c in (config.data.split_key, config.data.time_column) if c)
+    inferred = infer_columns(ranges.schema, label, sample, exclude)
+    config = config.with_values({f"data.{k}": v for k, v in inferred.columns.items()},
+                                f"(feature columns inferred from {ranges.where})")
+    candidates = [c for c in inferred.columns.get("categorical", [])
+                  if sample is not None and c in sample.column_names and looks_numeric(sample.column(c))]
+    return config, inferred, candidates
+
+
+def _label_task(config: RetrainConfig, ranges: ParquetRanges, inferred: InferredColumns | None, task_given: bool
+                ) -> tuple[RetrainConfig, InferredColumns | None]:
+    """data.task from the label's values when the config does not give it; the label checked
+    against the task either way."""
+    label = profile_label(ranges, config.data.label)
+    if not task_given:
+        task, why = infer_task(label)
+        config = config.with_values({"data.task": task}, f"(the task inferred from label '{label.name}')")
+        inferred = inferred or InferredColumns()
+        inferred.task, inferred.task_why = task, why
+    check_label(label, config.data.task, config.data.drop_null_labels)
     return config, inferred
 
 
@@ -79,11 +112,14 @@ def check_source_columns(where: str, schema: pa.Schema, config: DataConfig) -> N
              "data.time_column": [config.time_column] if config.time_column else []}
     for key, columns in named.items():
         for column in columns:
-            if column not in schema.names:
-                near = difflib.get_close_matches(column, schema.names, n=1, cutoff=0.5)
-                hint = f"did you mean '{near[0]}'? " if near else ""
-                raise DataError(f"{where}: no column '{column}' (named by {key}); {hint}present: "
-                                f"{', '.join(schema.names)}")
+            _check_named(where, schema, column, key)
+
+
+def _check_named(where: str, schema: pa.Schema, column: str, key: str) -> None:
+    if column not in schema.names:
+        near = difflib.get_close_matches(column, schema.names, n=1, cutoff=0.5)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        raise DataError(f"{where}: no column '{column}' (named by {key}); {hint}present: {', '.join(schema.names)}")
 
 
 @dataclass
@@ -92,10 +128,13 @@ class InferredColumns:
 
     columns: dict[str, list[str]] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
+    task: str | None = None  # inferred from the label's values, when data.task was not given
+    task_why: str = ""
 
     def overrides(self) -> list[str]:
         """As `--set` overrides a user can copy into a config."""
-        return [f"data.{k}=[{', '.join(v)}]" for k, v in self.columns.items()]
+        task = [f"data.task={self.task}"] if self.task else []
+        return task + [f"data.{k}=[{', '.join(v)}]" for k, v in self.columns.items()]
 
 
 def infer_columns(schema: pa.Schema, label: str, sample: pa.Table | None = None,
