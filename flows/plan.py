@@ -6,22 +6,31 @@ from __future__ import annotations
 from prefect import flow
 
 from tasks.plan import plan_instances
-from tasks.policies import apply_credentials_block
+from tasks.policies import FLOW_TIMEOUTS, apply_credentials_block
 from tasks.runtime import checked_columns, effective_config, plan_run_name
 from training.config import RetrainConfig
 
 __all__ = ["plan"]
 
 
-@flow(name="plan", flow_run_name=plan_run_name, log_prints=True)
+@flow(name="plan", timeout_seconds=FLOW_TIMEOUTS["plan"], flow_run_name=plan_run_name, log_prints=True)
 def plan(
     instance_types: list[str] | None = None,
     deadline_hours: float | None = None,
     calibration_steps: int = 50,
     config: RetrainConfig = RetrainConfig(),  # noqa: B008 - pydantic default renders in the UI
 ) -> str | None:
-    """Plan `instance_types` (default: every priced type) against `deadline_hours`; returns the
-    recommended instance type, or None when nothing fits and meets the deadline."""
+    """Plan `instance_types` against `deadline_hours`; returns the recommended instance type, or
+    None when nothing fits and meets the deadline.
+
+    Args:
+        instance_types: Keys of cost.prices to compare (empty: every priced type).
+        deadline_hours: The run must end within this many hours with 90 % probability (empty: no
+            deadline, the cheapest wins).
+        calibration_steps: Optimizer steps the calibration times on this machine (the first
+            fifth, the warm-up, is left out of the per-step figure).
+        config: The run to plan: its data, model and training settings.
+    """
     config = effective_config(config, planned_instance=False)  # plan makes the pick auto runs take
     apply_credentials_block(config.storage)
     config = checked_columns(config)

@@ -103,6 +103,14 @@ def _quiet_expected_tracebacks() -> None:
                 handler._retrain_quiet = True  # type: ignore[attr-defined]
 
 
+def _server(args: argparse.Namespace) -> int:
+    from retrain_cli.server import serve
+
+    if args.slots < 1:
+        raise ConfigError(f"--slots must be at least 1 (got {args.slots})")
+    return serve(args.data.expanduser(), args.host, args.port, args.pool or None, args.slots, _say)
+
+
 def _join(args: argparse.Namespace) -> int:
     from training.pipeline.train_stage import join_training
 
@@ -113,7 +121,9 @@ def _join(args: argparse.Namespace) -> int:
 def _automations(args: argparse.Namespace) -> int:
     from retrain_cli.automations import install_automations
 
-    install_automations(args.dir, lambda line: print(line, flush=True), args.notify)
+    shipped = Path("deployments/automations")
+    folder = args.dir or (shipped if shipped.is_dir() else _shipped(shipped, Path.is_dir)) or shipped
+    install_automations(folder, lambda line: print(line, flush=True), args.notify)
     return 0
 
 
@@ -293,14 +303,19 @@ def _call_flow(config: RetrainConfig, clock: _Clock, load: Callable[[], Callable
 
 def _config_path(path: Path | None) -> Path | None:
     """`--config`, or for a relative `examples/...` path that is not here, the shipped example of
-    that name (the README's commands then work from any folder): the checkout's, or the one pip
-    installed under <prefix>/share/retrain-pipeline."""
+    that name (the README's commands then work from any folder)."""
     if path is None or path.exists() or path.is_absolute() or path.parts[:1] != ("examples",):
         return path
-    for shipped in (Path(__file__).resolve().parents[1] / path, Path(sys.prefix) / "share" / "retrain-pipeline" / path):
-        if shipped.is_file():
+    return _shipped(path, Path.is_file) or path
+
+
+def _shipped(rel: Path, kind: Callable[[Path], bool]) -> Path | None:
+    """A file or folder the project ships, by its path in the repository: the checkout's, or the
+    one pip installed under <prefix>/share/retrain-pipeline."""
+    for shipped in (Path(__file__).resolve().parents[1] / rel, Path(sys.prefix) / "share" / "retrain-pipeline" / rel):
+        if kind(shipped):
             return shipped
-    return path
+    return None
 
 
 def _loaded(args: argparse.Namespace) -> RetrainConfig:
@@ -312,12 +327,14 @@ def _loaded(args: argparse.Namespace) -> RetrainConfig:
 
 def _checked(args: argparse.Namespace) -> RetrainConfig:
     """The config, its source checked before any server starts (a wrong path, label or column is
-    one line in about a second), with the feature columns inferred when none were given."""
+    one line in about a second), with the feature columns and the task inferred when not given."""
     from training.data.source_check import checked_source
 
     config, inferred = checked_source(_loaded(args))
     if inferred is not None:
-        _say("feature columns inferred from the source's schema (put them in a config to fix them): "
+        if inferred.task:
+            _say(f"data.task {inferred.task}: inferred from label '{config.data.label}', {inferred.task_why}")
+        _say("inferred from the source (put them in a config to fix them): "
              + " ".join(f"--set {o}" for o in inferred.overrides()))
         for column, why in inferred.left_out.items():
             _say(f"left out column '{column}': {why}")
@@ -494,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _raise_terminated)  # unwind (stop the training child, the server)
     try:
         commands = {"plan": _plan, "join": _join, "run": _run, "tune": _tune, "predict": _predict,
-                    "automations": _automations, "ui": _ui}
+                    "automations": _automations, "ui": _ui, "server": _server}
         return commands[args.command](args)
     except Preempted as err:
         print(f"retrain: preempted, retries exhausted: {err}; run the same command again to resume", file=sys.stderr)

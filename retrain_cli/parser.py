@@ -30,6 +30,9 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "ui": ("open the Prefect UI over the storage root's own run history (the runs `retrain run` recorded on "
            "its temporary servers, <root>/prefect/server.db); Ctrl-C stops it",
            "retrain ui --set storage.root=.retrain"),
+    "server": ("run a production Prefect server on PostgreSQL (kept under --data), with the shipped work pool, "
+               "its concurrency limit and its training and light queues; Ctrl-C stops it",
+               "retrain server --data /var/lib/retrain --pool retrain-process --slots 4"),
     "join": ("start this node's training processes of a multi-node run (train.distributed.nnodes > 1)",
              "retrain join --config cluster.yaml --node-rank 1"),
 }
@@ -97,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_options(predict, "YAML config file: its storage.root holds the champion")
 
     automations = _subcommand(sub, "automations")
-    automations.add_argument("--dir", type=Path, default=Path("deployments/automations"), metavar="FOLDER",
-                             help="folder of automation YAML files (default: deployments/automations)")
+    automations.add_argument("--dir", type=Path, default=None, metavar="FOLDER",
+                             help="folder of automation YAML files (default: the shipped deployments/automations)")
     automations.add_argument("--notify", default=None, metavar="TYPE/NAME",
                              help="the notification block (e.g. slack-webhook/ml-alerts, or its id) for the "
                                   "automations that notify: failed, crashed and budget-stopped runs, promotions; "
@@ -108,6 +111,18 @@ def build_parser() -> argparse.ArgumentParser:
     _config_options(ui, "YAML config file: its storage.root holds the run history (default: the demo's root)")
     ui.add_argument("--port", type=int, default=None, metavar="N",
                     help="the UI's port on 127.0.0.1 (default: 4200 when free, else any free port)")
+
+    server = _subcommand(sub, "server")
+    server.add_argument("--data", type=Path, default=Path("~/.retrain/server"), metavar="FOLDER",
+                        help="where the PostgreSQL cluster and its password are kept (default: ~/.retrain/server)")
+    server.add_argument("--host", default="127.0.0.1", help="the API's address (default: 127.0.0.1; 0.0.0.0 for "
+                                                            "workers on other machines)")
+    server.add_argument("--port", type=int, default=4200, metavar="N", help="the API's port (default: 4200)")
+    server.add_argument("--pool", default="retrain-process", metavar="NAME",
+                        help="the process work pool to make or update (default: retrain-process, as the shipped "
+                             "deployments name it); --pool '' makes none")
+    server.add_argument("--slots", type=int, default=4, metavar="N",
+                        help="flow runs the pool runs at once (default: 4); training takes at most N-1")
 
     join = _subcommand(sub, "join")
     _config_options(join, "the same YAML config as the flow run's")

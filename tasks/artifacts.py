@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the retrain flow imports this module: no Optuna for it
     from training.pipeline.run_report import RunReport
     from training.tune.study_report import TuneReport
 
-__all__ = ["announce_run_completed", "announce_champion_kept", "publish_config", "publish_decision", "publish_promotion",
+__all__ = ["promotion_payload", "announce_run_completed", "announce_champion_kept", "publish_config", "publish_decision", "publish_promotion",
            "publish_report", "publish_tune_report", "TrainingProgress", "PROMOTED_EVENT", "RUN_COMPLETED_EVENT", "CHAMPION_KEPT_EVENT"]
 
 # Hang an Automation on this (README, "Notify on promotion"): resource id retrain.model.<sha256>.
@@ -59,8 +59,7 @@ def publish_promotion(evaluation: Evaluation) -> None:
             event=PROMOTED_EVENT,
             resource={"prefect.resource.id": f"retrain.model.{promo.challenger_sha256}",
                       "prefect.resource.name": promo.challenger_sha256[:16]},
-            payload={"sha256": promo.challenger_sha256, **{k: challenger[k] for k in metrics},
-                     "previous_champion_sha256": promo.champion_sha256, "reason": promo.reason},
+            payload=promotion_payload(evaluation, _flow_run_facts()),
         )
     verdict = "PROMOTED" if promo.promoted else "champion kept"
     note = f"\n\n_{promo.champion_note}_" if promo.champion_note else ""
@@ -70,6 +69,32 @@ def publish_promotion(evaluation: Evaluation) -> None:
         key="promotion-decision",
         description="Champion/challenger decision",
     )
+
+
+def promotion_payload(evaluation: Evaluation, run: dict[str, str | None]) -> dict[str, Any]:
+    """What a promotion notification says: the models by their short names, the metric it was
+    judged on by name and rounded, and the flow run (name, deployment, a link to it in the UI)."""
+    from training.config import metric_name
+
+    promo, challenger = evaluation.promotion, evaluation.metrics
+    value = challenger.get(evaluation.metric)
+    return {"sha256": promo.challenger_sha256, "short": promo.challenger_sha256[:12],
+            **{k: v for k, v in challenger.items() if k != "rows"},
+            "metric": evaluation.metric,
+            "metric_text": f"test {metric_name(evaluation.metric)} {value:.4f}" if value is not None else "",
+            "previous_champion_sha256": promo.champion_sha256,
+            "previous_short": promo.champion_sha256[:12] if promo.champion_sha256 else "no champion",
+            "reason": promo.reason, **run}
+
+
+def _flow_run_facts() -> dict[str, str | None]:
+    from prefect import runtime
+    from prefect.settings import get_current_settings
+
+    run_id = runtime.flow_run.id
+    ui = get_current_settings().ui_url
+    return {"flow_run_id": run_id, "flow_run_name": runtime.flow_run.name, "deployment": runtime.deployment.name,
+            "flow_run_url": f"{str(ui).rstrip('/')}/runs/flow-run/{run_id}" if ui and run_id else None}
 
 
 def publish_report(report: RunReport, curves: Path | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.artifacts import publish_decision
-from tasks.policies import retry_transient, task_logger
+from tasks.policies import HOUR, retried, task_logger
 from training.config import RetrainConfig
 from training.pipeline.decide_stage import decide_stage
 from training.pipeline.handoffs import PackResult, TrainingDecision
@@ -13,7 +13,7 @@ from training.pipeline.handoffs import PackResult, TrainingDecision
 __all__ = ["decide_training"]
 
 
-@task(name="decide", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="decide", **retried(timeout_seconds=HOUR))
 def decide_training(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
     """Drift of the new data and the champion's score on it, against train.retrain_when."""
     decision = decide_stage(config, packed)

@@ -3,7 +3,7 @@ from __future__ import annotations
 from prefect import task
 
 from tasks.artifacts import publish_promotion
-from tasks.policies import forward_child_event, retry_transient, task_logger
+from tasks.policies import HOUR, forward_child_event, retried, task_logger
 from training.config import RetrainConfig
 from training.launch.events import ChildEvent
 from training.pipeline.handoffs import Evaluation, PackResult
@@ -13,7 +13,7 @@ from training.launch.results import TrainResult
 __all__ = ["evaluate_model", "score_champion"]
 
 
-@task(name="evaluate", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="evaluate", **retried(timeout_seconds=4 * HOUR))
 def evaluate_model(config: RetrainConfig, packed: PackResult, trained: TrainResult) -> Evaluation:
     """Test-split metrics and the champion/challenger decision, in a child process (scoring and
     export need torch; this process need not import it)."""
@@ -25,7 +25,7 @@ def evaluate_model(config: RetrainConfig, packed: PackResult, trained: TrainResu
     return evaluation
 
 
-@task(name="champion-baseline", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="champion-baseline", **retried(timeout_seconds=4 * HOUR))
 def score_champion(config: RetrainConfig, packed: PackResult) -> float | None:
     """The champion's validation eval.metric on this dataset: the bar the champion gate holds training to."""
     value = champion_metric_in_child(config, packed, _to_run_log)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prefect import task, unmapped
 
-from tasks.policies import retry_transient, task_logger
+from tasks.policies import HOUR, retried, task_logger
 from training.config import RetrainConfig
 from training.data.segments import PackedSegment, SegmentPlan
 from training.pipeline.handoffs import PackResult
@@ -20,7 +20,7 @@ from training.pipeline.pack_stage import PackBegun, pack_begin, pack_finish, pac
 __all__ = ["begin_packing", "pack_segment", "finish_packing", "pack_dataset"]
 
 
-@task(name="pack-plan", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="pack-plan", **retried(timeout_seconds=2 * HOUR))
 def begin_packing(config: RetrainConfig) -> PackBegun:
     """Check storage; list the source; plan the segments that are not packed yet."""
     begun = pack_begin(config)
@@ -31,14 +31,13 @@ def begin_packing(config: RetrainConfig) -> PackBegun:
     return begun
 
 
-@task(name="pack-segment", task_run_name="pack-{plan.file.name}-{plan.file_row}", retries=2, retry_delay_seconds=5,
-      retry_condition_fn=retry_transient)
+@task(name="pack-segment", task_run_name="pack-{plan.file.name}-{plan.file_row}", **retried(timeout_seconds=6 * HOUR))
 def pack_segment(config: RetrainConfig, plan: SegmentPlan) -> PackedSegment:
     """Validate and pack one segment's row groups; publish it to the storage root (idempotent)."""
     return pack_segment_stage(config, plan)
 
 
-@task(name="pack", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="pack", **retried(timeout_seconds=2 * HOUR))
 def finish_packing(config: RetrainConfig, begun: PackBegun, packed: list[PackedSegment]) -> PackResult:
     """The dataset's manifest over its segments; retention of what no kept dataset lists."""
     result = pack_finish(config, begun, packed)

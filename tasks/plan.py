@@ -5,14 +5,14 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from tasks.policies import task_logger
+from tasks.policies import HOUR, task_logger
 from training.config import RetrainConfig
 from training.pipeline.plan_stage import PlanReport, plan_run
 
 __all__ = ["plan_instances"]
 
 
-@task(name="plan")
+@task(name="plan", timeout_seconds=6 * HOUR)
 def plan_instances(config: RetrainConfig, instance_types: list[str], deadline_hours: float | None,
                    calibration_steps: int) -> PlanReport:
     """Calibrate, predict and rank; the table and the recommendation as artifacts."""

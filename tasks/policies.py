@@ -12,7 +12,26 @@ from training.config import StorageConfig
 from training.errors import Preempted, StorageError
 from training.launch.events import ChildEvent, LogLine, Resumed
 
-__all__ = ["forward_child_event", "task_logger", "retry_only_preemptions", "retry_transient", "backoff", "apply_credentials_block"]
+__all__ = ["FLOW_TIMEOUTS", "forward_child_event", "task_logger", "retried", "retry_only_preemptions", "retry_transient",
+           "backoff", "apply_credentials_block", "train_timeout", "HOUR", "TRAIN_TIMEOUT"]
+
+HOUR = 3600.0
+# Backstops, so that no hung run holds a worker for ever (a deadlock, a mount that stopped
+# answering): each far above what its work takes, and a Failed run says which limit ended it.
+FLOW_TIMEOUTS = {"watch": 900.0, "plan": 6 * HOUR, "predict": 24 * HOUR, "retrain": 72 * HOUR, "tune": 7 * 24 * HOUR}
+TRAIN_TIMEOUT = 48 * HOUR  # without a budget; with one, train_timeout()
+
+
+def retried(timeout_seconds: float) -> dict[str, Any]:
+    """A stage task's options: two retries of what is transient (retry_transient), and a timeout."""
+    return {"retries": 2, "retry_delay_seconds": 5, "retry_condition_fn": retry_transient,
+            "timeout_seconds": timeout_seconds}
+
+
+def train_timeout(max_wall_seconds: float | None) -> float:
+    """The train task's backstop: twice budget.max_wall_seconds and an hour (the budget itself
+    stops the run gracefully, within one validation interval), else TRAIN_TIMEOUT."""
+    return TRAIN_TIMEOUT if max_wall_seconds is None else 2 * max_wall_seconds + HOUR
 
 
 def _exception_of(state: Any) -> BaseException | None:

@@ -5,6 +5,7 @@ from typing import Any, cast
 from prefect import task
 from prefect.states import Completed, State
 
+from tasks.policies import HOUR
 from training.config import RetrainConfig
 from training.data.features import PREPROCESS_VERSION
 from training.pipeline.handoffs import PackResult, PrepResult
@@ -18,7 +19,7 @@ __all__ = ["fit_features", "preprocess_dataset", "PREPROCESS_VERSION"]
 # statistics are content-addressed instead (preprocess/<key>/feature_stats.json, key = dataset
 # fingerprint + preprocess config + code version) and checked against their sha256 before reuse;
 # a reuse is reported as the state `Cached`, as a Prefect cache hit would be.
-@task(name="preprocess", persist_result=False)
+@task(name="preprocess", persist_result=False, timeout_seconds=6 * HOUR)
 def fit_features(
     dataset_dir: str,
     preprocess: dict[str, Any],

@@ -6,6 +6,7 @@ from pathlib import Path
 from prefect import task
 from prefect.states import Completed, State
 
+from tasks.policies import HOUR
 from tasks.artifacts import announce_champion_kept, announce_run_completed, publish_config, publish_report
 from training.config import RetrainConfig
 from training.pipeline.handoffs import (Evaluation, LaunchPhases, PackResult, PrepResult, StageEnds, StageStates,
@@ -17,7 +18,7 @@ from training.launch.results import TrainResult
 __all__ = ["StageEnds", "StageStates", "finished", "keep_champion", "write_report"]  # the flow records both for the report
 
 
-@task(name="report")
+@task(name="report", timeout_seconds=HOUR)
 def write_report(
     config: RetrainConfig, packed: PackResult, prep: PrepResult, trained: TrainResult,
     evaluation: Evaluation, stage_states: StageStates, flow_run_id: str | None = None,
@@ -36,7 +37,7 @@ def write_report(
     return paths.report
 
 
-@task(name="keep-champion")
+@task(name="keep-champion", timeout_seconds=HOUR)
 def keep_champion(config: RetrainConfig, packed: PackResult, decision: TrainingDecision,
                   flow_run_id: str | None = None) -> str:
     """A run with nothing to learn: runs/kept/<flow run>.json says why; the champion stays."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -41,14 +42,100 @@ def _deployment_parameters() -> dict[str, Any] | None:
 def effective_config(config: RetrainConfig, planned_instance: bool = True) -> RetrainConfig:
     """The run's config deep-merged over its deployment's: keys the run did not give keep the
     deployment's values (Prefect itself replaces the whole `config` parameter). With
-    `planned_instance`, `cost.instance_type: auto` becomes the last plan's pick."""
+    `planned_instance`, `cost.instance_type: auto` becomes the last plan's pick.
+
+    A retry is the same run: what the first attempt took is pinned to the flow run (an artifact
+    on the Prefect server, keyed by the flow run, which a writer of the storage root cannot
+    touch) and every later attempt (a retry, a reschedule after a reclaim or a crash) takes it
+    back, whatever the deployment or the plan say by then."""
+    merged = _merged(config)
+    pinned = _pinned() if int(runtime.flow_run.run_count or 1) > 1 else None
+    if pinned is not None:
+        began_with, effective = pinned
+        if began_with != merged:
+            task_logger().info("the deployment's config changed since this flow run began: this attempt keeps the "
+                               "config the run began with; new runs take the change")
+    else:
+        effective = _planned(merged) if planned_instance else merged
+        _pin(merged, effective)
+        _warn_of_a_root_per_worker(effective.storage)
+    check_restarts(effective)
+    return effective
+
+
+def _warn_of_a_root_per_worker(storage: StorageConfig) -> None:
+    """A local root on a pool with several workers: each worker machine keeps its own champion,
+    data and runs, and a scoring run may use another machine's champion."""
+    run_id = runtime.flow_run.id
+    if storage.is_s3 or not run_id or _on_a_network_filesystem(local_dir_for(storage)):
+        return
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        pool = client.read_flow_run(run_id).work_pool_name
+        online = [w for w in client.read_workers_for_work_pool(pool) if str(w.status).upper().endswith("ONLINE")] \
+            if pool else []
+    if len(online) > 1:
+        task_logger().warning("storage.root %s is a folder on this worker's machine, and work pool %s has %d workers "
+                              "online: each machine keeps its own champion and runs. Set storage.root to an s3:// "
+                              "prefix, or to a folder every worker shares", storage.root, pool, len(online))
+
+
+_SHARED_FILESYSTEMS = ("nfs", "nfs4", "cifs", "smb3", "ceph", "glusterfs", "lustre", "gpfs", "9p", "fuse")
+
+
+def _on_a_network_filesystem(path: Path) -> bool:
+    """Whether `path` lies on a filesystem other machines can mount (/proc/mounts: Linux)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return False
+    resolved = str(path.expanduser().resolve())
+    found = max((m for m in mounts if resolved == m[0] or resolved.startswith(m[0].rstrip("/") + "/")),
+                key=lambda m: len(m[0]), default=None)
+    return found is not None and found[1].split(".")[0] in _SHARED_FILESYSTEMS
+
+
+def _merged(config: RetrainConfig) -> RetrainConfig:
     deployed = _deployment_parameters()
-    merged = config
     if deployed and isinstance(deployed.get("config"), dict):  # else a direct call (CLI, tests): already whole
         merged = merge_over(deployed["config"], config)
         if merged != config:
             task_logger().info("run parameters merged over deployment %s's config", runtime.deployment.name)
-    return _planned(merged) if planned_instance else merged
+        return merged
+    return config
+
+
+PIN_KEY = "retrain-run-config"  # the artifact holding what a flow run's first attempt took
+
+
+def _pin(merged: RetrainConfig, effective: RetrainConfig) -> None:
+    if not runtime.flow_run.id:
+        return
+    from prefect.artifacts import create_markdown_artifact
+
+    record = {"merged": merged.model_dump(mode="json"), "effective": effective.model_dump(mode="json")}
+    create_markdown_artifact(
+        key=PIN_KEY, description="The config this flow run began with; its retries and reschedules take it back",
+        markdown=f"```json\n{json.dumps(record, indent=1, sort_keys=True)}\n```\n")
+
+
+def _pinned() -> tuple[RetrainConfig, RetrainConfig] | None:
+    """(the merged config, the effective config) the flow run's first attempt pinned, or None."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    run_id = runtime.flow_run.id
+    if not run_id:
+        return None
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=[PIN_KEY]), flow_run_id=ArtifactFilterFlowRunId(any_=[run_id])), limit=1)
+    if not found or not isinstance(found[0].data, str):
+        return None
+    body = found[0].data.strip().removeprefix("```json").removesuffix("```")
+    record = json.loads(body)
+    return RetrainConfig.model_validate(record["merged"]), RetrainConfig.model_validate(record["effective"])
 
 
 def _planned(config: RetrainConfig) -> RetrainConfig:
@@ -69,8 +156,11 @@ def checked_columns(config: RetrainConfig) -> RetrainConfig:
 
     checked, inferred = checked_source(config)
     if inferred is not None:
-        task_logger().info("feature columns inferred from the source's schema (put them in the deployment's config "
-                           "to fix them): %s", " ".join(inferred.overrides()))
+        if inferred.task:
+            task_logger().info("data.task %s: inferred from label '%s', %s", inferred.task, checked.data.label,
+                               inferred.task_why)
+        task_logger().info("inferred from the source (put them in the deployment's config to fix them): %s",
+                           " ".join(inferred.overrides()))
         for column, why in inferred.left_out.items():
             task_logger().info("left out column '%s': %s", column, why)
     return checked
@@ -79,16 +169,39 @@ def checked_columns(config: RetrainConfig) -> RetrainConfig:
 def check_restarts(config: RetrainConfig) -> None:
     """A flow run started again (rescheduled after a reclaim, or after a crash by the shipped
     automation) resumes; past `train.retry.max_restarts` restarts it fails instead, so a run that
-    keeps dying cannot be rescheduled for ever."""
+    keeps dying cannot be rescheduled for ever. Task runs a killed attempt left Running are
+    closed first: nothing else would ever end them."""
     starts = int(runtime.flow_run.run_count or 1)
     if starts <= 1:
         return
+    _close_orphaned_task_runs()
     limit = config.train.retry.max_restarts
     if starts - 1 > limit:
         raise Preempted(f"this flow run was started {starts} times; train.retry.max_restarts ({limit}) allows {limit} "
                         "restarts: it is failed rather than rescheduled again (a new run resumes from its checkpoint)")
     task_logger().warning("flow run started again (restart %d of at most %d): every stage resumes from what is stored",
                           starts - 1, limit)
+
+
+def _close_orphaned_task_runs() -> None:
+    """Crash the task runs of this flow run still Running: their attempt's process was killed
+    (SIGKILL, a lost machine) before it could report them."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterState, \
+        TaskRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Crashed
+
+    run_id = runtime.flow_run.id
+    with get_client(sync_client=True) as client:
+        orphans = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])),
+            task_run_filter=TaskRunFilter(state=TaskRunFilterState(type=TaskRunFilterStateType(any_=[StateType.RUNNING]))))
+        for orphan in orphans:
+            client.set_task_run_state(orphan.id, Crashed(message="its attempt's process was killed before it could report; "
+                                                         "the flow run's next attempt resumes from what is stored"),
+                                      force=True)
+            task_logger().info("task run %s of a killed attempt closed as Crashed", orphan.name)
 
 
 def flow_run_id() -> str | None:
@@ -98,7 +211,8 @@ def flow_run_id() -> str | None:
 def flow_run_name() -> str:
     """`<data source>-<date>-<time>-<id>`, e.g. `clicks-2026-11-28-0300-3f2a`: what was trained,
     when, and which run (two runs started in the same minute differ in the flow run id's head)."""
-    return run_name(runtime.flow_run.parameters or {}, runtime.deployment.parameters or {},
+    # Not runtime.deployment.parameters: that is the flow run's own parameters again.
+    return run_name(runtime.flow_run.parameters or {}, _deployment_parameters() or {},
                     runtime.flow_run.name, str(runtime.flow_run.id or ""),
                     datetime.datetime.now(datetime.timezone.utc))
 
@@ -163,12 +277,18 @@ def _ensure_limit(name: str) -> None:
                                   "runs on one storage root cannot overlap", name, existing.limit)
 
 
+def _slot_holders(name: str) -> int:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return int(client.read_global_concurrency_limit_by_name(name).active_slots or 0)
+
+
 # A holder renews its lease every 45 s. One that dies (SIGKILL, a lost machine) frees the slot
 # when the lease runs out, noticed by the server's repossessor within 15 s more. strict: fail
 # closed if the limit cannot be read. A renewal that fails once (an API blip) must not kill hours
 # of training, so it only logs.
 _LEASE_SECONDS = 60.0
-_FREE_WITHIN_SECONDS = 3.0  # a free slot is granted in one request
 
 
 def _server_is_shared() -> bool:
@@ -208,16 +328,19 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
         if not storage.is_s3 and _server_is_shared():
             name = writer_limit_name(storage)
             _ensure_limit(name)
-            def slot(timeout_seconds: float | None = None) -> Any:
-                return concurrency(name, occupy=1, strict=True, lease_duration=_LEASE_SECONDS, timeout_seconds=timeout_seconds,
+            def slot() -> Any:
+                return concurrency(name, occupy=1, strict=True, lease_duration=_LEASE_SECONDS,
                                    raise_on_lease_renewal_failure=False)
 
-            try:
-                held.enter_context(slot(_FREE_WITHIN_SECONDS))
-            except TimeoutError:
+            # Asked without a client timeout: a timeout that fires while the server grants the
+            # slot leaves it held by a lease nobody renews, and every later attempt then waits
+            # out that lease on a root nobody uses. So whether to say "waiting" is read first.
+            busy = _slot_holders(name)
+            if busy:
                 log.warning("storage root %s is in use by another run (concurrency limit %s); waiting for it. A "
                             "run that died frees it within %.0f s", storage.root, name, _LEASE_SECONDS + 15)
-                held.enter_context(slot())
+            held.enter_context(slot())
+            if busy:
                 log.info("storage root %s is free: going on", storage.root)
         if storage.is_s3:
             remote = StorageRoot(storage).remote

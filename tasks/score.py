@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from prefect import task
 
-from tasks.policies import retry_transient, task_logger
+from tasks.policies import HOUR, retried, task_logger
 from training.config import RetrainConfig
 from training.model.batch_scoring import PredictResult
 from training.pipeline.predict_stage import nothing_to_score, predict_stage
@@ -10,7 +10,7 @@ from training.pipeline.predict_stage import nothing_to_score, predict_stage
 __all__ = ["score_parquet"]
 
 
-@task(name="score", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="score", **retried(timeout_seconds=12 * HOUR))
 def score_parquet(config: RetrainConfig, source: str, output: str, model: str, key_columns: list[str] | None
                   ) -> PredictResult:
     """Score `source` into `output`; a retry (or a rerun) finds finished output and skips it.

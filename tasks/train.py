@@ -8,7 +8,7 @@ from uuid import UUID
 from prefect import runtime, task
 
 from tasks.artifacts import TrainingProgress
-from tasks.policies import forward_child_event, retry_only_preemptions, task_logger
+from tasks.policies import TRAIN_TIMEOUT, forward_child_event, retry_only_preemptions, task_logger
 from training.config import RetrainConfig
 from training.errors import Preempted
 from training.pipeline.handoffs import PackResult, PrepResult
@@ -33,17 +33,26 @@ _CRASH_LINE = "Crash detected! Execution was aborted by a termination signal."
 
 
 class _PreemptionIsNotACrash(logging.Filter):
-    """Prefect's task engine logs every termination signal as an ERROR crash. A stop after the
-    emergency checkpoint is the designed path of a spot reclaim: said as a warning, in words."""
+    """Prefect's engines log every termination signal as an ERROR crash: the task's "Crash
+    detected!" and "Finished in state Crashed(...)", then the flow's. A stop after the emergency
+    checkpoint is the designed path of a spot reclaim: said as a warning, in words."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if _PREEMPTED and record.getMessage().startswith(_CRASH_LINE):
+        text = record.getMessage()
+        if _PREEMPTED and text.startswith(_CRASH_LINE):
             record.levelno, record.levelname = logging.WARNING, "WARNING"
             record.msg, record.args = _PREEMPTED[-1].message, ()
+        elif _RESCHEDULED and text.startswith(_FINISHED_CRASHED) and "termination signal" in text:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = ("stopped by a termination signal after the emergency checkpoint: the flow run "
+                                       "is rescheduled and resumes from it"), ()
         return True
 
 
-logging.getLogger("prefect.task_runs").addFilter(_PreemptionIsNotACrash())
+_RESCHEDULED: list[bool] = []  # this process's train task stopped after an emergency checkpoint
+_FINISHED_CRASHED = "Finished in state Crashed("
+for _engine in ("prefect.task_runs", "prefect.flow_runs"):
+    logging.getLogger(_engine).addFilter(_PreemptionIsNotACrash())
 
 
 def record_preemption() -> None:
@@ -73,7 +82,7 @@ def _where(saved: list[CheckpointSaved]) -> str:
     return f" at step {saved[0].step}: {kind} written"
 
 
-@task(name="train", retry_condition_fn=retry_only_preemptions)
+@task(name="train", retry_condition_fn=retry_only_preemptions, timeout_seconds=TRAIN_TIMEOUT)
 def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                 champion_val_metric: float | None = None) -> TrainResult:
     """Train in a child process; a preemption raises Preempted, which is retried and resumes."""
@@ -119,6 +128,7 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                            _where(saved))
             _PREEMPTED.append(_Preemption(UUID(str(runtime.task_run.id)), f"preempted{_where(saved)}; the rescheduled "
                                           "flow run resumes from it"))
+            _RESCHEDULED.append(True)
         raise
     progress.update(progress.max_steps)  # finished, whether completed or stopped early
     if trained.already_complete:

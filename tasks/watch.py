@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.events import emit_event
 
-from tasks.policies import retry_transient, task_logger
+from tasks.policies import retried, task_logger
 from training.config import RetrainConfig
 from training.pipeline.watch_stage import Arrival, remember_listing, watch_stage
 
@@ -16,7 +16,7 @@ __all__ = ["DATA_ARRIVED_EVENT", "announce_arrival", "look_at_source"]
 DATA_ARRIVED_EVENT = "retrain.data.arrived"
 
 
-@task(name="look", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="look", **retried(timeout_seconds=300))
 def look_at_source(config: RetrainConfig) -> Arrival:
     """List the source (no file is read) against the last recorded listing."""
     arrival = watch_stage(config)
@@ -25,7 +25,7 @@ def look_at_source(config: RetrainConfig) -> Arrival:
     return arrival
 
 
-@task(name="announce", retries=2, retry_delay_seconds=5, retry_condition_fn=retry_transient)
+@task(name="announce", **retried(timeout_seconds=120))
 def announce_arrival(config: RetrainConfig, arrival: Arrival) -> None:
     """Emit retrain.data.arrived when files arrived, then record the listing."""
     if arrival.arrived:

@@ -34,3 +34,15 @@ def test_the_shipped_deployments_parameters_are_valid_configs() -> None:
     assert configs
     for config in configs:
         RetrainConfig.model_validate(config)
+
+
+@pytest.mark.parametrize("name", ["retrain", "tune", "watch", "plan", "predict"])
+def test_every_parameter_and_config_section_is_described_in_the_form(name: str) -> None:
+    import importlib
+
+    flow = getattr(importlib.import_module(f"flows.{name}"), name)
+    schema = flow.parameters.model_dump()
+    assert [p for p, spec in schema["properties"].items() if not spec.get("description")] == []
+    sections = {**schema["definitions"]["RetrainConfig"]["properties"],
+                **{k: v for k, v in schema["definitions"]["TrainConfig"]["properties"].items() if "$ref" in v}}
+    assert [s for s, spec in sections.items() if not spec.get("description")] == []

@@ -107,11 +107,14 @@ def test_the_notifying_automations_send_their_messages(prefect_server: PrefectSe
         _arrived(received, "lost-machine", "crashed and was not rescheduled")
 
         sha = "cd" * 32
-        _python(prefect_server, "from prefect.events import emit_event\n"
+        _python(prefect_server, "from prefect.events import emit_event\n"  # what promotion_payload gives
                                 f"emit_event(event='retrain.model.promoted', resource={{'prefect.resource.id': "
-                                f"'retrain.model.{sha}'}}, payload={{'sha256': '{sha}', 'auc': 0.8123, "
-                                "'previous_champion_sha256': None, 'reason': 'first'})")
-        _arrived(received, f"New champion {sha}", "Test AUC 0.8123")
+                                f"'retrain.model.{sha}'}}, payload={{'sha256': '{sha}', 'short': '{sha[:12]}', "
+                                "'rmse': 52.55, 'metric': 'rmse', 'metric_text': 'test rmse 52.5500', "
+                                "'previous_short': 'no champion', 'reason': 'first', 'flow_run_name': 'daily-0300-ab', "
+                                "'deployment': 'retrain', 'flow_run_url': 'http://ui/runs/flow-run/ab'})")
+        promoted = _arrived(received, f"new champion {sha[:12]}, test rmse 52.5500")
+        assert sha not in promoted and "daily-0300-ab" in promoted and "http://ui/runs/flow-run/ab" in promoted
         assert not any("def456" in text for text in received)  # a completed run: nothing to say
     finally:
         with prefect_server.api() as api:

@@ -5,6 +5,7 @@ back by itself."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -140,6 +141,8 @@ def test_a_partial_config_override_keeps_the_deployments_other_keys(
     assert report["stages"]["pack"]["rows"]["train"] < 8000  # the deployment's small dataset, not the demo
     assert report["prefect_flow_run_id"] == run_id
     assert not list((tmp_path / "worker-0").rglob(".retrain"))
+    # Named for what it trained: the deployment's source, which the override did not name.
+    assert flow_run(deployed, run_id)["name"].startswith(f"{demo_source.stem}-"), flow_run(deployed, run_id)["name"]
 
 
 def _train_interval(server: PrefectServer, run_id: str) -> tuple[datetime, datetime]:
@@ -223,9 +226,83 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
     # A preemption is not an error: the stopped train task is Preempted, not Crashed, and the
     # engine's "Crash detected!" line is a warning that says what happened.
     assert not [log for log in logs if log["level"] >= 40 and "Crash detected" in log["message"]]
+    assert not [log for log in logs if log["level"] >= 40 and "Finished in state Crashed" in log["message"]]
     with deployed.api() as api:
         tasks = api.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}).json()
     trains = sorted((t for t in tasks if t["task_key"].startswith("train")), key=lambda t: t["start_time"] or "")
     states = [(t["state"]["type"], t["state"]["name"]) for t in trains]
     assert states[0] == ("CANCELLED", "Preempted") and states[-1] == ("COMPLETED", "Completed"), states
     assert "emergency checkpoint written; the rescheduled flow run resumes from it" in trains[0]["state"]["message"]
+
+
+def _delete_automations(server: PrefectServer, names: list[str]) -> None:
+    with server.api() as api:
+        for automation in api.post("/automations/filter", json={}).json():
+            if automation["name"] in names:
+                api.delete(f"/automations/{automation['id']}")
+
+
+def test_a_sigkilled_process_run_is_rescheduled_by_the_shipped_automation_and_finishes_its_original_config(
+        deployed: PrefectServer, deployer: Deployer, start_worker: Callable[[str], Worker], tmp_path: Path,
+        demo_source: Path) -> None:
+    """The whole process tree of a run on the shipped process deployment is SIGKILLed mid-
+    training, and its deployment's config is edited meanwhile (a UI edit, a CI deploy). Nobody
+    touches the run: the shipped automation reschedules it, and it resumes and finishes the
+    config it began with, from its checkpoint."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "retrain_cli.main", "automations"], env=deployed.env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # not the repository root: the shipped ones
+    assert out.returncode == 0 and "retrain-reschedule-crashed-runs" in out.stdout, out.stdout + out.stderr[-2000:]
+    try:
+        pool = _pool(deployed)
+        root = tmp_path / "root"
+        original = _small(root, demo_source, "train.max_steps=2400", "train.eval_every=400",
+                          "train.checkpoint.every=40", "train.patience=0")
+        deployer.variant("retrain-killed", original, pool)
+        # A partial override, as from the UI: Prefect stores it in place of the whole config, and
+        # the flow merges it over the deployment's at every start.
+        run_id = _run(deployed, "retrain-killed", {"config": {"train": {"eval_every": 400}}})
+        worker = start_worker(pool)
+        wait_for(lambda: len(_checkpoints(root)) >= 2, 300, "two checkpoints", 0.2)
+        edited = {**original, "train": {**original["train"], "max_steps": 600}}
+        with deployed.api() as api:
+            dep = deployment(deployed, "retrain-killed")
+            api.patch(f"/deployments/{dep['id']}", json={"parameters": {"config": edited}}).raise_for_status()
+        pid = wait_for(lambda: _flow_run_process(run_id), 60, "the flow-run process")
+        for victim in [pid, *_descendants(pid)]:  # the run's whole tree, not its worker: no handler runs
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: flow_run(deployed, run_id)["run_count"] >= 2, 300, "the automation to reschedule the run")
+        _wait_final(deployed, run_id, 600, worker)
+    finally:
+        _delete_automations(deployed, ["retrain-reschedule-crashed-runs", "retrain-crash-silent-runs"])
+    (report_path,) = root.glob("runs/*/report.json")
+    report = json.loads(report_path.read_text())
+    assert report["steps"] == 2400 and report["resumed_from_steps"] and report["resumed_from_steps"][0] >= 40
+    with deployed.api() as api:
+        states = [s["type"] for s in api.get("/flow_run_states/", params={"flow_run_id": run_id}).json()]
+        logs = api.post("/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}, "level": {"ge_": 20}},
+                                              "sort": "TIMESTAMP_ASC", "limit": 200}).json()
+        tasks = api.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}}).json()
+    assert "CRASHED" in states and states[-1] == "COMPLETED", states
+    assert flow_run(deployed, run_id)["run_count"] == 2, states  # rescheduled once: one attempt after the kill
+    assert any("changed since this flow run began" in log["message"] for log in logs)
+    trains = [t for t in tasks if t["task_key"].startswith("train")]
+    assert "RUNNING" not in {t["state"]["type"] for t in trains}, [t["state"] for t in trains]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc: Linux)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    below: list[int] = []
+    frontier = {pid}
+    while frontier:
+        frontier = {child for child, ppid in parent.items() if ppid in frontier}
+        below.extend(frontier)
+    return below

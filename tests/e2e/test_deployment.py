@@ -63,19 +63,21 @@ def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> N
                                         "prefect.resource.name": ["retrain", "retrain-incremental"]}
 
 
-def test_a_deploy_without_the_repository_fails_naming_the_variable(deployer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("missing", ["RETRAIN_GIT_REPOSITORY", "RETRAIN_GIT_BRANCH"])
+def test_a_deploy_without_the_repository_or_branch_fails_naming_the_variable(deployer, tmp_path: Path,
+                                                                             missing: str) -> None:
     import subprocess
     import sys
 
     checkout = tmp_path / "checkout"
     subprocess.run(["git", "clone", "-q", deployer.repository.as_uri(), str(checkout)], check=True)
-    env = {k: v for k, v in deployer.server.env.items() if k != "RETRAIN_GIT_REPOSITORY"}
+    env = {k: v for k, v in {**deployer.server.env, **deployer.env}.items() if k != missing}
     out = subprocess.run([sys.executable, "-m", "prefect", "deploy", "--all", "--no-prompt", "--prefect-file",
                           "deployments/prefect.yaml"], env=env, cwd=checkout, capture_output=True, text=True,
                          timeout=240)
     assert out.returncode != 0
     said = out.stdout + out.stderr
-    assert "RETRAIN_GIT_REPOSITORY is not set" in said, said[-3000:]
+    assert f"{missing} is not set" in said, said[-3000:]
     assert "Traceback" not in said and "An exception occurred" not in said, said[-3000:]  # one line, no traceback
 
 
@@ -87,6 +89,8 @@ def test_deployments_clone_the_code_and_reschedule_on_sigterm(deployed: PrefectS
         assert clone["repository"].startswith("file://") and clone["branch"] == "main"  # resolved at deploy time
         assert dep["job_variables"]["env"]["PREFECT_FLOW_RUN_EXECUTE_SIGTERM_BEHAVIOR"] == "reschedule"
         assert dep["job_variables"]["command"] == "prefect flow-run execute"  # the supervisor that reschedules
+        # Heartbeats: a run whose process dies unseen is marked crashed, then rescheduled (automations).
+        assert dep["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"] == "30"
         assert "{{" not in json.dumps(dep["pull_steps"])
 
 

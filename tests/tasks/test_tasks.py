@@ -71,3 +71,39 @@ def test_a_run_is_named_from_its_merged_config_and_keeps_its_name_when_reschedul
     assert run_name({}, {}, None, "", now) == "demo-2026-11-28-0300-local"
     later = now + datetime.timedelta(minutes=7)  # rescheduled after a spot reclaim: the same run
     assert run_name(override, deployment, "daily-2026-11-28-0300-3f2a", "3f2a9d10", later) == "daily-2026-11-28-0300-3f2a"
+
+
+def test_a_promotion_notification_names_the_models_short_the_metric_rounded_and_the_flow_run() -> None:
+    from tasks.artifacts import promotion_payload
+    from training.pipeline.handoffs import Evaluation, Promotion
+
+    new, old = "ab" * 32, "cd" * 32
+    evaluation = Evaluation(tags={}, metrics={"rmse": 52.551234, "r2": 0.5012, "rows": 90.0}, task="regression",
+                            metric="rmse", promotion=Promotion(promoted=True, reason="beats it", challenger_sha256=new,
+                                                               champion_sha256=old), seconds=1.0)
+    payload = promotion_payload(evaluation, {"flow_run_name": "daily-2026-11-29-0300-ab12", "deployment": "retrain",
+                                             "flow_run_id": "ab12", "flow_run_url": None})
+    assert payload["short"] == new[:12] and payload["previous_short"] == old[:12]
+    assert payload["metric_text"] == "test rmse 52.5512" and payload["rmse"] == 52.551234 and "rows" not in payload
+    assert payload["flow_run_name"] == "daily-2026-11-29-0300-ab12" and payload["deployment"] == "retrain"
+
+
+def test_every_flow_and_task_has_a_timeout_and_trainings_follows_the_budget() -> None:
+    """No hung run holds a worker for ever: each flow and task carries a backstop."""
+    import importlib
+    import pkgutil
+
+    from prefect import Flow, Task
+
+    import flows
+    import tasks
+    from tasks.policies import TRAIN_TIMEOUT, train_timeout
+
+    found = []
+    for package in (tasks, flows):
+        for info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{info.name}")
+            found += [obj for obj in vars(module).values() if isinstance(obj, (Task, Flow)) and obj.__module__ == module.__name__]
+    assert len(found) >= 20
+    assert [f.name for f in found if not f.timeout_seconds] == []
+    assert train_timeout(None) == TRAIN_TIMEOUT and train_timeout(3600) == 3 * 3600

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from training.errors import StorageError
 from training.launch.job import TrainJob
 from training.launch.results import RungResult, TrainResult
+from training.cost.budget import BudgetLimits
 from training.storage.files import read_json
 from training.storage.root import StorageRoot
 
@@ -108,7 +109,8 @@ def finished_result(job: TrainJob) -> TrainResult | None:
     path = Path(job.run_dir) / "result.json"
     try:
         finished = read_json(path)
-        return None if finished is None else TrainResult.model_validate({**finished, "already_complete": True})
+        result = None if finished is None else TrainResult.model_validate({**finished, "already_complete": True})
+        return None if result is None or _budget_allows_more(job, result) else result
     except (StorageError, ValidationError, TypeError) as err:
         # Derived from the checkpoints, which are verified: set it aside and let training
         # finish the run again from its newest checkpoint (no step is trained twice).
@@ -117,6 +119,25 @@ def finished_result(job: TrainJob) -> TrainResult | None:
         log.warning("%s is damaged (%s); set aside as %s, the run is finished again from its checkpoints", path,
                     str(err).splitlines()[0], aside.name)
         return None
+
+
+def _budget_allows_more(job: TrainJob, result: TrainResult) -> bool:
+    """A run its budget stopped is finished only while that budget still holds: run again with a
+    larger budget (or none) it trains on from its final checkpoint, as budgets are not part of
+    the run key."""
+    if result.status != "budget_stopped" or result.steps >= job.max_steps:
+        return False
+    seconds = result.seconds
+    per_step = (seconds.train + seconds.checkpoint) / max(1, result.steps)
+    per_eval = seconds.eval / max(1, len(result.history))
+    interval = job.config.for_train_rows(1).train.validate_every if result.eval_every is None else result.eval_every
+    over = BudgetLimits(job.config.budget, job.rate_per_hour, job.gpus).exceeded(result.billed_seconds, per_step,
+                                                                                 per_eval, interval)
+    if over is not None:
+        return False
+    log.info("run %s stopped at its budget at step %d (%s); the budget now allows more: training on from its "
+             "checkpoint", job.run_key, result.steps, result.stop_reason)
+    return True
 
 
 def rung_file(step: int) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from training.config import BudgetConfig, RetrainConfig, metric_name
+from training.cost.budget import BudgetLimits
 from training.launch.results import Validation
 from training.trainer.state import EarlyStopping, Progress
 
@@ -39,34 +40,20 @@ class StopFlag:
 
 
 class Budget:
-    """The run's spending limits in seconds, dollars and GPU-hours of held machine time."""
+    """The run's spending limits (`training.cost.budget`), asked with the run's progress."""
 
     def __init__(self, config: BudgetConfig, rate_per_hour: float, gpus: int) -> None:
-        self.config, self.rate, self.gpus = config, rate_per_hour, gpus
-        self.active = any(v is not None for v in (config.max_wall_seconds, config.max_usd, config.max_gpu_hours))
+        self.limits = BudgetLimits(config, rate_per_hour, gpus)
+        self.active = self.limits.active
 
     def exceeded(self, progress: Progress, next_steps: int) -> str | None:
         """Why a limit is (or, after `next_steps` more steps and a validation, would be) crossed."""
         if not self.active:
             return None  # checked every step: no work when there is nothing to check
-        spent = progress.billed_seconds()
         seconds = progress.seconds
         per_step = (seconds.train + seconds.checkpoint) / max(1, progress.step)
         per_eval = seconds.eval / max(1, len(progress.history))
-        projected = spent + (per_step * next_steps + per_eval if next_steps else 0.0)
-        c = self.config
-        checks = [
-            ("budget.max_wall_seconds", c.max_wall_seconds, 1.0, "s"),
-            ("budget.max_usd", c.max_usd, self.rate / 3600.0, "$"),
-            ("budget.max_gpu_hours", c.max_gpu_hours, self.gpus / 3600.0, "GPU-h"),
-        ]
-        for key, limit, per_second, unit in checks:
-            if limit is None or per_second == 0:
-                continue
-            if projected * per_second > limit:
-                return (f"{key}={limit:g}: {spent * per_second:.4g} {unit} spent, "
-                        f"{projected * per_second:.4g} {unit} after the next interval")
-        return None
+        return self.limits.exceeded(progress.billed_seconds(), per_step, per_eval, next_steps)
 
 
 def champion_gate(history: list[Validation], champion_value: float | None, min_delta: float,

@@ -130,6 +130,7 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)  # the peak reported is the loop's, not the probes'
         self.policy = StopPolicy(self.config, job.rate_per_hour, job.gpus, job.champion_val_metric, self.metric, higher)
+        self._continue_past_a_budget()
         if self.book.resumed_step is None:
             self.state.progress.seconds.pre_train = job.pre_train_seconds  # once per run, not per attempt
         self.profiler = None
@@ -158,6 +159,15 @@ class Trainer:
             load_warm_start(self.state.model, Path(self.job.init_weights), self.job.init_sha256,
                             self.job.init_classes, self.stats.classes)
         self.book.account(self.state.progress)
+
+    def _continue_past_a_budget(self) -> None:
+        """A run resumed from the checkpoint its budget stopped it at trains on when the budget
+        it runs with now allows more (the launcher asked the same before starting it)."""
+        progress = self.state.progress
+        if progress.stopped == "budget_stopped" and self.policy.budget.exceeded(progress, 0) is None:
+            log.info("stopped at step %d by its budget (%s); the budget allows more now: training on", progress.step,
+                     progress.stop_reason)
+            progress.stopped, progress.stop_reason = None, None
 
     def _decide_layout(self) -> None:
         """The micro-batch layout, decided at the run's first start and kept in the checkpoint,

@@ -112,3 +112,17 @@ def test_budget_survives_a_real_sigkill(budget_config: RetrainConfig) -> None:
     from pathlib import Path
 
     assert json.loads((Path(job.run_dir) / "model" / "model.json").read_text())["tags"] == {"team": "ranking"}
+
+
+def test_a_budget_stopped_run_continues_from_its_checkpoint_with_a_larger_budget(budget_config: RetrainConfig) -> None:
+    budget_config.budget.max_wall_seconds = 20.0
+    first = train(make_job(budget_config, "budgeted"), now_fn=_fake_clock())
+    assert first.status == "budget_stopped"
+    again = train(make_job(budget_config, "budgeted"), now_fn=_fake_clock())  # the same budget: finished
+    assert again.already_complete and again.steps == first.steps
+
+    budget_config.budget.max_wall_seconds = 40.0  # not part of the run key: the same run goes on
+    more = train(make_job(budget_config, "budgeted"), now_fn=_fake_clock())
+    assert not more.already_complete and more.status == "budget_stopped" and more.steps > first.steps
+    assert first.steps in more.resumed_from_steps  # from its checkpoint, not from scratch
+    assert "budget.max_wall_seconds=40" in (more.stop_reason or "")

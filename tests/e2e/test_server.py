@@ -1,0 +1,61 @@
+"""`retrain server`: a Prefect server on PostgreSQL in one command, with the shipped work pool and
+its queues; stopped by a signal, with its database; started again on the same data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import wait_for
+from tests.postgres import postgres_bin
+from retrain_cli.temp_server import free_port
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(postgres_bin() is None, reason="PostgreSQL is not installed (.ci/run installs it)")]
+
+
+def _start(data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    return subprocess.Popen([sys.executable, "-m", "retrain_cli.main", "server", "--data", str(data), "--port", str(port),
+                             "--slots", "3"], stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def _stopped(proc: subprocess.Popen[bytes], data: Path) -> None:
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 0
+    assert not (data / "postgres" / "postmaster.pid").exists()  # the database stopped with it
+
+
+def test_retrain_server_runs_prefect_on_postgresql_with_the_pool_and_its_queues() -> None:
+    # Under /tmp, not pytest's 0700 folder: started as root, the cluster runs as `postgres`.
+    data = Path(tempfile.mkdtemp(prefix="retrain-server-test-")) / "server"
+    log = data.parent / "server.log"
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api"
+    proc = _start(data, port, log)
+    try:
+        wait_for(lambda: "Ctrl-C stops it" in log.read_text(), 300, "the server to say it is up")
+        assert httpx.get(f"{api}/health", timeout=10).json() is True
+        queues = {q["name"]: q for q in httpx.post(f"{api}/work_pools/retrain-process/queues/filter", json={},
+                                                   timeout=10).json()}
+        assert queues["light"]["priority"] < queues["training"]["priority"] and queues["training"]["concurrency_limit"] == 2
+        pool = httpx.get(f"{api}/work_pools/retrain-process", timeout=10).json()
+        assert pool["type"] == "process" and pool["concurrency_limit"] == 3
+        assert "PostgreSQL" in log.read_text() and (data / "postgres" / "PG_VERSION").exists()
+        assert oct((data / "database.json").stat().st_mode & 0o777) == "0o600"
+    finally:
+        _stopped(proc, data)
+    again = _start(data, port, log)  # the same data: the cluster and the pool are kept, not made twice
+    try:
+        wait_for(lambda: log.read_text().count("Ctrl-C stops it") == 2, 300, "the server to come up again")
+        assert httpx.get(f"{api}/work_pools/retrain-process", timeout=10).json()["concurrency_limit"] == 3
+    finally:
+        _stopped(again, data)
