@@ -225,7 +225,7 @@ def _summary(report: RunReport, path: str, clock: _Clock | None = None, ui: str 
         lines.append(f"  resumed from steps {report.resumed_from_steps}, {report.steps_lost} steps lost")
     cost, util = report.cost, report.utilization
     lines.append(
-        f"  cost        ${cost.total_usd:.4f} on {cost.instance_type} ({cost.market}), "
+        f"  cost        ${cost.total_usd:.4f} on {cost.where()}, "
         f"{cost.gpu_hours:.3f} GPU-h; naive on-demand run ${cost.naive.total_usd:.4f}, "
         f"{savings(cost.savings_usd, 'it')}"
     )

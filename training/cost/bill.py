@@ -154,3 +154,11 @@ class CostReport(_Figure):
     naive_restarting: Counterfactual
     savings_vs_restarting_usd: float
     tags: dict[str, str] = {}
+    # The instance was declared (cost.instance_type), not the machine the run used: a GPU type on
+    # a run that trained on the CPU, or a CPU type on a run that trained on a GPU.
+    declared_on: str | None = None  # where it did run ("the CPU", "a CUDA GPU"); None: it matches
+
+    def where(self) -> str:
+        """"g4dn.xlarge (spot)", with what the run really ran on when that was not it."""
+        ran = f"; declared in cost.instance_type, this run ran on {self.declared_on}" if self.declared_on else ""
+        return f"{self.instance_type} ({self.market}{ran})"

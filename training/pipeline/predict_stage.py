@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Iterator
 
 from training.config import RetrainConfig
-from training.data.sources import source_files
+from training.data.csv_files import CONVERSIONS, is_csv
+from training.data.sources import LocalSource, is_source_file, source_files
 from training.errors import CheckpointError, ConfigError, DataError
 from training.model.batch_scoring import PredictResult, ScoringModel, load_scoring_model, predict_files, scoring_meta
 from training.pipeline.champion import check_champion
@@ -61,11 +62,11 @@ def _s3_store(config: RetrainConfig, uri: str) -> S3Store:
 
 
 def _download_inputs(config: RetrainConfig, uri: str, into: Path) -> list[Path]:
-    """Every *.parquet under an s3:// prefix, downloaded in name order (verified sizes)."""
+    """Every Parquet and CSV object under an s3:// prefix, downloaded in name order (verified sizes)."""
     store = _s3_store(config, uri)
-    listed = {rel: size for rel, size in store.list("").items() if rel.endswith(".parquet")}
+    listed = {rel: size for rel, size in store.list("").items() if is_source_file(rel)}
     if not listed:
-        raise DataError(f"{uri}: no *.parquet objects under this prefix")
+        raise DataError(f"{uri}: no Parquet or CSV objects under this prefix")
     files = []
     for i, rel in enumerate(sorted(listed)):
         # Numbered so name order stays the input order; the object's name is kept for messages.
@@ -102,8 +103,8 @@ def nothing_to_score(source: str) -> str | None:
     path = Path(source).expanduser()
     if not path.exists():
         return f"the input {path} does not exist yet"
-    if path.is_dir() and not any(p.is_file() and not p.name.startswith(".") for p in path.rglob("*.parquet")):
-        return f"the input folder {path} holds no .parquet file yet"
+    if path.is_dir() and not any(p.is_file() and is_source_file(p.name) for p in path.rglob("*")):
+        return f"the input folder {path} holds no .parquet or .csv file yet"
     return None
 
 
@@ -113,13 +114,32 @@ def predict_stage(config: RetrainConfig, source: str, output: str, model: str = 
     _check_output_outside_input(source, output)
     scoring = resolve_model(config, model)
     with scoring_threads(config) as threads, tempfile.TemporaryDirectory(prefix="retrain-predict-") as tmp:
-        files = (_download_inputs(config, source, Path(tmp) / "in") if source.startswith("s3://")
-                 else source_files(Path(source).expanduser(), INPUT_SETTING))
-        if not output.startswith("s3://"):
-            result = predict_files(files, scoring, Path(output).expanduser(), keys)
-        else:
-            result = _predict_to_s3(config, files, scoring, output, keys, Path(tmp) / "out")
+        listed = (_download_inputs(config, source, Path(tmp) / "in") if source.startswith("s3://")
+                  else source_files(Path(source).expanduser(), INPUT_SETTING))
+        converted = {_as_parquet(f): f for f in listed}  # CSV read as training reads it
+        files = list(converted)
+        try:
+            if not output.startswith("s3://"):
+                result = predict_files(files, scoring, Path(output).expanduser(), keys)
+            else:
+                result = _predict_to_s3(config, files, scoring, output, keys, Path(tmp) / "out")
+        except DataError as err:  # name the user's file, not its conversion
+            text = str(err)
+            for parquet, original in converted.items():
+                text = text.replace(str(parquet), str(original))
+            raise DataError(text) from None
         return result.model_copy(update={"torch_threads": threads})
+
+
+def _as_parquet(path: Path) -> Path:
+    """A CSV input's Parquet conversion (training.data.csv_files: the bytes training packs); a
+    Parquet file itself."""
+    if not is_csv(path.name):
+        return path
+    source = LocalSource(path, INPUT_SETTING)
+    (file,) = source.files()
+    source.as_parquet(file)
+    return CONVERSIONS.path(source.uri, file.name)
 
 
 def _check_output_outside_input(source: str, output: str) -> None:

@@ -7,6 +7,7 @@ same report as a file.
 from __future__ import annotations
 
 import base64
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -65,7 +66,7 @@ def savings(usd: float, against: str) -> str:
     against the naive on-demand run)."""
     if abs(usd) < 1e-7:
         return f"cost the same as {against}"
-    amount = _usd(abs(usd)) if abs(usd) >= 1e-4 else f"${abs(usd):.2g}"
+    amount = _usd(abs(usd)) if abs(usd) >= 1e-4 else f"${abs(usd):.{1 - math.floor(math.log10(abs(usd)))}f}"
     return f"saved {amount} against {against}" if usd > 0 else f"cost {amount} more than {against}"
 
 
@@ -105,7 +106,7 @@ def _cost_lines(cost: CostReport) -> list[str]:
     return [
         "## Cost",
         "",
-        f"{cost.instance_type} on {cost.market} at {_usd(cost.rate_per_hour)}/h.",
+        f"{cost.where()} at {_usd(cost.rate_per_hour)}/h.",
         "",
         "| | this run | naive run: on-demand, fp32, no early stop, never preempted | naive run on this "
         "market: fp32, no early stop, no checkpoints, so each of this run's preemptions restarts it from zero |",

@@ -98,8 +98,17 @@ def cost_report(config: RetrainConfig, packed: PackResult, prep: PrepResult, tra
         savings_usd=naive.total_usd - total,
         savings_fraction=(naive.total_usd - total) / naive.total_usd if naive.total_usd else 0.0,
         naive_restarting=restarting, savings_vs_restarting_usd=restarting.total_usd - total,
-        tags=dict(config.cost.tags),
+        tags=dict(config.cost.tags), declared_on=_declared_on(config, trained.device),
     )
+
+
+def _declared_on(config: RetrainConfig, device: str) -> str | None:
+    """What the run ran on, when the priced instance type is not that kind of machine."""
+    has_gpu = config.cost.prices[config.cost.instance_type].gpu is not None or \
+        config.cost.prices[config.cost.instance_type].gpus > 0
+    if has_gpu == (device == "cuda"):
+        return None
+    return "a CUDA GPU" if device == "cuda" else "the CPU"
 
 
 def _step_time(config: RetrainConfig, root: StorageRoot, trained: TrainResult) -> StepTime | None:

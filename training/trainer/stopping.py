@@ -102,6 +102,8 @@ class StopPolicy:
 
     def decide(self, progress: Progress, stopper: EarlyStopping, validated: bool) -> Decision:
         tc = self.train
+        if progress.step >= tc.max_steps:
+            return CONTINUE  # it reached train.max_steps: completed, whatever would have stopped it next
         # Budgets: at a validation, stop if the next interval would cross a limit; at any step,
         # stop once a limit is crossed (a step far slower than the average so far).
         over = self.budget.exceeded(progress, tc.validate_every if validated else 0)

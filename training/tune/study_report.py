@@ -218,13 +218,24 @@ def _plot(report: TuneReport, path: Path) -> None:
     plt.close(fig)
 
 
+def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
+    """The best config's local paths made absolute: `retrain run --config best_config.yaml`
+    trains the same data from any folder, not only from the one the study ran in."""
+    for section, key in (("data", "source"), ("storage", "root"), ("storage", "local_dir")):
+        value = config.get(section, {}).get(key)
+        if isinstance(value, str) and value and "://" not in value and not value.startswith("demo:"):
+            config[section][key] = str(Path(value).expanduser().resolve())
+    return config
+
+
 def write_report(study: Study) -> tuple[TuneReport, Path, Path]:
     """Write (and publish) the report, its plot and the best config; (report, json, png)."""
     report = build_report(study)
     folder = study.root.local / study.rel
     rels = []
     if report.best is not None:
-        best = study.config.with_values(report.best.params, "(tuning trial)").model_dump(mode="json", exclude={"tune"})
+        best = _absolute_paths(study.config.with_values(report.best.params, "(tuning trial)").model_dump(
+            mode="json", exclude={"tune"}))
         header = (f"# Best trial {report.best.trial} of study {study.key}: validation "
                   f"{metric_name(report.metric)} {report.best.value:.6f}. Run it: retrain run --config <this file>\n")
         write_atomic(folder / "best_config.yaml", (header + yaml.safe_dump(best, sort_keys=False)).encode())

@@ -96,12 +96,23 @@ def test_shipped_price_table_is_sourced_and_sane() -> None:
     assert DEFAULT_PRICES["a2-highgpu-8g"]["gpus"] == 8
 
 
+def test_a_cost_on_a_declared_instance_says_what_the_run_ran_on() -> None:
+    from training.config import RetrainConfig
+    from training.pipeline.report_stage import _declared_on
+
+    gpu = RetrainConfig.model_validate({"cost": {"instance_type": "g4dn.xlarge", "market": "spot"}})
+    assert _declared_on(gpu, "cpu") == "the CPU" and _declared_on(gpu, "cuda") is None
+    assert _declared_on(RetrainConfig(), "cpu") is None  # local-cpu on the CPU
+    assert _declared_on(RetrainConfig.model_validate({"cost": {"instance_type": "c6i.large"}}), "cuda") == "a CUDA GPU"
+
+
 def test_a_saving_is_never_shown_as_a_negative_zero() -> None:
     """An on-demand run's saving against the naive on-demand run is 0 up to float rounding: the
     demo's summary once read "saved $-0.0000"."""
     from training.pipeline.report_markdown import savings
 
     assert savings(-3e-9, "it") == "cost the same as it"
-    assert savings(-6.66e-06, "it") == "cost $6.7e-06 more than it"
+    assert savings(-6.66e-06, "it") == "cost $0.0000067 more than it"  # never "$6.7e-06"
+    assert savings(1e-05, "it") == "saved $0.000010 against it"
     assert savings(0.01234, "it") == "saved $0.0123 against it"
     assert savings(-2.5, "it") == "cost $2.50 more than it"

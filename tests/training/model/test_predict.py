@@ -221,3 +221,25 @@ def test_an_s3_prefix_scored_into_an_s3_key_and_a_rerun_is_a_no_op(trained, tmp_
     assert got.num_rows == 5000 and got.column_names == ["clicked", "probability", "prediction"]
     again = predict_stage(config, f"s3://{s3_bucket}/incoming", output, str(package), ["clicked"])
     assert again.skipped and again.rows == 5000
+
+
+def test_a_csv_input_is_scored_as_its_parquet_is(trained, tmp_path: Path) -> None:
+    import pyarrow.csv as pcsv
+
+    from training.pipeline.predict_stage import predict_stage
+
+    config, package, _ = trained
+    parquet = _test_split(config, tmp_path / "rows.parquet")
+    table = pq.read_table(parquet)
+    table = table.drop_columns([c for c in table.column_names if c == "embedding"])  # CSV holds scalars
+    pq.write_table(table, parquet)
+    folder = tmp_path / "csv"
+    folder.mkdir()
+    pcsv.write_csv(table, folder / "rows.csv")
+    from_parquet = predict_stage(config, str(parquet), str(tmp_path / "a.parquet"), model=str(package))
+    from_csv = predict_stage(config, str(folder), str(tmp_path / "b.parquet"), model=str(package))
+    assert from_csv.rows == from_parquet.rows == table.num_rows
+    a, b = pq.read_table(tmp_path / "a.parquet"), pq.read_table(tmp_path / "b.parquet")
+    assert np.allclose(a.column("probability").to_numpy(), b.column("probability").to_numpy(), atol=1e-6)
+    again = predict_stage(config, str(folder), str(tmp_path / "b.parquet"), model=str(package))
+    assert again.skipped  # the same CSV: nothing written twice

@@ -75,3 +75,13 @@ def test_lower_is_better_metrics_stop_and_gate_the_other_way() -> None:
     flat = [_v(s, rmse=1.0) for s in (10, 20, 30)]
     reason = champion_gate(flat, 0.8, 0.0, 100, "rmse", higher_is_better=False)
     assert reason is not None and "at least 1.0000" in reason and "needs 0.8000" in reason
+
+
+def test_a_run_that_reached_max_steps_completed_even_when_its_patience_ran_out_there() -> None:
+    config = load_config(overrides=["train.patience=2", "train.eval_every=10", "train.max_steps=30"])
+    stopper = EarlyStopping(patience=2, min_delta=0.0)
+    for step in (10, 20, 30):
+        stopper.update(0.70, step)
+    assert stopper.should_stop
+    decision = StopPolicy(config, 0.0, 0, None).decide(_progress(30, 3.0, [0.7, 0.7, 0.7]), stopper, validated=True)
+    assert decision.status == "completed" and decision.reason is None

@@ -141,3 +141,23 @@ def test_a_study_that_spent_refuses_an_empty_or_missing_journal(tmp_path: Path, 
         journal.unlink()
     with pytest.raises(DataError, match=rf"journal.log is {how}, but the study recorded spend"):
         _study(tmp_path)
+
+
+def test_the_best_config_names_its_data_by_absolute_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`retrain run --config best_config.yaml` from another folder trains the same data."""
+    from training.tune.study_report import write_report
+
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump({
+        "storage": {"root": "root"}, "data": {"source": "data/mine.parquet", "label": "y"},
+        "train": {"max_steps": 180, "eval_every": 20},
+        "tune": {"space": SPACE, "max_trials": 2, "min_resource": 20, "reduction_factor": 3, "pruner": "asha"},
+    }))
+    study = Study(load_config(path), "dataset", RungCost(startup_seconds=0.0, seconds_per_step=0.001))
+    _drive(study)
+    report, _, _ = write_report(study)
+    assert report.best is not None
+    best = yaml.safe_load((tmp_path / "root" / study.rel / "best_config.yaml").read_text())
+    assert best["data"]["source"] == str(tmp_path / "data" / "mine.parquet")
+    assert best["storage"]["root"] == str(tmp_path / "root")
