@@ -69,16 +69,26 @@ def _tensors(source: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Ten
     return part(order[:cut]), part(order[cut:]), [int(c.max()) + 1 for c in codes]
 
 
-def _model(cardinalities: list[int], train_num: torch.Tensor) -> torch.nn.Module:
-    """The project's default model; its piecewise-linear embeddings' bins from the train rows by
-    rtdl's own `compute_bins`, as a user of the library would fit them."""
+_BINS: dict[int, list[list[float]]] = {}  # by the train tensor's storage: fitted once per data
+
+
+def _bins(train_num: torch.Tensor) -> list[list[float]]:
+    """The piecewise-linear embeddings' bins from the train rows by rtdl's own `compute_bins`,
+    as a user of the library would fit them. The fair references fit them before any clock
+    (`_rounds`), as the project's come from its cached preprocessing."""
     from rtdl_num_embeddings import compute_bins
 
+    key = train_num.untyped_storage().data_ptr()
+    if key not in _BINS:
+        _BINS[key] = [edges.tolist() for edges in compute_bins(train_num, n_bins=PreprocessConfig().numeric_bins)]
+    return _BINS[key]
+
+
+def _model(cardinalities: list[int], train_num: torch.Tensor) -> torch.nn.Module:
+    """The project's default model, with the bins of `_bins`."""
     from training.model.network import ModelSchema, build_model
 
-    bins = compute_bins(train_num, n_bins=PreprocessConfig().numeric_bins)
-    schema = ModelSchema("binary", 1, NUMERIC, CATEGORICAL, cardinalities,
-                         numeric_bins=[edges.tolist() for edges in bins])
+    schema = ModelSchema("binary", 1, NUMERIC, CATEGORICAL, cardinalities, numeric_bins=_bins(train_num))
     return build_model(ModelConfig(), schema)
 
 
@@ -250,6 +260,7 @@ def _rounds(work: Path, source: Path, rounds: int, load: bool) -> dict[str, Any]
     threads: list[int] = []
     tag = "loaded" if load else "idle"
     data = _tensors(source)  # the fair references' data preparation, outside every clock
+    _bins(data[0]["num"])  # ... and their bins, as the project's come from its preprocessing
     # Each reference's first call pays one-time costs (imports, kernel selection) the project's
     # warm-up run in `run` already paid: a short untimed run of each first.
     _lightning_fair(data, work / f"lightning-warm-up-{tag}", DEFAULT_THREADS, 1e-3, steps=20)

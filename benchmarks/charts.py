@@ -12,7 +12,7 @@ from benchmarks.headlines import HEADLINES, Headline
 
 __all__ = ["summary_svg"]
 
-COLOURS = {"met": "#2e7d32", "not met": "#c62828"}
+COLOURS = {"met": "#2e7d32", "not met": "#c62828", "within noise": "#ef8f00"}
 UNJUDGED = "#757575"  # a figure whose reference is not yet a fair one
 
 
@@ -24,13 +24,14 @@ def _rounds(result: dict[str, Any], key: str | None) -> list[float]:
 def _panel(ax: Any, headline: Headline, result: dict[str, Any]) -> None:
     conditions = (("idle", headline.idle, headline.idle_rounds), ("loaded", headline.loaded, headline.loaded_rounds))
     shown = [headline.target]
-    for x, (_, key, rounds_key) in enumerate(conditions):
+    for x, (condition, key, rounds_key) in enumerate(conditions):
         value = result.get(key) if key else None
         if value is None:
             continue
         rounds = _rounds(result, rounds_key)
         shown += [float(value), *rounds]
-        colour = COLOURS.get(headline.met(value), UNJUDGED)
+        noise = result.get(dict(headline.noise).get(condition, ""))
+        colour = COLOURS.get(headline.met(value, noise), UNJUDGED)
         # Rounds spread evenly across the slot (no random jitter: the SVG must be reproducible).
         offsets = [(i - (len(rounds) - 1) / 2) * 0.06 for i in range(len(rounds))]
         ax.scatter([x + o for o in offsets], rounds, s=14, color=colour, alpha=0.45, linewidths=0, zorder=2)

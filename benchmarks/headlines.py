@@ -47,11 +47,15 @@ class Headline:
         except (KeyError, ValueError, TypeError):
             return None
 
-    def met(self, value: float | None) -> str:
+    def met(self, value: float | None, noise: float | None = None) -> str:
+        """"met" only when the figure clears the target by more than the noise its reference
+        measured against itself; nearer than that, "within noise"."""
         if value is None:
             return "not measured"
         if not self.fair:
             return "not judged: reference not yet fair"
+        if noise is not None and abs(value - self.target) <= noise:
+            return "within noise"
         return "met" if (value <= self.target if self.at_most else value >= self.target) else "not met"
 
 

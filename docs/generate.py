@@ -211,20 +211,20 @@ def _headlines(results: dict[str, dict[str, Any]]) -> list[str]:
         result = results.get(h.result, {})
         values = [result.get(h.idle), result.get(h.loaded) if h.loaded else None]
         noise = [result.get(dict(h.noise).get(c, "")) for c in ("idle", "loaded")]
-        cells = [f"{_format(v)} ({h.met(v)}{f'; noise ±{_format(n)}' if n is not None else ''})" if v is not None
+        cells = [f"{_format(v)} ({h.met(v, n)}{f'; noise ±{_format(n)}' if n is not None else ''})" if v is not None
                  else "not measured" for v, n in zip(values, noise, strict=True)]
         target = f"{'≤' if h.at_most else '≥'} {_format(h.target)}"
         stale = " (**stale**)" if result and _stale(h.result, result) else ""
         lines.append(f"| {h.figure} | {target} | {cells[0]} | {cells[1]} | {h.reference} | "
                      f"[{h.result}](#{h.result}), {result.get('date', 'no date')}{_load(result)}{stale} |")
-        for condition, value in zip(("idle", "loaded"), values, strict=True):
-            if value is not None and h.met(value) == "not met":
+        for condition, value, n in zip(("idle", "loaded"), values, noise, strict=True):
+            if value is not None and h.met(value, n) == "not met":
                 why = h.why_missed(condition, result) or "not yet explained by a measurement."
                 misses.append(f"- **{h.figure}, {condition} ({_format(value)}, target {target}):** {why}")
     if misses:
         lines += ["", "Where the project misses a target, and what the measurements say about why:", "", *misses]
     return [*lines, "", "![Each headline figure's rounds (dots) and median (bar), idle and beside a one-core "
-                       "burner, against its dashed target: green met, red not met, grey not judged]"
+                       "burner, against its dashed target: green met, red not met, amber within noise, grey not judged]"
                        "(img/benchmarks-summary.svg)", ""]
 
 

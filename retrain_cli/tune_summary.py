@@ -28,14 +28,17 @@ def tune_summary(report: TuneReport, path: str) -> str:
     lines.append(f"  spent       ${spend.usd:.6f}, {spend.gpu_hours:.6f} GPU-h, {spend.seconds:.1f} machine-s"
                  f" on {report.instance_type} ({report.market}); budget {_budget(report.budget.limits())}")
     saved = report.saved_fraction
-    lines.append(f"  naive       every trial to full fidelity, on demand: ${naive.usd:.6f}"
-                 + (f" (saved {saved:.0%})" if saved is not None and report.rate_per_hour > 0 else ""))
+    lines.append(f"  naive       every trial to full fidelity, on {report.market}: ${naive.usd:.6f}, "
+                 f"{naive.seconds:.1f} machine-s" + (f" (saved {saved:.0%})" if saved is not None else
+                                                      " (no model yet: no saving claimed)"))
     best = report.best
     if best is None:
         lines.append("  best        no trial reached full fidelity")
     else:
         chosen = ", ".join(f"{k}={_short(v)}" for k, v in best.params.items())
         lines.append(f"  best        trial {best.trial}: val {metric} {best.value:.4f} ({chosen})")
+        if best.evidence:
+            lines.append(f"              {best.evidence}")
         lines.append(f"  config      {best.config} (retrain run --config <it>)")
     lines.append(path)
     return "\n".join(lines)

@@ -170,9 +170,10 @@ def publish_tune_report(report: TuneReport, png_bytes: bytes) -> None:
     create_markdown_artifact(
         f"### Study {report.study}: {report.status}\n\n"
         f"Spent ${report.spend.usd:.6f} ({report.spend.seconds:.1f} machine-s, {report.spend.gpu_hours:.6f} GPU-h) "
-        f"against budget {report.budget}; every trial at full fidelity on demand would cost "
-        f"${report.naive.usd:.6f}.\n\n"
-        + (f"Best: trial {best.trial}, validation {report.metric} {best.value:.5f}, {best.params}\n\n"
+        f"against budget {report.budget}; every trial at full fidelity on {report.market} would cost "
+        f"${report.naive.usd:.6f} ({report.naive.seconds:.1f} machine-s).\n\n"
+        + (f"Best: trial {best.trial}, validation {report.metric} {best.value:.5f}, {best.params}"
+           + (f" ({best.evidence})" if best.evidence else "") + "\n\n"
            if best else "No trial reached full fidelity.\n\n")
         + f"![metric against cumulative cost](data:image/png;base64,{image})\n",
         key="tune-report", description=f"Tuning study {report.study}")

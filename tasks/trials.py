@@ -18,7 +18,7 @@ from training.config import RetrainConfig
 from training.launch.events import ChildEvent
 from training.pipeline.handoffs import PackResult, PrepResult, StageStates
 from training.launch.results import RungResult
-from training.tune.driver import drive, open_study
+from training.tune.driver import base_comparison, drive, open_study
 from training.tune.study import RungWork
 from training.tune.study_report import TuneReport, write_report
 
@@ -54,7 +54,7 @@ def run_study(config: RetrainConfig, packed: PackResult, prep: PrepResult) -> tu
         return next(iter(as_completed(futures)))
 
     drive(study, submit, first_done, logger.info)
-    report, json_path, png = write_report(study)
+    report, json_path, png = write_report(study, base_comparison(config, packed, _child_logger))
     publish_tune_report(report, png.read_bytes())
     return report, str(json_path)
 

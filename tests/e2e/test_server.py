@@ -4,6 +4,7 @@ its queues; stopped by a signal, with its database; started again on the same da
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,13 +37,25 @@ def _stopped(proc: subprocess.Popen[bytes], data: Path) -> None:
 
 def test_retrain_server_runs_prefect_on_postgresql_with_the_pool_and_its_queues() -> None:
     # Under /tmp, not pytest's 0700 folder: started as root, the cluster runs as `postgres`.
-    data = Path(tempfile.mkdtemp(prefix="retrain-server-test-")) / "server"
-    log = data.parent / "server.log"
+    top = Path(tempfile.mkdtemp(prefix="retrain-server-test-"))
+    top.chmod(0o755)
+    try:
+        _up_and_down(top / "server", top / "server.log")
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
+def _said(proc: subprocess.Popen[bytes], log: Path, times: int) -> bool:
+    assert proc.poll() is None, log.read_text()[-3000:]
+    return log.read_text().count("Ctrl-C stops it") == times
+
+
+def _up_and_down(data: Path, log: Path) -> None:
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
     proc = _start(data, port, log)
     try:
-        wait_for(lambda: "Ctrl-C stops it" in log.read_text(), 300, "the server to say it is up")
+        wait_for(lambda: _said(proc, log, 1), 300, "the server to say it is up")
         assert httpx.get(f"{api}/health", timeout=10).json() is True
         queues = {q["name"]: q for q in httpx.post(f"{api}/work_pools/retrain-process/queues/filter", json={},
                                                    timeout=10).json()}
@@ -55,7 +68,7 @@ def test_retrain_server_runs_prefect_on_postgresql_with_the_pool_and_its_queues(
         _stopped(proc, data)
     again = _start(data, port, log)  # the same data: the cluster and the pool are kept, not made twice
     try:
-        wait_for(lambda: log.read_text().count("Ctrl-C stops it") == 2, 300, "the server to come up again")
+        wait_for(lambda: _said(again, log, 2), 300, "the server to come up again")
         assert httpx.get(f"{api}/work_pools/retrain-process", timeout=10).json()["concurrency_limit"] == 3
     finally:
         _stopped(again, data)

@@ -231,6 +231,23 @@ def _paired(ours: PackageScores, theirs: PackageScores | None, task: str, metric
     return compared, difference
 
 
+def compare_on_validation(config: RetrainConfig, packed: PackResult, challenger: Path, base: Path
+                          ) -> dict[str, Any]:
+    """`challenger`'s improvement over `base` (two model packages) on the validation split, row
+    by row, with its interval (`PairedDifference`'s JSON): a tuning study's pick against the
+    config it was given."""
+    from training.model.evaluation import score_package
+    from training.model.task_metrics import metric_for
+
+    dataset_dir = Path(packed.dataset_dir)
+    manifest = require_manifest(dataset_dir)
+    ours = score_package(challenger, dataset_dir, manifest, config.model.factory, split="validation")
+    theirs = score_package(base, dataset_dir, manifest, config.model.factory, split="validation")
+    _, difference = _paired(ours, theirs, manifest.task, metric_for(manifest.task, config.eval.metric), config)
+    assert difference is not None  # both were scored
+    return difference.to_json()
+
+
 def _champion_target(champion: Champion | None, manifest: DatasetManifest) -> str | None:
     """Why the champion predicts something else than this run (None: the same thing, or no
     champion whose statistics can be read)."""

@@ -11,12 +11,13 @@ events, as the training worker's do.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Callable, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -30,7 +31,7 @@ from training.launch.results import TrainResult
 from training.pipeline.handoffs import Evaluation, PackResult
 from training.storage.files import write_atomic
 
-__all__ = ["champion_metric_in_child", "evaluate_in_child", "main"]
+__all__ = ["champion_metric_in_child", "compare_in_child", "evaluate_in_child", "main"]
 
 
 class _Request(BaseModel):
@@ -49,8 +50,14 @@ class ChampionMetricRequest(_Request):
     call: Literal["champion_metric"] = "champion_metric"
 
 
-_REQUEST: TypeAdapter[EvaluateRequest | ChampionMetricRequest] = TypeAdapter(
-    Annotated[Union[EvaluateRequest, ChampionMetricRequest], Field(discriminator="call")])
+class CompareRequest(_Request):
+    call: Literal["compare"] = "compare"
+    challenger: str  # model package folders
+    base: str
+
+
+_REQUEST: TypeAdapter[EvaluateRequest | ChampionMetricRequest | CompareRequest] = TypeAdapter(
+    Annotated[Union[EvaluateRequest, ChampionMetricRequest, CompareRequest], Field(discriminator="call")])
 _METRIC: TypeAdapter[float | None] = TypeAdapter(float | None)
 
 
@@ -70,11 +77,23 @@ def champion_metric_in_child(config: RetrainConfig, packed: PackResult,
     return _METRIC.validate_json(text)
 
 
-def _run(request: EvaluateRequest | ChampionMetricRequest) -> str:
-    from training.pipeline.evaluate_stage import champion_validation_metric, evaluate_stage
+def compare_in_child(config: RetrainConfig, packed: PackResult, challenger: Path, base: Path,
+                     on_event: Callable[[ChildEvent], None] = log_child_event) -> dict[str, Any]:
+    """`compare_on_validation`, run in a child process."""
+    text = call_in_child(STAGE_CHILD_MODULE, CompareRequest(config=config, packed=packed, challenger=str(challenger),
+                                                            base=str(base)), "the comparison with the base", on_event)
+    found: dict[str, Any] = json.loads(text)
+    return found
+
+
+def _run(request: EvaluateRequest | ChampionMetricRequest | CompareRequest) -> str:
+    from training.pipeline.evaluate_stage import champion_validation_metric, compare_on_validation, evaluate_stage
 
     if isinstance(request, EvaluateRequest):
         return evaluate_stage(request.config, request.packed, request.trained).model_dump_json()
+    if isinstance(request, CompareRequest):
+        return json.dumps(compare_on_validation(request.config, request.packed, Path(request.challenger),
+                                                Path(request.base)))
     return _METRIC.dump_json(champion_validation_metric(request.config, request.packed)).decode()
 
 

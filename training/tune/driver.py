@@ -18,10 +18,10 @@ from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
 from training.launch.events import ChildEvent
 from training.launch.results import RungResult
-from training.tune.study import STUDY_DIR, RungWork, Study, study_key
+from training.tune.study import STUDY_DIR, RungCost, RungWork, Study, study_key
 from training.tune.trial import TRIAL_CHILDREN, calibrate, read_calibration
 
-__all__ = ["open_study", "drive"]
+__all__ = ["base_comparison", "open_study", "drive"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,22 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                     ", ".join(study.budget.unpriced), config.cost.instance_type,
                     "price" if study.budget.rate == 0 else "GPUs")
     study.check_first_rung()
+    _warn_of_hours(config, calibration.cost, calibration.device)
     return study
+
+
+SLOW_TRIAL_SECONDS = 3600.0  # a trial at full fidelity longer than this on a CPU is worth a word
+
+
+def _warn_of_hours(config: RetrainConfig, cost: RungCost, device: str | None) -> None:
+    """One line, before any trial, when one trial at full fidelity takes hours on this CPU (the
+    text model at its defaults takes seconds a step on a few cores; a GPU, milliseconds)."""
+    seconds = cost.of(config.train.max_steps)
+    if device == "cpu" and seconds > SLOW_TRIAL_SECONDS:
+        log.warning("one trial at full fidelity takes about %.1f h on this machine's CPU (%.0f ms a step, "
+                    "train.max_steps %d): `retrain plan` prices it on a GPU, or lower train.max_steps and the "
+                    "model's size for a first study", seconds / 3600, cost.seconds_per_step * 1000,
+                    config.train.max_steps)
 
 
 def _resolved(config: RetrainConfig, packed: PackResult) -> RetrainConfig:
@@ -95,6 +110,25 @@ def _check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
 
     stats = FeatureStats.from_json(Path(prep.stats_path).read_text())
     check_space_fits(config, ModelSchema.of(stats), resolve_device(config.train.device))
+
+
+def base_comparison(config: RetrainConfig, packed: PackResult, on_event: Callable[[ChildEvent], None]
+                    ) -> Callable[[str, str], dict[str, Any]]:
+    """Two finished trials' models compared on the validation split, in a child process (torch):
+    what `study_report.against_base` asks."""
+    def compare(challenger: str, base: str) -> dict[str, Any]:
+        from training.launch.runs import fetch_finished_run, run_rel
+        from training.pipeline.stage_child import compare_in_child
+
+        root = StorageRoot.from_config(config)
+        folders = []
+        for key in (challenger, base):
+            if root.remote is not None:
+                fetch_finished_run(root, run_rel(key))  # a trial finished on another machine
+            folders.append(root.path(f"{run_rel(key)}/model"))
+        return compare_in_child(config, packed, folders[0], folders[1], on_event)
+
+    return compare
 
 
 def drive(study: Study, submit: Callable[[RungWork], Future], first_done: Callable[[list[Future]], Future],

@@ -86,7 +86,7 @@ def _run_key(value: Any) -> str:
 
 TRIAL_ATTRS: dict[str, Callable[[Any], Any]] = {
     "run_key": _run_key, "billed_seconds": _seconds, "startup_seconds": _seconds, "steps": _count,
-    "steps_lost": _count, "preemptions": _count, "status": _status, "decided": _count,
+    "steps_lost": _count, "preemptions": _count, "status": _status, "decided": _count, "spent_at": _seconds,
     # "sent_to" and "params" depend on the study: see JournalGate._user_attr.
 }
 

@@ -354,9 +354,39 @@ class Study:
                         price_seconds=price)
 
     def _promotion(self) -> RungWork | None:
-        """ASHA's promotion (`asha_pick`) over the journal's trials."""
+        """The base (the config as given) goes on first, whenever it waits: it is never pruned,
+        so the study always holds the run it must beat. Then ASHA's promotion (`asha_pick`),
+        unless taking another trial up would spend what the leading trial needs to finish (then
+        the leader goes on instead)."""
+        base = self._waiting_base()
+        if base is not None:
+            return self._go_on(base, next(i for i, step in enumerate(self.rungs) if step > base.last_step))
         trials, pick = self._asha_pick(self._can_start())
-        return None if pick is None else self._go_on(trials[pick[0]], pick[1] + 1)
+        if pick is None:
+            return None
+        reserve = self._leader_reserve()
+        if reserve > 0:
+            _, leader = self._asha_pick(can_start=False)
+            price = self.price(self.rungs[pick[1] + 1] - self.rungs[pick[1]], trials[pick[0]])
+            if leader is not None and leader != pick and self.remaining_seconds() - price < reserve:
+                pick = leader
+        return self._go_on(trials[pick[0]], pick[1] + 1)
+
+    @staticmethod
+    def is_base(frozen: Any) -> bool:
+        """The study's first trial, enqueued with the config's own values (`_enqueue_base`)."""
+        return bool(frozen.number == 0 and "fixed_params" in frozen.system_attrs)
+
+    def _waiting_base(self) -> Any | None:
+        from optuna.trial import TrialState
+
+        trials = self.study.get_trials(deepcopy=False)
+        base = trials[0] if trials else None
+        if base is None or not self.is_base(base) or base.state != TrialState.RUNNING or 0 in self.in_flight:
+            return None
+        step = base.last_step
+        waiting = step is not None and step < self.rungs[-1] and int(base.user_attrs.get("sent_to", step)) == step
+        return base if waiting else None
 
     def _asha_pick(self, can_start: bool) -> tuple[dict[int, Any], tuple[int, int] | None]:
         """The journal's trials by number, and the (trial, rung) `asha_pick` promotes."""
@@ -430,9 +460,11 @@ class Study:
                            ("steps", outcome.step), ("steps_lost", outcome.steps_lost),
                            ("preemptions", outcome.preemptions), ("status", outcome.status)):
             live.set_user_attr(key, value)
+        live.set_user_attr("spent_at", self.spent_seconds())  # where the curve plots it
+        if outcome.status in ("paused", "budget_stopped") and outcome.step not in trial.intermediate_values \
+                and math.isfinite(outcome.value):
+            live.report(outcome.value, outcome.step)  # a budget stop's score is known too
         if outcome.status == "paused":
-            if outcome.step not in trial.intermediate_values:
-                live.report(outcome.value, outcome.step)
             if not self.deferred:
                 self._pruned(work.trial, outcome.step)
         elif outcome.status == "budget_stopped":
@@ -446,7 +478,7 @@ class Study:
         from optuna.trial import TrialState
 
         trial = self._live(number)
-        prune = trial.should_prune()
+        prune = not self.is_base(self.study.get_trials(deepcopy=False)[number]) and trial.should_prune()
         if prune:
             trial.set_user_attr("status", "pruned")
             self.study.tell(number, state=TrialState.PRUNED)

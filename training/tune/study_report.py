@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from pydantic import BaseModel, ConfigDict
@@ -41,6 +41,8 @@ class TrialRow(_Row):
     preemptions: int
     run_key: str | None
     finished_at: str | None = None  # when the trial completed or was pruned (ISO 8601); None: still open
+    spent_at: float | None = None  # the study's machine seconds when the trial's last rung ended
+    base: bool = False  # the config as given (the study's first trial)
 
 
 class Spend(_Row):
@@ -56,6 +58,7 @@ class BestTrial(_Row):
     params: dict[str, Any]
     run_key: str | None
     config: str  # where its config is: best_config.yaml, for `retrain run --config`
+    evidence: str | None = None  # how it was chosen over the config as given, when they differ
 
 
 class StudyBudget(_Row):
@@ -80,8 +83,8 @@ class TuneReport(_Row):
     trials: list[TrialRow]
     spend: Spend
     budget: StudyBudget
-    naive: Spend  # every trial trained to full fidelity, on demand
-    saved_fraction: float | None
+    naive: Spend  # every trial trained to full fidelity, on the study's own market
+    saved_fraction: float | None  # of the naive search's machine seconds (so of its cost at any one rate); None: no model
     best: BestTrial | None
 
     @classmethod
@@ -117,14 +120,17 @@ def _row(study: Study, trial: Any) -> TrialRow:
         rung_values={int(k): float(v) for k, v in trial.intermediate_values.items()},
         billed_seconds=billed, usd=study.budget.usd(billed), gpu_hours=study.budget.gpu_hours(billed),
         steps_lost=int(trial.user_attrs.get("steps_lost", 0)), preemptions=int(trial.user_attrs.get("preemptions", 0)),
-        run_key=trial.user_attrs.get("run_key"),
+        run_key=trial.user_attrs.get("run_key"), spent_at=trial.user_attrs.get("spent_at"),
+        base=study.is_base(trial) and not refused,
         finished_at=trial.datetime_complete.isoformat() if trial.datetime_complete is not None else None)
 
 
 def _naive(study: Study, rows: list[TrialRow]) -> Spend:
-    """Every trial run to train.max_steps on demand, never pruned, at its own measured pace."""
+    """Every trial run to train.max_steps, never pruned, at its own measured pace, on the study's
+    own market (like with like: a spot study against an on-demand naive search would count the
+    market's discount as the schedule's saving)."""
     config, cost = study.config, study.cost
-    on_demand = config.cost.prices[config.cost.instance_type].on_demand_per_hour
+    rate = study.budget.rate
     seconds = 0.0
     for row in rows:
         per_step = cost.seconds_per_step
@@ -135,7 +141,7 @@ def _naive(study: Study, rows: list[TrialRow]) -> Spend:
         seconds += cost.startup_seconds + config.train.max_steps * per_step
     setup = study.setup_seconds()
     total = seconds + sum(v for k, v in setup.items() if k != "calibration")
-    return Spend(seconds=total, usd=on_demand * total / SECONDS_PER_HOUR,
+    return Spend(seconds=total, usd=rate * total / SECONDS_PER_HOUR,
                  gpu_hours=study.budget.gpus * total / SECONDS_PER_HOUR, setup_seconds=setup)
 
 
@@ -160,21 +166,26 @@ def build_report(study: Study) -> TuneReport:
         rate_per_hour=study.budget.rate, trials=rows,
         spend=Spend(seconds=spent, usd=usd, gpu_hours=study.budget.gpu_hours(spent), setup_seconds=study.setup_seconds()),
         budget=StudyBudget(max_usd=t.max_usd, max_gpu_hours=t.max_gpu_hours, max_wall_seconds=t.max_wall_seconds),
-        naive=naive, saved_fraction=(1 - usd / naive.usd) if naive.usd > 0 else None, best=best)
+        naive=naive, best=best,
+        # A study that produced no model saved nothing: it bought nothing.
+        saved_fraction=(1 - spent / naive.seconds) if best is not None and naive.seconds > 0 else None)
 
 
 def curve_points(report: TuneReport) -> tuple[list[tuple[float, float, str]], list[tuple[float, float]]]:
-    """The tune curve's data: each trial's (spend so far, value, state) as the trials finished,
-    in time order (an ASHA study finishes its trials out of their numbers' order), then those
-    still open; and the best full-fidelity value so far at each point. Spend counts the setup
-    and the trials finished up to the point."""
+    """The tune curve's data: each trial's (spend, value, state) at the study's spend when its
+    last rung ended (`spent_at`: an ASHA study closes the trials still waiting only at its end,
+    which is not when their work was done); and the best full-fidelity value so far at each
+    point. A trial recorded before `spent_at` was kept is placed by finish time, at the spend of
+    the trials finished up to it."""
     priced = report.rate_per_hour > 0
-    spent = sum(report.spend.setup_seconds.values())
+    running = sum(report.spend.setup_seconds.values())
+    placed: list[tuple[float, TrialRow]] = []
+    for row in sorted(report.trials, key=lambda r: (r.finished_at is None, r.finished_at or "", r.number)):
+        running += row.billed_seconds
+        placed.append((row.spent_at if row.spent_at is not None else running, row))
     sign = 1.0 if report.direction == "maximize" else -1.0
-    order = sorted(report.trials, key=lambda r: (r.finished_at is None, r.finished_at or "", r.number))
     points, best_line, best = [], [], None
-    for row in order:
-        spent += row.billed_seconds
+    for spent, row in sorted(placed, key=lambda item: (item[0], item[1].number)):
         x = spent * report.rate_per_hour / SECONDS_PER_HOUR if priced else spent
         if row.value is not None:
             points.append((x, row.value, row.state))
@@ -228,9 +239,36 @@ def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def write_report(study: Study) -> tuple[TuneReport, Path, Path]:
-    """Write (and publish) the report, its plot and the best config; (report, json, png)."""
-    report = build_report(study)
+Compare = Callable[[str, str], dict[str, Any]]  # (challenger run key, base run key) -> PairedDifference JSON
+
+
+def against_base(report: TuneReport, compare: Compare | None) -> TuneReport:
+    """The study's answer is the config as given (the base trial) unless the best trial beats it
+    on the validation split by more than the noise of that split: the paired interval of their
+    difference, row by row (DeLong for AUC, a paired bootstrap otherwise), clears zero. The best
+    value is a maximum over trials, each itself a maximum over validations: on a small split it
+    is optimistic, and an unchecked pick can be worse than what it tuned."""
+    best = report.best
+    base = next((r for r in report.trials if r.base and r.state in ("completed", "early_stopped")), None)
+    if best is None or base is None or best.trial == base.number or compare is None or not (
+            best.run_key and base.run_key):
+        return report
+    diff = compare(best.run_key, base.run_key)
+    said = (f"validation {diff['metric']} {diff['improvement']:+.4f} over the config as given "
+            f"({diff['confidence']:.0%} interval {diff['low']:+.4f} to {diff['high']:+.4f}, {diff['method']}, "
+            f"{diff['rows']} rows)")
+    if diff["low"] > 0:
+        return report.model_copy(update={"best": best.model_copy(update={"evidence": f"trial {best.trial}: {said}"})})
+    assert base.value is not None  # finished trials have one
+    kept = BestTrial(trial=base.number, value=base.value, params=base.params, run_key=base.run_key, config=best.config,
+                     evidence=f"the config as given: trial {best.trial}'s {said} is within noise")
+    return report.model_copy(update={"best": kept})
+
+
+def write_report(study: Study, compare: Compare | None = None) -> tuple[TuneReport, Path, Path]:
+    """Write (and publish) the report, its plot and the best config; (report, json, png).
+    `compare` tells the best trial from the config as given (`against_base`)."""
+    report = against_base(build_report(study), compare)
     folder = study.root.local / study.rel
     rels = []
     if report.best is not None:

@@ -62,6 +62,7 @@ class Calibration(BaseModel):
     billed_seconds: float  # what the calibration itself cost
     startup_seconds: float
     seconds_per_step: float
+    device: str | None = None  # where it trained (None: a calibration.json written before this was kept)
 
     @property
     def cost(self) -> RungCost:
@@ -88,7 +89,7 @@ def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study
     # A rung pays the checkpoint and validation at its end, as the calibration did.
     per_step = (s.train + s.eval + s.checkpoint) / steps
     return Calibration(steps=steps, billed_seconds=result.billed_seconds, startup_seconds=s.startup,
-                       seconds_per_step=per_step)
+                       seconds_per_step=per_step, device=result.device)
 
 
 def read_calibration(path: Path) -> Calibration | None:

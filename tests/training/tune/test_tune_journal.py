@@ -61,14 +61,15 @@ PLANTED = [{"storage.root": "/elsewhere"}, {"model.factory": "builtins:print"},
 
 @pytest.mark.parametrize("params", PLANTED, ids=["storage.root", "model.factory", "out-of-range", "extra-key"])
 def test_a_planted_trial_is_refused_not_trained(tmp_path: Path, params: dict, caplog: pytest.LogCaptureFixture) -> None:
-    _drive(_study(tmp_path), rungs=2)
+    before = _study(tmp_path)
+    _drive(before, rungs=4)
+    planted = len(before.trials())  # the number the planted trial gets
     journal = _journal(tmp_path)
     _append(journal, {"op_code": 4, "study_id": 0, "datetime_start": "2026-01-01T00:00:00+00:00", "state": 0,
                       "user_attrs": {"params": json.dumps(params)}})
     with caplog.at_level(logging.WARNING):
         study = _study(tmp_path)
         handed = _drive(study)
-    planted = 2
     assert planted not in {w.trial for w in handed}
     assert all(w.config.storage.root == str(tmp_path / "root") and w.config.model.factory is None for w in handed)
     assert f"trial {planted} refused" in caplog.text
@@ -78,7 +79,7 @@ def test_a_planted_trial_is_refused_not_trained(tmp_path: Path, params: dict, ca
 
 
 def test_a_param_outside_the_space_set_on_a_running_trial_refuses_that_trial(tmp_path: Path) -> None:
-    _drive(_study(tmp_path), rungs=2)  # trials 0 and 1 wait at their first rung
+    _drive(_study(tmp_path), rungs=4)  # the base to its end, then trial 1 waits at its first rung
     _append(_journal(tmp_path), {"op_code": 5, "trial_id": 1, "param_name": "storage.root",
                                  "param_value_internal": 0, "distribution": LR})
     study = _study(tmp_path)
@@ -112,7 +113,7 @@ def test_a_last_line_cut_by_a_kill_is_repaired_and_the_study_finishes_with_its_s
     # Cut back to the last whole line; the study's own open appends after it.
     assert journal.read_bytes().startswith(b"".join(lines[:-1]) + b'{"op_code":0,')
     assert study.setup_seconds() == {"setup": 7.0}
-    assert len(study.trials()) >= 3
+    assert len(study.trials()) >= 2
     _drive(study)
     assert study.complete()
     after = journal.read_bytes()

@@ -17,19 +17,22 @@ from training.tune.study import RungCost, RungWork, Study
 RUNGS = (20, 60, 180)
 AT_FIRST_RUNG = (0.50, 0.70, 0.60, 0.80, 0.55, 0.65, 0.52, 0.75, 0.58)  # trial number -> value at step 20
 
-# Worked by hand from the rule (reduction factor 3): a trial goes on only once it is in the top
-# third of the trials that reached its rung. Trial 0 is not promoted just for being first (as
-# Optuna's SuccessiveHalvingPruner would); trial 1 goes on once three trials reached step 20.
-EXPECTED_WORK = [(0, 20), (1, 20), (2, 20), (1, 60), (3, 20), (3, 60), (4, 20), (5, 20), (6, 20), (7, 20),
-                 (7, 60), (3, 180), (8, 20)]
+# Worked by hand from the rule (reduction factor 3). Trial 0 is the config as given (the space
+# holds its learning rate): it is never pruned and goes on first, so the study always holds the
+# run it must beat. Then a trial goes on only once it is in the top third of the trials that
+# reached its rung (trial 0's values count among them): trial 1 once three trials reached step
+# 20, trial 3 to step 180 once it leads three at step 60.
+EXPECTED_WORK = [(0, 20), (0, 60), (0, 180), (1, 20), (2, 20), (1, 60), (3, 20), (3, 60), (3, 180), (4, 20),
+                 (5, 20), (6, 20), (7, 20), (7, 60), (8, 20)]
 
 
-def _study(tmp_path: Path, pruner: str = "asha") -> Study:
+def _study(tmp_path: Path, pruner: str = "asha", low: float = 1e-4) -> Study:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "tune.yaml"
     path.write_text(yaml.safe_dump({
         "storage": {"root": str(tmp_path / "root")},
         "train": {"max_steps": 180, "eval_every": 20},
-        "tune": {"space": {"train.optim.lr": "loguniform(1e-4, 1e-2)"}, "max_trials": len(AT_FIRST_RUNG),
+        "tune": {"space": {"train.optim.lr": f"loguniform({low}, 1e-2)"}, "max_trials": len(AT_FIRST_RUNG),
                  "min_resource": 20, "reduction_factor": 3, "pruner": pruner},
     }))
     return Study(load_config(path), "dataset", RungCost(startup_seconds=0.0, seconds_per_step=0.001))
@@ -66,23 +69,25 @@ def test_asha_promotes_a_trial_only_once_it_is_in_the_top_of_its_rung(tmp_path: 
     assert _drive(study) == EXPECTED_WORK
     final = _final(study)
     # Nothing is left RUNNING: trials still waiting at a rung when the study ends are pruned there.
-    assert final == [(0, "PRUNED", 20, "pruned"), (1, "PRUNED", 60, "pruned"), (2, "PRUNED", 20, "pruned"),
+    assert final == [(0, "COMPLETE", 180, "completed"), (1, "PRUNED", 60, "pruned"), (2, "PRUNED", 20, "pruned"),
                      (3, "COMPLETE", 180, "completed"), (4, "PRUNED", 20, "pruned"), (5, "PRUNED", 20, "pruned"),
                      (6, "PRUNED", 20, "pruned"), (7, "PRUNED", 60, "pruned"), (8, "PRUNED", 20, "pruned")]
     assert study.complete()
 
 
 def test_optuna_sh_promotes_the_first_trial_unconditionally(tmp_path: Path) -> None:
-    # The contrast the asha rule exists for: Optuna's pruner sends trial 0 to the top rung.
-    handed = _drive(_study(tmp_path, pruner="optuna_sh"))
+    # The contrast the asha rule exists for, on a space without the config's own learning rate
+    # (so no base trial): Optuna's pruner sends trial 0 to the top rung, asha does not.
+    handed = _drive(_study(tmp_path / "sh", pruner="optuna_sh", low=5e-3))
     assert handed[:3] == [(0, 20), (0, 60), (0, 180)]
+    assert _drive(_study(tmp_path / "asha", low=5e-3))[:3] == [(0, 20), (1, 20), (2, 20)]
 
 
 @pytest.mark.parametrize("kill_at", [0, 3, 5, 10, 11, 12])
 def test_a_reopened_study_hands_out_the_same_work(tmp_path: Path, kill_at: int) -> None:
     study = _study(tmp_path)
     assert _drive(study, reopen_before={kill_at}, tmp_path=tmp_path) == EXPECTED_WORK
-    assert [state for _, state, _, _ in _final(_study(tmp_path))].count("COMPLETE") == 1
+    assert [state for _, state, _, _ in _final(_study(tmp_path))].count("COMPLETE") == 2  # the base and the winner
 
 
 BUDGETED_RUNGS = (20, 60, 180, 540)

@@ -1,0 +1,115 @@
+"""What a study reports is honest: a budget stop's score is kept, the saving is counted like with
+like (the same market, machine seconds) and only for a study that produced a model, and each
+trial is plotted at the spend when its work was done."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from training.config import load_config
+from training.launch.results import RungResult
+from training.tune.study import RungCost, Study
+from training.tune.study_report import build_report, curve_points
+
+
+def _study(tmp_path: Path, **tune: object) -> Study:
+    path = tmp_path / "tune.yaml"
+    path.write_text(yaml.safe_dump({
+        "storage": {"root": str(tmp_path / "root")}, "train": {"max_steps": 180, "eval_every": 20},
+        "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
+        "tune": {"space": {"train.optim.lr": "loguniform(1e-4, 1e-2)"}, "max_trials": 4, "min_resource": 20,
+                 "reduction_factor": 3, "pruner": "asha", **tune},
+    }))
+    return Study(load_config(path), "dataset", RungCost(startup_seconds=0.0, seconds_per_step=0.01))
+
+
+def test_a_budget_stops_score_is_recorded(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    work = study.next_work()
+    assert work is not None
+    study.record(work, RungResult(run_key="r0", status="budget_stopped", step=14, metric="auc", value=0.71,
+                                  billed_seconds=0.14))
+    (trial,) = study.trials()
+    assert trial.intermediate_values == {14: 0.71} and trial.state.name == "PRUNED"
+
+
+def test_the_saving_is_like_with_like_and_only_for_a_study_with_a_model(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    empty = build_report(study)
+    assert empty.best is None and empty.saved_fraction is None  # no model: nothing bought, nothing saved
+    while (work := study.next_work()) is not None:
+        study.record(work, RungResult(run_key=f"r{work.trial}", status="completed" if work.step == 180 else "paused",
+                                      step=work.step, metric="auc", value=0.6 + 0.01 * work.trial,
+                                      billed_seconds=work.step * 0.01))
+    report = build_report(study)
+    assert report.best is not None and report.saved_fraction is not None
+    # The naive search on the study's own market (spot), so the saving is the schedule's alone.
+    assert report.naive.usd == pytest.approx(report.naive.seconds * report.rate_per_hour / 3600)
+    assert report.saved_fraction == pytest.approx(1 - report.spend.seconds / report.naive.seconds)
+
+
+def test_each_trial_is_plotted_at_the_spend_when_its_last_rung_ended(tmp_path: Path) -> None:
+    study = _study(tmp_path)
+    while (work := study.next_work()) is not None:
+        study.record(work, RungResult(run_key=f"r{work.trial}", status="completed" if work.step == 180 else "paused",
+                                      step=work.step, metric="auc", value=0.6 + 0.01 * work.trial,
+                                      billed_seconds=work.step * 0.01))
+    report = build_report(study)
+    points, _ = curve_points(report)
+    waited = [r for r in report.trials if r.state == "pruned"]
+    assert waited and all(r.spent_at is not None for r in report.trials)
+    # A trial ASHA closed at the study's end is drawn where its work was done, not at the end.
+    end = max(r.spent_at or 0.0 for r in report.trials)
+    assert any((r.spent_at or 0.0) < end for r in waited)
+    assert sorted(x for x, _, _ in points) == [x for x, _, _ in points]
+
+
+def _finished(tmp_path: Path) -> Study:
+    study = _study(tmp_path)
+    while (work := study.next_work()) is not None:
+        study.record(work, RungResult(run_key=f"r{work.trial}", status="completed" if work.step == 180 else "paused",
+                                      step=work.step, metric="auc", value=0.6 + 0.01 * work.trial,
+                                      billed_seconds=work.step * 0.01))
+    return study
+
+
+def _difference(low: float) -> dict[str, object]:
+    return {"metric": "auc", "improvement": low + 0.01, "low": low, "high": low + 0.02, "confidence": 0.95,
+            "method": "DeLong", "rows": 90}
+
+
+def test_the_answer_is_the_config_as_given_unless_the_pick_beats_it_beyond_noise(tmp_path: Path) -> None:
+    from training.tune.study_report import against_base
+
+    report = build_report(_finished(tmp_path))
+    assert report.best is not None and report.best.trial != 0 and report.trials[0].base
+    asked: list[tuple[str, str]] = []
+
+    def noise(challenger: str, base: str) -> dict[str, object]:
+        asked.append((challenger, base))
+        return _difference(-0.004)
+
+    kept = against_base(report, noise)
+    assert asked == [(report.best.run_key, "r0")]
+    assert kept.best is not None and kept.best.trial == 0 and kept.best.params == report.trials[0].params
+    assert "within noise" in (kept.best.evidence or "")
+    beaten = against_base(report, lambda challenger, base: _difference(0.002))
+    assert beaten.best is not None and beaten.best.trial == report.best.trial and "+0.0020" in (beaten.best.evidence or "")
+
+
+def test_a_study_says_before_any_trial_when_a_trial_takes_hours_on_this_cpu(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from training.config import RetrainConfig
+    from training.tune.driver import _warn_of_hours
+
+    with caplog.at_level(logging.WARNING):
+        _warn_of_hours(RetrainConfig(), RungCost(startup_seconds=5.0, seconds_per_step=3.1), "cpu")  # the text model
+        _warn_of_hours(RetrainConfig(), RungCost(startup_seconds=5.0, seconds_per_step=0.004), "cpu")  # the demo
+        _warn_of_hours(RetrainConfig(), RungCost(startup_seconds=5.0, seconds_per_step=3.1), "cuda")
+    (warned,) = caplog.records
+    assert "about 1.7 h on this machine's CPU (3100 ms a step" in warned.getMessage()
+    assert "retrain plan" in warned.getMessage()
