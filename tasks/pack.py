@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prefect import task, unmapped
 
-from tasks.policies import HOUR, retried, task_logger
+from tasks.policies import HOUR, retried, retry_transient, task_logger
 from training.config import RetrainConfig
 from training.data.segments import PackedSegment, SegmentPlan
 from training.pipeline.handoffs import PackResult
@@ -31,7 +31,10 @@ def begin_packing(config: RetrainConfig) -> PackBegun:
     return begun
 
 
-@task(name="pack-segment", task_run_name="pack-{plan.file.name}-{plan.file_row}", **retried(timeout_seconds=6 * HOUR))
+# No timeout: mapped, it runs in a worker thread of the task runner, where Prefect cannot
+# interrupt it (and warns on every run); the flow's timeout bounds it.
+@task(name="pack-segment", task_run_name="pack-{plan.file.name}-{plan.file_row}", retries=2, retry_delay_seconds=5,
+      retry_condition_fn=retry_transient)
 def pack_segment(config: RetrainConfig, plan: SegmentPlan) -> PackedSegment:
     """Validate and pack one segment's row groups; publish it to the storage root (idempotent)."""
     return pack_segment_stage(config, plan)

@@ -10,7 +10,7 @@ from prefect.futures import PrefectFuture, as_completed
 
 from tasks.artifacts import publish_tune_report
 from tasks.evaluate import evaluate_model
-from tasks.policies import TRAIN_TIMEOUT, backoff, forward_child_event, retry_only_preemptions, task_logger
+from tasks.policies import backoff, forward_child_event, retry_only_preemptions, task_logger
 from tasks.report import write_report as write_run_report
 from tasks.runtime import flow_run_id
 from tasks.train import train_model
@@ -29,8 +29,9 @@ def _child_logger(event: ChildEvent) -> None:
     forward_child_event(task_logger(), event)
 
 
-@task(name="trial", task_run_name="trial-{trial}-to-step-{step}", retry_condition_fn=retry_only_preemptions,
-      timeout_seconds=TRAIN_TIMEOUT)
+# No timeout: submitted, it runs in a worker thread of the task runner, where Prefect cannot
+# interrupt it (and warns on every run); the flow's timeout bounds it.
+@task(name="trial", task_run_name="trial-{trial}-to-step-{step}", retry_condition_fn=retry_only_preemptions)
 def train_rung(config: RetrainConfig, packed: PackResult, prep: PrepResult, trial: int, step: int) -> RungResult:
     """Train one trial's run towards one rung in a child process (resumes its checkpoint)."""
     from training.tune.trial import rung_stage

@@ -123,7 +123,8 @@ def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
     else:
         source = _bad_copy(demo_source, tmp_path / "src", "price", lambda n: pa.nulls(n))
         named = "price"
-    args = _sets(small_overrides(tmp_path / "root", source) + ["data.pack_parts=4"])
+    # data.task given: a string label would otherwise be inferred multiclass and train.
+    args = _sets(small_overrides(tmp_path / "root", source) + ["data.pack_parts=4", "data.task=binary"])
     out = _retrain(args, tmp_path, env=prefect_server.env)  # a running server: no start-up to wait for
     assert out.returncode == 2, out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]

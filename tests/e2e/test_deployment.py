@@ -24,6 +24,10 @@ def test_schedule_concurrency_and_parameter_schema(deployed: PrefectServer) -> N
     assert schedule["active"] is True
     assert retrain["global_concurrency_limit"]["limit"] == 1
     assert retrain["work_pool_name"] == POOL
+    # Long runs and light ones on queues of their own (retrain server gives them priorities and limits).
+    assert retrain["work_queue_name"] == "training"
+    assert deployment(deployed, "predict", flow="predict")["work_queue_name"] == "light"
+    assert deployment(deployed, "watch", flow="watch")["work_queue_name"] == "light"
     # The flow's one parameter is the typed config model: the UI form is built from this schema.
     schema = retrain["parameter_openapi_schema"]
     assert schema["properties"]["config"]["$ref"] == "#/definitions/RetrainConfig"
