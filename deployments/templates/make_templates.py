@@ -1,6 +1,6 @@
 """Writes the base job templates of the GPU work pools: each is its worker type's default
 template plus the variables the GPU deployments set. Run it after upgrading prefect-aws or
-prefect-kubernetes (tests/deployments/test_job_templates.py fails while a file is stale):
+prefect-kubernetes (tests/test_job_templates.py fails while a file is stale):
 
     python deployments/templates/make_templates.py
 

@@ -120,23 +120,31 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (.ci/run installs it)")
-def test_the_mlflow_ui_shows_the_run_and_the_champion_alias(mlflow_url: str) -> None:
-    """Run after the test above: its model versions are in the registry. The screenshot is the
+def test_the_mlflow_ui_shows_the_run_and_the_champion_alias(mlflow_url: str, tmp_path: Path) -> None:
+    """What a pipeline run leaves in MLflow (a run with its test metrics, its model as the
+    champion version), made here so the test depends on no other. The screenshot is the
     README's (docs/mlflow-ui.png is a copy of one)."""
     from playwright.sync_api import sync_playwright
 
     from tests.e2e.conftest import ROOT
+    from training.config import TrackingConfig
+    from training.pipeline.tracking import MlflowTracker, register_model
 
     artifacts = ROOT / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
-    champion = _client(mlflow_url).get_model_version_by_alias(MODEL, "champion")
+    name = "ui-model"
+    tracker = MlflowTracker(TrackingConfig(mlflow_uri=mlflow_url, registered_model=name), mlflow_url, "c" * 16,
+                            tmp_path / "run")
+    tracker.log_metrics({"test_auc": 0.8123}, 0, "the test metrics")
+    register_model(tracker, _package(tmp_path), "3" * 64, is_champion=True)
+    champion = _client(mlflow_url).get_model_version_by_alias(name, "champion")
     with sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
             args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run"])
         page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(f"{mlflow_url}/#/models/{MODEL}")
+        page.goto(f"{mlflow_url}/#/models/{name}")
         page.get_by_text("Model training").first.click()  # not the GenAI view of runs
         assistant = page.get_by_role("button", name="Close")
         if assistant.count():

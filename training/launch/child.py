@@ -12,7 +12,7 @@ checkpoint and seeds every generator, so which child ran it changes nothing (tes
 Protocol (single-process jobs only; torchrun children are never kept): a child started with
 `--hold` writes `{"event": "idle"}` after a job that ended with exit code 0 and waits on stdin
 for one JSON line `{"job": path, "error": path, "spawn_time": t}`; end of file, SIGTERM or its
-parent's death ends it. Any other ending (preempted, a user error, a crash) exits as before.
+parent's death ends it. Any other ending (preempted, a user error, a crash) exits the process, as without `--hold`.
 """
 
 from __future__ import annotations

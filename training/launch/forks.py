@@ -5,7 +5,7 @@ A process that starts training children (a flow run, a task retried after a pree
 next flow run in the same worker, a test session) keeps one zygote: a process that imported
 torch and the training loop once. Each single-process job's child is forked from it, so it
 skips the imports a fresh Python would pay (about 2.5 s of CPU each). Anything the zygote
-cannot vouch for starts a fresh process as before: torchrun jobs, a machine with a GPU
+cannot vouch for starts a fresh process (subprocess.Popen): torchrun jobs, a machine with a GPU
 driver, a parent whose environment changed a variable read at import time, a zygote that died
 or refused to serve.
 

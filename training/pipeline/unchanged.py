@@ -6,7 +6,7 @@ depended on; `<key>` is the fingerprint of the whole effective config, the code 
 libraries that compute. The record adds the source files' dataset fingerprint and the champion
 the run left in place. `retrain run` computes the key, and when a record exists, its report is
 still there, the source's bytes give the same dataset and the champion pointer names the same
-model, the flow would find every stage done and decide the promotion as before: the CLI prints
+model, the flow would find every stage done and decide the promotion the same way: the CLI prints
 that report instead of running it (`--force` runs it anyway).
 
 Not recorded, so always rerun through the flow:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -160,14 +159,21 @@ def test_retention_removes_segments_no_kept_dataset_lists(tmp_path: Path, demo_s
     source.mkdir()
     os.link(days[0], source / days[0].name)
     config = _config(tmp_path / "root", source, "storage.keep_datasets=1")
+
+    def written_earlier(packed: object, seconds: float) -> None:
+        """Datasets are ordered by when their manifest was written: set it, rather than wait."""
+        manifest = Path(packed.dataset_dir) / "manifest.json"  # type: ignore[attr-defined]
+        at = manifest.stat().st_mtime - seconds
+        os.utime(manifest, (at, at))
+
     first = pack_stage(config)
+    written_earlier(first, 20)
     days[0].unlink()
     (source / days[0].name).unlink()  # day 0 leaves the source: its segment leaves the next datasets
     os.link(days[1], source / days[1].name)
-    time.sleep(0.01)  # datasets are ordered by when their manifest was written
     second = pack_stage(config)
+    written_earlier(second, 10)
     os.link(days[2], source / days[2].name)
-    time.sleep(0.01)
     assert second.segments_removed == 0  # day 0 is still listed by the first dataset, which is kept
     third = pack_stage(config)
     assert third.segments_removed == 1  # the first dataset is no longer one of the newest: day 0 goes

@@ -90,17 +90,28 @@ def test_a_lease_from_another_machine_expires_by_the_servers_clock_and_renewal_k
     store.client.put_object(Bucket=s3_bucket, Key=store.key(LEASE_KEY),
                             Body=json.dumps({"host": "elsewhere", "pid": 1, "ttl_seconds": 2}).encode())
     waits: list[str] = []
-    lease = S3Lease(store, ttl_seconds=1.5, poll_seconds=0.2)
+    lease = S3Lease(store, ttl_seconds=4.0, poll_seconds=0.2)
     lease.acquire(waits.append)
     assert waits and "elsewhere" in waits[0]  # it waited, and said for whom
     try:
-        # Renewed every ttl/3: a second claimant keeps waiting well past the time to live.
-        rival = S3Lease(store, ttl_seconds=1.5, poll_seconds=0.2)
+        # Renewed every ttl/3: a second claimant keeps waiting past the time to live. Waited for
+        # as renewals (each a new ETag on the lease), not as seconds: on a loaded machine the
+        # renewal thread may run late, which a fixed sleep would take for a lost lease.
+        rival = S3Lease(store, ttl_seconds=4.0, poll_seconds=0.2)
         assert not rival._put(IfNoneMatch="*")
-        time.sleep(3.0)
+        seen = [lease.etag]
+
+        def renewed_past_the_ttl() -> bool:
+            if lease.etag != seen[-1]:
+                seen.append(lease.etag)
+            return len(seen) > 3  # three renewals: one time to live after the first hold
+        deadline = time.monotonic() + 120
+        while not renewed_past_the_ttl():
+            assert time.monotonic() < deadline, "the lease was not renewed three times in 120 s"
+            time.sleep(0.05)
         current = rival._current()
         assert current is not None and not rival._stale(current[1], current[2])
-        assert not lease.lost.is_set()
+        assert not rival._put(IfNoneMatch="*") and not lease.lost.is_set()
     finally:
         lease.release()
     assert store.get_bytes(LEASE_KEY) is None
