@@ -322,6 +322,14 @@ class LoaderConfig(_Section):
         512.0, ge=0, description="RAM for transformed train shards kept from one epoch to the next, per process "
         "(shared out among DataLoader workers and a node's ranks); shards beyond it are read and transformed again.",
         json_schema_extra=OPERATIONAL)
+    resident: bool | Literal["auto"] = Field(
+        "auto", description="Hold the whole train split in the training device's memory and gather each batch "
+        "there by index (the same rows in the same order as streaming: the same model). auto: on a CUDA GPU when "
+        "it fits in resident_memory_fraction of its free memory; true: on any device; false: always stream.",
+        json_schema_extra=OPERATIONAL)
+    resident_memory_fraction: float = Field(
+        0.5, gt=0, le=0.9, description="Share of the device's free memory the resident train split may take.",
+        json_schema_extra=OPERATIONAL)
 
     @field_validator("num_workers")
     @classmethod

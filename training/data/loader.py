@@ -22,7 +22,7 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -368,7 +368,20 @@ class MixedBatches:
         self.new.release()
 
 
-TrainBatches = ShardBatches | MixedBatches
+class TrainBatches(Protocol):
+    """The train stream's batches: streamed from the shards (`ShardBatches`), mixed for a warm
+    start (`MixedBatches`), or held whole on the device (`training.data.resident`: the same rows
+    in the same order as ShardBatches)."""
+
+    batch_size: int
+    rows: int
+    split: str
+    batches_per_epoch: int
+    cache_bytes: int
+
+    def batch(self, epoch: int, index: int) -> Batch: ...
+
+    def release(self) -> None: ...
 
 
 class TrainStream(IterableDataset):

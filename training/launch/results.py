@@ -112,6 +112,7 @@ class LoaderWorkers(_Result):
 
     used: int = 0
     probe: WorkersProbe | None = None
+    resident: bool = False  # the train split held on the device, batches gathered there (train.loader.resident)
 
 
 class BatchLayout(_Result):

@@ -135,6 +135,7 @@ def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: flo
         samples_seen=progress.step * progress.micro_batch * trainer.grad_accum,  # the micro-batch is global
         batch_layout=BatchLayout(micro_batch=progress.micro_batch, grad_accum=trainer.grad_accum,
                                  auto=progress.auto_batch, peak_lr=tc.peak_lr()),
-        num_workers=LoaderWorkers(used=trainer.num_workers, probe=trainer.workers_probe), threads=trainer.threads,
+        num_workers=LoaderWorkers(used=trainer.num_workers, probe=trainer.workers_probe, resident=trainer.resident),
+        threads=trainer.threads,
         compile_seconds=trainer.compile_seconds, world_size=trainer.world_size, checkpoint_upload=upload,
     )

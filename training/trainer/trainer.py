@@ -214,7 +214,10 @@ class Trainer:
                                                  int(tc.loader.cache_mb * 1e6) // local_world)
         self.workers_probe = None
         num_workers = tc.loader.num_workers
-        if num_workers == "auto" and progress.num_workers is not None:
+        self.resident = self._held_resident()
+        if self.resident:
+            num_workers = 0  # the batches are gathered on the device: nothing for a worker to do
+        elif num_workers == "auto" and progress.num_workers is not None:
             num_workers = progress.num_workers
         elif num_workers == "auto":
             batches = self.train_batches
@@ -226,9 +229,32 @@ class Trainer:
         self._decide_threads()
         self.loader = make_train_loader(
             self.train_batches, StreamPosition(progress.epoch, progress.batch), self.num_workers,
-            pin_memory=self.device.type == "cuda", rank=self.rank, world=self.world_size)
+            pin_memory=self.device.type == "cuda" and not self.resident, rank=self.rank, world=self.world_size)
         source: Any = self.loader.dataset if isinstance(self.loader, DataLoader) else self.loader
         self.per_epoch = source.per_epoch  # global batches per epoch
+
+    def _held_resident(self) -> bool:
+        """The train split on the device when train.loader.resident asks and it fits
+        (training.data.resident); the stream otherwise."""
+        from training.data.resident import ResidentBatches, resident_bytes
+
+        setting, batches = self.tc.loader.resident, self.train_batches
+        if setting is False or not isinstance(batches, ShardBatches) or (
+                setting == "auto" and self.device.type != "cuda"):
+            return False
+        need = resident_bytes(batches)
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            room = free * self.tc.loader.resident_memory_fraction
+        else:
+            room = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")) * self.tc.loader.resident_memory_fraction
+        if need > room:
+            log.info("the train split (%.0f MB transformed) does not fit in %.0f MB of %s memory: streaming it",
+                     need / 1e6, room / 1e6, self.device.type)
+            return False
+        self.train_batches = ResidentBatches(batches, self.device)
+        log.info("the train split is held on %s (%.0f MB): batches are gathered there", self.device, need / 1e6)
+        return True
 
     def _decide_threads(self) -> None:
         """The run's intra-op threads, from the loader now known and the other processes'

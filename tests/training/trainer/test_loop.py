@@ -50,6 +50,22 @@ def test_workers_change_nothing_but_speed(small_config: RetrainConfig) -> None:
     assert with_workers.model.sha256 == reference.model.sha256
 
 
+def test_the_split_held_on_the_device_trains_the_streamed_model_and_resumes_bit_identically(
+        small_config: RetrainConfig) -> None:
+    """train.loader.resident gathers each batch from the whole split held on the device (here the
+    CPU, through the same code): the same rows in the same order as streaming, so the same
+    model, across epochs (60 steps of 128 rows are more than one) and across a resume."""
+    from tests.training.helpers import assert_resumes_bit_identically
+
+    small_config.train.loader.num_workers = 0
+    streamed = train(make_job(small_config, "streamed"))
+    small_config.train.loader.resident = True
+    held = train(make_job(small_config, "held"))
+    assert held.model.sha256 == streamed.model.sha256 and held.history == streamed.history
+    assert held.num_workers.resident and not streamed.num_workers.resident
+    assert_resumes_bit_identically(small_config, stop_at=40)
+
+
 def test_early_stopping_patience_survives_a_resume(small_config: RetrainConfig) -> None:
     small_config.train.max_steps = 400
     small_config.train.eval_every = 10
