@@ -4,8 +4,7 @@ from prefect import task
 
 from tasks.policies import HOUR, retried, task_logger
 from training.config import RetrainConfig
-from training.model.batch_scoring import PredictResult
-from training.pipeline.predict_stage import nothing_to_score, predict_stage
+from training.model.predict_result import PredictResult
 
 __all__ = ["score_parquet"]
 
@@ -15,6 +14,8 @@ def score_parquet(config: RetrainConfig, source: str, output: str, model: str, k
                   ) -> PredictResult:
     """Score `source` into `output`; a retry (or a rerun) finds finished output and skips it.
     (Not `keys`: Prefect's parameter model would shadow its .keys().)"""
+    from training.pipeline.predict_stage import nothing_to_score, predict_stage  # torch: only when it scores
+
     empty = nothing_to_score(source)
     if empty is not None:
         task_logger().warning("%s: nothing to score; this run does nothing (put Parquet files there, or set the "

@@ -34,13 +34,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
-from pydantic import BaseModel, ConfigDict
 
 from training.config import DataConfig
 from training.data.arrow_buffers import arrow_float32, arrow_float64, arrow_int8, arrow_int64
 from training.data.features import FeatureStats, FeatureTransform
 from training.data.validation import FeatureValidator, feature_arrays
 from training.data.ragged import OFFSETS, Ragged
+from training.model.predict_result import PredictResult
 from training.errors import CheckpointError, ConfigError, DataError, StorageError
 from training.model.evaluation import EVAL_BATCH
 from training.model.network import forward_fn
@@ -58,20 +58,6 @@ PREDICTION_COLUMNS = {"binary": ["probability", "prediction"], "multiclass": ["p
                       "regression": ["prediction"]}
 # The output's Parquet key-value metadata: what a rerun compares to skip scoring again.
 PREFIX = "retrain."
-
-
-class PredictResult(BaseModel):
-    """What `retrain predict` wrote (or found already written)."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    output: str
-    rows: int
-    model_sha256: str
-    skipped: bool  # the output already held this model's scores of this input
-    seconds: float
-    key_columns: list[str]  # not `keys`: Prefect treats a model with .keys() as a mapping
-    torch_threads: int | None = None  # the model's intra-op threads, when the stage chose them
 
 
 @dataclass(frozen=True)

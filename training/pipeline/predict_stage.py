@@ -18,7 +18,8 @@ from training.config import RetrainConfig
 from training.data.csv_files import CONVERSIONS, is_csv
 from training.data.sources import LocalSource, is_source_file, source_files
 from training.errors import CheckpointError, ConfigError, DataError
-from training.model.batch_scoring import PredictResult, ScoringModel, load_scoring_model, predict_files, scoring_meta
+from training.model.batch_scoring import ScoringModel, load_scoring_model, predict_files, scoring_meta
+from training.model.predict_result import PredictResult
 from training.pipeline.champion import check_champion
 from training.storage.root import StorageRoot, settings_for
 from training.storage.s3 import S3Store, parse_s3_uri
