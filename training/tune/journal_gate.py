@@ -320,6 +320,11 @@ class JournalGate:
                     raise _Refused(f"fixed_params {name}={raw!r} is outside tune.space")
         elif isinstance(key, str) and re.fullmatch(r"completed_rung_\d{1,3}", key):  # SuccessiveHalvingPruner
             _score(value)
+        elif isinstance(key, str) and re.fullmatch(r"tpe:relative_params:\d{1,4}", key):
+            # TPE's joint suggestion for the trial (multivariate, constant liar), in chunks of
+            # JSON text: only a suggestion, whose values the parameters' own lines still pass.
+            if not isinstance(value, str) or len(value) > 4096:
+                raise _Refused(f"{key} must be a piece of JSON text")
         else:
             raise _Refused(f"{key!r} is not a trial system attribute of this study")
 

@@ -162,3 +162,18 @@ def test_the_best_config_names_its_data_by_absolute_path(tmp_path: Path, monkeyp
     best = yaml.safe_load((tmp_path / "root" / study.rel / "best_config.yaml").read_text())
     assert best["data"]["source"] == str(tmp_path / "data" / "mine.parquet")
     assert best["storage"]["root"] == str(tmp_path / "root")
+
+
+def test_tpes_own_lines_pass_the_gate_once_it_samples_from_the_trials(tmp_path: Path) -> None:
+    """Past its startup trials TPE samples jointly and journals that suggestion as trial system
+    attributes (tpe:relative_params:<n>): the study's own lines, which must pass."""
+    path = tmp_path / "tpe.yaml"
+    path.write_text(yaml.safe_dump({
+        "storage": {"root": str(tmp_path / "root")}, "train": {"max_steps": 180, "eval_every": 20},
+        "tune": {"space": {**SPACE, "model.dropout": "uniform(0, 0.5)"}, "max_trials": 16, "min_resource": 20,
+                 "reduction_factor": 3, "pruner": "asha"},
+    }))
+    study = Study(load_config(path), "dataset", RungCost(startup_seconds=0.0, seconds_per_step=0.001))
+    _drive(study)
+    assert study.complete() and study.gate.refusals == []
+    assert any(k.startswith("tpe:relative_params") for t in study.trials() for k in t.system_attrs)
