@@ -52,12 +52,7 @@ def test_the_saving_is_like_with_like_and_only_for_a_study_with_a_model(tmp_path
 
 
 def test_each_trial_is_plotted_at_the_spend_when_its_last_rung_ended(tmp_path: Path) -> None:
-    study = _study(tmp_path)
-    while (work := study.next_work()) is not None:
-        study.record(work, RungResult(run_key=f"r{work.trial}", status="completed" if work.step == 180 else "paused",
-                                      step=work.step, metric="auc", value=0.6 + 0.01 * work.trial,
-                                      billed_seconds=work.step * 0.01))
-    report = build_report(study)
+    report = build_report(_finished(tmp_path))
     points, _ = curve_points(report)
     waited = [r for r in report.trials if r.state == "pruned"]
     assert waited and all(r.spent_at is not None for r in report.trials)
