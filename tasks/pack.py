@@ -1,7 +1,7 @@
 """Packing as tasks: begin (list the source, plan what is missing), one task per segment
-(mapped), finish (the dataset's manifest, retention).
+(at most `data.pack_parts` at once), finish (the dataset's manifest, retention).
 
-The flow maps `pack_segment` over the segments on its task runner: the default thread pool, or
+The flow submits `pack_segment` for each segment on its task runner: the default thread pool, or
 a Dask/Ray runner to spread packing over a cluster. A segment task reads only its own row
 groups and publishes its segment to the storage root itself, so with an s3:// root and an
 s3:// source the workers share no folder with the flow.
@@ -9,7 +9,8 @@ s3:// source the workers share no folder with the flow.
 
 from __future__ import annotations
 
-from prefect import task, unmapped
+from prefect import task
+from prefect.futures import PrefectFuture, as_completed
 
 from tasks.policies import HOUR, retried, retry_transient, task_logger
 from training.config import RetrainConfig
@@ -31,7 +32,7 @@ def begin_packing(config: RetrainConfig) -> PackBegun:
     return begun
 
 
-# No timeout: mapped, it runs in a worker thread of the task runner, where Prefect cannot
+# No timeout: submitted, it runs in a worker thread of the task runner, where Prefect cannot
 # interrupt it (and warns on every run); the flow's timeout bounds it.
 @task(name="pack-segment", task_run_name="pack-{plan.file.name}-{plan.file_row}", retries=2, retry_delay_seconds=5,
       retry_condition_fn=retry_transient)
@@ -51,18 +52,30 @@ def finish_packing(config: RetrainConfig, begun: PackBegun, packed: list[PackedS
 
 
 def pack_dataset(config: RetrainConfig) -> PackResult:
-    """Plan, pack the missing segments (mapped over the flow's task runner, `data.pack_parts` at
-    a time), finish: the pack stage. A segment that fails (bad data) fails the stage with its own
-    error; a half-packed segment leaves nothing behind, and the ones already packed are kept."""
+    """Plan, pack the missing segments (on the flow's task runner, `data.pack_parts` at a time),
+    finish: the pack stage. A segment that fails (bad data) fails the stage with its own error; a
+    half-packed segment leaves nothing behind, and the ones already packed are kept."""
     begun = begin_packing(config)
     todo = begun.plan.todo if begun.done is None else []
+    return finish_packing(config, begun, _pack_in_window(config, todo, config.data.pack_parts))
+
+
+def _pack_in_window(config: RetrainConfig, todo: list[SegmentPlan], width: int) -> list[PackedSegment]:
+    """Every segment of `todo` packed, at most `width` at once: a new one starts as soon as any
+    finishes, so one slow segment holds one slot, not a whole wave (with 80 workers and
+    segments of uneven size, waves that wait for their slowest keep most workers idle)."""
+    waiting = list(reversed(todo))
+    running: set[PrefectFuture[PackedSegment]] = set()
     packed: list[PackedSegment] = []
-    wave = config.data.pack_parts
-    for start in range(0, len(todo), wave):
-        futures = pack_segment.map(unmapped(config), todo[start:start + wave])
-        try:
-            packed += [future.result() for future in futures]
-        except BaseException:
-            futures.wait()  # the other segments finish or fail on their own; nothing half-written stays
-            raise
-    return finish_packing(config, begun, packed)
+    try:
+        while waiting or running:
+            while waiting and len(running) < width:
+                running.add(pack_segment.submit(config, waiting.pop()))
+            done = next(as_completed(list(running)))
+            running.discard(done)
+            packed.append(done.result())  # a failed segment raises its own error here
+    except BaseException:
+        for future in running:
+            future.wait()  # the others finish or fail on their own; nothing half-written stays
+        raise
+    return packed

@@ -277,6 +277,50 @@ def test_flow_fans_packing_out_over_segments_byte_identical_to_serial(demo_sourc
                                                                                    serial.fingerprint)
 
 
+def test_packing_starts_the_next_segment_as_soon_as_any_finishes(demo_source: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two slots, four segments, the first held until the other three are packed: that only
+    finishes when a freed slot takes the next segment at once (waves of two would wait for the
+    held one forever), and never more than two run together."""
+    import threading
+
+    import pyarrow.parquet as pq
+    from prefect import flow
+
+    import tasks.pack
+    from tests.conftest import small_overrides
+    from training.config import load_config
+
+    source = tmp_path / "src"
+    source.mkdir()
+    pq.write_table(pq.read_table(demo_source).slice(0, 8000), source / "a.parquet", row_group_size=1000)
+    config = load_config(overrides=small_overrides(tmp_path / "root", source)
+                         + ["data.segment_rows=2000", "data.pack_parts=2"])
+    real, lock, others_done = tasks.pack.pack_segment_stage, threading.Lock(), threading.Event()
+    running, most, finished = [0], [0], []
+
+    def held_first(config: RetrainConfig, plan):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        try:
+            if plan.file_row == 0 and not others_done.wait(timeout=120):
+                raise AssertionError("the other segments never started while the first was held")
+            return real(config, plan)
+        finally:
+            with lock:
+                running[0] -= 1
+                finished.append(plan.file_row)
+                if len(finished) == 3 and 0 not in finished:
+                    others_done.set()
+
+    monkeypatch.setattr(tasks.pack, "pack_segment_stage", held_first)
+    packed = flow(name="pack-window")(tasks.pack.pack_dataset)(config)
+    assert packed.segments_packed == 4 and finished[-1] == 0 and most[0] == 2
+    serial = pack_stage(load_config(overrides=small_overrides(tmp_path / "serial", source) + ["data.segment_rows=2000"]))
+    assert packed.fingerprint == serial.fingerprint
+
+
 def _wait(predicate, timeout: float = 30.0):  # logs and events reach the server in batches
     import time
 
