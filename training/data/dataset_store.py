@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import uuid
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class DatasetStore:
     def __init__(self, root: StorageRoot) -> None:
         self.root = root
         self._remote_listing: dict[str, int] | None = None  # rel -> size under datasets/segments/
+        self._listing_lock = threading.Lock()  # planning asks from several threads
         self._remote_datasets: dict[str, float] | None = None  # rel of each dataset manifest -> modified
         self.uploaded_bytes = 0
         self._segments_root: Path | None = None
@@ -90,7 +92,11 @@ class DatasetStore:
 
     def _listing(self) -> dict[str, int]:
         """{"<key>/<file>": size} of every segment file on S3, listed once (with the datasets'
-        manifests: one listing of datasets/)."""
+        manifests: one listing of datasets/), by the first of the threads that ask."""
+        with self._listing_lock:
+            return self._list_once()
+
+    def _list_once(self) -> dict[str, int]:
         if self._remote_listing is None:
             assert self.root.remote is not None
             found = self.root.remote.list_detailed("datasets/")

@@ -15,6 +15,7 @@ changes, the dataset is packed as segments, which a log line says.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = ["PACK_FORMAT_VERSION", "PackPlan", "assemble_dataset", "forget_verification", "pack_local", "pack_serially", "plan_pack"]
 
 PACK_FORMAT_VERSION = SEGMENT_FORMAT
+PLAN_THREADS = 16  # footers and segment.json files read at once while planning
 
 
 class PackPlan(BaseModel):
@@ -64,18 +66,26 @@ def plan_pack(spec: str | Path, config: DataConfig, store: DatasetStore,
     if legacy is not None:
         return PackPlan(source=source.uri, files=files, ready=[], todo=[]), legacy
     ckey = segment_config_key(config)
-    ready: list[SegmentManifest] = []
-    todo: list[SegmentPlan] = []
     validator = FeatureValidator(config)
-    for file in files:
+
+    def plan_file(file: SourceFile) -> tuple[list[SegmentManifest], list[SegmentPlan]]:
         entry = index.lookup(ckey, source.uri, file)
         indexed = None if entry is None else _indexed_segments(entry.segments, file, store)
-        if indexed is None:
-            ranges = ParquetRanges(source, file)
-            validator.check_schema(ranges.where, ranges.schema)  # a wrong file fails before anything is packed
-            todo += plan_segments(source.uri, file, ranges.row_group_rows, config.segment_rows)
-        else:
-            ready += indexed
+        if indexed is not None:
+            return indexed, []
+        ranges = ParquetRanges(source, file)
+        validator.check_schema(ranges.where, ranges.schema)  # a wrong file fails before anything is packed
+        return [], plan_segments(source.uri, file, ranges.row_group_rows, config.segment_rows)
+
+    ready: list[SegmentManifest] = []
+    todo: list[SegmentPlan] = []
+    # Each file costs a round trip or two on S3 (its footer, or its segments' segment.json), so
+    # they are asked PLAN_THREADS at a time; results come back in the files' order, and the first
+    # file that fails in that order is the error, as one by one.
+    with ThreadPoolExecutor(max_workers=PLAN_THREADS, thread_name_prefix="pack-plan") as pool:
+        for found, planned in pool.map(plan_file, files):
+            ready += found
+            todo += planned
     if not ready and not todo:
         raise DataError(f"{source.uri}: the table is empty (0 rows)")
     return PackPlan(source=source.uri, files=files, ready=ready, todo=todo, source_bytes_read=source.bytes_read), None
