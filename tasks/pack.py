@@ -9,12 +9,15 @@ s3:// source the workers share no folder with the flow.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 from prefect import task
 from prefect.futures import PrefectFuture, as_completed
 
 from tasks.policies import HOUR, retried, retry_transient, task_logger
 from training.config import RetrainConfig
 from training.data.segments import PackedSegment, SegmentPlan
+from training.errors import ConfigError
 from training.pipeline.handoffs import PackResult
 from training.pipeline.pack_stage import PackBegun, pack_begin, pack_finish, pack_segment_stage
 
@@ -52,15 +55,33 @@ def finish_packing(config: RetrainConfig, begun: PackBegun, packed: list[PackedS
 
 
 def pack_dataset(config: RetrainConfig) -> PackResult:
-    """Plan, pack the missing segments (on the flow's task runner, `data.pack_parts` at a time),
-    finish: the pack stage. A segment that fails (bad data) fails the stage with its own error; a
-    half-packed segment leaves nothing behind, and the ones already packed are kept."""
+    """Plan, pack the missing segments (on the flow's task runner, or the Dask cluster of
+    `data.pack_cluster`, `data.pack_parts` at a time), finish: the pack stage. A segment that
+    fails (bad data) fails the stage with its own error; a half-packed segment leaves nothing
+    behind, and the ones already packed are kept."""
     begun = begin_packing(config)
     todo = begun.plan.todo if begun.done is None else []
-    return finish_packing(config, begun, _pack_in_window(config, todo, config.data.pack_parts))
+    if not todo or config.data.pack_cluster is None:
+        packed = _pack_in_window(todo, config.data.pack_parts, lambda plan: pack_segment.submit(config, plan))
+    else:
+        with _dask_runner(config.data.pack_cluster) as runner:
+            packed = _pack_in_window(todo, config.data.pack_parts,
+                                     lambda plan: runner.submit(pack_segment, {"config": config, "plan": plan}))
+    return finish_packing(config, begun, packed)
 
 
-def _pack_in_window(config: RetrainConfig, todo: list[SegmentPlan], width: int) -> list[PackedSegment]:
+def _dask_runner(address: str) -> Any:
+    """prefect-dask's task runner on the cluster at `address` (its task runs are this flow
+    run's, as on the flow's own runner)."""
+    try:
+        from prefect_dask import DaskTaskRunner
+    except ImportError:
+        raise ConfigError("data.pack_cluster needs prefect-dask: pip install -c constraints.txt -e '.[dask]'") from None
+    return DaskTaskRunner(address=address)
+
+
+def _pack_in_window(todo: list[SegmentPlan], width: int,
+                    submit: Callable[[SegmentPlan], PrefectFuture[PackedSegment]]) -> list[PackedSegment]:
     """Every segment of `todo` packed, at most `width` at once: a new one starts as soon as any
     finishes, so one slow segment holds one slot, not a whole wave (with 80 workers and
     segments of uneven size, waves that wait for their slowest keep most workers idle)."""
@@ -70,7 +91,7 @@ def _pack_in_window(config: RetrainConfig, todo: list[SegmentPlan], width: int) 
     try:
         while waiting or running:
             while waiting and len(running) < width:
-                running.add(pack_segment.submit(config, waiting.pop()))
+                running.add(submit(waiting.pop()))
             done = next(as_completed(list(running)))
             running.discard(done)
             packed.append(done.result())  # a failed segment raises its own error here

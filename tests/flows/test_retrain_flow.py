@@ -396,15 +396,14 @@ def test_nothing_read_back_from_the_root_is_unpickled(small_config: RetrainConfi
 @pytest.mark.slow
 def test_packing_on_a_dask_cluster_that_shares_no_folder_is_byte_identical_to_serial(
         s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The flow on prefect-dask's DaskTaskRunner over a dask.distributed cluster of two worker
-    processes, each with its own home and so its own storage.local_dir, the source and the
+    """The flow packing on a dask.distributed cluster of two worker processes named by
+    `data.pack_cluster`, each with its own home and so its own storage.local_dir, the source and the
     storage root on S3 (moto's server): the workers pack the segments and publish them
     themselves, the flow's machine never holds a shard, and the dataset on S3 is byte for byte
     the one a single process packs."""
     import boto3
     import pyarrow.parquet as pq
     from distributed import Nanny, Scheduler, SpecCluster
-    from prefect_dask import DaskTaskRunner
 
     from tests.conftest import s3_overrides, small_overrides
     from training.config import load_config
@@ -417,17 +416,16 @@ def test_packing_on_a_dask_cluster_that_shares_no_folder_is_byte_identical_to_se
     homes = {name: tmp_path / f"home-{name}" for name in ("flow", "w0", "w1", "serial")}
     monkeypatch.setenv("HOME", str(homes["flow"]))  # storage.local_dir unset: each machine's own ~/.cache
 
-    def config_for(prefix: str) -> RetrainConfig:
+    def config_for(prefix: str, *more: str) -> RetrainConfig:
         s3 = [o for o in s3_overrides(s3_bucket, s3_server, tmp_path / "unused", prefix) if "local_dir" not in o]
         return load_config(overrides=small_overrides(tmp_path / "unused", demo_source) + s3 + [
             f"data.source=s3://{s3_bucket}/incoming/", "data.segment_rows=1000", "data.pack_parts=4",
-            "train.max_steps=20"])
+            "train.max_steps=20", *more])
 
     workers = {name: {"cls": Nanny, "options": {"nthreads": 1, "env": {"HOME": str(homes[name])}}}
                for name in ("w0", "w1")}
     with SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}, workers=workers) as cluster:
-        on_dask = retrain.with_options(task_runner=DaskTaskRunner(address=cluster.scheduler_address))
-        report = _report(on_dask(config_for("flow"), return_state=True).result())
+        report = _report(retrain(config_for("flow", f"data.pack_cluster={cluster.scheduler_address}")))
         ran = set(cluster.scheduler.task_prefixes)  # what the cluster ran, by the task's name
     assert "pack_segment" in ran
     assert report["stages"]["pack"]["segments"] == 6

@@ -119,9 +119,14 @@ class DataConfig(_Section):
                                  json_schema_extra=COMPUTED_SINCE)
     pack_parts: int = Field(
         8, ge=1, le=4096,
-        description="At most this many segments are packed at once, one task each (on a Dask or Ray task runner, "
-        "across its workers); the shards are byte-identical for any value.", json_schema_extra=OPERATIONAL
+        description="At most this many segments are packed at once, one task each (across the workers of "
+        "data.pack_cluster or of the flow's task runner); the shards are byte-identical for any value.", json_schema_extra=OPERATIONAL
     )
+    pack_cluster: str | None = Field(
+        None, pattern=r"^(tcp|tls|ucx)://[^\s/]+$",
+        description="A Dask scheduler's address (tcp://host:8786): the segments are packed on that cluster's workers "
+        "(needs the dask extra; with an s3:// source and root the workers share nothing else with the flow). Unset: on "
+        "the flow's own task runner.", json_schema_extra=OPERATIONAL)
 
     @model_validator(mode="after")
     def _columns_distinct(self) -> DataConfig:
