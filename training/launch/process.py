@@ -33,7 +33,8 @@ from training.launch.job import TrainJob
 from training.launch.results import RungResult, TrainResult
 from training.launch.runs import count_attempt, rung_file
 
-__all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "log_child_event", "with_parent_death_signal"]
+__all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "log_child_event", "rank_errors",
+           "rebuild_error", "with_parent_death_signal"]
 
 _TERM_GRACE_SECONDS = 60.0
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun may prefix rank output lines
@@ -106,7 +107,7 @@ def rebuild_error(report: ErrorReport) -> RetrainError:
     return cls(report.message)
 
 
-def _rank_errors(error_path: Path) -> list[ErrorReport]:
+def rank_errors(error_path: Path) -> list[ErrorReport]:
     found = []
     for path in sorted(error_path.parent.glob(error_path.name + "*")):
         try:
@@ -230,13 +231,13 @@ def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[ErrorRepor
     if distributed:
         # torchrun exits 1 whatever its ranks did: their error files say what happened. A user
         # error on any rank wins; otherwise a rank was killed or lost its peers: a preemption.
-        for report in reported + _rank_errors(error_path):
+        for report in reported + rank_errors(error_path):
             if report.type == "Bug":
                 raise RuntimeError(f"training job {job.run_key} failed on a rank: {report.message}; see its log above")
             if _error_class(report) is not Preempted:
                 raise rebuild_error(report)
         raise Preempted(f"training job {job.run_key} lost a rank (torchrun exit code {rc}); resuming on retry")
-    bug = next((report for report in [*reported, *_rank_errors(error_path)] if report.type == "Bug"), None)
+    bug = next((report for report in [*reported, *rank_errors(error_path)] if report.type == "Bug"), None)
     detail = f": {bug.message}" if bug else f" with exit code {rc}"
     raise RuntimeError(f"training process for run {job.run_key} failed{detail} (a bug: its traceback is in the "
                        "training log above)")

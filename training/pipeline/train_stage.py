@@ -244,7 +244,7 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
     import subprocess
 
     from training.pipeline.champion import check_champion
-    from training.launch.process import child_env, worker_command
+    from training.launch.process import child_env, rank_errors, rebuild_error, worker_command
 
     if config.train.distributed.nnodes < 2:
         raise ConfigError("retrain join is for multi-node runs: set train.distributed.nnodes >= 2 and train.distributed.rdzv_endpoint")
@@ -259,6 +259,11 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
     node_dir.mkdir(parents=True, exist_ok=True)
     job_path = node_dir / "job.json"
     job.save(job_path)
-    command = worker_command(job, job_path, node_dir / "error.json", node_rank=node_rank)
-    return subprocess.run(command, env=child_env()).returncode
+    error_path = node_dir / "error.json"
+    command = worker_command(job, job_path, error_path, node_rank=node_rank)
+    code = subprocess.run(command, env=child_env()).returncode
+    reports = rank_errors(error_path) if code != 0 else []
+    if reports:  # a rank's own error (another job than rank 0's, bad data) rather than torchrun's exit 1
+        raise rebuild_error(min(reports, key=lambda r: r.type in ("Preempted", "Bug")))
+    return code
 

@@ -101,7 +101,31 @@ def _init_distributed(job: TrainJob) -> tuple[int, int]:
         backend="nccl" if cuda else "gloo",
         timeout=datetime.timedelta(seconds=train_cfg.distributed.timeout_s),
     )
+    _same_job_everywhere(job, dist.get_rank(), world)
     return dist.get_rank(), world
+
+
+def _same_job_everywhere(job: TrainJob, rank: int, world: int) -> None:
+    """Refuse to train unless every rank holds rank 0's job. Each node builds its job from the
+    config it was given and the source it lists; a node started with other settings, or after a
+    file was added, would otherwise train another run's data or hyperparameters inside the same
+    gradients, in silence whenever the shapes happen to agree."""
+    import torch.distributed as dist
+
+    mine = (job.run_key, Path(job.dataset_dir).name)
+    every: list[tuple[str, str] | None] = [None] * world
+    dist.all_gather_object(every, mine)
+    leader = every[0]
+    assert leader is not None
+    others = [r for r, held in enumerate(every) if held != leader]
+    if others:
+        held = every[others[0]]
+        assert held is not None
+        raise ConfigError(
+            f"rank {others[0]}{f' and {len(others) - 1} more' if len(others) > 1 else ''} joined with another job than "
+            f"rank 0's: run {held[0][:12]} on dataset {held[1][:12]}, against run {leader[0][:12]} on dataset "
+            f"{leader[1][:12]} (this is rank {rank}). Start every node with the same config (the deployment's "
+            "parameters and --set values) after the source has stopped changing, then run again")
 
 
 def main(argv: list[str]) -> int:

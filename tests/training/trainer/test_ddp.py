@@ -146,6 +146,39 @@ def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, t
     assert max((w1[k].double() - w2[k].double()).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
 
 
+def test_a_node_that_joins_with_another_job_is_refused_on_every_node(demo_source: Path, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """Node 1 started with another learning rate: the same shapes, so DDP's own checks pass and
+    the two nodes would step one model with different settings. Every node refuses instead, and
+    the flow's node says which rank differs."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from training.errors import EXIT_USER_ERROR, ConfigError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    overrides = small_overrides(tmp_path / "nodes", demo_source) + DATA + [
+        "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
+    args = [sys.executable, "-m", "retrain_cli.main", "join", "--node-rank", "1"]
+    for o in [*overrides, "train.optim.lr=0.001"]:
+        args += ["--set", o]
+    node1 = subprocess.Popen(args, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with pytest.raises(ConfigError, match="rank 1 joined with another job than rank 0's"):
+            run_training_process(make_job(load_config(overrides=overrides)))
+        out, _ = node1.communicate(timeout=120)
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+    assert node1.returncode == EXIT_USER_ERROR, out[-3000:]
+    assert out.strip().splitlines()[-1].startswith("retrain: error: rank 1 joined with another job") and not list((tmp_path / "nodes").rglob("step-*"))
+
+
 def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: str, demo_source: Path,
                                                     tmp_path: Path) -> None:
     """Rank 0 uploads the checkpoints; after a rank dies, a new machine (empty local dir)
