@@ -361,10 +361,14 @@ class DistributedConfig(_Section):
     rdzv_endpoint: str | None = Field(
         None, description="host:port of the rendezvous for nnodes > 1 (e.g. a Kubernetes headless service); "
         "single-node runs use 127.0.0.1.", json_schema_extra=OPERATIONAL)
-    rdzv_id: str | None = Field(None, description="Rendezvous id; empty: the run key.", json_schema_extra=OPERATIONAL)
+    rdzv_id: str | None = Field(None, description="Rendezvous id of a one-node run's c10d rendezvous; empty: the run "
+                                  "key. Several nodes meet at a static rendezvous, with fixed node ranks.", json_schema_extra=OPERATIONAL)
     bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).", json_schema_extra=OPERATIONAL)
     timeout_s: float = Field(300.0, gt=0, description="Collective timeout: a hung rank fails the job after this.",
                              json_schema_extra=OPERATIONAL)
+    join_timeout_s: float = Field(
+        900.0, ge=10, description="nnodes > 1: how long each node waits at the rendezvous for all the others; a node "
+        "that has not come by then fails the attempt, which is retried as a preemption.", json_schema_extra=OPERATIONAL)
 
     @property
     def world_size(self) -> int:

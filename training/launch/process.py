@@ -72,7 +72,8 @@ def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: i
         # rank 0 (checkpoints, result.json, the model) runs where the flow reads them;
         # `retrain join --node-rank N` starts the others against the same endpoint.
         host, _, port = str(tc.distributed.rdzv_endpoint).rpartition(":")
-        rendezvous = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
+        rendezvous = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}",
+                      f"--rdzv-conf=timeout={int(tc.distributed.join_timeout_s)}"]
     # torchrun has no parent-death signal: if the task process dies, SIGTERM it so that it
     # stops its ranks (which then write their emergency checkpoint), instead of an orphan job.
     return with_parent_death_signal([*common, *rendezvous, *worker])
@@ -185,6 +186,7 @@ def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
         child = Child(command, env, hold=keep is not None)
         on_start(child.proc)
+        _say_waiting(job)
     reported: list[ErrorReport] = []  # the error file may be on a full disk
 
     def on_line(event: ChildEvent) -> None:
@@ -213,6 +215,16 @@ def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
         keep.give(child)
         return 0, error_path, reported, distributed
     return rc, error_path, reported, distributed
+
+
+def _say_waiting(job: TrainJob) -> None:
+    """On a multi-node run's node 0: who it waits for, where, and for how long."""
+    d = job.config.train.distributed
+    if d.nnodes > 1:
+        others = "1" if d.nnodes == 2 else f"1 to {d.nnodes - 1}"
+        logging.getLogger(__name__).info(
+            "node 0 of %d: waiting up to %d s at %s for node(s) %s (each: retrain join --node-rank N, same config)",
+            d.nnodes, int(d.join_timeout_s), d.rdzv_endpoint, others)
 
 
 def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[ErrorReport], distributed: bool) -> TrainResult:

@@ -179,6 +179,25 @@ def test_a_node_that_joins_with_another_job_is_refused_on_every_node(demo_source
     assert out.strip().splitlines()[-1].startswith("retrain: error: rank 1 joined with another job") and not list((tmp_path / "nodes").rglob("step-*"))
 
 
+def test_node_0_waits_for_the_other_nodes_no_longer_than_join_timeout(demo_source: Path, tmp_path: Path,
+                                                                      monkeypatch, caplog) -> None:
+    """Nobody joins: node 0 says where it waits and for whom, and gives up after
+    train.distributed.join_timeout_s (torchrun's own default is 600 s), as a preemption."""
+    import logging
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    config = load_config(overrides=small_overrides(tmp_path / "alone", demo_source) + [
+        "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}",
+        "train.distributed.join_timeout_s=10"])
+    with caplog.at_level(logging.INFO, logger="training.launch.process"), pytest.raises(Preempted, match="lost a rank"):
+        run_training_process(make_job(config))
+    assert f"waiting up to 10 s at 127.0.0.1:{port} for node(s) 1" in caplog.text
+
+
 def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: str, demo_source: Path,
                                                     tmp_path: Path) -> None:
     """Rank 0 uploads the checkpoints; after a rank dies, a new machine (empty local dir)
