@@ -55,6 +55,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_disk_full.py",  # a training process on a small filesystem
     "test_root_lock.py",  # competing processes
     "test_s3_lease.py",  # competing processes on S3
+    "test_source_index.py",  # competing writer processes
     "test_s3_storage.py",  # a real S3 endpoint, or none, at the other end
     "test_docs_generated.py",  # renders every page
     "test_no_work_history.py",  # reads the git history

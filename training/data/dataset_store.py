@@ -19,11 +19,15 @@ datasets it packed itself.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import random
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from training.data.manifest import DatasetManifest, is_segment_key
 from training.data.segments import (MANIFEST, STATS_FILE, SegmentManifest, first_damage, load_segment, parse_segment,
@@ -39,6 +43,8 @@ __all__ = ["DatasetStore"]
 log = logging.getLogger(__name__)
 
 SEGMENTS = "datasets/segments"
+INDEX_LOCK = ".source-index.lock"
+INDEX_ATTEMPTS = 20  # compare-and-swap tries of one source index update; eight racing writers need a few each
 
 
 class DatasetStore:
@@ -76,9 +82,35 @@ class DatasetStore:
             self.root.fetch(rel, fresh=True)
         return SourceIndex(self.root.path(rel))
 
-    def save_index(self, index: SourceIndex) -> None:
-        if index.save():
-            self.root.publish(f"datasets/{INDEX_FILE}", CACHE)
+    def update_index(self, change: Callable[[SourceIndex], None]) -> None:
+        """Apply `change` to the root's source index and write it, without losing what another
+        writer (a joining node, a Dask worker's flow, a second home) wrote meanwhile: on S3 a
+        compare-and-swap on the object's ETag, redone on a fresh copy when another writer came
+        first; on a local root under a lock file at the root (beside its writer lock)."""
+        rel = f"datasets/{INDEX_FILE}"
+        path = self.root.path(rel)
+        if self.root.remote is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.root.path(INDEX_LOCK), "a") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+                index = SourceIndex(path)
+                change(index)
+                index.save()
+            return
+        for attempt in range(INDEX_ATTEMPTS):
+            got = self.root.remote.get_versioned(rel)
+            index = SourceIndex(path, got[0] if got is not None else b'{"entries": {}}')
+            change(index)
+            if not index.changed:
+                return
+            data = index.to_bytes()
+            if self.root.remote.put_bytes(rel, data, self.root.tags(CACHE), if_absent=got is None,
+                                          if_match=None if got is None else got[1]):
+                index.save()  # this machine's copy
+                return
+            time.sleep(random.uniform(0.05, 0.25) * (attempt + 1))  # apart, so the next try meets fewer
+        log.warning("the source index %s changed under this writer %d times; its new entries are left out (those "
+                    "files' footers are read again next time)", self.root.display(rel), INDEX_ATTEMPTS)
 
     # -- segments -----------------------------------------------------------------------------
 

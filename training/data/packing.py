@@ -159,18 +159,20 @@ def assemble_dataset(plan: PackPlan, packed: list[PackedSegment], config: DataCo
 
 def _remember(plan: PackPlan, segments: list[SegmentManifest], config: DataConfig, store: DatasetStore) -> None:
     """Record each file's segments in the source index, under its identity."""
-    index = store.index()
     ckey = segment_config_key(config)
     by_file: dict[str, list[SegmentManifest]] = {}
     for segment in segments:
         by_file.setdefault(segment.source, []).append(segment)
-    for file in plan.files:
-        found = sorted(by_file.get(file.name, []), key=lambda s: s.file_row)
-        index.record(ckey, plan.source, file, [
-            IndexedSegment(key=s.key, row_groups=s.row_groups, file_row=s.file_row, rows=sum(s.rows.values()),
-                           time_range=s.time_range) for s in found])
-    index.forget_missing(ckey, plan.source, plan.files)
-    store.save_index(index)
+
+    def record(index: SourceIndex) -> None:
+        for file in plan.files:
+            found = sorted(by_file.get(file.name, []), key=lambda s: s.file_row)
+            index.record(ckey, plan.source, file, [
+                IndexedSegment(key=s.key, row_groups=s.row_groups, file_row=s.file_row, rows=sum(s.rows.values()),
+                               time_range=s.time_range) for s in found])
+        index.forget_missing(ckey, plan.source, plan.files)
+
+    store.update_index(record)
 
 
 def _manifest(source: str, segments: list[SegmentManifest], files: list[SourceFile],
@@ -250,10 +252,13 @@ def _legacy_dataset(source: LocalSource | S3Source, files: list[SourceFile], con
     hashes = []
     for file in files:
         entry = index.lookup(WHOLE_FILE, source.uri, file)
-        sha = entry.sha256 if entry is not None else sha256_file(Path(source.where(file.name)))
-        index.record(WHOLE_FILE, source.uri, file, [], sha)
-        hashes.append(sha)
-    store.save_index(index)
+        hashes.append(entry.sha256 if entry is not None else sha256_file(Path(source.where(file.name))))
+
+    def record(index: SourceIndex) -> None:
+        for file, sha in zip(files, hashes, strict=True):
+            index.record(WHOLE_FILE, source.uri, file, [], sha)
+
+    store.update_index(record)
     fp = legacy_fingerprint([f.size for f in files], hashes, config)
     folder = store.local_root() / fp
     if folder not in old:

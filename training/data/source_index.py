@@ -66,13 +66,14 @@ def segment_config_key(config: DataConfig) -> str:
 class SourceIndex:
     """The index of one storage root (see the module docstring)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, data: bytes | None = None) -> None:
+        """The index stored at `path`, or held in `data` (as fetched from S3) when given."""
         self.path = path
         self.changed = False
         self._entries: dict[str, IndexedFile] = {}
-        if path.exists():
+        if data is not None or path.exists():
             try:
-                self._entries = _Stored.model_validate_json(path.read_bytes()).entries
+                self._entries = _Stored.model_validate_json(path.read_bytes() if data is None else data).entries
             except (OSError, ValidationError, ValueError) as err:
                 log.warning("%s is unreadable (%s): the source's files are read again", path, str(err).splitlines()[0])
         self._entries = {k: v for k, v in self._entries.items() if all(is_segment_key(s.key) for s in v.segments)}
@@ -102,13 +103,16 @@ class SourceIndex:
             del self._entries[k]
         self.changed = self.changed or bool(gone)
 
+    def to_bytes(self) -> bytes:
+        return _Stored(entries=self._entries).model_dump_json().encode()
+
     def save(self) -> bool:
         """Write the index if it changed; False on a read-only root (it is derived data)."""
         if not self.changed:
             return False
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.path, _Stored(entries=self._entries).model_dump_json().encode())
+            write_atomic(self.path, self.to_bytes())
         except OSError as err:
             log.warning("cannot write %s (%s): the new files are read again next time", self.path, err.strerror or err)
             return False
