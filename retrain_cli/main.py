@@ -115,7 +115,7 @@ def _join(args: argparse.Namespace) -> int:
     from training.pipeline.train_stage import join_training
 
     config = _loaded(args)
-    return join_training(config, args.node_rank)
+    return join_training(config, args.node_rank, _say)
 
 
 def _automations(args: argparse.Namespace) -> int:

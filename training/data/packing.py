@@ -37,7 +37,7 @@ from training.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PACK_FORMAT_VERSION", "PackPlan", "assemble_dataset", "forget_verification", "pack_local", "pack_serially", "plan_pack"]
+__all__ = ["PACK_FORMAT_VERSION", "PackPlan", "assemble_dataset", "dataset_of", "forget_verification", "pack_local", "pack_serially", "plan_pack"]
 
 PACK_FORMAT_VERSION = SEGMENT_FORMAT
 PLAN_THREADS = 16  # footers and segment.json files read at once while planning
@@ -143,6 +143,14 @@ def assemble_dataset(plan: PackPlan, packed: list[PackedSegment], config: DataCo
         store.adopt_segment(done.manifest)
     segments = [*plan.ready, *(p.manifest for p in packed)]
     _remember(plan, segments, config, store)
+    manifest = dataset_of(plan, segments, config)
+    store.write_dataset(manifest)
+    return manifest
+
+
+def dataset_of(plan: PackPlan, segments: list[SegmentManifest], config: DataConfig) -> DatasetManifest:
+    """The manifest of the dataset these segments make (within `data.window`), checked as a
+    whole; written nowhere."""
     order = {f.name: i for i, f in enumerate(plan.files)}
     segments = sorted({s.key: s for s in segments}.values(), key=lambda s: (order.get(s.source, -1), s.file_row))
     chosen = window(segments, config)
@@ -152,9 +160,7 @@ def assemble_dataset(plan: PackPlan, packed: list[PackedSegment], config: DataCo
         log.warning("data.window.last_days: %d rows of %s have no time (data.time_column '%s' is null in all of "
                     "them) and are left out", sum(sum(s.rows.values()) for s in untimed),
                     ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else ""), config.time_column)
-    manifest = _manifest(plan.source, chosen, plan.files, config)
-    store.write_dataset(manifest)
-    return manifest
+    return _manifest(plan.source, chosen, plan.files, config)
 
 
 def _remember(plan: PackPlan, segments: list[SegmentManifest], config: DataConfig, store: DatasetStore) -> None:

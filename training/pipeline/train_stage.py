@@ -25,7 +25,7 @@ from training.data.features import (
 )
 from training.data.manifest import DatasetManifest, require_manifest
 from training.data.packing import forget_verification
-from training.errors import ConfigError, DamagedShard, DataError
+from training.errors import ConfigError, DamagedShard, DataError, Preempted
 from training.model.package_meta import PackageMeta
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.step_budget import for_warm_start
@@ -41,8 +41,8 @@ from training.launch.runs import RUN_FOLDERS, finished_result, run_rel
 
 if TYPE_CHECKING:
     from training.pipeline.champion import Champion
-from training.pipeline.pack_stage import pack_stage
-from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.pack_stage import packed_before
+from training.pipeline.preprocess_stage import fitted_before
 
 log = logging.getLogger(__name__)
 
@@ -237,10 +237,11 @@ def _train_tracked(config: RetrainConfig, job: TrainJob, on_event: Callable[[Chi
         background.close(timeout=config.tracking.timeout_seconds)
 
 
-def join_training(config: RetrainConfig, node_rank: int) -> int:
-    """Run this node's ranks of a multi-node job (`retrain join`): the same data, statistics and
-    job as node 0 builds (all content-addressed, from the shared root), under torchrun against
-    the same rendezvous. Returns torchrun's exit code."""
+def join_training(config: RetrainConfig, node_rank: int, say: Callable[[str], None] = log.info) -> int:
+    """Run this node's ranks of a multi-node job (`retrain join`): the data and statistics node 0
+    packed and fitted, read from the shared root once they are there (never written here), and
+    the job built from them, under torchrun against the same rendezvous, where every rank checks
+    it holds rank 0's job. Returns torchrun's exit code, or raises a rank's own error."""
     import subprocess
 
     from training.pipeline.champion import check_champion
@@ -250,9 +251,7 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
         raise ConfigError("retrain join is for multi-node runs: set train.distributed.nnodes >= 2 and train.distributed.rdzv_endpoint")
     if not 1 <= node_rank < config.train.distributed.nnodes:
         raise ConfigError(f"--node-rank must be 1..{config.train.distributed.nnodes - 1} (node 0 is the flow's own node)")
-    packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                            config.storage.model_dump(mode="json"), config.cost.tags)
+    packed, prep = _node_0s_data(config, say)
     job, _ = build_train_job(config, packed, prep, check_champion(StorageRoot.from_config(config), config.model.factory))
     run_dir = Path(job.run_dir)
     node_dir = run_dir / f"node-{os.getpid()}"
@@ -267,3 +266,29 @@ def join_training(config: RetrainConfig, node_rank: int) -> int:
         raise rebuild_error(min(reports, key=lambda r: r.type in ("Preempted", "Bug")))
     return code
 
+
+
+JOIN_POLL_SECONDS = 5.0
+
+
+def _node_0s_data(config: RetrainConfig, say: Callable[[str], None]) -> tuple[PackResult, PrepResult]:
+    """The dataset and statistics node 0 packs and fits, once they are on the root: a joining
+    node waits for them (up to `train.distributed.join_timeout_s`) and never writes them, so
+    nodes starting together do not race node 0, or each other, on the root's shared files."""
+    root = StorageRoot.from_config(config)
+    deadline = time.monotonic() + config.train.distributed.join_timeout_s
+    said = ""
+    while True:
+        t0 = time.perf_counter()
+        packed = packed_before(config)
+        prep = fitted_before(Path(packed.dataset_dir), config.preprocess, root, t0) if isinstance(packed, PackResult) else None
+        if isinstance(packed, PackResult) and prep is not None:
+            return packed, prep
+        waiting = packed if isinstance(packed, str) else f"the feature statistics of dataset {packed.fingerprint[:12]} are not fitted yet"
+        if time.monotonic() > deadline:
+            raise Preempted(f"node 0 has not prepared the data within train.distributed.join_timeout_s "
+                            f"({config.train.distributed.join_timeout_s:.0f} s): {waiting}; this node starts again on retry")
+        if waiting != said:
+            say(f"waiting for node 0: {waiting}")
+            said = waiting
+        time.sleep(JOIN_POLL_SECONDS)

@@ -198,6 +198,50 @@ def test_node_0_waits_for_the_other_nodes_no_longer_than_join_timeout(demo_sourc
     assert f"waiting up to 10 s at 127.0.0.1:{port} for node(s) 1" in caplog.text
 
 
+def test_a_joining_node_waits_for_node_0s_data_and_writes_nothing_to_the_root(
+        s3_bucket: str, s3_server: str, fault_proxy, demo_source: Path, tmp_path: Path, monkeypatch) -> None:
+    """Node 1 starts first, on an S3 root where nothing is packed yet: it waits for node 0's
+    dataset and statistics instead of packing and fitting them itself, then trains with node 0.
+    It reaches S3 through a proxy that logs every request: not one of them writes."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from tests.conftest import s3_overrides
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    common = small_overrides(tmp_path / "unused", demo_source) + DATA + [
+        "train.checkpoint.every=10", "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
+    args = [sys.executable, "-m", "retrain_cli.main", "join", "--node-rank", "1"]
+    for o in [*common, *s3_overrides(s3_bucket, fault_proxy.url, tmp_path / "node-1")]:
+        args += ["--set", o]
+    node1 = subprocess.Popen(args, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(node1.stdout.readline, "")), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("waiting for node 0" in line for line in lines) and node1.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert any("not packed yet" in line for line in lines), "".join(lines)[-3000:]
+        job = make_job(load_config(overrides=common + s3_overrides(s3_bucket, s3_server, tmp_path / "node-0")))
+        result = run_training_process(job)
+        node1.wait(timeout=120)
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+    assert node1.returncode == 0, "".join(lines)[-3000:]
+    assert result.world_size == 2 and result.steps == 60
+    writes = [(method, path) for method, path, _ in fault_proxy.requests if method in ("PUT", "POST", "DELETE")]
+    assert fault_proxy.requests and writes == []
+
+
 def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: str, demo_source: Path,
                                                     tmp_path: Path) -> None:
     """Rank 0 uploads the checkpoints; after a rank dies, a new machine (empty local dir)
