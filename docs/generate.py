@@ -149,8 +149,8 @@ def benchmarks_page() -> str:
              "ratio, over interleaved rounds where the noise calls for them; the machine's load "
              "average is recorded before and after, because these machines are shared. Rerun one "
              "with the command under its name: it rewrites its result file, and "
-             "`python docs/generate.py` this page. A result without a commit or a load was recorded "
-             "before the runner kept them. A result whose hash of the code it measures (the "
+             "`python docs/generate.py` this page. A result without a commit or a load does not say "
+             "which code or load it measured. A result whose hash of the code it measures (the "
              "product's packages, the pinned dependencies, the benchmark's own module) differs "
              "from the current tree's is marked **stale**: its figures describe code that has "
              "changed since.", ""]
@@ -182,7 +182,8 @@ def _stale(stem: str, result: dict[str, Any]) -> str | None:
 
     recorded = result.get("code_sha")
     if not recorded:
-        return "recorded before the runner kept a hash of the code it measured"
+        return "its file names no hash of the code it measured, so it cannot be shown to be current; rerun " \
+            f"`python -m benchmarks.run {stem}`"
     if recorded != code_sha(stem):
         return f"the code it measures has changed since; rerun `python -m benchmarks.run {stem}`"
     return None
