@@ -28,7 +28,7 @@ from benchmarks.provenance import MEASURED, code_sha
 # orchestration (Prefect, boto3, Lightning) the others import.
 SUITE = ("packing", "loading", "peers", "checkpoint", "preemption", "warm_start", "overhead", "scale", "s3",
          "scaling", "transformer", "tuning", "tuning_replay", "predict", "lightning", "quality", "startup",
-         "incremental", "pack_memory", "plan", "gpu")
+         "incremental", "pack_memory", "plan", "pack_plan", "gpu")
 
 
 def _runner(name: str) -> Callable[[Path], dict[str, Any]]:
