@@ -12,7 +12,6 @@ how many requests moto serves at once on this machine.
 from __future__ import annotations
 
 import io
-import os
 import socket
 import statistics
 import threading
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_s3 import _server
 from benchmarks.common import demo_parquet
 
 FILES = 200
@@ -81,18 +81,14 @@ def _plan_seconds(endpoint: str, work: Path, threads: int, name: str) -> float:
 def run(work: Path) -> dict[str, Any]:
     import boto3
     import pyarrow.parquet as pq
-    from moto.server import ThreadedMotoServer
 
     import training.data.packing as packing
 
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_EC2_METADATA_DISABLED": "true"})
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    server, upstream = _server()
     pooled_threads = packing.PLAN_THREADS
     try:
-        port = server.get_host_and_port()[1]
-        s3 = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}")
+        port = int(upstream.rsplit(":", 1)[1])
+        s3 = boto3.client("s3", endpoint_url=upstream)
         s3.create_bucket(Bucket="bench-plan")
         table = pq.read_table(demo_parquet(work, FILES * ROWS_PER_FILE))
         for i in range(FILES):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from retrain_cli.temp_server import free_port
 from tests.conftest import small_overrides
 from tests.kill import kill_worker_when
 from tests.training.helpers import make_job
@@ -118,13 +119,10 @@ def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, t
     """nnodes=2: this process launches node 0 as the train task does; `retrain join
     --node-rank 1` (a second process, as on a second machine) joins through the rendezvous."""
     import os
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2")))
     overrides = small_overrides(tmp_path / "nodes", demo_source) + DATA + [
@@ -152,15 +150,12 @@ def test_a_node_that_joins_with_another_job_is_refused_on_every_node(demo_source
     the two nodes would step one model with different settings. Every node refuses instead, and
     the flow's node says which rank differs."""
     import os
-    import socket
     import subprocess
     import sys
 
     from training.errors import EXIT_USER_ERROR, ConfigError
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     overrides = small_overrides(tmp_path / "nodes", demo_source) + DATA + [
         "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
@@ -184,11 +179,8 @@ def test_node_0_waits_for_the_other_nodes_no_longer_than_join_timeout(demo_sourc
     """Nobody joins: node 0 says where it waits and for whom, and gives up after
     train.distributed.join_timeout_s (torchrun's own default is 600 s), as a preemption."""
     import logging
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     config = load_config(overrides=small_overrides(tmp_path / "alone", demo_source) + [
         "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}",
@@ -204,7 +196,6 @@ def test_a_joining_node_waits_for_node_0s_data_and_writes_nothing_to_the_root(
     dataset and statistics instead of packing and fitting them itself, then trains with node 0.
     It reaches S3 through a proxy that logs every request: not one of them writes."""
     import os
-    import socket
     import subprocess
     import sys
     import threading
@@ -212,9 +203,7 @@ def test_a_joining_node_waits_for_node_0s_data_and_writes_nothing_to_the_root(
 
     from tests.conftest import s3_overrides
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
     common = small_overrides(tmp_path / "unused", demo_source) + DATA + [
         "train.checkpoint.every=10", "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
