@@ -13,7 +13,7 @@ from training.errors import ConfigError
 from training.metrics import (accuracy, log_loss, mae, macro_f1, multiclass_accuracy, multiclass_log_loss, r2, rmse,
                               roc_auc)
 
-__all__ = ["DEFAULT_METRIC", "METRICS", "Metric", "higher_is_better", "is_better", "metric_for", "reaches"]
+__all__ = ["DEFAULT_METRIC", "METRICS", "Metric", "TIEBREAK_METRIC", "higher_is_better", "is_better", "metric_for", "reaches"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ METRICS: dict[str, dict[str, Metric]] = {
     "regression": {"rmse": Metric(rmse, False), "mae": Metric(mae, False), "r2": Metric(r2, True)},
 }
 DEFAULT_METRIC = {"binary": "auc", "multiclass": "accuracy", "regression": "rmse"}
+# What breaks a tie of eval.metric between validations (early stopping keeps the step with the
+# lower one): the task's loss, continuous where accuracy and AUC on a small split are coarse.
+TIEBREAK_METRIC = {"binary": "logloss", "multiclass": "logloss", "regression": "rmse"}
 
 
 def metric_for(task: str, configured: str | None) -> str:

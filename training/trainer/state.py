@@ -82,20 +82,34 @@ class Progress:
 
 @dataclass
 class EarlyStopping:
+    """Patience over eval.metric, and which validated step the run keeps.
+
+    A tie (a value no worse than the best, and within min_delta of it) keeps the step whose
+    `tiebreak` (the task's validation loss: log loss or RMSE) is lower. A coarse metric on a
+    small validation split (accuracy on 11 rows moves in steps of 0.09) ties at every
+    validation once it tops out, and the earliest of them is rarely the best model: the loss
+    still tells them apart. A tie is not a gain: patience counts from the last real one."""
+
     patience: int
     min_delta: float
     best: float | None = None
     best_step: int | None = None
     bad_evals: int = 0
     higher_is_better: bool = True  # from the config (eval.metric), like patience
+    best_tiebreak: float | None = None  # the kept step's validation loss (lower is better)
 
-    def update(self, value: float, step: int) -> bool:
-        """Record a validation value; True when it is a new best (by more than min_delta)."""
+    def update(self, value: float, step: int, tiebreak: float | None = None) -> bool:
+        """Record a validation value; True when the run keeps this step: a new best (by more
+        than min_delta), or a tie with a lower `tiebreak`."""
         gain = (value - self.best if self.higher_is_better else self.best - value) if self.best is not None else 0.0
         if self.best is None or gain > self.min_delta:
-            self.best, self.best_step, self.bad_evals = value, step, 0
+            self.best, self.best_step, self.bad_evals, self.best_tiebreak = value, step, 0, tiebreak
             return True
         self.bad_evals += 1
+        if (0.0 <= gain and tiebreak is not None and self.best_tiebreak is not None
+                and tiebreak < self.best_tiebreak):
+            self.best, self.best_step, self.best_tiebreak = value, step, tiebreak
+            return True
         return False
 
     @property
@@ -106,8 +120,10 @@ class EarlyStopping:
         return asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Patience and min_delta come from the current config; the counters from the checkpoint.
+        # Patience and min_delta come from the current config; the counters from the checkpoint
+        # (one written before ties were broken has no tiebreak: the next tie keeps its step).
         self.best, self.best_step, self.bad_evals = state["best"], state["best_step"], state["bad_evals"]
+        self.best_tiebreak = state.get("best_tiebreak")
 
 
 class _Stateful(Protocol):

@@ -201,7 +201,8 @@ def test_sigkill_with_dataloader_workers_neither_hangs_nor_leaves_orphans(long_c
 def test_small_data_trains_with_the_default_batch_and_resumes_bit_identical(tmp_path: Path) -> None:
     """569 rows (the size of a real dataset that failed before): the train split is smaller than
     the default batch of 512, so a batch is the whole split, with a warning; a kill and resume
-    ends exactly where an uninterrupted run does."""
+    ends exactly where an uninterrupted run does, the step it keeps (ties broken by the
+    validation loss, kept in the checkpoint) included."""
     from tests.conftest import small_overrides
     from training.config import load_config
     from training.data.demo import ensure_demo_dataset
@@ -215,6 +216,9 @@ def test_small_data_trains_with_the_default_batch_and_resumes_bit_identical(tmp_
     reference = run_training_process(make_job(config, "reference"), on_event=events.append)
     (warning,) = [e for e in events if e.event == "log" and "fewer than train.batch_size 512" in e.message]
     assert warning.level == "WARNING"
+    # And its validation split is too small for AUC alone to pick the step the run keeps: said once.
+    (small,) = [e for e in events if e.event == "log" and "the validation split holds" in e.message]
+    assert small.level == "WARNING" and "lowest validation logloss" in small.message
     job = make_job(config, "killed")
     on_start, _ = _signal_at_step(job, 15, signal.SIGKILL)
     with pytest.raises(Preempted):

@@ -85,3 +85,29 @@ def test_a_run_that_reached_max_steps_completed_even_when_its_patience_ran_out_t
     assert stopper.should_stop
     decision = StopPolicy(config, 0.0, 0, None).decide(_progress(30, 3.0, [0.7, 0.7, 0.7]), stopper, validated=True)
     assert decision.status == "completed" and decision.reason is None
+
+
+def test_a_tie_keeps_the_step_with_the_lower_loss_and_is_not_a_gain() -> None:
+    """Accuracy on a small split tops out and ties at every validation: the earliest tie used to
+    be kept, though its loss says a later one is the better model."""
+    stopper = EarlyStopping(patience=3, min_delta=1e-4)
+    assert stopper.update(0.9, 10, tiebreak=0.40)
+    assert stopper.update(1.0, 20, tiebreak=0.30)  # a gain
+    assert stopper.update(1.0, 30, tiebreak=0.12)  # a tie with a lower loss: kept
+    assert not stopper.update(1.0, 40, tiebreak=0.50)  # a tie with a higher loss: not kept
+    assert not stopper.update(0.9, 50, tiebreak=0.01)  # worse on the metric: the loss does not matter
+    assert (stopper.best, stopper.best_step, stopper.best_tiebreak) == (1.0, 30, 0.12)
+    assert stopper.should_stop  # three validations since the last gain, ties included
+    resumed = EarlyStopping(patience=3, min_delta=1e-4)
+    resumed.load_state_dict(stopper.state_dict())
+    assert resumed == stopper
+    old = {k: v for k, v in stopper.state_dict().items() if k != "best_tiebreak"}  # a checkpoint from before
+    resumed.load_state_dict(old)
+    assert resumed.best_tiebreak is None and not resumed.update(1.0, 60, tiebreak=0.0)
+
+
+def test_a_lower_is_better_metric_ties_the_same_way() -> None:
+    stopper = EarlyStopping(patience=0, min_delta=0.0, higher_is_better=False)
+    assert stopper.update(2.0, 10, tiebreak=2.0) and stopper.update(2.0, 20, tiebreak=1.5)
+    assert not stopper.update(2.5, 30, tiebreak=1.0)
+    assert stopper.best_step == 20
