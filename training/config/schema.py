@@ -784,9 +784,11 @@ class TuneConfig(_Section):
         "unconditionally); none: every trial trains to train.max_steps.", json_schema_extra=COMPUTED)
     min_resource: int | None = Field(
         None, gt=0, description="Optimizer steps of the first rung; rungs are min_resource x reduction_factor^k, "
-        "then train.max_steps. A multiple of train.eval_every. Empty: train.max_steps / reduction_factor^2, rounded "
-        "down to a multiple of train.eval_every.", json_schema_extra=COMPUTED)
-    reduction_factor: int = Field(3, ge=2, le=16, description="Keep the top 1/reduction_factor of trials at each "
+        "then train.max_steps. A multiple of train.eval_every. Empty: a fifth of train.max_steps, rounded down to a "
+        "multiple of train.eval_every: an earlier first rung ranks trials on curves that later cross, and prunes "
+        "the ones that would have won (`python -m benchmarks.run tuning_replay` measures the schedules).",
+        json_schema_extra=COMPUTED)
+    reduction_factor: int = Field(2, ge=2, le=16, description="Keep the top 1/reduction_factor of trials at each "
                                   "rung.", json_schema_extra=COMPUTED)
     seed: int = Field(0, description="Seed of the sampler: the same seed and space give the same trials.",
                       json_schema_extra=COMPUTED)

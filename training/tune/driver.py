@@ -47,7 +47,7 @@ def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 
 def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                 on_event: Callable[[ChildEvent], None]) -> Study:
-    config = _resolved(config, packed)
+    given, config = config, _resolved(config, packed)
     _check_space_fits(config, prep)
     root = StorageRoot.from_config(config)
     key = study_key(config, packed.fingerprint)
@@ -57,7 +57,7 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     fresh = calibration is None
     if calibration is None:
         calibration = calibrate(config, packed, prep, key, on_event)
-    study = Study(config, packed.fingerprint, calibration.cost)
+    study = Study(config, packed.fingerprint, calibration.cost, given)
     if fresh:
         study.add_setup_seconds(calibration.billed_seconds, "calibration")
         write_json_atomic(path, calibration.model_dump())

@@ -6,7 +6,10 @@ from __future__ import annotations
 from training.config import RetrainConfig
 from training.search_space import SpaceError
 
-__all__ = ["check_rungs", "rungs"]
+__all__ = ["FIRST_RUNG_DIVISOR", "check_rungs", "rungs"]
+
+# The default first rung is train.max_steps / this (tune.min_resource).
+FIRST_RUNG_DIVISOR = 5
 
 
 def check_rungs(config: RetrainConfig) -> None:
@@ -29,7 +32,7 @@ def rungs(config: RetrainConfig) -> list[int]:
     if t.pruner == "none":
         return [last]
     every = config.train.validate_every
-    step = t.min_resource or max(every, last // t.reduction_factor**2 // every * every)
+    step = t.min_resource or max(every, last // FIRST_RUNG_DIVISOR // every * every)
     out = []
     while step < last:
         out.append(step)

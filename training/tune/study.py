@@ -149,11 +149,18 @@ class RungWork:
 
 
 class Study:
-    def __init__(self, config: RetrainConfig, dataset_fingerprint: str, cost: RungCost) -> None:
+    def __init__(self, config: RetrainConfig, dataset_fingerprint: str, cost: RungCost,
+                 given: RetrainConfig | None = None) -> None:
+        """`config` has train.eval_every and train.patience resolved for the data (the rungs are
+        validated steps); `given` is the config as the user gave it, which trials train from: a
+        trial whose values are the given config's is that config's `retrain run`, the same run
+        key, so an identical finished run is found rather than trained again (the trainer
+        resolves `auto` the same way for the same data)."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.config, self.tune, self.cost = config, config.tune, cost
+        self.given = given or config
         self.rungs = rungs(config)
         self.dims: list[Dimension] = parse_space(config.tune.space)
         self.key = study_key(config, dataset_fingerprint)
@@ -340,7 +347,7 @@ class Study:
 
     def _work(self, number: int, params: dict[str, Any], rung: int, price: float) -> RungWork:
         trial = self.study.get_trials(deepcopy=False)[number]
-        config = self.config.with_values(params, f"(tuning trial {params})")
+        config = self.given.with_values(params, f"(tuning trial {params})")
         spent = float(trial.user_attrs.get("billed_seconds", 0.0))
         cap = spent + self.remaining_seconds()
         if math.isfinite(cap):

@@ -44,9 +44,10 @@ def test_rungs_fit_the_validation_steps(tmp_path: Path) -> None:
     from training.tune.rungs import check_rungs, rungs
 
     space = {"train.optim.lr": "loguniform(1e-4, 1e-2)"}
-    assert rungs(_config(tmp_path, {"space": space, "min_resource": 40})) == [40, 120, 360]
-    # Default: max_steps / reduction_factor^2, down to a multiple of eval_every.
-    assert rungs(_config(tmp_path, {"space": space})) == [40, 120, 360]
+    assert rungs(_config(tmp_path, {"space": space, "min_resource": 40, "reduction_factor": 3})) == [40, 120, 360]
+    # Default: a fifth of max_steps, down to a multiple of eval_every, then doubling.
+    assert rungs(_config(tmp_path, {"space": space})) == [40, 80, 160, 320, 360]
+    assert rungs(_config(tmp_path, {"space": space}, {"max_steps": 540, "eval_every": 20})) == [100, 200, 400, 540]
     assert rungs(_config(tmp_path, {"space": space, "pruner": "none"})) == [360]
     with pytest.raises(SpaceError, match=r"tune.min_resource \(50\) must be a multiple of train.eval_every"):
         check_rungs(_config(tmp_path, {"space": space, "min_resource": 50}))
