@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 CLASS_TAG = "retrain-class"  # what an object is: drives the lifecycle rules
 RUN_TAG = "retrain-run"  # which run wrote it: cost allocation and clean-up
 RULE_PREFIX = "retrain:"  # ids of the lifecycle rules this pipeline owns
+POOL_CONNECTIONS = 32  # at least the threads that ask at once (training.data.packing.PLAN_THREADS)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:
@@ -92,6 +93,9 @@ class S3Store:
             read_timeout=settings.read_timeout_s,
             retries={"mode": "standard", "max_attempts": settings.max_attempts},
             tcp_keepalive=True,
+            # One connection per thread that asks at once (packing plans with PLAN_THREADS; botocore
+            # keeps 10 and drops and reopens the rest, logging "Connection pool is full").
+            max_pool_connections=POOL_CONNECTIONS,
             # Checksums on what we send; S3 verifies them before it stores the object.
             request_checksum_calculation="when_supported",
             response_checksum_validation="when_supported",

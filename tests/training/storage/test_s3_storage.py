@@ -341,3 +341,27 @@ def test_a_checkpoint_manifest_on_s3_naming_a_path_outside_is_refused(s3_bucket,
     assert not list(tmp_path.rglob("escaped.txt"))
     assert "outside the checkpoint" in caplog.text
 
+
+
+def test_as_many_threads_as_planning_uses_share_the_pool_without_dropping_connections(s3_bucket, s3_server, caplog):
+    """Planning reads footers PLAN_THREADS at a time through one client: a pool smaller than
+    that drops and reopens connections, and urllib3 warns "Connection pool is full"."""
+    import logging
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from training.data.packing import PLAN_THREADS
+
+    store = _store(s3_bucket, s3_server)
+    store.put_bytes("x", b"1", {})
+    start = threading.Barrier(PLAN_THREADS)
+
+    def ask(_: int) -> None:
+        for _ in range(5):
+            start.wait()
+            assert store.head("x") is not None
+
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"), \
+            ThreadPoolExecutor(max_workers=PLAN_THREADS) as pool:
+        list(pool.map(ask, range(PLAN_THREADS)))
+    assert not [r for r in caplog.records if "Connection pool is full" in r.getMessage()]
