@@ -220,10 +220,25 @@ def replay(curves: list[Curve], pause: float, orders: int = ORDERS) -> list[dict
     return rows
 
 
+def default_schedule(work: Path, source: Path) -> tuple[str, list[int]]:
+    """(pruner, rungs) that `retrain tune` picks with its tune.* defaults at this MAX_STEPS."""
+    from training.config import load_config
+    from training.tune.rungs import rungs
+
+    config = load_config(overrides=[f"storage.root={work / 'default'}", f"data.source={source}",
+                                    f"train.max_steps={MAX_STEPS}", "train.eval_every=20", f"tune.space={SPACE}"])
+    return config.tune.pruner, rungs(config)
+
+
 def run(work: Path) -> dict[str, Any]:
     source = demo_parquet(work, rows=200_000)
     curves, pause = _curves(work, source)
     rows = replay(curves, pause)
+    pruner, default_rungs = default_schedule(work, source)
+    for row in rows:
+        row["default"] = row["policy"] == pruner and row["rungs"] == default_rungs
+    if not any(row["default"] for row in rows):
+        raise RuntimeError(f"the default schedule ({pruner}, rungs {default_rungs}) is not among SCHEDULES")
     best = min(rows, key=lambda r: r["ratio"])
     finals = sorted(c.value(MAX_STEPS) for c in curves)
     return {
@@ -232,6 +247,7 @@ def run(work: Path) -> dict[str, Any]:
         "final_auc_quantiles": {q: round(finals[int(q * (len(finals) - 1))], 4) for q in (0.5, 0.75, 0.9, 0.95, 1.0)},
         "replays": rows,
         "best": best,
+        "default": [r for r in rows if r["default"]],
         "target_ratio": 0.5,
         "any_schedule_meets_target": best["ratio"] <= 0.5,
     }
