@@ -32,8 +32,12 @@ def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumn
     data.task was not given, and the source checked against it (a demo source is the project's
     own: nothing to check). Reads a listing, one footer and the first file's label column."""
     spec = config.data.source
-    if spec is None or spec in DEMOS:
+    if spec is None:
         return config, None
+    if spec in DEMOS:
+        # The project's own file: nothing to check, but a demo named with its own columns
+        # (`data.text=[review]`) does not inherit the tabular demo's other lists either.
+        return _unset_features_not_given(config), None
     ranges = source_schema(spec, config.storage)
     _check_named(ranges.where, ranges.schema, config.data.label, "data.label")
     task_given = "task" in config.data.model_fields_set  # before any key is set below: that sets them all
@@ -46,17 +50,22 @@ def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumn
     return config, inferred
 
 
+def _unset_features_not_given(config: RetrainConfig) -> RetrainConfig:
+    """Where the config names some feature lists, the others are empty (not the demo's)."""
+    given = config.data.model_fields_set & set(FEATURE_KEYS)
+    unset: dict[str, Any] = {f"data.{k}": [] for k in FEATURE_KEYS if k not in given}
+    return config.with_values(unset, "(feature lists the config does not give)") if given and unset else config
+
+
 def _feature_columns(config: RetrainConfig, ranges: ParquetRanges
                      ) -> tuple[RetrainConfig, InferredColumns | None, list[str]]:
     """Inferred where the config names no feature column and the defaults (the demo's columns)
     are not all there: a demo-shaped file keeps training as it always did, less its label. Where
     the config names some, the others are empty: a user's source never inherits the demo's lists.
     Also the inferred text columns whose first rows are all numbers (checked whole later)."""
-    given = config.data.model_fields_set & set(FEATURE_KEYS)
     label = config.data.label
-    if given:
-        unset: dict[str, Any] = {f"data.{k}": [] for k in FEATURE_KEYS if k not in given}
-        return (config.with_values(unset, "(feature lists the config does not give)") if unset else config), None, []
+    if config.data.model_fields_set & set(FEATURE_KEYS):
+        return _unset_features_not_given(config), None, []
     defaults = [c for k in FEATURE_KEYS for c in getattr(config.data, k)]
     if set(defaults) <= set(ranges.schema.names):
         kept = {f"data.{k}": [c for c in getattr(config.data, k) if c != label] for k in FEATURE_KEYS}

@@ -49,6 +49,10 @@ def test_a_label_named_like_a_demo_column_and_a_partial_feature_list_inherit_not
     assert config.data.task == "regression" and "price" not in config.data.numeric
     named, _ = _checked(_source(tmp_path, [0, 1] * 100), "y", "data.numeric=[x1]")
     assert named.data.numeric == ["x1"] and named.data.categorical == []  # not the demo's list
+    # The text demo named with its own column: not the tabular demo's numeric and categorical.
+    reviews, _ = checked_source(load_config(overrides=["data.source=demo:reviews", "data.label=positive",
+                                                       "data.text=[review]", f"storage.root={tmp_path / 'r'}"]))
+    assert reviews.data.text == ["review"] and reviews.data.numeric == [] and reviews.data.categorical == []
 
 
 def test_a_given_task_is_kept_and_a_label_that_does_not_fit_it_is_one_line(tmp_path: Path) -> None:
