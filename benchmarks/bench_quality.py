@@ -210,7 +210,8 @@ def _tuned(work: Path, overrides: list[str], metric: str) -> dict[str, Any]:
           lambda futures: futures[0], lambda line: None)
     # The study's answer, as `retrain tune` gives it: the config as given unless the best trial
     # beats it on validation by the paired interval.
-    report = against_base(build_report(study), base_comparison(config, packed, lambda event: None))
+    report = against_base(build_report(study), base_comparison(config, packed, lambda event: None),
+                          config.eval.confidence)
     seconds = time.perf_counter() - t0
     assert report.best is not None and report.best.run_key, report.status
     score = evaluate_package(work / "runs" / report.best.run_key / "model", Path(packed.dataset_dir),

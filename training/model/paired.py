@@ -26,6 +26,7 @@ from training.model.task_metrics import METRICS
 __all__ = ["PairedDifference", "paired_difference"]
 
 BOOTSTRAP_ROW_RESAMPLES = 20_000_000  # rows x resamples: about a second of numpy per metric
+MIN_TAIL_DRAWS = 5  # fewer draws than this beyond a bound: the bound is read from their spread
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,17 @@ def paired_difference(task: str, metric: str, y: np.ndarray, challenger: np.ndar
         draws[b] = sign * (kind.fn(y[rows], challenger[rows]) - kind.fn(y_b[rows], champion[rows]))
     draws = draws[np.isfinite(draws)]
     tail = (1 - confidence) / 2
-    low, high = (np.quantile(draws, [tail, 1 - tail]) if draws.size else (math.nan, math.nan))
+    if not draws.size:
+        return PairedDifference(metric, float(point), math.nan, math.nan, confidence,
+                                f"paired bootstrap, {resamples} resamples", n)
+    if tail * draws.size < MIN_TAIL_DRAWS:
+        # A confidence this high (a pick from many trials) leaves too few draws in a tail for
+        # its quantile to be more than the extreme draw: the normal interval from the draws'
+        # spread instead.
+        z, spread = _normal_quantile(1 - tail), float(np.std(draws, ddof=1))
+        return PairedDifference(metric, float(point), float(point - z * spread), float(point + z * spread), confidence,
+                                f"paired bootstrap (normal interval), {resamples} resamples", n)
+    low, high = np.quantile(draws, [tail, 1 - tail])
     return PairedDifference(metric, float(point), float(low), float(high), confidence,
                             f"paired bootstrap, {resamples} resamples", n)
 

@@ -113,10 +113,10 @@ def _check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
 
 
 def base_comparison(config: RetrainConfig, packed: PackResult, on_event: Callable[[ChildEvent], None]
-                    ) -> Callable[[str, str], dict[str, Any]]:
-    """Two finished trials' models compared on the validation split, in a child process (torch):
-    what `study_report.against_base` asks."""
-    def compare(challenger: str, base: str) -> dict[str, Any]:
+                    ) -> Callable[[str, str, float], dict[str, Any]]:
+    """Two finished trials' models compared on the validation split, with an interval at the
+    confidence asked, in a child process (torch): what `study_report.against_base` asks."""
+    def compare(challenger: str, base: str, confidence: float) -> dict[str, Any]:
         from training.launch.runs import fetch_finished_run, run_rel
         from training.pipeline.stage_child import compare_in_child
 
@@ -126,7 +126,8 @@ def base_comparison(config: RetrainConfig, packed: PackResult, on_event: Callabl
             if root.remote is not None:
                 fetch_finished_run(root, run_rel(key))  # a trial finished on another machine
             folders.append(root.path(f"{run_rel(key)}/model"))
-        return compare_in_child(config, packed, folders[0], folders[1], on_event)
+        asked = config.model_copy(update={"eval": config.eval.model_copy(update={"confidence": confidence})})
+        return compare_in_child(asked, packed, folders[0], folders[1], on_event)
 
     return compare
 

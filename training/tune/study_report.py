@@ -239,24 +239,33 @@ def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-Compare = Callable[[str, str], dict[str, Any]]  # (challenger run key, base run key) -> PairedDifference JSON
+# (challenger run key, base run key, confidence) -> PairedDifference JSON
+Compare = Callable[[str, str, float], dict[str, Any]]
 
 
-def against_base(report: TuneReport, compare: Compare | None) -> TuneReport:
+def against_base(report: TuneReport, compare: Compare | None, confidence: float = 0.95) -> TuneReport:
     """The study's answer is the config as given (the base trial) unless the best trial beats it
     on the validation split by more than the noise of that split: the paired interval of their
-    difference, row by row (DeLong for AUC, a paired bootstrap otherwise), clears zero. The best
-    value is a maximum over trials, each itself a maximum over validations: on a small split it
-    is optimistic, and an unchecked pick can be worse than what it tuned."""
+    difference, row by row (DeLong for AUC, a paired bootstrap otherwise), clears zero.
+
+    The best trial is the maximum over the finished trials of scores on those same rows: the
+    largest of n noisy differences is optimistic even where no trial is better than the base.
+    So the interval is widened for the n it was picked from (Bonferroni: confidence
+    1 - (1 - `confidence`) / n), and a pick that clears it would have cleared it had it been the
+    only trial. Early stopping also picked each model's step on these rows; it did so for the
+    base as well, so that part of the optimism is shared."""
     best = report.best
-    base = next((r for r in report.trials if r.base and r.state in ("completed", "early_stopped")), None)
+    finished = [r for r in report.trials if r.state in ("completed", "early_stopped") and r.run_key]
+    base = next((r for r in finished if r.base), None)
     if best is None or base is None or best.trial == base.number or compare is None or not (
             best.run_key and base.run_key):
         return report
-    diff = compare(best.run_key, base.run_key)
+    picked_from = max(1, sum(1 for r in finished if not r.base))
+    widened = 1 - (1 - confidence) / picked_from
+    diff = compare(best.run_key, base.run_key, widened)
     said = (f"validation {diff['metric']} {diff['improvement']:+.4f} over the config as given "
-            f"({diff['confidence']:.0%} interval {diff['low']:+.4f} to {diff['high']:+.4f}, {diff['method']}, "
-            f"{diff['rows']} rows)")
+            f"({diff['confidence']:.2%} interval, for the best of {picked_from} trials: {diff['low']:+.4f} to "
+            f"{diff['high']:+.4f}, {diff['method']}, {diff['rows']} rows)")
     if diff["low"] > 0:
         return report.model_copy(update={"best": best.model_copy(update={"evidence": f"trial {best.trial}: {said}"})})
     assert base.value is not None  # finished trials have one
@@ -268,7 +277,7 @@ def against_base(report: TuneReport, compare: Compare | None) -> TuneReport:
 def write_report(study: Study, compare: Compare | None = None) -> tuple[TuneReport, Path, Path]:
     """Write (and publish) the report, its plot and the best config; (report, json, png).
     `compare` tells the best trial from the config as given (`against_base`)."""
-    report = against_base(build_report(study), compare)
+    report = against_base(build_report(study), compare, study.config.eval.confidence)
     folder = study.root.local / study.rel
     rels = []
     if report.best is not None:
