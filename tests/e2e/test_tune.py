@@ -36,7 +36,7 @@ def _study_config(tmp_path: Path, demo_source: Path, **tune: Any) -> Path:
         # A priced instance: the budget is in dollars.
         "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
         "tune": {"space": {"train.optim.lr": "loguniform(1e-3, 3e-2)", "model.dropout": "uniform(0, 0.3)"},
-                 "max_trials": 4, "min_resource": 40, "max_usd": MAX_USD, "seed": 3, **tune},
+                 "max_trials": 4, "min_resource": 40, "reduction_factor": 3, "max_usd": MAX_USD, "seed": 3, **tune},
     }
     path = tmp_path / "tune.yaml"
     path.write_text(yaml.safe_dump(config))
