@@ -168,12 +168,17 @@ class Trainer:
     def _say_if_validation_is_small(self) -> None:
         """One line where a validation split is too small for its metric to pick a step alone."""
         rows = self.manifest.rows["validation"]
-        if self.rank == 0 and 0 < rows < SMALL_VALIDATION_ROWS:
-            tiebreak = TIEBREAK_METRIC[self.task.name]
+        if self.rank != 0 or not 0 < rows < SMALL_VALIDATION_ROWS:
+            return
+        metric, tiebreak = metric_name(self.metric), metric_name(TIEBREAK_METRIC[self.task.name])
+        if self.task.name == "regression" or metric == tiebreak:  # a continuous metric: noisy, not coarse
+            log.warning("the validation split holds %d rows: validation %s is noisy there, and the step early "
+                        "stopping keeps may not be the best model. More rows (data.split) make the choice firmer",
+                        rows, metric)
+        else:
             log.warning("the validation split holds %d rows: validation %s is coarse and noisy there, so early "
-                        "stopping keeps, among equal %s, the step with the lowest validation %s. More rows "
-                        "(data.split) make the choice firmer", rows, metric_name(self.metric),
-                        metric_name(self.metric), metric_name(tiebreak))
+                        "stopping keeps, among equal %s values, the step with the lowest validation %s. More rows "
+                        "(data.split) make the choice firmer", rows, metric, metric, tiebreak)
 
     def _continue_past_a_budget(self) -> None:
         """A run resumed from the checkpoint its budget stopped it at trains on when the budget

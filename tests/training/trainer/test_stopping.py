@@ -111,3 +111,25 @@ def test_a_lower_is_better_metric_ties_the_same_way() -> None:
     assert stopper.update(2.0, 10, tiebreak=2.0) and stopper.update(2.0, 20, tiebreak=1.5)
     assert not stopper.update(2.5, 30, tiebreak=1.0)
     assert stopper.best_step == 20
+
+
+def test_a_small_validation_split_is_said_once_in_the_words_of_its_metric(caplog) -> None:  # type: ignore[no-untyped-def]
+    """Accuracy on 30 rows is coarse (ties are broken by the loss); RMSE is continuous, only noisy."""
+    import logging
+    from types import SimpleNamespace
+
+    from training.trainer.trainer import Trainer
+
+    def said(task: str, metric: str, rows: int) -> list[str]:
+        caplog.clear()
+        fake = SimpleNamespace(rank=0, manifest=SimpleNamespace(rows={"validation": rows}),
+                               task=SimpleNamespace(name=task), metric=metric)
+        with caplog.at_level(logging.WARNING, logger="training.trainer.trainer"):
+            Trainer._say_if_validation_is_small(fake)  # type: ignore[arg-type]
+        return [r.getMessage() for r in caplog.records]
+
+    (coarse,) = said("multiclass", "accuracy", 30)
+    assert "holds 30 rows" in coarse and "among equal accuracy values" in coarse and "lowest validation logloss" in coarse
+    (noisy,) = said("regression", "rmse", 43)
+    assert "rmse is noisy there" in noisy and "lowest" not in noisy
+    assert said("binary", "auc", 20_000) == []
