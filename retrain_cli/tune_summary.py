@@ -31,12 +31,21 @@ def tune_summary(report: TuneReport, path: str) -> str:
     lines.append(f"  naive       every trial to full fidelity, on {report.market}: ${naive.usd:.6f}, "
                  f"{naive.seconds:.1f} machine-s" + (f" (saved {saved:.0%})" if saved is not None else
                                                       " (no model yet: no saving claimed)"))
+    if spend.seed_seconds:
+        more = max((len(t.seed_values) for t in report.trials), default=0)
+        lines.append(f"  seeds       the best trials retrained with {more} more seeds: {spend.seed_seconds:.1f} "
+                     "machine-s of the spend")
+    if report.seeds_skipped:
+        lines.append(f"  seeds       not retrained: {report.seeds_skipped}")
     best = report.best
     if best is None:
         lines.append("  best        no trial reached full fidelity")
     else:
         chosen = ", ".join(f"{k}={_short(v)}" for k, v in best.params.items())
         lines.append(f"  best        trial {best.trial}: val {metric} {best.value:.4f} ({chosen})")
+        if best.score is not None:
+            over = f"the mean over {best.seeds} seeds" if best.seeds > 1 else "one seed"
+            lines.append(f"              ranked by its last validation, {over}: {best.score:.4f}")
         if best.evidence:
             lines.append(f"              {best.evidence}")
         lines.append(f"  config      {best.config} (retrain run --config <it>)")

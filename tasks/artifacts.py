@@ -173,6 +173,7 @@ def publish_tune_report(report: TuneReport, png_bytes: bytes) -> None:
         f"against budget {report.budget}; every trial at full fidelity on {report.market} would cost "
         f"${report.naive.usd:.6f} ({report.naive.seconds:.1f} machine-s).\n\n"
         + (f"Best: trial {best.trial}, validation {report.metric} {best.value:.5f}, {best.params}"
+           + (f", ranked by the mean last validation over {best.seeds} seeds" if best.seeds > 1 else "")
            + (f" ({best.evidence})" if best.evidence else "") + "\n\n"
            if best else "No trial reached full fidelity.\n\n")
         + f"![metric against cumulative cost](data:image/png;base64,{image})\n",

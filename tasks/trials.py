@@ -32,8 +32,9 @@ def _child_logger(event: ChildEvent) -> None:
 # No timeout: submitted, it runs in a worker thread of the task runner, where Prefect cannot
 # interrupt it (and warns on every run); the flow's timeout bounds it.
 @task(name="trial", task_run_name="trial-{trial}-to-step-{step}", retry_condition_fn=retry_only_preemptions)
-def train_rung(config: RetrainConfig, packed: PackResult, prep: PrepResult, trial: int, step: int) -> RungResult:
-    """Train one trial's run towards one rung in a child process (resumes its checkpoint)."""
+def train_rung(config: RetrainConfig, packed: PackResult, prep: PrepResult, trial: str, step: int) -> RungResult:
+    """Train one trial's run towards one rung in a child process (resumes its checkpoint);
+    `trial` names it in the UI: its number, and `-seed-<n>` for a seed retrain."""
     from training.tune.trial import rung_stage
 
     return rung_stage(config, packed, prep, step, _child_logger)
@@ -49,7 +50,7 @@ def run_study(config: RetrainConfig, packed: PackResult, prep: PrepResult) -> tu
                                                                config.train.retry.max_retries))
 
     def submit(work: RungWork) -> PrefectFuture[RungResult]:
-        return rung.submit(work.config, packed, prep, work.trial, work.step)
+        return rung.submit(work.config, packed, prep, work.label, work.step)
 
     def first_done(futures: list[PrefectFuture[RungResult]]) -> PrefectFuture[RungResult]:
         return next(iter(as_completed(futures)))

@@ -77,13 +77,18 @@ def test_a_study_completes_within_its_budget_and_prunes(uninterrupted: dict[str,
     report = uninterrupted["report"]
     assert report["status"] == "complete" and len(report["trials"]) == 4
     assert 0 < report["spend"]["usd"] <= MAX_USD
-    assert report["spend"]["usd"] == pytest.approx(sum(t["usd"] for t in report["trials"]) + sum(
-        report["spend"]["setup_seconds"].values()) * report["rate_per_hour"] / 3600)
+    assert report["spend"]["usd"] == pytest.approx(sum(t["usd"] for t in report["trials"]) + (sum(
+        report["spend"]["setup_seconds"].values()) + report["spend"]["seed_seconds"]) * report["rate_per_hour"] / 3600)
     states = [t["state"] for t in report["trials"]]
     # The pruner prunes: some trials stop at the first rung, the promoted ones train to the end.
     assert any(t["state"] == "pruned" and t["steps"] == 40 for t in report["trials"]), states
     assert "completed" in states and all(t["steps"] == 120 for t in report["trials"] if t["state"] == "completed")
     assert report["naive"]["usd"] > report["spend"]["usd"]
+    # A small table (under 10,000 training rows): the config as given and the best others were
+    # retrained with two more seeds, and the answer ranked by the mean.
+    finished = [t for t in report["trials"] if t["state"] in ("completed", "early_stopped")]
+    assert sorted(len(t["seed_values"]) for t in finished)[-min(3, len(finished)):] == [2] * min(3, len(finished))
+    assert report["best"]["seeds"] == 3 and report["spend"]["seed_seconds"] > 0
     # The best trial's config is a config `retrain run` accepts, with the best parameters.
     best = report["best"]
     config = load_config(best["config"])
@@ -137,7 +142,7 @@ def _kill_when(proc: subprocess.Popen[str], root: Path, mid_rung: Any) -> None:
 
 def test_a_study_killed_twice_ends_like_an_uninterrupted_one(tmp_path: Path, demo_source: Path,
                                                               uninterrupted: dict[str, Any], prefect_server) -> None:
-    config = _study_config(tmp_path, demo_source)
+    config = _study_config(tmp_path, demo_source, seeds=0)  # the trials are compared; retrains come after them
     root = tmp_path / "root"
     # Told the server is private to these runs, the flow holds only the root's own lock (freed
     # when its holder dies), not the server's global concurrency slot, whose 60 s lease a

@@ -202,6 +202,9 @@ class RungResult(_Result):
     step: int
     metric: str
     value: float  # the best validation metric so far: what the model kept at this step scores
+    # A finished run's last validation: what a study ranks finished trials by, since `value` is
+    # the best of many validations on the rows the ranking reads (None: paused, or no history).
+    last_value: float | None = None
     billed_seconds: float  # the run's, restarts and lost work included
     steps_lost: int = 0
     preemptions: int = 0
@@ -210,7 +213,8 @@ class RungResult(_Result):
     @classmethod
     def of(cls, result: TrainResult) -> RungResult:
         assert result.best_val_metric is not None  # a finished run validated at least once
+        last = result.history[-1].metrics.get(result.metric) if result.history else None
         return cls(run_key=result.run_key, status=result.status, step=result.steps, metric=result.metric,
-                   value=result.best_val_metric, billed_seconds=result.billed_seconds,
+                   value=result.best_val_metric, last_value=last, billed_seconds=result.billed_seconds,
                    steps_lost=result.steps_lost, preemptions=result.preemptions,
                    startup_seconds=result.seconds.startup)

@@ -57,7 +57,7 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     fresh = calibration is None
     if calibration is None:
         calibration = calibrate(config, packed, prep, key, on_event)
-    study = Study(config, packed.fingerprint, calibration.cost, given)
+    study = Study(config, packed.fingerprint, calibration.cost, given, packed.rows["train"])
     if fresh:
         study.add_setup_seconds(calibration.billed_seconds, "calibration")
         write_json_atomic(path, calibration.model_dump())
@@ -141,6 +141,8 @@ def drive(study: Study, submit: Callable[[RungWork], Future], first_done: Callab
         TRIAL_CHILDREN.close()
     if study.stopped_by:
         say(f"study stopped by its budget: {study.stopped_by}")
+    if study.seeds_skipped:
+        say(f"seed retrains skipped: {study.seeds_skipped}")
 
 
 def _drive(study: Study, submit: Callable[[RungWork], Future], first_done: Callable[[list[Future]], Future],
@@ -151,8 +153,10 @@ def _drive(study: Study, submit: Callable[[RungWork], Future], first_done: Calla
             work = study.next_work()
             if work is None:
                 break
-            say(f"trial {work.trial} {json.dumps(work.params, sort_keys=True)}: training to step {work.step} "
-                f"(rung {work.rung}), priced at ${study.budget.usd(work.price_seconds):.6f}")
+            to = (f"retraining with seed {work.config.train.seed} to step {work.step}" if work.repeat
+                  else f"training to step {work.step} (rung {work.rung})")
+            say(f"trial {work.trial} {json.dumps(work.params, sort_keys=True)}: {to}, "
+                f"priced at ${study.budget.usd(work.price_seconds):.6f}")
             running[submit(work)] = work
         if not running:
             break
@@ -161,6 +165,12 @@ def _drive(study: Study, submit: Callable[[RungWork], Future], first_done: Calla
         outcome = done.result()
         study.record(work, outcome)
         frozen = study.study.get_trials(deepcopy=False)[work.trial]
+        if work.repeat:
+            last = outcome.last_value if outcome.last_value is not None else outcome.value
+            say(f"trial {work.trial} seed {work.config.train.seed} at step {outcome.step}: last val {study.metric} "
+                f"{last:.4f} ({outcome.status}); spent ${study.budget.usd(study.spent_seconds()):.6f} "
+                f"({study.spent_seconds():.1f} machine-s)")
+            continue
         if frozen.state.name == "RUNNING":
             state = "waiting at its rung" if study.deferred else "promoted"
         else:

@@ -8,7 +8,9 @@ write, or a value of the wrong type:
 - a trial's parameters are the space's keys, each inside its distribution, and the `params`
   attribute the study trains from agrees with them;
 - a trial's attributes are the study's own keys (`TRIAL_ATTRS`), each of its type and range;
-- the study's attributes are its set-up spend, finite and not negative.
+- the study's attributes are its set-up spend, finite and not negative, and its seed retrains'
+  outcomes (`seed:<trial>:<repeat>`: a trial the journal created, a repeat tune.seeds allows, a
+  run key, billed seconds and a finite score or none).
 
 A line that breaks a rule about a trial refuses that trial: it is replayed as failed (never
 trained, never the best) and a warning names the journal, the line and the key. A rule about the
@@ -46,6 +48,7 @@ RUNNING, COMPLETE, PRUNED, FAIL, WAITING = 0, 1, 2, 3, 4
 _FINISHED = {COMPLETE, PRUNED, FAIL}
 
 STUDY_ATTRS = frozenset({"setup_seconds", "calibration_seconds"})
+MAX_SEEDS = 4  # tune.seeds' largest value
 STATUSES = frozenset({"paused", "completed", "early_stopped", "budget_stopped", "budget", "pruned"})
 _RUN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -87,6 +90,7 @@ def _run_key(value: Any) -> str:
 TRIAL_ATTRS: dict[str, Callable[[Any], Any]] = {
     "run_key": _run_key, "billed_seconds": _seconds, "startup_seconds": _seconds, "steps": _count,
     "steps_lost": _count, "preemptions": _count, "status": _status, "decided": _count, "spent_at": _seconds,
+    "last_value": _score,
     # "sent_to" and "params" depend on the study: see JournalGate._user_attr.
 }
 
@@ -172,15 +176,32 @@ class JournalGate:
             attr = record.get("user_attr")
             try:
                 key, value = _one(attr)
-                if key not in STUDY_ATTRS:
+                seed = re.fullmatch(r"seed:(\d{1,5}):(\d)", key) if isinstance(key, str) else None
+                if seed is not None:
+                    self._seed_record(int(seed[1]), int(seed[2]), value)
+                elif key not in STUDY_ATTRS:
                     raise _Refused(f"{key!r} is not a study attribute this study writes")
-                _seconds(value)
+                else:
+                    _seconds(value)
             except (ValueError, TypeError) as err:
                 return self._ignored(number, f"study attribute: {err}")
             return record
         what = {DELETE_STUDY: "deletes a study", SET_STUDY_SYSTEM_ATTR: "sets a study system attribute",
                 DISCARD_TRIALS: "discards trials"}.get(op, "sets another study's attribute")
         return self._ignored(number, what)
+
+    def _seed_record(self, trial: int, repeat: int, value: Any) -> None:
+        """A seed retrain's outcome (`Study.seed_records`): of a finished trial of this study."""
+        if trial not in self._trials or self._trials[trial].state != COMPLETE:
+            raise _Refused(f"a seed retrain of trial {trial}, which is not a finished trial of this study")
+        if not 1 <= repeat <= MAX_SEEDS:
+            raise _Refused(f"seed retrain {repeat} is not 1 to {MAX_SEEDS}")
+        if not isinstance(value, dict) or set(value) != {"run_key", "billed_seconds", "value"}:
+            raise _Refused("a seed retrain's record holds exactly run_key, billed_seconds and value")
+        _run_key(value["run_key"])
+        _seconds(value["billed_seconds"])
+        if value["value"] is not None:
+            _score(value["value"])
 
     def _create_trial(self, number: int, record: dict[str, Any]) -> dict[str, Any]:
         if record.get("study_id") != self.study_id or self.study_id is None:

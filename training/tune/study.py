@@ -59,6 +59,10 @@ __all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_k
 log = logging.getLogger(__name__)
 STUDY_DIR = "tune"
 RESERVE_HEADROOM = 1.25  # see Study._leader_reserve
+SMALL_DATA_ROWS = 10_000  # tune.seeds auto: below this many training rows, the top trials get more seeds
+AUTO_SEEDS = 2
+SEED_CANDIDATES = 3  # the config as given and the best others, by their last validation
+SEED_RECORD = "seed"  # study attribute "seed:<trial>:<repeat>": one seed retrain's outcome (SeedRecord)
 
 
 def study_key(config: RetrainConfig, dataset_fingerprint: str) -> str:
@@ -138,7 +142,8 @@ class _Observed:
 @dataclass(frozen=True)
 class RungWork:
     """Train trial `trial`'s run towards `step` (rung `rung`); `config` is the trial's, with
-    its run capped (budget.max_wall_seconds, operational) so the study cannot overshoot."""
+    its run capped (budget.max_wall_seconds, operational) so the study cannot overshoot.
+    `repeat` > 0: the trial's config retrained to the end with train.seed + repeat."""
 
     trial: int
     params: dict[str, Any]
@@ -146,16 +151,38 @@ class RungWork:
     step: int
     rung: int
     price_seconds: float  # the estimate this work was admitted on
+    repeat: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.trial}" if not self.repeat else f"{self.trial}-seed-{self.repeat}"
+
+
+@dataclass(frozen=True)
+class SeedRecord:
+    """A seed retrain's outcome, as the study keeps it: its run, its billed seconds, and its last
+    validation (None: its run was stopped before the end, so it ranks nothing)."""
+
+    run_key: str
+    billed_seconds: float
+    value: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_key": self.run_key, "billed_seconds": self.billed_seconds, "value": self.value}
+
+
+def seed_attr(trial: int, repeat: int) -> str:
+    return f"{SEED_RECORD}:{trial}:{repeat}"
 
 
 class Study:
     def __init__(self, config: RetrainConfig, dataset_fingerprint: str, cost: RungCost,
-                 given: RetrainConfig | None = None) -> None:
+                 given: RetrainConfig | None = None, train_rows: int | None = None) -> None:
         """`config` has train.eval_every and train.patience resolved for the data (the rungs are
         validated steps); `given` is the config as the user gave it, which trials train from: a
         trial whose values are the given config's is that config's `retrain run`, the same run
         key, so an identical finished run is found rather than trained again (the trainer
-        resolves `auto` the same way for the same data)."""
+        resolves `auto` the same way for the same data). `train_rows` resolves tune.seeds auto."""
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -181,6 +208,11 @@ class Study:
         self.in_flight: dict[int, float] = {}  # trial number -> the seconds reserved for its rung
         self.stopped_by: str | None = None  # why no more work was handed out, when it was a budget
         self._observed: list[_Observed] = []  # the rungs trained this attempt
+        seeds = self.tune.seeds
+        self.seeds = seeds if isinstance(seeds, int) else (
+            AUTO_SEEDS if train_rows is not None and train_rows < SMALL_DATA_ROWS else 0)
+        self.seeding: dict[tuple[int, int], float] = {}  # (trial, repeat) in flight -> its reserved seconds
+        self.seeds_skipped: str | None = None  # why the seed retrains did not run, when they did not
 
     # -- spend ----------------------------------------------------------------------------
 
@@ -200,13 +232,16 @@ class Study:
             run, billed = trial.user_attrs.get("run_key"), trial.user_attrs.get("billed_seconds")
             if run is not None and billed is not None:
                 per_run[run] = max(per_run.get(run, 0.0), float(billed))
+        for record in self.seed_records().values():
+            per_run[record.run_key] = max(per_run.get(record.run_key, 0.0), record.billed_seconds)
         return sum(per_run.values())
 
     def spent_seconds(self) -> float:
         return sum(self.setup_seconds().values()) + self.trial_seconds()
 
     def remaining_seconds(self) -> float:
-        return self.budget.seconds() - self.spent_seconds() - sum(self.in_flight.values())
+        return (self.budget.seconds() - self.spent_seconds() - sum(self.in_flight.values())
+                - sum(self.seeding.values()))
 
     def check_first_rung(self) -> None:
         """Refuse a budget that cannot pay for one rung, before any trial starts."""
@@ -242,9 +277,13 @@ class Study:
             work = self._promotion()
             if work is not None:
                 return work
+        if self._seeds_begun():  # a new trial now could displace a candidate half retrained
+            return self._seed_work()
         work = self._new_trial()
         if work is None and self.deferred and not self.in_flight:
             self._close_waiting()
+        if work is None and not self.in_flight and not self.trials(TrialState.RUNNING):
+            work = self._seed_work()
         return work
 
     def _new_trial(self) -> RungWork | None:
@@ -278,7 +317,7 @@ class Study:
         trials, none trained to the end."""
         if len(self.study.get_trials(deepcopy=False)) >= self.tune.max_trials:
             return False
-        reserve = self._leader_reserve()
+        reserve = self._leader_reserve() + self._seed_reserve()
         if reserve == 0.0:
             return True
         # The new trial's first rung priced as the dearest trial so far would price it: its
@@ -347,13 +386,8 @@ class Study:
 
     def _work(self, number: int, params: dict[str, Any], rung: int, price: float) -> RungWork:
         trial = self.study.get_trials(deepcopy=False)[number]
-        config = self.given.with_values(params, f"(tuning trial {params})")
-        spent = float(trial.user_attrs.get("billed_seconds", 0.0))
-        cap = spent + self.remaining_seconds()
-        if math.isfinite(cap):
-            own = config.budget.max_wall_seconds
-            config = config.model_copy(update={"budget": config.budget.model_copy(
-                update={"max_wall_seconds": cap if own is None else min(own, cap)})})
+        config = self._capped(self.given.with_values(params, f"(tuning trial {params})"),
+                              float(trial.user_attrs.get("billed_seconds", 0.0)))
         self.in_flight[number] = price
         if trial.user_attrs.get("sent_to") != self.rungs[rung]:
             self._live(number).set_user_attr("sent_to", self.rungs[rung])  # journaled before it trains
@@ -375,9 +409,20 @@ class Study:
         if reserve > 0:
             _, leader = self._asha_pick(can_start=False)
             price = self.price(self.rungs[pick[1] + 1] - self.rungs[pick[1]], trials[pick[0]])
-            if leader is not None and leader != pick and self.remaining_seconds() - price < reserve:
+            if leader is not None and leader != pick and \
+                    self.remaining_seconds() - price < reserve + self._seed_reserve():
                 pick = leader
         return self._go_on(trials[pick[0]], pick[1] + 1)
+
+    def _capped(self, config: RetrainConfig, spent: float) -> RetrainConfig:
+        """The run capped at what the study has left (budget.max_wall_seconds counts the run's
+        billed seconds, `spent` of them already), so the study cannot overshoot."""
+        cap = spent + self.remaining_seconds()
+        if not math.isfinite(cap):
+            return config
+        own = config.budget.max_wall_seconds
+        return config.model_copy(update={"budget": config.budget.model_copy(
+            update={"max_wall_seconds": cap if own is None else min(own, cap)})})
 
     @staticmethod
     def is_base(frozen: Any) -> bool:
@@ -449,12 +494,125 @@ class Study:
         self.study.sampler = (optuna.samplers.RandomSampler(seed=seed) if self.tune.sampler == "random"
                               else optuna.samplers.TPESampler(seed=seed))
 
+    # -- seeds ------------------------------------------------------------------------------
+    # On a small table one validation split is noisy: the best of n trials on it is often a lucky
+    # seed. Once the trials are done, the candidates (the config as given and the best others)
+    # are retrained with other seeds, and the answer is the best mean (study_report).
+
+    def seed_records(self) -> dict[tuple[int, int], SeedRecord]:
+        """The seed retrains done: (trial, repeat) -> outcome (each line checked by the gate)."""
+        found = {}
+        for key, value in self.study.user_attrs.items():
+            kind, _, rest = key.partition(":")
+            if kind == SEED_RECORD and isinstance(value, dict):
+                trial, _, repeat = rest.partition(":")
+                found[(int(trial), int(repeat))] = SeedRecord(
+                    str(value["run_key"]), float(value["billed_seconds"]),
+                    None if value["value"] is None else float(value["value"]))
+        return found
+
+    @staticmethod
+    def ranking_value(frozen: Any) -> float | None:
+        """What a finished trial ranks by: its run's last validation. Its best validation is a
+        maximum early stopping took over the very rows the ranking reads. (A trial finished
+        before the last one was kept: its best.)"""
+        last = frozen.user_attrs.get("last_value")
+        return float(last) if last is not None else frozen.value
+
+    def seed_candidates(self) -> list[Any]:
+        """The trials retrained with more seeds: the config as given, then the best others by
+        `ranking_value`, SEED_CANDIDATES in all; none with fewer than two finished trials."""
+        from optuna.trial import TrialState
+
+        sign = -1.0 if self.maximize else 1.0
+        finished = [(not self.is_base(t), sign * value, t.number, t) for t in self.trials(TrialState.COMPLETE)
+                    if (value := self.ranking_value(t)) is not None]
+        ranked = [t for *_, t in sorted(finished, key=lambda item: item[:3])]
+        return ranked[:SEED_CANDIDATES] if self.seeds and len(ranked) >= 2 else []
+
+    def _seed_price(self, frozen: Any) -> float:
+        """A seed retrain priced as its trial's run to the step it ended at, with the headroom
+        of a rung's variation under load."""
+        return RESERVE_HEADROOM * self.price(int(frozen.user_attrs.get("steps") or self.rungs[-1]), frozen)
+
+    def _seed_reserve(self) -> float:
+        """What the seed retrains still to come will cost, kept back from new trials and
+        promotions once there are trials to retrain: each retrain priced as the dearest
+        finished trial. A budget that cannot keep that much back skips them at once, so the
+        trials have all of it."""
+        from optuna.trial import TrialState
+
+        candidates = self.seed_candidates()
+        if not candidates or self.seeds_skipped is not None or not math.isfinite(self.budget.seconds()):
+            return 0.0
+        done = self.seed_records()
+        have = sum(1 for t in candidates for repeat in range(1, self.seeds + 1) if (t.number, repeat) in done)
+        # At least one candidate's worth: the trial this reserve lets start may become one.
+        left = max(self.seeds, SEED_CANDIDATES * self.seeds - have)
+        reserve = left * max(self._seed_price(t) for t in self.trials(TrialState.COMPLETE))
+        if reserve > self.remaining_seconds() and have < len(candidates) * self.seeds:
+            self._skip_seeds(left, reserve)
+            return 0.0
+        # The candidates retrained, a reserve beyond the budget stops new trials: one that became
+        # a candidate could not be retrained, and would leave the seeds' ranking incomplete.
+        return reserve
+
+    def _skip_seeds(self, retrains: int, price: float) -> None:
+        left = self.remaining_seconds()
+        self.seeds_skipped = (f"{self.budget.binding()} leaves ${self.budget.usd(left):.6f} ({left:.1f} machine-s) "
+                              f"for {retrains} seed retrains priced at {price:.1f} machine-s; the answer is ranked "
+                              "on one seed")
+
+    def _seeds_begun(self) -> bool:
+        """Some of the candidates' seed retrains are done or in flight, and some are not."""
+        if self.seeding:
+            return True
+        if self.seeds_skipped is not None:
+            return False
+        done = self.seed_records()
+        wanted = [(t.number, repeat) for t in self.seed_candidates() for repeat in range(1, self.seeds + 1)]
+        return any(key in done for key in wanted) and not all(key in done for key in wanted)
+
+    def _seed_work(self) -> RungWork | None:
+        """The next seed retrain, once no trial is left to train; all of them or none: a mean
+        over some candidates' seeds and not others' would compare unlike things."""
+        if self.seeds_skipped is not None:
+            return None
+        done = self.seed_records()
+        todo = [(t, repeat) for t in self.seed_candidates() for repeat in range(1, self.seeds + 1)
+                if (t.number, repeat) not in done and (t.number, repeat) not in self.seeding]
+        if not todo:
+            return None
+        prices = [self._seed_price(t) for t, _ in todo]
+        if sum(prices) > self.remaining_seconds():
+            self._skip_seeds(len(todo), sum(prices))
+            return None
+        frozen, repeat = todo[0]
+        params = self.params_of(frozen)
+        assert params is not None  # a finished trial trained with its parameters
+        trial_config = self.given.with_values(params, f"(tuning trial {params})")
+        config = self._capped(trial_config.with_values({"train.seed": trial_config.train.seed + repeat},
+                                                       f"(tuning trial {params}, seed retrain {repeat})"), 0.0)
+        self.seeding[(frozen.number, repeat)] = prices[0]
+        return RungWork(trial=frozen.number, params=params, config=config, step=self.rungs[-1],
+                        rung=len(self.rungs) - 1, price_seconds=prices[0], repeat=repeat)
+
+    def _record_seed(self, work: RungWork, outcome: RungResult) -> None:
+        self.seeding.pop((work.trial, work.repeat), None)
+        finished = outcome.status in ("completed", "early_stopped")
+        value = (outcome.last_value if outcome.last_value is not None else outcome.value) if finished else None
+        self.study.set_user_attr(seed_attr(work.trial, work.repeat),
+                                 SeedRecord(outcome.run_key, outcome.billed_seconds, value).to_json())
+
     # -- results ----------------------------------------------------------------------------
 
     def record(self, work: RungWork, outcome: RungResult) -> None:
         """A rung's outcome: its spend, its value, and the pruner's decision."""
         from optuna.trial import TrialState
 
+        if work.repeat:
+            self._record_seed(work, outcome)
+            return
         self.in_flight.pop(work.trial, None)
         trial = self.study.get_trials(deepcopy=False)[work.trial]
         billed, step = float(trial.user_attrs.get("billed_seconds", 0.0)), trial.last_step or 0
@@ -477,6 +635,8 @@ class Study:
         elif outcome.status == "budget_stopped":
             self.study.tell(work.trial, state=TrialState.PRUNED)
         else:  # completed or early_stopped: the run is finished, at full fidelity for its schedule
+            if outcome.last_value is not None and math.isfinite(outcome.last_value):
+                live.set_user_attr("last_value", outcome.last_value)
             self.study.tell(work.trial, outcome.value)
 
     def _pruned(self, number: int, step: int) -> bool:

@@ -5,7 +5,6 @@ counterfactual, the best trial), `tune_curve.png` (best metric against cumulativ
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,6 +42,9 @@ class TrialRow(_Row):
     finished_at: str | None = None  # when the trial completed or was pruned (ISO 8601); None: still open
     spent_at: float | None = None  # the study's machine seconds when the trial's last rung ended
     base: bool = False  # the config as given (the study's first trial)
+    last_value: float | None = None  # a finished trial's last validation (what it ranks by)
+    seed_values: list[float] = []  # the last validations of its seed retrains (tune.seeds), in seed order
+    score: float | None = None  # what it ranks by: the mean of its last validation and its seed retrains'
 
 
 class Spend(_Row):
@@ -50,6 +52,7 @@ class Spend(_Row):
     usd: float
     gpu_hours: float
     setup_seconds: dict[str, float]
+    seed_seconds: float = 0.0  # the seed retrains' billed seconds (tune.seeds), beside the trials'
 
 
 class BestTrial(_Row):
@@ -59,6 +62,8 @@ class BestTrial(_Row):
     run_key: str | None
     config: str  # where its config is: best_config.yaml, for `retrain run --config`
     evidence: str | None = None  # how it was chosen over the config as given, when they differ
+    score: float | None = None  # what it was ranked by (TrialRow.score)
+    seeds: int = 1  # the seeds behind that score
 
 
 class StudyBudget(_Row):
@@ -77,6 +82,7 @@ class TuneReport(_Row):
     metric: str
     direction: str
     rungs: list[int]
+    seeds_skipped: str | None = None  # why tune.seeds' retrains did not run, when they did not
     instance_type: str
     market: str
     rate_per_hour: float
@@ -107,13 +113,16 @@ def _state(trial: Any, refused: bool) -> str:
     return {"running": "running", "fail": "failed"}.get(name, name)
 
 
-def _row(study: Study, trial: Any) -> TrialRow:
+def _row(study: Study, trial: Any, seeds: dict[tuple[int, int], float | None]) -> TrialRow:
     refused = trial.number in study.gate.refused_trials
     billed = float(trial.user_attrs.get("billed_seconds", 0.0))
     steps = int(trial.user_attrs.get("steps", 0))
     reached = [i for i, step in enumerate(study.rungs) if step <= steps] if steps else []
     value = trial.value if trial.value is not None else (
         trial.intermediate_values[trial.last_step] if trial.last_step is not None else None)
+    last = study.ranking_value(trial) if trial.state.name == "COMPLETE" and not refused else None
+    seed_values = [v for repeat in range(1, study.seeds + 1) if (v := seeds.get((trial.number, repeat))) is not None]
+    runs = [] if last is None else [last, *seed_values]
     return TrialRow(
         number=trial.number, params={} if refused else study.params_of(trial) or {}, state=_state(trial, refused),
         rung=reached[-1] if reached else None, steps=steps, value=value,
@@ -121,7 +130,8 @@ def _row(study: Study, trial: Any) -> TrialRow:
         billed_seconds=billed, usd=study.budget.usd(billed), gpu_hours=study.budget.gpu_hours(billed),
         steps_lost=int(trial.user_attrs.get("steps_lost", 0)), preemptions=int(trial.user_attrs.get("preemptions", 0)),
         run_key=trial.user_attrs.get("run_key"), spent_at=trial.user_attrs.get("spent_at"),
-        base=study.is_base(trial) and not refused,
+        base=study.is_base(trial) and not refused, last_value=last, seed_values=seed_values,
+        score=sum(runs) / len(runs) if runs else None,
         finished_at=trial.datetime_complete.isoformat() if trial.datetime_complete is not None else None)
 
 
@@ -145,26 +155,39 @@ def _naive(study: Study, rows: list[TrialRow]) -> Spend:
                  gpu_hours=study.budget.gpus * total / SECONDS_PER_HOUR, setup_seconds=setup)
 
 
+def _ranked_from(study: Study, finished: list[TrialRow]) -> list[TrialRow]:
+    """The trials the answer is picked from: the seed candidates when every one of them has all
+    of its seed retrains (a mean over three seeds and a single seed are not compared), else
+    every finished trial."""
+    candidates = {t.number for t in study.seed_candidates()}
+    seeded = [r for r in finished if r.number in candidates and len(r.seed_values) == study.seeds]
+    return seeded if candidates and len(seeded) == len(candidates) else finished
+
+
 def build_report(study: Study) -> TuneReport:
-    rows = [_row(study, t) for t in study.trials()]
+    seeds = {key: record.value for key, record in study.seed_records().items()}
+    rows = [_row(study, t, seeds) for t in study.trials()]
     spent = study.spent_seconds()
     naive = _naive(study, rows)
-    finished = [r for r in rows if r.state in ("completed", "early_stopped") and r.value is not None]
+    finished = [r for r in rows if r.state in ("completed", "early_stopped") and r.score is not None]
     best = None
     if finished:
-        pick = (max if study.maximize else min)(finished, key=lambda r: r.value if r.value is not None else -math.inf)
+        sign = 1.0 if study.maximize else -1.0
+        pick = max(_ranked_from(study, finished), key=lambda r: (sign * (r.score or 0.0), -r.number))
         assert pick.value is not None  # finished trials have one
         best = BestTrial(trial=pick.number, value=pick.value, params=pick.params, run_key=pick.run_key,
-                         config=study.root.display(f"{study.rel}/best_config.yaml"))
+                         config=study.root.display(f"{study.rel}/best_config.yaml"), score=pick.score,
+                         seeds=1 + len(pick.seed_values))
     status = "complete" if study.complete() else "budget_stopped" if study.stopped_by else "running"
     t = study.tune
     usd = study.budget.usd(spent)
     return TuneReport(
         study=study.key, status=status, stop_reason=study.stopped_by, metric=study.metric,
-        direction="maximize" if study.maximize else "minimize", rungs=study.rungs,
+        direction="maximize" if study.maximize else "minimize", rungs=study.rungs, seeds_skipped=study.seeds_skipped,
         instance_type=study.config.cost.instance_type, market=study.config.cost.market,
         rate_per_hour=study.budget.rate, trials=rows,
-        spend=Spend(seconds=spent, usd=usd, gpu_hours=study.budget.gpu_hours(spent), setup_seconds=study.setup_seconds()),
+        spend=Spend(seconds=spent, usd=usd, gpu_hours=study.budget.gpu_hours(spent), setup_seconds=study.setup_seconds(),
+                    seed_seconds=sum(record.billed_seconds for record in study.seed_records().values())),
         budget=StudyBudget(max_usd=t.max_usd, max_gpu_hours=t.max_gpu_hours, max_wall_seconds=t.max_wall_seconds),
         naive=naive, best=best,
         # A study that produced no model saved nothing: it bought nothing.
@@ -263,14 +286,16 @@ def against_base(report: TuneReport, compare: Compare | None, confidence: float 
     picked_from = max(1, sum(1 for r in finished if not r.base))
     widened = 1 - (1 - confidence) / picked_from
     diff = compare(best.run_key, base.run_key, widened)
+    ranked = f", ranked by the mean over {best.seeds} seeds" if best.seeds > 1 else ""
     said = (f"validation {diff['metric']} {diff['improvement']:+.4f} over the config as given "
-            f"({diff['confidence']:.2%} interval, for the best of {picked_from} trials: {diff['low']:+.4f} to "
+            f"({diff['confidence']:.2%} interval, for the best of {picked_from} trials{ranked}: {diff['low']:+.4f} to "
             f"{diff['high']:+.4f}, {diff['method']}, {diff['rows']} rows)")
     if diff["low"] > 0:
         return report.model_copy(update={"best": best.model_copy(update={"evidence": f"trial {best.trial}: {said}"})})
     assert base.value is not None  # finished trials have one
     kept = BestTrial(trial=base.number, value=base.value, params=base.params, run_key=base.run_key, config=best.config,
-                     evidence=f"the config as given: trial {best.trial}'s {said} is within noise")
+                     evidence=f"the config as given: trial {best.trial}'s {said} is within noise", score=base.score,
+                     seeds=1 + len(base.seed_values))
     return report.model_copy(update={"best": kept})
 
 
