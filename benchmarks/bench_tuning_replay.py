@@ -254,18 +254,19 @@ def replay(curves: list[Curve], pause: float, orders: int = ORDERS) -> list[dict
     return rows
 
 
-def default_schedule(work: Path, source: Path) -> tuple[str, list[int]]:
-    """(pruner, rungs) that `retrain tune` picks with its tune.* defaults at this MAX_STEPS."""
+def default_schedule(work: Path) -> tuple[str, list[int]]:
+    """(pruner, rungs) that `retrain tune` picks with its tune.* defaults at this MAX_STEPS (the
+    rungs depend on the steps alone, not on the data)."""
     from training.config import load_config
     from training.tune.rungs import rungs
 
-    config = load_config(overrides=[f"storage.root={work / 'default'}", f"data.source={source}",
-                                    f"train.max_steps={MAX_STEPS}", "train.eval_every=20", f"tune.space={SPACE}"])
+    config = load_config(overrides=[f"storage.root={work / 'default'}", f"train.max_steps={MAX_STEPS}",
+                                    "train.eval_every=20", f"tune.space={SPACE}"])
     return config.tune.pruner, rungs(config)
 
 
 def run(work: Path) -> dict[str, Any]:
-    pruner, default_rungs = default_schedule(work, work / "none.parquet")
+    pruner, default_rungs = default_schedule(work)
     per_table, pauses = {}, []
     for table in tables(work):
         # The pause's price is the machine's (a resumed child's start), measured on the demo.

@@ -267,8 +267,7 @@ def join_training(config: RetrainConfig, node_rank: int, say: Callable[[str], No
     return code
 
 
-
-JOIN_POLL_SECONDS = 5.0
+JOIN_POLL_SECONDS = 5.0  # how often a joining node looks for node 0's dataset and statistics
 
 
 def _node_0s_data(config: RetrainConfig, say: Callable[[str], None]) -> tuple[PackResult, PrepResult]:
@@ -281,10 +280,13 @@ def _node_0s_data(config: RetrainConfig, say: Callable[[str], None]) -> tuple[Pa
     while True:
         t0 = time.perf_counter()
         packed = packed_before(config)
-        prep = fitted_before(Path(packed.dataset_dir), config.preprocess, root, t0) if isinstance(packed, PackResult) else None
-        if isinstance(packed, PackResult) and prep is not None:
-            return packed, prep
-        waiting = packed if isinstance(packed, str) else f"the feature statistics of dataset {packed.fingerprint[:12]} are not fitted yet"
+        if isinstance(packed, str):
+            waiting = packed
+        else:
+            prep = fitted_before(Path(packed.dataset_dir), config.preprocess, root, t0)
+            if prep is not None:
+                return packed, prep
+            waiting = f"the feature statistics of dataset {packed.fingerprint[:12]} are not fitted yet"
         if time.monotonic() > deadline:
             raise Preempted(f"node 0 has not prepared the data within train.distributed.join_timeout_s "
                             f"({config.train.distributed.join_timeout_s:.0f} s): {waiting}; this node starts again on retry")

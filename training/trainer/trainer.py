@@ -27,11 +27,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
+from training.config import metric_name
 from training.data.features import DERIVED_DIR, FeatureStats
 from training.data.loader import (MixedBatches, ShardBatches, StreamPosition, TrainBatches, make_train_loader,
                                   worker_seconds_per_batch)
 from training.data.manifest import require_manifest
-from training.config import metric_name
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
 from training.model.network import Batch, ModelSchema, forward_fn, to_device
