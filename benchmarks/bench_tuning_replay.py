@@ -286,6 +286,13 @@ def run(work: Path) -> dict[str, Any]:
     demo = per_table["demo"]
     defaults = {name: {f"n={r['n']}": r["ratio"] for r in t["default"]} for name, t in per_table.items()}
     worst_default = max(r["ratio"] for t in per_table.values() for r in t["default"])
+    # Where the default is dearest, with the spread of that table's final scores: the page's
+    # reason when it misses the target.
+    name, row = max(((name, r) for name, t in per_table.items() for r in t["default"]), key=lambda item: item[1]["ratio"])
+    quantiles = per_table[name]["final_quantiles"]
+    worst = {"table": name, "metric": per_table[name]["metric"], "n": row["n"], "ratio": row["ratio"],
+             "missed": row["missed"], "orders": row["orders"], "median_final": quantiles[0.5],
+             "best_final": quantiles[1.0], "configurations": per_table[name]["configurations"]}
     return {
         "configurations": demo["configurations"],
         "pause_seconds": round(statistics.median(pauses), 4),
@@ -295,6 +302,8 @@ def run(work: Path) -> dict[str, Any]:
         "default": demo["default"],
         "default_ratio_by_table": defaults,
         "worst_default_ratio": worst_default,
+        "worst_default": worst,
+        "default_ratios": sorted(r["ratio"] for t in per_table.values() for r in t["default"]),
         "tables": {name: {k: v for k, v in t.items() if k != "replays"} for name, t in per_table.items()
                    if name != "demo"},
         "other_tables_replays": {name: t["replays"] for name, t in per_table.items() if name != "demo"},

@@ -137,4 +137,17 @@ HEADLINES = (
                         "machine with a core free beside the model gives it; on 2 cores beside a one-core burner, it "
                         "takes predict's work beyond the model's falling to a quarter of the model's.")
                        for c, k in (("idle", ""), ("loaded", "loaded_")))),
+    Headline("tuning spend to random search's best / random search's", "tuning_replay", "worst_default_ratio", None,
+             0.5, True, "random search of the same N configurations at full fidelity, replayed on recorded learning "
+             "curves of three tables (the demo, fair, randhie) in 200 random orders at N = 10, 20, 40; the figure is "
+             "`retrain tune`'s default schedule at its dearest table and N", fair=True,
+             idle_per_round="default_ratios",
+             why=(("idle", "the default is dearest on {worst_default[table]} at N = {worst_default[n]}: "
+                   "{worst_default[ratio]}x random search's machine seconds to reach random search's best final "
+                   "{worst_default[metric]}, and in {worst_default[missed]} of {worst_default[orders]} orders it never "
+                   "reached it. The target is the best of N configurations, and on that table the final scores sit "
+                   "close together (median {worst_default[median_final]}, best {worst_default[best_final]} over "
+                   "{worst_default[configurations]} configurations): reaching it means training near-best "
+                   "configurations to the end, which any early rung risks cutting. The default's ratios over every "
+                   "table and N: {default_ratios}."),)),
 )
