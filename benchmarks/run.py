@@ -38,17 +38,18 @@ def _runner(name: str) -> Callable[[Path], dict[str, Any]]:
 META = ("machine", "command", "commit", "code_sha", "date", "load_before", "load_after", "wall_seconds")
 
 
-def _commit() -> str:
-    """The commit measured, with "+changes" when the working tree differs from it."""
+def _commit(stem: str) -> str:
+    """The commit measured, with "+changes" when the working tree differs from it in what the
+    benchmark measures (its code_sha's files: another benchmark or a page being edited is not)."""
     repo = Path(__file__).resolve().parents[1]
     if os.environ.get("BENCH_COMMIT"):  # a copy of the tree (the GPU machine's) whose .git, if any, is not its own
         return os.environ["BENCH_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True,
                               check=True).stdout.strip()
-        # Only changes to what it measures (a test or a page being edited is not one).
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *MEASURED, "benchmarks",
-                                ":!benchmarks/results"], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *MEASURED,
+                                f"benchmarks/bench_{stem}.py"], cwd=repo, capture_output=True, text=True,
+                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+changes" if dirty else "")
@@ -72,7 +73,7 @@ def main() -> None:
             # Where and when: the shared machines these run on are noisy, so the load is kept too.
             result["machine"] = where
             result["command"] = f"python -m benchmarks.run {name}"
-            result["commit"] = _commit()
+            result["commit"] = _commit(name)
             result["code_sha"] = code_sha(name)  # docs/generate.py marks the result stale once it differs
             result["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
             result["load_before"] = round(load_before, 2)
