@@ -49,6 +49,11 @@ def tune_summary(report: TuneReport, path: str) -> str:
         if best.evidence:
             lines.append(f"              {best.evidence}")
         lines.append(f"  config      {best.config} (retrain run --config <it>)")
+    gate = report.gate
+    if gate is not None:
+        first = " (the config as given went through first: the root had no champion)" if gate.base_first else ""
+        lines.append(f"  champion    {'PROMOTED' if gate.promoted else 'kept'} trial {gate.trial}{first}: {gate.reason}")
+        lines.append(f"              {gate.report}")
     lines.append(path)
     return "\n".join(lines)
 

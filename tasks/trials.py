@@ -4,6 +4,7 @@ study's decisions are made in the flow (`training.tune.driver`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 
 from prefect import task
 from prefect.futures import PrefectFuture, as_completed
@@ -16,11 +17,14 @@ from tasks.runtime import flow_run_id
 from tasks.train import train_model
 from training.config import RetrainConfig
 from training.launch.events import ChildEvent
+from training.pipeline.champion import has_champion
 from training.pipeline.handoffs import PackResult, PrepResult, StageStates
+from training.pipeline.run_report import RunReport
 from training.launch.results import RungResult
+from training.storage.root import StorageRoot
 from training.tune.driver import base_comparison, drive, open_study
 from training.tune.study import RungWork
-from training.tune.study_report import TuneReport, write_report
+from training.tune.study_report import StudyGate, TuneReport, record_gate, write_report
 
 __all__ = ["train_rung", "run_study", "promote_best"]
 
@@ -61,16 +65,34 @@ def run_study(config: RetrainConfig, packed: PackResult, prep: PrepResult) -> tu
     return report, str(json_path)
 
 
-def promote_best(config: RetrainConfig, packed: PackResult, prep: PrepResult, report: TuneReport) -> str:
-    """The best trial's run through the usual pipeline end: train (it is finished already, or
-    resumes from its last rung to full fidelity), evaluate, champion/challenger gate, report.
-    Returns the run's report.json path."""
-    assert report.best is not None
-    best = config.with_values(report.best.params, "(tuning trial)")
+def promote_best(config: RetrainConfig, packed: PackResult, prep: PrepResult, report: TuneReport) -> TuneReport:
+    """The study's answer through the usual pipeline end: train (its run is finished already),
+    evaluate, champion/challenger gate, report. In a root with no champion yet, the config as
+    given goes through first: a run of it is what the root would otherwise serve, so an answer
+    that differs from it must beat it on the test split by the paired interval, as any
+    challenger must. Returns the study's report with the gate's decision (also written to
+    tune_report.json)."""
+    best = report.best
+    assert best is not None
+    root = StorageRoot.from_config(config)
+    base = next((row for row in report.trials if row.base and row.run_key), None)
+    base_first = base is not None and base.number != best.trial and not has_champion(root)
+    if base_first:
+        assert base is not None
+        task_logger().info("no champion yet: the config as given (trial %d) goes through the gate first, so trial %d "
+                           "is promoted only if it beats it on test", base.number, best.trial)
+        _through_gate(config.with_values(base.params, "(tuning: the config as given)"), packed, prep)
+    path = _through_gate(config.with_values(best.params, "(tuning trial)"), packed, prep)
+    promotion = RunReport.read(Path(path)).promotion
+    return record_gate(root, report, StudyGate(trial=best.trial, promoted=promotion.promoted, reason=promotion.reason,
+                                               report=path, base_first=base_first))
+
+
+def _through_gate(config: RetrainConfig, packed: PackResult, prep: PrepResult) -> str:
     trained = train_model.with_options(
-        retries=best.train.retry.max_retries,
-        retry_delay_seconds=backoff(best.train.retry.delay_seconds, best.train.retry.max_retries),
-    )(best, packed, prep)
-    evaluation = evaluate_model(best, packed, trained)
+        retries=config.train.retry.max_retries,
+        retry_delay_seconds=backoff(config.train.retry.delay_seconds, config.train.retry.max_retries),
+    )(config, packed, prep)
+    evaluation = evaluate_model(config, packed, trained)
     states = StageStates(pack="Completed", preprocess="Completed", train="Completed", evaluate="Completed")
-    return write_run_report(best, packed, prep, trained, evaluation, states, flow_run_id())
+    return write_run_report(config, packed, prep, trained, evaluation, states, flow_run_id())

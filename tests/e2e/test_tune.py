@@ -96,6 +96,15 @@ def test_a_study_completes_within_its_budget_and_prunes(uninterrupted: dict[str,
     folder = Path(best["config"]).parent
     assert (folder / "tune_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert "best        trial" in uninterrupted["stdout"]
+    # tune.promote (on by default): the answer went through the champion gate, in this empty root
+    # after the config as given when it is another trial; the CLI says what the gate decided.
+    gate = report["gate"]
+    base = next((t["number"] for t in report["trials"] if t["base"]), None)
+    assert gate["trial"] == best["trial"] and gate["base_first"] == (base is not None and best["trial"] != base)
+    champion = json.loads((uninterrupted["root"] / "models" / "champion").read_text())
+    assert gate["promoted"] == (champion["sha256"] == json.loads(Path(gate["report"]).read_text())["model"]["sha256"])
+    assert f"trial {best['trial']}" in next(line for line in uninterrupted["stdout"].splitlines()
+                                            if line.startswith("  champion    "))
     # The trials table and the report (with its plot) are Prefect artifacts of the flow run.
     with prefect_server.api() as api:
         found = api.post("/artifacts/filter", json={"artifacts": {"key": {"any_": ["tune-trials", "tune-report"]}}})

@@ -19,15 +19,15 @@ The names below are the package's interface; its modules are its rooms.
 from training.config.loading import apply_overrides, load_config, merge_over, validate_config
 from training.config.marks import (COMPUTED, COMPUTED_SINCE, FLAT_COMPUTED, OPERATIONAL, computed_before,
                                    fingerprint, fingerprinted, is_computed)
-from training.config.schema import (DEMO_CATEGORICAL, DEMO_NUMERIC, TASK_METRICS, BudgetConfig, CostConfig,
-                                    DataConfig, EvalConfig, InstancePrice, LifecycleConfig, ModelConfig,
+from training.config.schema import (DEMO_CATEGORICAL, DEMO_NUMERIC, MAX_TUNE_SEEDS, TASK_METRICS, BudgetConfig,
+                                    CostConfig, DataConfig, EvalConfig, InstancePrice, LifecycleConfig, ModelConfig,
                                     PreprocessConfig, RetrainConfig, StorageConfig, TrackingConfig, TrainConfig,
                                     TuneConfig, WindowConfig, _Section, metric_name)
 
 __all__ = [
     "COMPUTED", "COMPUTED_SINCE", "FLAT_COMPUTED", "OPERATIONAL", "computed_before", "fingerprint", "fingerprinted",
     "is_computed",
-    "DEMO_CATEGORICAL", "DEMO_NUMERIC", "TASK_METRICS", "metric_name",
+    "DEMO_CATEGORICAL", "DEMO_NUMERIC", "MAX_TUNE_SEEDS", "TASK_METRICS", "metric_name",
     "BudgetConfig", "CostConfig", "DataConfig", "EvalConfig", "InstancePrice", "LifecycleConfig", "ModelConfig",
     "PreprocessConfig", "RetrainConfig", "StorageConfig", "TrackingConfig", "TrainConfig", "TuneConfig",
     "WindowConfig", "_Section",

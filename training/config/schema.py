@@ -767,6 +767,9 @@ class StorageConfig(_Section):
 
 
 
+MAX_TUNE_SEEDS = 4  # tune.seeds' largest value: the journal gate refuses a seed record beyond it
+
+
 class TuneConfig(_Section):
     """`retrain tune`: a budgeted search over model.* and train.* keys (ignored by `retrain run`)."""
 
@@ -803,8 +806,11 @@ class TuneConfig(_Section):
                                            "same way.", json_schema_extra=OPERATIONAL)
     calibration_steps: int = Field(20, ge=1, description="Steps of the measured calibration run that prices the "
                                    "first rung before any trial starts.", json_schema_extra=OPERATIONAL)
-    promote: bool = Field(False, description="Train the best trial to full fidelity (if it is not already) and put "
-                          "it through the champion/challenger gate.", json_schema_extra=OPERATIONAL)
+    promote: bool = Field(True, description="Put the study's answer through the champion/challenger gate on the "
+                          "test split, as a run of its config would be. In a root with no champion yet, the config as "
+                          "given goes through first, so an answer that differs from it is promoted only if it beats "
+                          "it on test by the paired interval. false: the study only reports.",
+                          json_schema_extra=OPERATIONAL)
     seeds: int | Literal["auto"] = Field(
         "auto", description="Extra seeds (train.seed + 1, + 2, ...) the config as given and the two best other "
         "trials are retrained with once the trials are done; the answer is then the best mean over seeds. On a "
@@ -814,8 +820,8 @@ class TuneConfig(_Section):
     @field_validator("seeds")
     @classmethod
     def _seeds(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and not 0 <= v <= 4:
-            raise ValueError('must be 0 to 4 or "auto"')
+        if isinstance(v, int) and not 0 <= v <= MAX_TUNE_SEEDS:
+            raise ValueError(f'must be 0 to {MAX_TUNE_SEEDS} or "auto"')
         return v
 
 class TrackingConfig(_Section):

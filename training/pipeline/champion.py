@@ -31,7 +31,7 @@ from training.storage.root import StorageRoot
 if TYPE_CHECKING:
     from training.model.paired import PairedDifference
 
-__all__ = ["Champion", "check_champion", "decide_promotion", "promote"]
+__all__ = ["Champion", "check_champion", "decide_promotion", "has_champion", "promote"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,12 @@ class Champion:
     @property
     def usable(self) -> bool:
         return self.problem is None
+
+
+def has_champion(root: StorageRoot) -> bool:
+    """Whether the root has a champion pointer at all, usable or not (no torch: not loaded)."""
+    found, _ = root.fetch_versioned("models/champion")
+    return found is not None
 
 
 def check_champion(root: StorageRoot, trusted_factory: str | None) -> Champion | None:

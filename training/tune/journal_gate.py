@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from training.config import MAX_TUNE_SEEDS
 from training.errors import DataError
 from training.search_space import Dimension
 
@@ -48,7 +49,6 @@ RUNNING, COMPLETE, PRUNED, FAIL, WAITING = 0, 1, 2, 3, 4
 _FINISHED = {COMPLETE, PRUNED, FAIL}
 
 STUDY_ATTRS = frozenset({"setup_seconds", "calibration_seconds"})
-MAX_SEEDS = 4  # tune.seeds' largest value
 STATUSES = frozenset({"paused", "completed", "early_stopped", "budget_stopped", "budget", "pruned"})
 _RUN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -194,8 +194,8 @@ class JournalGate:
         """A seed retrain's outcome (`Study.seed_records`): of a finished trial of this study."""
         if trial not in self._trials or self._trials[trial].state != COMPLETE:
             raise _Refused(f"a seed retrain of trial {trial}, which is not a finished trial of this study")
-        if not 1 <= repeat <= MAX_SEEDS:
-            raise _Refused(f"seed retrain {repeat} is not 1 to {MAX_SEEDS}")
+        if not 1 <= repeat <= MAX_TUNE_SEEDS:
+            raise _Refused(f"seed retrain {repeat} is not 1 to {MAX_TUNE_SEEDS}")
         if not isinstance(value, dict) or set(value) != {"run_key", "billed_seconds", "value"}:
             raise _Refused("a seed retrain's record holds exactly run_key, billed_seconds and value")
         _run_key(value["run_key"])

@@ -530,6 +530,11 @@ class Study:
         ranked = [t for *_, t in sorted(finished, key=lambda item: item[:3])]
         return ranked[:SEED_CANDIDATES] if self.seeds and len(ranked) >= 2 else []
 
+    def _seed_retrains(self, candidates: list[Any] | None = None) -> list[tuple[Any, int]]:
+        """Every (candidate trial, repeat) the seed phase trains, in the order it trains them."""
+        chosen = self.seed_candidates() if candidates is None else candidates
+        return [(t, repeat) for t in chosen for repeat in range(1, self.seeds + 1)]
+
     def _seed_price(self, frozen: Any) -> float:
         """A seed retrain priced as its trial's run to the step it ended at, with the headroom
         of a rung's variation under load."""
@@ -546,7 +551,7 @@ class Study:
         if not candidates or self.seeds_skipped is not None or not math.isfinite(self.budget.seconds()):
             return 0.0
         done = self.seed_records()
-        have = sum(1 for t in candidates for repeat in range(1, self.seeds + 1) if (t.number, repeat) in done)
+        have = sum(1 for t, repeat in self._seed_retrains(candidates) if (t.number, repeat) in done)
         # At least one candidate's worth: the trial this reserve lets start may become one.
         left = max(self.seeds, SEED_CANDIDATES * self.seeds - have)
         reserve = left * max(self._seed_price(t) for t in self.trials(TrialState.COMPLETE))
@@ -570,7 +575,7 @@ class Study:
         if self.seeds_skipped is not None:
             return False
         done = self.seed_records()
-        wanted = [(t.number, repeat) for t in self.seed_candidates() for repeat in range(1, self.seeds + 1)]
+        wanted = [(t.number, repeat) for t, repeat in self._seed_retrains()]
         return any(key in done for key in wanted) and not all(key in done for key in wanted)
 
     def _seed_work(self) -> RungWork | None:
@@ -579,7 +584,7 @@ class Study:
         if self.seeds_skipped is not None:
             return None
         done = self.seed_records()
-        todo = [(t, repeat) for t in self.seed_candidates() for repeat in range(1, self.seeds + 1)
+        todo = [(t, repeat) for t, repeat in self._seed_retrains()
                 if (t.number, repeat) not in done and (t.number, repeat) not in self.seeding]
         if not todo:
             return None

@@ -14,10 +14,11 @@ from pydantic import BaseModel, ConfigDict
 from training.config import metric_name
 from training.cost.bill import SECONDS_PER_HOUR
 from training.storage.files import write_atomic, write_json_atomic
-from training.storage.root import RUN
-from training.tune.study import Study
+from training.storage.root import RUN, StorageRoot
+from training.tune.study import STUDY_DIR, Study
 
-__all__ = ["BestTrial", "StudyBudget", "TrialRow", "TuneReport", "build_report", "write_report"]
+__all__ = ["BestTrial", "StudyBudget", "StudyGate", "TrialRow", "TuneReport", "build_report", "record_gate",
+           "write_report"]
 
 
 class _Row(BaseModel):
@@ -75,6 +76,16 @@ class StudyBudget(_Row):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class StudyGate(_Row):
+    """What the champion/challenger gate decided on the study's answer (tune.promote)."""
+
+    trial: int
+    promoted: bool
+    reason: str
+    report: str  # the answer's run report.json
+    base_first: bool = False  # the config as given went through first (the root had no champion)
+
+
 class TuneReport(_Row):
     study: str
     status: str  # complete, budget_stopped, running
@@ -92,6 +103,7 @@ class TuneReport(_Row):
     naive: Spend  # every trial trained to full fidelity, on the study's own market
     saved_fraction: float | None  # of the naive search's machine seconds (so of its cost at any one rate); None: no model
     best: BestTrial | None
+    gate: StudyGate | None = None  # set once the answer went through the gate
 
     @classmethod
     def read(cls, path: Path) -> TuneReport:
@@ -156,12 +168,15 @@ def _naive(study: Study, rows: list[TrialRow]) -> Spend:
 
 
 def _ranked_from(study: Study, finished: list[TrialRow]) -> list[TrialRow]:
-    """The trials the answer is picked from: the seed candidates when every one of them has all
-    of its seed retrains (a mean over three seeds and a single seed are not compared), else
-    every finished trial."""
+    """The trials the answer is picked from, each with the score it ranks by: the seed
+    candidates by their mean when every one of them has all of its seed retrains; otherwise
+    every finished trial by its own run's last validation alone. A mean over three seeds and a
+    single seed are never compared, nor a candidate's partial mean with another's one seed."""
     candidates = {t.number for t in study.seed_candidates()}
     seeded = [r for r in finished if r.number in candidates and len(r.seed_values) == study.seeds]
-    return seeded if candidates and len(seeded) == len(candidates) else finished
+    if candidates and len(seeded) == len(candidates):
+        return seeded
+    return [r.model_copy(update={"score": r.last_value, "seed_values": []}) for r in finished]
 
 
 def build_report(study: Study) -> TuneReport:
@@ -297,6 +312,15 @@ def against_base(report: TuneReport, compare: Compare | None, confidence: float 
                      evidence=f"the config as given: trial {best.trial}'s {said} is within noise", score=base.score,
                      seeds=1 + len(base.seed_values))
     return report.model_copy(update={"best": kept})
+
+
+def record_gate(root: StorageRoot, report: TuneReport, gate: StudyGate) -> TuneReport:
+    """The gate's decision on the answer, written into the study's tune_report.json."""
+    gated = report.model_copy(update={"gate": gate})
+    rel = f"{STUDY_DIR}/{report.study}/tune_report.json"
+    write_json_atomic(root.path(rel), gated.to_json())
+    root.publish(rel, RUN)
+    return gated
 
 
 def write_report(study: Study, compare: Compare | None = None) -> tuple[TuneReport, Path, Path]:

@@ -126,3 +126,15 @@ def test_the_journal_refuses_a_seed_record_the_study_did_not_write(tmp_path: Pat
     # The refused retrain is trained again (its run is found finished), not taken on the journal's word.
     work = again.next_work()
     assert work is not None and (work.trial, work.repeat) == (2, 1)
+
+
+def test_with_a_seed_retrain_missing_every_trial_ranks_on_its_own_run_alone(tmp_path: Path) -> None:
+    _run(_study(tmp_path, train_rows=800))
+    journal = tmp_path / "root" / _study(tmp_path, train_rows=800).rel / "journal.log"
+    # Trial 3's second retrain never recorded (the flow died before it): its partial mean (0.815)
+    # must not be ranked against the others' full means, nor against single seeds.
+    journal.write_text("".join(line for line in journal.read_text().splitlines(keepends=True)
+                               if '"seed:3:2"' not in line))
+    report = build_report(_study(tmp_path, train_rows=800))
+    assert report.best is not None and (report.best.trial, report.best.seeds) == (2, 1)
+    assert report.best.score == pytest.approx(0.83)
