@@ -1,10 +1,10 @@
 """Which rung schedule could meet bench_tuning's target? Tuning studies replayed on real
 learning curves.
 
-bench_tuning runs whole studies: 12 minutes for one schedule and five seeds, too few to tell a
-schedule from luck. This benchmark trains K configurations of the same space on the same demo
-data once each, to full fidelity, recording the validation AUC at every validation (every 20
-steps) and each run's billed machine seconds; and K_EXTRA configurations on each of two
+bench_tuning runs whole studies: about 16 minutes per seed for one schedule, so a few seeds,
+too few to tell a schedule from luck. This benchmark trains K configurations of the same space
+on the same demo data once each, to full fidelity, recording the validation AUC at every
+validation (every 20 steps) and each run's billed machine seconds; and K_EXTRA configurations on each of two
 tables of the quality benchmark that the default schedule was not chosen on (statsmodels' fair,
 ranked by AUC, and randhie, a regression ranked by R²), so that the default is judged beyond
 the data it was picked on. Then, for R random orders of those K runs (each
