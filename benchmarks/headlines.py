@@ -145,9 +145,10 @@ HEADLINES = (
              why=(("idle", "the default is dearest on {worst_default[table]} at N = {worst_default[n]}: "
                    "{worst_default[ratio]}x random search's machine seconds to reach random search's best final "
                    "{worst_default[metric]}, and in {worst_default[missed]} of {worst_default[orders]} orders it never "
-                   "reached it. The target is the best of N configurations, and on that table the final scores sit "
-                   "close together (median {worst_default[median_final]}, best {worst_default[best_final]} over "
-                   "{worst_default[configurations]} configurations): reaching it means training near-best "
-                   "configurations to the end, which any early rung risks cutting. The default's ratios over every "
-                   "table and N: {default_ratios}."),)),
+                   "reached it: no trial it trained to the end scored as high, so the configuration random search "
+                   "found best was stopped at an early rung (or not reached within the budget). A miss is charged "
+                   "the whole budget. On that table the final scores run from a median of "
+                   "{worst_default[median_final]} to a best of {worst_default[best_final]} over "
+                   "{worst_default[configurations]} configurations. The default's ratios over every table and N: "
+                   "{default_ratios}."),)),
 )
