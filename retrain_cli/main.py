@@ -18,7 +18,7 @@ from typing import Any, Callable
 from retrain_cli.parser import build_parser
 from retrain_cli.temp_server import TemporaryServer, server_answers, server_is_up
 from retrain_cli.tune_summary import tune_summary
-from training.config import RetrainConfig, load_config
+from training.config import RetrainConfig, apply_overrides, load_config, validate_config
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.pipeline.handoffs import LaunchPhases
 from training.pipeline.report_markdown import savings
@@ -111,11 +111,26 @@ def _server(args: argparse.Namespace) -> int:
     return serve(args.data.expanduser(), args.host, args.port, args.pool or None, args.slots, _say)
 
 
-def _join(args: argparse.Namespace) -> int:
-    from training.pipeline.train_stage import join_training
+def _manifests(args: argparse.Namespace) -> int:
+    import yaml
 
-    config = _loaded(args)
-    return join_training(config, args.node_rank, _say)
+    from retrain_cli.deployment_file import deployment_config
+    from training.launch.kube import launcher_rbac, volcano_job
+
+    if args.deployment:
+        path, _, name = str(args.deployment).rpartition(":")
+        config = validate_config(apply_overrides(deployment_config(Path(path), name), args.overrides),
+                                 f"in {args.deployment}")
+    else:
+        config = _loaded(args)
+    d = config.train.distributed
+    if d.nnodes < 2 or d.scheduler != "kubernetes":
+        raise ConfigError("retrain manifests is for multi-node runs on Kubernetes: set train.distributed.nnodes >= 2 and "
+                          "train.distributed.scheduler: kubernetes")
+    objects = ([] if args.only == "job" else launcher_rbac(d.kubernetes.namespace)) + (
+        [] if args.only == "rbac" else [volcano_job(config)])
+    print(yaml.safe_dump_all(objects, sort_keys=False), end="")
+    return 0
 
 
 def _automations(args: argparse.Namespace) -> int:
@@ -510,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _raise_terminated)  # unwind (stop the training child, the server)
     try:
-        commands = {"plan": _plan, "join": _join, "run": _run, "tune": _tune, "predict": _predict,
+        commands = {"plan": _plan, "manifests": _manifests, "run": _run, "tune": _tune, "predict": _predict,
                     "automations": _automations, "ui": _ui, "server": _server}
         return commands[args.command](args)
     except Preempted as err:

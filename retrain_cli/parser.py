@@ -33,8 +33,10 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "server": ("run a production Prefect server on PostgreSQL (kept under --data), with the shipped work pool, "
                "its concurrency limit and its training and light queues; Ctrl-C stops it",
                "retrain server --data /var/lib/retrain --pool retrain-process --slots 4"),
-    "join": ("start this node's training processes of a multi-node run (train.distributed.nnodes > 1)",
-             "retrain join --config cluster.yaml --node-rank 1"),
+    "manifests": ("print the Kubernetes objects of a multi-node deployment (train.distributed.nnodes > 1, scheduler "
+                  "kubernetes): the flow-run pod's service account and RBAC to apply once, and the Volcano job each "
+                  "run submits, for review",
+                  "retrain manifests --deployment deployments/multi-gpu.yaml:retrain-8x8gpu --only rbac"),
 }
 _EXTRA_EXIT = {"plan": "\n  1    no instance type fits the model and meets --deadline-hours"}  # after 0 in the list
 
@@ -124,7 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--slots", type=int, default=4, metavar="N",
                         help="flow runs the pool runs at once (default: 4); training takes at most N-1")
 
-    join = _subcommand(sub, "join")
-    _config_options(join, "the same YAML config as the flow run's")
-    join.add_argument("--node-rank", type=int, required=True, metavar="N", help="this node's rank, 1 to nnodes-1")
+    manifests = _subcommand(sub, "manifests")
+    _config_options(manifests, "YAML config of the deployment's runs")
+    manifests.add_argument("--deployment", metavar="FILE.yaml:NAME",
+                           help="take the config from this deployment's parameters in a prefect.yaml (--set still "
+                                "applies on top)")
+    manifests.add_argument("--only", choices=("rbac", "job"),
+                           help="rbac: only the service account, Role and RoleBinding (to apply); job: only the Volcano job "
+                                "(to review); default: both")
     return parser

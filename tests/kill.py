@@ -82,3 +82,34 @@ def kill_worker_when(run_dir: str, step: int, sig: signal.Signals = signal.SIGKI
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
     return thread
+
+
+def kill_node_when(run_dir: str, step: int, node: int, sig: signal.Signals = signal.SIGKILL) -> threading.Thread:
+    """Background thread: once the run of `run_dir` is past `step`, send `sig` to every process
+    of node `node` of a multi-node job (its torchrun agent and its ranks), as when its machine
+    is lost. A node's processes name its own folder, `retrain-node-<node>-...`, on their
+    command lines (training.pipeline.train_node)."""
+    heartbeat = Path(run_dir) / "heartbeat.bin"
+    marker = f"retrain-node-{node}-".encode()
+
+    def watch() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline:
+            try:
+                data = heartbeat.read_bytes()
+                current = struct.unpack("<qd", data)[0] if len(data) == 16 else -1
+            except FileNotFoundError:
+                current = -1
+            if current >= step:
+                for entry in os.listdir("/proc"):
+                    try:
+                        if entry.isdigit() and marker in Path(f"/proc/{entry}/cmdline").read_bytes():
+                            os.kill(int(entry), sig)
+                    except OSError:
+                        continue
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread

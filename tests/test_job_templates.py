@@ -79,16 +79,21 @@ def test_the_gpu_variables_reach_the_task_and_the_pod() -> None:
     container = task["containerDefinitions"][0]
     assert container["resourceRequirements"] == [{"type": "GPU", "value": "1"}] and container["stopTimeout"] == 120
 
-    k8s = deployments["multi-gpu.yaml:retrain-2x8gpu"]["work_pool"]["job_variables"]
     template = POOLS["gpu-k8s"]()
     defaults = {k: v.get("default") for k, v in template["variables"]["properties"].items()}
-    job = apply_values(template["job_configuration"], {**defaults, **k8s, "image": IMAGE})["job_manifest"]
-    pod = job["spec"]["template"]
-    assert pod["metadata"]["labels"] == {"app": "retrain-rdzv"}  # the rendezvous Service selects it
-    spec = pod["spec"]
+    one_node = deployments["multi-gpu.yaml:retrain-8gpu"]["work_pool"]["job_variables"]
+    spec = apply_values(template["job_configuration"], {**defaults, **one_node, "image": IMAGE})["job_manifest"]["spec"]
+    spec = spec["template"]["spec"]
     assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true" and spec["tolerations"]
     assert spec["terminationGracePeriodSeconds"] == 120
+    # Eight nodes: the flow-run pod only launches them (TorchX), so it holds no GPU, and its
+    # service account may submit their Volcano job (`retrain manifests --only rbac`).
+    launcher = deployments["multi-gpu.yaml:retrain-8x8gpu"]["work_pool"]["job_variables"]
+    spec = apply_values(template["job_configuration"], {**defaults, **launcher, "image": IMAGE})["job_manifest"]["spec"]
+    spec = spec["template"]["spec"]
+    assert spec["serviceAccountName"] == "retrain-launcher"
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 0
 
 
 def test_container_deployments_run_the_image_they_build() -> None:

@@ -112,8 +112,8 @@ def test_multi_gpu_examples_are_valid_configs() -> None:
     deployments = {d["name"]: d for d in spec["deployments"]}
     single = RetrainConfig.model_validate(deployments["retrain-8gpu"]["parameters"]["config"])
     assert single.train.world_size == 8 and single.storage.is_s3
-    multi = RetrainConfig.model_validate(deployments["retrain-2x8gpu"]["parameters"]["config"])
-    assert multi.train.world_size == 16 and multi.train.distributed.rdzv_endpoint
+    multi = RetrainConfig.model_validate(deployments["retrain-8x8gpu"]["parameters"]["config"])
+    assert multi.train.world_size == 64 and multi.train.distributed.scheduler == "kubernetes"
     spot = yaml.safe_load((ROOT / "deployments" / "gpu-spot.yaml").read_text())["deployments"][0]
     assert RetrainConfig.model_validate(spot["parameters"]["config"]).storage.is_s3
 

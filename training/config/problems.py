@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from training.config.legacy import MOVED_TRAIN_KEYS
+from training.config.legacy import MOVED_TRAIN_KEYS, RETIRED_KEYS
 
 __all__ = ["closest_key", "format_errors"]
 
@@ -41,6 +41,8 @@ def format_errors(err: ValidationError, origin: str, root: type[BaseModel]) -> s
         moved = MOVED_TRAIN_KEYS.get(str(loc[1])) if len(loc) == 2 and loc[0] == "train" else None
         if not key:  # a check across sections: its message names its keys
             problems.append(msg)
+        elif kind == "extra_forbidden" and key in RETIRED_KEYS:
+            problems.append(f"'{key}' is no longer a setting: {RETIRED_KEYS[key]}")
         elif kind == "extra_forbidden" and moved:
             problems.append(f"'{key}' has moved to 'train.{moved}'")
         elif kind == "extra_forbidden":

@@ -351,24 +351,70 @@ class LoaderConfig(_Section):
         return v
 
 
+class KubernetesNodesConfig(_Section):
+    """Where TorchX's Kubernetes scheduler runs the nodes of a multi-node job: one Volcano job of
+    `train.distributed.nnodes` pods, scheduled as a gang (all or none)."""
+
+    namespace: str = Field("default", description="Namespace of the nodes' Volcano job.", json_schema_extra=OPERATIONAL)
+    queue: str = Field("default", description="Volcano queue of the job (its gang is admitted there whole).",
+                       json_schema_extra=OPERATIONAL)
+    image: str | None = Field(None, description="Container image of the nodes: the deployment's image, with this "
+                              "project installed. Required with scheduler kubernetes.", json_schema_extra=OPERATIONAL)
+    service_account: str | None = Field(
+        None, description="Service account of the node pods: how they reach the storage root without secrets in "
+        "their spec (IRSA on EKS, Workload Identity on GKE).", json_schema_extra=OPERATIONAL)
+    cpu: int = Field(8, ge=1, description="CPUs per node.", json_schema_extra=OPERATIONAL)
+    gpu: int = Field(0, ge=0, description="GPUs per node (nvidia.com/gpu); usually train.distributed.nproc_per_node.",
+                     json_schema_extra=OPERATIONAL)
+    memory_mb: int = Field(32768, ge=256, description="Memory per node (MB).", json_schema_extra=OPERATIONAL)
+    priority_class: str | None = Field(None, description="Priority class of the node pods.",
+                                       json_schema_extra=OPERATIONAL)
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the node pods need (e.g. "
+                                          "GPU count, spot capacity).", json_schema_extra=OPERATIONAL)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list, description="Tolerations of the node pods, as "
+                                              "in a pod spec (e.g. of spot nodes' taints).", json_schema_extra=OPERATIONAL)
+
+
 class DistributedConfig(_Section):
-    """Several training processes: torchrun with DDP, on one node or several."""
+    """Several training processes: torchrun with DDP, on one node or several. Several nodes are
+    started by TorchX (`scheduler`) from one frozen job and meet at torchrun's c10d rendezvous."""
 
     nproc_per_node: int = Field(1, ge=1, description="Training processes per node; above 1 the loop runs under "
                                 "torchrun with DDP.", json_schema_extra=OPERATIONAL)
-    nnodes: int = Field(1, ge=1, description="Nodes of a multi-node run (each runs this task with the same rdzv "
-                        "settings).", json_schema_extra=OPERATIONAL)
-    rdzv_endpoint: str | None = Field(
-        None, description="host:port of the rendezvous for nnodes > 1 (e.g. a Kubernetes headless service); "
-        "single-node runs use 127.0.0.1.", json_schema_extra=OPERATIONAL)
-    rdzv_id: str | None = Field(None, description="Rendezvous id of a one-node run's c10d rendezvous; empty: the run "
-                                  "key. Several nodes meet at a static rendezvous, with fixed node ranks.", json_schema_extra=OPERATIONAL)
+    nnodes: int = Field(1, ge=1, description="Nodes of a multi-node run. Above 1 the train task starts all of them "
+                        "through TorchX on train.distributed.scheduler, tears them down when it ends, and starts "
+                        "them all again on its retry.", json_schema_extra=OPERATIONAL)
+    min_nnodes: int | None = Field(
+        None, ge=1, description="Elastic runs: the fewest nodes the job trains on (torchrun's --nnodes min:max); a "
+        "lost node then shrinks the group instead of stopping it, and the run resumes on the smaller world size "
+        "from its last checkpoint. Empty: nnodes (all of them).", json_schema_extra=OPERATIONAL)
+    scheduler: Literal["local_cwd", "kubernetes"] = Field(
+        "local_cwd", description="TorchX scheduler that starts the nodes: local_cwd (processes on this machine) or "
+        "kubernetes (a Volcano job, gang-scheduled; see train.distributed.kubernetes).", json_schema_extra=OPERATIONAL)
+    rdzv_port: int = Field(29500, ge=1024, le=65535, description="Port of the c10d rendezvous on the first node "
+                           "(Kubernetes; on this machine each start takes a free port).", json_schema_extra=OPERATIONAL)
+    max_restarts: int = Field(
+        2, ge=0, description="Times torchrun restarts the group in place when a rank fails, before the attempt ends "
+        "and the train task's retry starts every node again.", json_schema_extra=OPERATIONAL)
+    kubernetes: KubernetesNodesConfig = Field(default_factory=KubernetesNodesConfig,
+                                              description="The nodes' pods with scheduler kubernetes.")
     bucket_mb: float = Field(25.0, gt=0, description="DDP gradient bucket size (MB).", json_schema_extra=OPERATIONAL)
     timeout_s: float = Field(300.0, gt=0, description="Collective timeout: a hung rank fails the job after this.",
                              json_schema_extra=OPERATIONAL)
     join_timeout_s: float = Field(
-        900.0, ge=10, description="nnodes > 1: how long each node waits at the rendezvous for all the others; a node "
-        "that has not come by then fails the attempt, which is retried as a preemption.", json_schema_extra=OPERATIONAL)
+        900.0, ge=10, description="nnodes > 1: how long the rendezvous waits for the nodes (torchrun's join_timeout); "
+        "a node that has not come by then fails the attempt, which is retried as a preemption.",
+        json_schema_extra=OPERATIONAL)
+
+    @model_validator(mode="after")
+    def _nodes(self) -> DistributedConfig:
+        if self.min_nnodes is not None and self.min_nnodes > self.nnodes:
+            raise ValueError(f"train.distributed.min_nnodes {self.min_nnodes} is above train.distributed.nnodes "
+                             f"{self.nnodes}")
+        if self.nnodes > 1 and self.scheduler == "kubernetes" and not self.kubernetes.image:
+            raise ValueError("train.distributed.scheduler kubernetes needs train.distributed.kubernetes.image (the "
+                             "deployment's image)")
+        return self
 
     @property
     def world_size(self) -> int:
@@ -486,9 +532,11 @@ class TrainConfig(_Section):
         if self.optim.lr_reference_batch is not None and self.schedule.warmup_steps == 0:
             raise ValueError("train.optim.lr_reference_batch scales the learning rate: it needs "
                              "train.schedule.warmup_steps > 0")
-        if d.nnodes > 1 and not d.rdzv_endpoint:
-            raise ValueError("train.distributed.nnodes > 1 needs train.distributed.rdzv_endpoint (host:port reachable "
-                             "from every node)")
+        for nodes in range(d.min_nnodes or d.nnodes, d.nnodes + 1):
+            if self.batch_size % (nodes * d.nproc_per_node):
+                raise ValueError(f"train.batch_size {self.batch_size} must be divisible by nproc_per_node x nodes = "
+                                 f"{nodes * d.nproc_per_node} for every node count from train.distributed.min_nnodes "
+                                 "to nnodes (an elastic run may train on any of them)")
         return self
 
     @field_validator("eval_every", "patience", mode="before")

@@ -84,7 +84,7 @@ class DatasetStore:
 
     def update_index(self, change: Callable[[SourceIndex], None]) -> None:
         """Apply `change` to the root's source index and write it, without losing what another
-        writer (a joining node, a Dask worker's flow, a second home) wrote meanwhile: on S3 a
+        writer (a Dask worker's flow, a second home) wrote meanwhile: on S3 a
         compare-and-swap on the object's ETag, redone on a fresh copy when another writer came
         first; on a local root under a lock file at the root (beside its writer lock)."""
         rel = f"datasets/{INDEX_FILE}"

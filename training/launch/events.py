@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from training.launch.results import Validation
 
-__all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "JobOrder", "LogLine", "Paused", "RankDone",
+__all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "JobOrder", "LogLine", "NodeJoined", "Paused", "RankDone",
            "Resumed", "Started", "Validated", "read_event"]
 
 
@@ -104,13 +104,24 @@ class ErrorReport(_Event):
     transient: bool = False  # a StorageError's: the network or the endpoint failed, worth a retry
 
 
+class NodeJoined(_Event):
+    """A node of a multi-node job holds the frozen job and goes to the rendezvous (see
+    training.launch.group): the launcher counts them."""
+
+    event: Literal["node"] = "node"
+    node: int
+    host: str
+    endpoint: str
+
+
 class Idle(_Event):
     """A warm child finished its job and waits for the next (see training.launch.child)."""
 
     event: Literal["idle"] = "idle"
 
 
-ChildEvent = Annotated[Union[Started, Validated, CheckpointSaved, Resumed, Paused, RankDone, Done, LogLine, ErrorReport, Idle],
+ChildEvent = Annotated[Union[Started, Validated, CheckpointSaved, Resumed, Paused, RankDone, Done, LogLine, ErrorReport, NodeJoined,
+                             Idle],
                        Field(discriminator="event")]
 _ADAPTER: TypeAdapter[ChildEvent] = TypeAdapter(ChildEvent)
 

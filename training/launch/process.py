@@ -4,10 +4,11 @@ A child process, not a thread: a hard kill of the child (OOM killer, SIGKILL) le
 process alive to report `Preempted`, and the task's retry starts a fresh child that resumes
 from the last verified checkpoint.
 
-With `train.distributed.nproc_per_node` or `train.distributed.nnodes` above 1 the child is PyTorch's own launcher,
+With `train.distributed.nproc_per_node` above 1 the child is PyTorch's own launcher,
 `python -m torch.distributed.run` (torchrun), which starts one `training.trainer.worker` per rank. It
 runs with `--max-restarts 0`: when a rank dies torchrun stops the others and exits, and the
-Prefect task's retry (one code path for every kind of preemption) resumes the job.
+Prefect task's retry (one code path for every kind of preemption) resumes the job. Several
+nodes are started by TorchX instead (`training.launch.group`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Callable
 
 import training
 from training import errors
-from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, Preempted, RetrainError
+from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.launch.child import Child, WarmPool
 from training.launch.forks import ChildProcess
 from training.launch.events import ChildEvent, ErrorReport, LogLine, read_event
@@ -33,8 +34,8 @@ from training.launch.job import TrainJob
 from training.launch.results import RungResult, TrainResult
 from training.launch.runs import count_attempt, rung_file
 
-__all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "log_child_event", "rank_errors",
-           "rebuild_error", "with_parent_death_signal"]
+__all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "error_class", "free_loopback_port",
+           "log_child_event", "rank_errors", "rebuild_error", "with_parent_death_signal"]
 
 _TERM_GRACE_SECONDS = 60.0
 _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:")  # torchrun may prefix rank output lines
@@ -49,34 +50,29 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def _free_loopback_port() -> int:
+def free_loopback_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def worker_command(job: TrainJob, job_path: Path, error_path: Path, node_rank: int = 0) -> list[str]:
+def worker_command(job: TrainJob, job_path: Path, error_path: Path) -> list[str]:
+    """The child of a one-node job: the worker, or torchrun with one worker per process."""
     worker = ["-m", "training.trainer.worker", str(job_path), str(error_path), str(os.getpid())]
     tc = job.config.train
-    nproc, nnodes = tc.distributed.nproc_per_node, tc.distributed.nnodes
-    if nproc * nnodes == 1:
+    nproc = tc.distributed.nproc_per_node
+    if tc.distributed.nnodes > 1:
+        raise ConfigError("only the train task runs on several nodes (train.distributed.nnodes > 1); tuning and the "
+                          "plan's calibration run on one: set train.distributed.nnodes: 1 for them")
+    if nproc == 1:
         return [sys.executable, *worker]
-    common = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", f"--nnodes={nnodes}",
-              "--max-restarts=0", "--monitor-interval=0.5"]
-    if nnodes == 1:
-        # One node: the rendezvous and gloo stay on loopback.
-        rendezvous = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{_free_loopback_port()}",
-                      f"--rdzv-id={tc.distributed.rdzv_id or job.run_key}"]
-    else:
-        # Static rendezvous with fixed node ranks: the flow's own node is node 0, so global
-        # rank 0 (checkpoints, result.json, the model) runs where the flow reads them;
-        # `retrain join --node-rank N` starts the others against the same endpoint.
-        host, _, port = str(tc.distributed.rdzv_endpoint).rpartition(":")
-        rendezvous = [f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}",
-                      f"--rdzv-conf=timeout={int(tc.distributed.join_timeout_s)}"]
+    # One node: the rendezvous and gloo stay on loopback.
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--nnodes=1",
+               "--max-restarts=0", "--monitor-interval=0.5", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{free_loopback_port()}", f"--rdzv-id={job.run_key}"]
     # torchrun has no parent-death signal: if the task process dies, SIGTERM it so that it
     # stops its ranks (which then write their emergency checkpoint), instead of an orphan job.
-    return with_parent_death_signal([*common, *rendezvous, *worker])
+    return with_parent_death_signal([*command, *worker])
 
 
 def with_parent_death_signal(argv: list[str]) -> list[str]:
@@ -92,7 +88,7 @@ _EXEC_WITH_PDEATHSIG = (
 )
 
 
-def _error_class(report: ErrorReport) -> type[RetrainError]:
+def error_class(report: ErrorReport) -> type[RetrainError]:
     """The error class the child raised, from this process's own hierarchy (never a name
     imported from elsewhere: only RetrainError subclasses cross)."""
     cls = getattr(errors, report.type, None)
@@ -102,7 +98,7 @@ def _error_class(report: ErrorReport) -> type[RetrainError]:
 def rebuild_error(report: ErrorReport) -> RetrainError:
     """The child's error as this process's: the same class and message, and a storage error's
     `transient`, which decides whether the task retries it."""
-    cls = _error_class(report)
+    cls = error_class(report)
     if issubclass(cls, errors.StorageError):
         return cls(report.message, transient=report.transient)
     return cls(report.message)
@@ -182,11 +178,9 @@ def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
         child = None
     if child is None:
         env = child_env()
-        if job.config.train.distributed.nnodes == 1:
-            env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo would pick the hostname's interface otherwise
         child = Child(command, env, hold=keep is not None)
         on_start(child.proc)
-        _say_waiting(job)
     reported: list[ErrorReport] = []  # the error file may be on a full disk
 
     def on_line(event: ChildEvent) -> None:
@@ -217,16 +211,6 @@ def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
     return rc, error_path, reported, distributed
 
 
-def _say_waiting(job: TrainJob) -> None:
-    """On a multi-node run's node 0: who it waits for, where, and for how long."""
-    d = job.config.train.distributed
-    if d.nnodes > 1:
-        others = "1" if d.nnodes == 2 else f"1 to {d.nnodes - 1}"
-        logging.getLogger(__name__).info(
-            "node 0 of %d: waiting up to %d s at %s for node(s) %s (each: retrain join --node-rank N, same config)",
-            d.nnodes, int(d.join_timeout_s), d.rdzv_endpoint, others)
-
-
 def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[ErrorReport], distributed: bool) -> TrainResult:
     """The finished child's result, or the error its exit code and error reports say."""
     if rc == 0:
@@ -246,7 +230,7 @@ def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[ErrorRepor
         for report in reported + rank_errors(error_path):
             if report.type == "Bug":
                 raise RuntimeError(f"training job {job.run_key} failed on a rank: {report.message}; see its log above")
-            if _error_class(report) is not Preempted:
+            if error_class(report) is not Preempted:
                 raise rebuild_error(report)
         raise Preempted(f"training job {job.run_key} lost a rank (torchrun exit code {rc}); resuming on retry")
     bug = next((report for report in [*reported, *rank_errors(error_path)] if report.type == "Bug"), None)

@@ -20,7 +20,7 @@ from training.config import RetrainConfig
 from training.data.dataset_store import DatasetStore
 from training.data.demo import DEMOS, ensure_demo_dataset
 from training.data.manifest import DatasetManifest
-from training.data.packing import PackPlan, assemble_dataset, dataset_of, plan_pack
+from training.data.packing import PackPlan, assemble_dataset, plan_pack
 from training.data.segments import PackedSegment, SegmentPlan, pack_segment
 from training.data.sources import open_source
 from training.pipeline.handoffs import PackResult
@@ -28,7 +28,7 @@ from training.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PackBegun", "pack_begin", "pack_finish", "pack_segment_stage", "pack_stage", "packed_before", "resolve_source"]
+__all__ = ["PackBegun", "pack_begin", "pack_finish", "pack_segment_stage", "pack_stage", "resolve_source"]
 
 
 class PackBegun(BaseModel):
@@ -69,27 +69,6 @@ def pack_begin(config: RetrainConfig) -> PackBegun:
     if not plan.todo:
         return begun.model_copy(update={"done": _finish(config, begun, [], root, store)})
     return begun
-
-
-def packed_before(config: RetrainConfig) -> PackResult | str:
-    """The dataset of this source and config as another node (node 0 of a multi-node run)
-    packed it, read and never written: no segment, manifest, index or retention of this
-    node's. When it is not all there yet, what is missing."""
-    started = time.time()
-    root = StorageRoot.from_config(config)
-    source, bayes_auc = resolve_source(config, root)
-    store = DatasetStore(root)
-    plan, legacy = plan_pack(source, config.data, store, config.storage)
-    begun = PackBegun(source=source, storage=root.environment_summary(), bayes_auc=bayes_auc, started_at=started,
-                      plan=plan)
-    if legacy is not None:
-        return _packed(begun, root, legacy, [], store, reused=True)
-    if plan.todo:
-        return f"{len(plan.todo)} segment(s) of {source} are not packed yet"
-    manifest = dataset_of(plan, plan.ready, config.data)
-    if store.fetch_dataset(manifest.fingerprint) is None:
-        return f"dataset {manifest.fingerprint[:12]} of {source} is not written yet"
-    return _packed(begun, root, manifest, [], store, reused=True)
 
 
 def pack_segment_stage(config: RetrainConfig, plan: SegmentPlan) -> PackedSegment:

@@ -50,7 +50,7 @@ def preprocess_stage(
 def fitted_before(dataset_dir: Path, config: PreprocessConfig, root: StorageRoot, t0: float) -> PrepResult | None:
     """The statistics fitted before, on any machine, that still match their checksum (with their
     token ids and pixels, fetched here); None when they must be fitted. Reads, never writes, the
-    root: a joining node waits on this for node 0's."""
+    root: a node of a multi-node run reads the statistics the train task's flow fitted."""
     manifest = require_manifest(dataset_dir)
     rel, check_rel, derived = _rels(manifest, config)
     root.fetch(rel)

@@ -1,13 +1,12 @@
 """The train stage: the training job of a config and dataset (its run key, a warm start from
-the champion when asked and possible), trained in a child process or found finished; and the
-other nodes of a multi-node run (`retrain join`)."""
+the champion when asked and possible), trained in a child process, on several nodes started
+through TorchX (`training.launch.group`), or found finished."""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from training.data.features import (
 )
 from training.data.manifest import DatasetManifest, require_manifest
 from training.data.packing import forget_verification
-from training.errors import ConfigError, DamagedShard, DataError, Preempted
+from training.errors import DamagedShard, DataError
 from training.model.package_meta import PackageMeta
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.step_budget import for_warm_start
@@ -35,14 +34,13 @@ from training.storage.root import StorageRoot
 from training.launch.events import ChildEvent, Validated
 from training.launch.job import TrainJob, train_fingerprint
 from training.launch.numerics import resolved_numerics
+from training.launch.group import run_group
 from training.launch.process import log_child_event, run_training_process
 from training.launch.results import TrainResult, WarmStart
 from training.launch.runs import RUN_FOLDERS, finished_result, run_rel
 
 if TYPE_CHECKING:
     from training.pipeline.champion import Champion
-from training.pipeline.pack_stage import packed_before
-from training.pipeline.preprocess_stage import fitted_before
 
 log = logging.getLogger(__name__)
 
@@ -221,9 +219,10 @@ def train_stage(
 
 def _train_tracked(config: RetrainConfig, job: TrainJob, on_event: Callable[[ChildEvent], None]) -> TrainResult:
     """The training process, its validations also sent to MLflow when tracking is on."""
+    launch = run_training_process if config.train.distributed.nnodes == 1 else run_group
     tracker = tracker_for(config, job.run_key, Path(job.run_dir))
     if tracker is None:
-        return run_training_process(job, on_event)
+        return launch(job, on_event)
     background = BackgroundTracker(tracker, flat_params(config), "train_loss")
 
     def tracked(event: ChildEvent) -> None:
@@ -232,65 +231,6 @@ def _train_tracked(config: RetrainConfig, job: TrainJob, on_event: Callable[[Chi
         on_event(event)
 
     try:
-        return run_training_process(job, tracked)
+        return launch(job, tracked)
     finally:
         background.close(timeout=config.tracking.timeout_seconds)
-
-
-def join_training(config: RetrainConfig, node_rank: int, say: Callable[[str], None] = log.info) -> int:
-    """Run this node's ranks of a multi-node job (`retrain join`): the data and statistics node 0
-    packed and fitted, read from the shared root once they are there (never written here), and
-    the job built from them, under torchrun against the same rendezvous, where every rank checks
-    it holds rank 0's job. Returns torchrun's exit code, or raises a rank's own error."""
-    import subprocess
-
-    from training.pipeline.champion import check_champion
-    from training.launch.process import child_env, rank_errors, rebuild_error, worker_command
-
-    if config.train.distributed.nnodes < 2:
-        raise ConfigError("retrain join is for multi-node runs: set train.distributed.nnodes >= 2 and train.distributed.rdzv_endpoint")
-    if not 1 <= node_rank < config.train.distributed.nnodes:
-        raise ConfigError(f"--node-rank must be 1..{config.train.distributed.nnodes - 1} (node 0 is the flow's own node)")
-    packed, prep = _node_0s_data(config, say)
-    job, _ = build_train_job(config, packed, prep, check_champion(StorageRoot.from_config(config), config.model.factory))
-    run_dir = Path(job.run_dir)
-    node_dir = run_dir / f"node-{os.getpid()}"
-    node_dir.mkdir(parents=True, exist_ok=True)
-    job_path = node_dir / "job.json"
-    job.save(job_path)
-    error_path = node_dir / "error.json"
-    command = worker_command(job, job_path, error_path, node_rank=node_rank)
-    code = subprocess.run(command, env=child_env()).returncode
-    reports = rank_errors(error_path) if code != 0 else []
-    if reports:  # a rank's own error (another job than rank 0's, bad data) rather than torchrun's exit 1
-        raise rebuild_error(min(reports, key=lambda r: r.type in ("Preempted", "Bug")))
-    return code
-
-
-JOIN_POLL_SECONDS = 5.0  # how often a joining node looks for node 0's dataset and statistics
-
-
-def _node_0s_data(config: RetrainConfig, say: Callable[[str], None]) -> tuple[PackResult, PrepResult]:
-    """The dataset and statistics node 0 packs and fits, once they are on the root: a joining
-    node waits for them (up to `train.distributed.join_timeout_s`) and never writes them, so
-    nodes starting together do not race node 0, or each other, on the root's shared files."""
-    root = StorageRoot.from_config(config)
-    deadline = time.monotonic() + config.train.distributed.join_timeout_s
-    said = ""
-    while True:
-        t0 = time.perf_counter()
-        packed = packed_before(config)
-        if isinstance(packed, str):
-            waiting = packed
-        else:
-            prep = fitted_before(Path(packed.dataset_dir), config.preprocess, root, t0)
-            if prep is not None:
-                return packed, prep
-            waiting = f"the feature statistics of dataset {packed.fingerprint[:12]} are not fitted yet"
-        if time.monotonic() > deadline:
-            raise Preempted(f"node 0 has not prepared the data within train.distributed.join_timeout_s "
-                            f"({config.train.distributed.join_timeout_s:.0f} s): {waiting}; this node starts again on retry")
-        if waiting != said:
-            say(f"waiting for node 0: {waiting}")
-            said = waiting
-        time.sleep(JOIN_POLL_SECONDS)

@@ -196,17 +196,16 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
         return EXIT_PREEMPTED
     except RetrainError as err:
         report = ErrorReport(type=type(err).__name__, message=str(err), transient=getattr(err, "transient", False))
-        _emit(report)  # also on the event pipe: the error may be that the disk holding error_path is full
-        _write_error(error_path, report)
+        _report(error_path, report)
         return EXIT_USER_ERROR
     except Exception as err:
         if world > 1 and _lost_peer(err):
             logging.getLogger("training").warning("rank %d lost a peer: %s", rank, str(err).splitlines()[0])
-            _write_error(error_path, ErrorReport(type="Preempted", message=f"rank {rank} lost a peer"))
+            _report(error_path, ErrorReport(type="Preempted", message=f"rank {rank} lost a peer"))
             return EXIT_PREEMPTED
         # A bug: its traceback follows on stderr; the parent names it (and never retries it as
         # if a rank had been preempted).
-        _write_error(error_path, ErrorReport(type="Bug", message=f"{type(err).__name__}: {err}".splitlines()[0]))
+        _report(error_path, ErrorReport(type="Bug", message=f"{type(err).__name__}: {err}".splitlines()[0]))
         raise
     if world > 1:
         import torch.distributed as dist
@@ -215,6 +214,13 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
     if result is not None:  # rank 0
         _emit(Done(status=result.status, steps=result.step if isinstance(result, RungResult) else result.steps))
     return 0
+
+
+def _report(error_path: Path, report: ErrorReport) -> None:
+    """An error to the parent: on the event pipe (the only way from another node's rank to the
+    launcher; and the disk holding error_path may be the thing that is full) and in the file."""
+    _emit(report)
+    _write_error(error_path, report)
 
 
 def _write_error(error_path: Path, report: ErrorReport) -> None:

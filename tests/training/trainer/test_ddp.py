@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrain_cli.temp_server import free_port
 from tests.conftest import small_overrides
 from tests.kill import kill_worker_when
 from tests.training.helpers import make_job
@@ -113,122 +112,6 @@ def test_resume_on_another_world_size_continues_the_same_batches(demo_source: Pa
     assert result.world_size == 1 and result.steps == 60
     w1, w2 = _weights(reference), _weights(result)
     assert max((w1[k].double() - w2[k].double()).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
-
-
-def test_two_nodes_on_loopback_train_as_one_two_process_job(demo_source: Path, tmp_path: Path, monkeypatch) -> None:
-    """nnodes=2: this process launches node 0 as the train task does; `retrain join
-    --node-rank 1` (a second process, as on a second machine) joins through the rendezvous."""
-    import os
-    import subprocess
-    import sys
-
-    port = free_port()
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2")))
-    overrides = small_overrides(tmp_path / "nodes", demo_source) + DATA + [
-        "train.checkpoint.every=10", "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
-    job = make_job(load_config(overrides=overrides))
-    args = [sys.executable, "-m", "retrain_cli.main", "join", "--node-rank", "1"]
-    for o in overrides:
-        args += ["--set", o]
-    node1 = subprocess.Popen(args, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        result = run_training_process(job)
-        out, _ = node1.communicate(timeout=120)
-    finally:
-        if node1.poll() is None:
-            node1.kill()
-    assert node1.returncode == 0, out[-3000:]
-    assert result.world_size == 2 and result.steps == 60
-    w1, w2 = _weights(reference), _weights(result)
-    assert max((w1[k].double() - w2[k].double()).abs().max().item() for k in w1) < WEIGHT_TOLERANCE
-
-
-def test_a_node_that_joins_with_another_job_is_refused_on_every_node(demo_source: Path, tmp_path: Path,
-                                                                   monkeypatch) -> None:
-    """Node 1 started with another learning rate: the same shapes, so DDP's own checks pass and
-    the two nodes would step one model with different settings. Every node refuses instead, and
-    the flow's node says which rank differs."""
-    import os
-    import subprocess
-    import sys
-
-    from training.errors import EXIT_USER_ERROR, ConfigError
-
-    port = free_port()
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    overrides = small_overrides(tmp_path / "nodes", demo_source) + DATA + [
-        "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
-    args = [sys.executable, "-m", "retrain_cli.main", "join", "--node-rank", "1"]
-    for o in [*overrides, "train.optim.lr=0.001"]:
-        args += ["--set", o]
-    node1 = subprocess.Popen(args, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        with pytest.raises(ConfigError, match="rank 1 joined with another job than rank 0's"):
-            run_training_process(make_job(load_config(overrides=overrides)))
-        out, _ = node1.communicate(timeout=120)
-    finally:
-        if node1.poll() is None:
-            node1.kill()
-    assert node1.returncode == EXIT_USER_ERROR, out[-3000:]
-    assert out.strip().splitlines()[-1].startswith("retrain: error: rank 1 joined with another job") and not list((tmp_path / "nodes").rglob("step-*"))
-
-
-def test_node_0_waits_for_the_other_nodes_no_longer_than_join_timeout(demo_source: Path, tmp_path: Path,
-                                                                      monkeypatch, caplog) -> None:
-    """Nobody joins: node 0 says where it waits and for whom, and gives up after
-    train.distributed.join_timeout_s (torchrun's own default is 600 s), as a preemption."""
-    import logging
-
-    port = free_port()
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    config = load_config(overrides=small_overrides(tmp_path / "alone", demo_source) + [
-        "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}",
-        "train.distributed.join_timeout_s=10"])
-    with caplog.at_level(logging.INFO, logger="training.launch.process"), pytest.raises(Preempted, match="lost a rank"):
-        run_training_process(make_job(config))
-    assert f"waiting up to 10 s at 127.0.0.1:{port} for node(s) 1" in caplog.text
-
-
-def test_a_joining_node_waits_for_node_0s_data_and_writes_nothing_to_the_root(
-        s3_bucket: str, s3_server: str, fault_proxy, demo_source: Path, tmp_path: Path, monkeypatch) -> None:
-    """Node 1 starts first, on an S3 root where nothing is packed yet: it waits for node 0's
-    dataset and statistics instead of packing and fitting them itself, then trains with node 0.
-    It reaches S3 through a proxy that logs every request: not one of them writes."""
-    import os
-    import subprocess
-    import sys
-    import threading
-    import time
-
-    from tests.conftest import s3_overrides
-
-    port = free_port()
-    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
-    common = small_overrides(tmp_path / "unused", demo_source) + DATA + [
-        "train.checkpoint.every=10", "train.distributed.nnodes=2", f"train.distributed.rdzv_endpoint=127.0.0.1:{port}"]
-    args = [sys.executable, "-m", "retrain_cli.main", "join", "--node-rank", "1"]
-    for o in [*common, *s3_overrides(s3_bucket, fault_proxy.url, tmp_path / "node-1")]:
-        args += ["--set", o]
-    node1 = subprocess.Popen(args, env={**os.environ}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(node1.stdout.readline, "")), daemon=True).start()
-    try:
-        deadline = time.monotonic() + 120
-        while not any("waiting for node 0" in line for line in lines) and node1.poll() is None \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert any("not packed yet" in line for line in lines), "".join(lines)[-3000:]
-        job = make_job(load_config(overrides=common + s3_overrides(s3_bucket, s3_server, tmp_path / "node-0")))
-        result = run_training_process(job)
-        node1.wait(timeout=120)
-    finally:
-        if node1.poll() is None:
-            node1.kill()
-    assert node1.returncode == 0, "".join(lines)[-3000:]
-    assert result.world_size == 2 and result.steps == 60
-    writes = [(method, path) for method, path, _ in fault_proxy.requests if method in ("PUT", "POST", "DELETE")]
-    assert fault_proxy.requests and writes == []
 
 
 def test_two_ranks_on_s3_resume_on_a_fresh_machine(s3_bucket: str, s3_server: str, demo_source: Path,

@@ -1,0 +1,70 @@
+"""`retrain manifests`: the Kubernetes objects of the multi-node deployment, generated from the
+deployment's own parameters and valid against the Kubernetes API's schemas (kubernetes-validate
+bundles them: no cluster is asked)."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from retrain_cli.main import main
+
+DEPLOYMENT = f"{Path(__file__).resolve().parents[1] / 'deployments' / 'multi-gpu.yaml'}:retrain-8x8gpu"
+K8S_VERSION = kubernetes_validate.latest_version()
+
+
+def _manifests(*args: str) -> list[dict[str, Any]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["manifests", "--deployment", DEPLOYMENT, *args]) == 0
+    return list(yaml.safe_load_all(out.getvalue()))
+
+
+def _pods(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each Volcano task's pod template, as the Pod the Volcano controller makes of it."""
+    return [{"apiVersion": "v1", "kind": "Pod", **task["template"]} for task in job["spec"]["tasks"]]
+
+
+def test_the_launchers_rbac_and_the_nodes_pods_are_valid_kubernetes_objects() -> None:
+    objects = _manifests()
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "Job"]
+    for obj in [*objects[:3], *_pods(objects[3])]:
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_the_nodes_job_is_one_gang_of_eight_gpu_pods_from_the_deployment() -> None:
+    (job,) = _manifests("--only", "job")
+    assert job["apiVersion"] == "batch.volcano.sh/v1alpha1" and job["spec"]["schedulerName"] == "volcano"
+    tasks = job["spec"]["tasks"]
+    # No task's minAvailable: Volcano's default is every pod, all admitted together or none.
+    assert len(tasks) == 8 and all("minAvailable" not in t for t in tasks) and "minAvailable" not in job["spec"]
+    assert job["spec"]["maxRetry"] == 0  # a lost node ends the attempt; the train task's retry submits a new job
+    for k, pod in enumerate(_pods(job)):
+        spec = pod["spec"]
+        (container,) = spec["containers"]
+        assert container["image"] == "{{ build-image.image }}"  # the deployment's built image
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert spec["serviceAccountName"] == "retrain-node"
+        assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true" and spec["tolerations"]
+        command = container["command"]
+        assert command[:3] == ["python", "-m", "training.pipeline.train_node"]
+        assert command[command.index("--node") + 1] == str(k)
+        # Node 0 hosts the rendezvous; the others find it by the name Volcano's svc plugin gives it.
+        assert command[command.index("--rank0-env") + 1] == ("TORCHX_RANK0_HOST" if k == 0 else "VC_NODE_0_HOSTS")
+        assert {"name": "c10d", "containerPort": 29500} in container["ports"]
+
+
+def test_the_schema_check_can_fail() -> None:
+    (job,) = _manifests("--only", "job")
+    pod = copy.deepcopy(_pods(job)[0])
+    pod["spec"]["containers"][0]["ports"][0]["containerPort"] = "c10d"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)

@@ -1,0 +1,268 @@
+"""The nodes of a multi-node training job, started by TorchX from one frozen job.
+
+With `train.distributed.nnodes` above 1 the train task is the job's launcher, not one of its
+nodes:
+
+1. It freezes the job it built (config, dataset, statistics, run key) into
+   `runs/<key>/node-job.json` on the storage root (`publish_frozen_job`).
+2. It starts `nnodes` copies of `python -m training.pipeline.train_node RUN_KEY REL` as one
+   TorchX app on `train.distributed.scheduler`: processes on this machine (`local_cwd`), or one
+   Volcano job on Kubernetes, gang-scheduled (`kubernetes`). Each node downloads the frozen
+   job, refuses one under another run key, and runs its ranks under torchrun at the c10d
+   rendezvous on the first node (`--rdzv-id` = the run key, `--nnodes` min:max,
+   `join_timeout`, `--max-restarts`). No node lists the source, packs, fits or writes the
+   root's shared files; global rank 0 writes the run's own files, as on one node.
+3. It follows every node's output: progress and errors of any rank reach the flow's log, and
+   it says how many nodes have come to the rendezvous.
+4. It tears the app down when it ends, whatever ended it; the task's retry starts every node
+   again, and the ranks resume from the last checkpoint on the root.
+
+Why TorchX: it is PyTorch's own launcher of multi-node jobs on schedulers; the same app runs as
+local processes (so the suite runs a real two-node job) and on Kubernetes through Volcano's Job,
+all pods admitted together; and it adds no rendezvous of its own: torchrun's c10d does that.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+import training
+from training.errors import ConfigError, Preempted
+from training.launch.events import ChildEvent, ErrorReport, LogLine, NodeJoined, read_event
+from training.launch.job import TrainJob
+from training.launch.process import error_class, free_loopback_port, log_child_event, rebuild_error
+from training.launch.results import TrainResult
+from training.launch.runs import count_attempt, fetch_finished_run
+from training.storage.files import write_json_atomic
+from training.storage.root import RUN, StorageRoot
+
+if TYPE_CHECKING:
+    from torchx.runner import Runner
+    from torchx.specs import AppDef
+
+__all__ = ["FROZEN_JOB", "NODE_MODULE", "STORAGE_ENV", "FrozenJob", "node_app", "publish_frozen_job", "run_group",
+           "scheduler_cfg"]
+
+log = logging.getLogger(__name__)
+
+NODE_MODULE = "training.pipeline.train_node"
+STORAGE_ENV = "RETRAIN_NODE_STORAGE"  # the storage section, as JSON: where a node finds the frozen job
+FROZEN_JOB = "node-job.json"
+ROLE = "node"
+# Passed on to Kubernetes nodes when the flow's process has them (a pod spec never gets the
+# flow's whole environment: it may hold credentials).
+PASSED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "AWS_REGION", "AWS_DEFAULT_REGION")
+_POLL_SECONDS = 0.5
+
+
+class FrozenJob(BaseModel):
+    """`runs/<key>/node-job.json`: the job every node trains, as the train task built it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_key: str
+    local_root: str  # the publisher's local folder of the root: the job's paths lie under it
+    job: dict[str, Any]
+
+    def train_job(self) -> TrainJob:
+        return TypeAdapter(TrainJob).validate_python(self.job)
+
+
+def publish_frozen_job(job: TrainJob) -> str:
+    """Write the job under its run key on the root (uploaded, on S3); its root-relative path."""
+    root = StorageRoot.from_config(job.config)
+    rel = f"{job.run_rel or Path(job.run_dir).relative_to(root.local).as_posix()}/{FROZEN_JOB}"
+    frozen = FrozenJob(run_key=job.run_key, local_root=str(root.local), job=job.to_json())
+    write_json_atomic(root.path(rel), frozen.model_dump(mode="json"))
+    root.publish(rel, RUN, job.run_key)
+    return rel
+
+
+def _torchx() -> None:
+    try:
+        import torchx.runner  # noqa: F401
+    except ImportError:
+        raise ConfigError("train.distributed.nnodes > 1 starts the nodes through TorchX, which is not installed: "
+                          "pip install -c constraints.txt -e '.[scale-out]'") from None
+
+
+def node_app(job: TrainJob, rel: str, port: int) -> AppDef:
+    """The TorchX app of the job's nodes: one role of `nnodes` replicas (the first
+    `min_nnodes` required), each running the node entry point on the frozen job."""
+    from torchx import specs
+
+    d = job.config.train.distributed
+    local = d.scheduler == "local_cwd"
+    env = {STORAGE_ENV: job.config.storage.model_dump_json(), "PYTHONUNBUFFERED": "1"}
+    if local:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(training.__file__).resolve().parent.parent),
+                                                         os.environ.get("PYTHONPATH")) if p)
+        env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+    else:
+        env.update({name: os.environ[name] for name in PASSED_ENV if name in os.environ})
+    k8s = d.kubernetes
+    role = specs.Role(
+        name=ROLE,
+        image=os.getcwd() if local else str(k8s.image),
+        entrypoint=sys.executable if local else "python",
+        args=["-m", NODE_MODULE, job.run_key, rel, "--node", specs.macros.replica_id,
+              "--rank0-env", specs.macros.rank0_env, "--port", str(port)],
+        env=env,
+        num_replicas=d.nnodes,
+        min_replicas=d.min_nnodes,
+        resource=specs.Resource(cpu=k8s.cpu, gpu=k8s.gpu, memMB=k8s.memory_mb),
+        port_map={"c10d": port},
+        max_retries=0,  # a lost node ends the attempt; the task's retry starts all of them
+    )
+    if not local and (k8s.node_selector or k8s.tolerations):
+        from torchx.specs.overlays import set_overlay
+
+        set_overlay(role, "kubernetes", "V1Pod", {"spec": {"nodeSelector": dict(k8s.node_selector),
+                                                           "tolerations": list(k8s.tolerations)}})
+    return specs.AppDef(name=f"retrain-{job.run_key[:12]}", roles=[role])
+
+
+def scheduler_cfg(job: TrainJob, log_dir: Path | None = None) -> dict[str, Any]:
+    """TorchX's settings of the job's scheduler."""
+    d = job.config.train.distributed
+    if d.scheduler == "local_cwd":
+        return {"log_dir": str(log_dir)} if log_dir is not None else {}
+    k8s = d.kubernetes
+    cfg: dict[str, Any] = {"queue": k8s.queue, "namespace": k8s.namespace}
+    if k8s.service_account:
+        cfg["service_account"] = k8s.service_account
+    if k8s.priority_class:
+        cfg["priority_class"] = k8s.priority_class
+    return cfg
+
+
+class _Watch:
+    """Follows every node's output in threads: events to `on_event` (one at a time), error
+    reports kept, and the nodes that reached the rendezvous counted."""
+
+    def __init__(self, runner: Runner, handle: str, job: TrainJob, on_event: Callable[[ChildEvent], None]) -> None:
+        self.runner, self.handle, self.job, self.on_event = runner, handle, job, on_event
+        self.reported: list[ErrorReport] = []
+        self.joined: set[int] = set()
+        self.failed = threading.Event()  # a rank reported a user error or a bug: stop the others now
+        self._lock = threading.Lock()
+        # Each thread runs in a copy of this context: `on_event` logs to the task run, whose
+        # Prefect settings (the server's address) live in context variables.
+        self.threads = [threading.Thread(target=contextvars.copy_context().run, args=(self._follow, k), daemon=True)
+                        for k in range(job.config.train.distributed.nnodes)]
+        for thread in self.threads:
+            thread.start()
+
+    def _follow(self, k: int) -> None:
+        from torchx.schedulers.api import Stream
+
+        while True:
+            try:
+                for line in self.runner.log_lines(self.handle, ROLE, k, should_tail=True, streams=Stream.STDOUT):
+                    self._line(line)
+                return
+            except Exception as err:  # noqa: BLE001 - a pod not started yet, its log not there yet
+                status = self.runner.status(self.handle)
+                if status is None or status.is_terminal():
+                    log.debug("node %d's output ended: %s", k, err)
+                    return
+                time.sleep(2.0)
+
+    def _line(self, line: str) -> None:
+        event = read_event(line.rstrip("\n"))
+        if event is None:
+            if line.strip():
+                sys.stderr.write(line if line.endswith("\n") else line + "\n")
+            return
+        with self._lock:
+            if isinstance(event, NodeJoined):
+                self.joined.add(event.node)
+                n = self.job.config.train.distributed.nnodes
+                self.on_event(_info(f"node {event.node} ({event.host}) is at the rendezvous {event.endpoint}: "
+                                    f"{len(self.joined)} of {n} nodes"))
+            elif isinstance(event, ErrorReport):
+                self.reported.append(event)
+                if event.type == "Bug" or error_class(event) is not Preempted:
+                    self.failed.set()
+            else:
+                self.on_event(event)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+def _info(message: str) -> LogLine:
+    """A line for the flow run's log: the launcher's own, told as the nodes' lines are."""
+    return LogLine(level="INFO", logger=__name__, message=message)
+
+
+def run_group(job: TrainJob, on_event: Callable[[ChildEvent], None] = log_child_event) -> TrainResult:
+    """Train `job` on `train.distributed.nnodes` nodes started through TorchX; its result, or
+    Preempted (a lost node: the retry starts all of them again) or the error a rank raised."""
+    _torchx()
+    from torchx.runner import get_runner
+
+    d = job.config.train.distributed
+    run_dir = Path(job.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rel = publish_frozen_job(job)
+    port = free_loopback_port() if d.scheduler == "local_cwd" else d.rdzv_port
+    log_dir = run_dir / "nodes" / uuid.uuid4().hex[:8] if d.scheduler == "local_cwd" else None
+    count_attempt(run_dir)
+    with get_runner() as runner:
+        handle = runner.run(node_app(job, rel, port), scheduler=d.scheduler, cfg=scheduler_cfg(job, log_dir))
+        least = d.min_nnodes or d.nnodes
+        on_event(_info(f"started {d.nnodes} nodes of run {job.run_key[:12]} on {d.scheduler} ({handle}): waiting for "
+                       f"{f'{least} to {d.nnodes}' if least < d.nnodes else f'all {d.nnodes}'} at the c10d rendezvous "
+                       f"on port {port} (up to {int(d.join_timeout_s)} s)"))
+        watch = _Watch(runner, handle, job, on_event)
+        state = "UNKNOWN"
+        try:
+            while True:
+                status = runner.status(handle)
+                if status is not None and status.is_terminal():
+                    state = status.state.name
+                    break
+                if watch.failed.is_set():
+                    state = "STOPPED"  # a rank's own error: the others would wait out the rendezvous
+                    break
+                time.sleep(_POLL_SECONDS)
+        finally:
+            if state != "SUCCEEDED":
+                # SIGTERM to every node (pods deleted on Kubernetes): their ranks write the
+                # emergency checkpoint; nothing of this attempt runs on after it.
+                runner.cancel(handle)
+            watch.join(timeout=30.0)
+    return _outcome(job, state, watch.reported, log_dir)
+
+
+def _outcome(job: TrainJob, state: str, reported: list[ErrorReport], log_dir: Path | None) -> TrainResult:
+    where = f"; each node's output is in {log_dir}" if log_dir is not None else ""
+    if state == "SUCCEEDED":
+        root = StorageRoot.from_config(job.config)
+        if root.is_remote:
+            fetch_finished_run(root, job.run_rel)
+        path = Path(job.run_dir) / "result.json"
+        if not path.exists():
+            raise Preempted(f"the nodes of run {job.run_key} ended without its result.json{where}; retrying")
+        return TrainResult.model_validate_json(path.read_text())
+    for report in reported:
+        if report.type == "Bug":
+            raise RuntimeError(f"training job {job.run_key} failed on a node: {report.message}{where}")
+    for report in reported:
+        if error_class(report) is not Preempted:
+            raise rebuild_error(report)
+    raise Preempted(f"training job {job.run_key} lost a node (TorchX state {state}); every node starts again on "
+                    f"retry{where}")
