@@ -1,5 +1,6 @@
 """Packing as tasks: begin (list the source, plan what is missing), one task per segment
-(at most `data.pack_parts` at once), finish (the dataset's manifest, retention).
+(at most `data.pack_parts` at once), finish (the dataset's manifest, retention). On a cluster
+(`data.pack_cluster`) the new files' footers are read there too, by `plan_files` tasks.
 
 The flow submits `pack_segment` for each segment on its task runner: the default thread pool, or
 a Dask/Ray runner to spread packing over a cluster. A segment task reads only its own row
@@ -16,23 +17,38 @@ from prefect.futures import PrefectFuture, as_completed
 
 from tasks.policies import HOUR, retried, retry_transient, task_logger
 from training.config import RetrainConfig
+from training.data.packing import PLAN_THREADS, FilesPlanned
 from training.data.segments import PackedSegment, SegmentPlan
+from training.data.sources import SourceFile
 from training.errors import ConfigError
 from training.pipeline.handoffs import PackResult
-from training.pipeline.pack_stage import PackBegun, pack_begin, pack_finish, pack_segment_stage
+from training.pipeline.pack_stage import (PackBegun, pack_begin, pack_finish, pack_segment_stage, plan_files_stage,
+                                          with_planned)
 
-__all__ = ["begin_packing", "pack_segment", "finish_packing", "pack_dataset"]
+__all__ = ["begin_packing", "plan_files", "pack_segment", "finish_packing", "pack_dataset"]
 
 
 @task(name="pack-plan", **retried(timeout_seconds=2 * HOUR))
-def begin_packing(config: RetrainConfig) -> PackBegun:
-    """Check storage; list the source; plan the segments that are not packed yet."""
-    begun = pack_begin(config)
+def begin_packing(config: RetrainConfig, defer_footers: bool = False) -> PackBegun:
+    """Check storage; list the source; plan the segments that are not packed yet (with
+    `defer_footers`, the new files' footers are left to `plan_files` on the cluster)."""
+    begun = pack_begin(config, defer_footers)
     plan = begun.plan
-    if plan.todo:
+    if plan.unread:
+        task_logger().info("%d new file(s): their footers are read on the cluster; %d segment(s) packed before",
+                           len(plan.unread), len(plan.ready))
+    elif plan.todo:
         task_logger().info("packing %d segment(s) of %d file(s); %d segment(s) packed before", len(plan.todo),
                            len({p.file.name for p in plan.todo}), len(plan.ready))
     return begun
+
+
+# No timeout, as pack-segment below.
+@task(name="pack-plan-files", task_run_name="plan-{files[0].name}-and-more", retries=2, retry_delay_seconds=5,
+      retry_condition_fn=retry_transient)
+def plan_files(config: RetrainConfig, source: str, files: list[SourceFile]) -> FilesPlanned:
+    """Read new files' footers (16 at a time) and plan their segments, where this task runs."""
+    return plan_files_stage(config, source, files)
 
 
 # No timeout: submitted, it runs in a worker thread of the task runner, where Prefect cannot
@@ -59,15 +75,34 @@ def pack_dataset(config: RetrainConfig) -> PackResult:
     `data.pack_cluster`, `data.pack_parts` at a time), finish: the pack stage. A segment that
     fails (bad data) fails the stage with its own error; a half-packed segment leaves nothing
     behind, and the ones already packed are kept."""
-    begun = begin_packing(config)
-    todo = begun.plan.todo if begun.done is None else []
-    if not todo or config.data.pack_cluster is None:
-        packed = _pack_in_window(todo, config.data.pack_parts, lambda plan: pack_segment.submit(config, plan))
+    cluster = config.data.pack_cluster
+    begun = begin_packing(config, defer_footers=cluster is not None)
+    if begun.done is not None:
+        packed: list[PackedSegment] = []
+    elif cluster is None:
+        packed = _pack_in_window(begun.plan.todo, config.data.pack_parts, lambda plan: pack_segment.submit(config, plan))
     else:
-        with _dask_runner(config.data.pack_cluster) as runner:
-            packed = _pack_in_window(todo, config.data.pack_parts,
+        with _dask_runner(cluster) as runner:
+            begun = _planned_on(runner, config, begun)
+            packed = _pack_in_window(begun.plan.todo, config.data.pack_parts,
                                      lambda plan: runner.submit(pack_segment, {"config": config, "plan": plan}))
     return finish_packing(config, begun, packed)
+
+
+def _planned_on(runner: Any, config: RetrainConfig, begun: PackBegun) -> PackBegun:
+    """The plan with its new files' segments, planned by `plan_files` tasks on the cluster, a
+    chunk of files each; their results in the files' order, so the first bad file in that order
+    is the error, as when planned here."""
+    files, chunk = begun.plan.unread, PLAN_THREADS
+    futures = [runner.submit(plan_files, {"config": config, "source": begun.plan.source, "files": files[i:i + chunk]})
+               for i in range(0, len(files), chunk)]
+    try:
+        planned = [future.result() for future in futures]
+    except BaseException:
+        for future in futures:
+            future.wait()
+        raise
+    return with_planned(begun, planned)
 
 
 def _dask_runner(address: str) -> Any:

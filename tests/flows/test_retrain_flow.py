@@ -397,10 +397,10 @@ def test_nothing_read_back_from_the_root_is_unpickled(small_config: RetrainConfi
 def test_packing_on_a_dask_cluster_that_shares_no_folder_is_byte_identical_to_serial(
         s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The flow packing on a dask.distributed cluster of two worker processes named by
-    `data.pack_cluster`, each with its own home and so its own storage.local_dir, the source and the
-    storage root on S3 (moto's server): the workers pack the segments and publish them
-    themselves, the flow's machine never holds a shard, and the dataset on S3 is byte for byte
-    the one a single process packs."""
+    `data.pack_cluster`, each with its own home and so its own storage.local_dir, the source and
+    the storage root on S3 (moto's server): the workers read the new files' footers, pack the
+    segments and publish them themselves, the flow's machine never holds a shard, and the
+    dataset on S3 is byte for byte the one a single process packs."""
     import boto3
     import pyarrow.parquet as pq
     from distributed import Nanny, Scheduler, SpecCluster
@@ -427,7 +427,7 @@ def test_packing_on_a_dask_cluster_that_shares_no_folder_is_byte_identical_to_se
     with SpecCluster(scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}, workers=workers) as cluster:
         report = _report(retrain(config_for("flow", f"data.pack_cluster={cluster.scheduler_address}")))
         ran = set(cluster.scheduler.task_prefixes)  # what the cluster ran, by the task's name
-    assert "pack_segment" in ran
+    assert {"plan_files", "pack_segment"} <= ran  # the footers were read there, not on the flow's machine
     assert report["stages"]["pack"]["segments"] == 6
     for name in ("w0", "w1"):  # each worker packed into its own folder
         assert list(homes[name].rglob("segments/*/train-*.tar")), name

@@ -9,6 +9,7 @@ from training.launch.job import TrainJob
 from training.storage.root import StorageRoot
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
+from training.launch.numerics import job_numerics
 from training.pipeline.train_stage import run_key_for
 
 
@@ -26,6 +27,7 @@ def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
         dataset_dir=packed.dataset_dir,
         stats_path=prep.stats_path,
         config=config,
+        numerics=list(job_numerics(config)),
     )
 
 

@@ -532,6 +532,9 @@ class TrainConfig(_Section):
         if self.optim.lr_reference_batch is not None and self.schedule.warmup_steps == 0:
             raise ValueError("train.optim.lr_reference_batch scales the learning rate: it needs "
                              "train.schedule.warmup_steps > 0")
+        if d.nnodes > 1 and d.scheduler == "kubernetes" and d.kubernetes.gpu > 0 and self.precision == "auto":
+            raise ValueError("train.precision auto cannot be resolved for nodes on Kubernetes from the launcher (it "
+                             "has no GPU to ask): name it (bf16 on A100, L4, H100 and later; fp16 on T4 and V100)")
         for nodes in range(d.min_nnodes or d.nnodes, d.nnodes + 1):
             if self.batch_size % (nodes * d.nproc_per_node):
                 raise ValueError(f"train.batch_size {self.batch_size} must be divisible by nproc_per_node x nodes = "

@@ -1,7 +1,9 @@
 """Packed datasets and their segments under a storage root, here and on S3.
 
     datasets/segments/<key>/     a segment: shards, stats.npz, segment.json (last)
-    datasets/<fingerprint>/      a dataset: manifest.json listing its segments
+    datasets/<fingerprint>/      a dataset: manifest.json listing its segments, and segments.json,
+                                 the catalog of every segment its pack knew (their segment.json
+                                 in one object: a fresh machine plans the source with one GET)
     datasets/source-index.json   what each source file was packed into (training.data.source_index)
 
 Publishing uploads what S3 lacks and the marker file last (a segment's segment.json, a
@@ -29,9 +31,11 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from pydantic import BaseModel, ConfigDict
+
 from training.data.manifest import DatasetManifest, is_segment_key
-from training.data.segments import (MANIFEST, STATS_FILE, SegmentManifest, first_damage, load_segment, parse_segment,
-                                    stats_file_damage)
+from training.data.segments import (MANIFEST, STATS_FILE, SegmentManifest, check_segment, first_damage, load_segment,
+                                    parse_segment, stats_file_damage)
 from training.data.shard_cache import REMOTE_MARKER, RemoteMarker
 from training.data.source_index import INDEX_FILE, SourceIndex
 from training.errors import DataError
@@ -43,8 +47,17 @@ __all__ = ["DatasetStore"]
 log = logging.getLogger(__name__)
 
 SEGMENTS = "datasets/segments"
+CATALOG = "segments.json"
 INDEX_LOCK = ".source-index.lock"
 INDEX_ATTEMPTS = 20  # compare-and-swap tries of one source index update; eight racing writers need a few each
+
+
+class SegmentCatalog(BaseModel):
+    """`datasets/<fingerprint>/segments.json`: the segment.json of every segment its pack knew."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    segments: list[SegmentManifest]
 
 
 class DatasetStore:
@@ -57,6 +70,7 @@ class DatasetStore:
         self._remote_datasets: dict[str, float] | None = None  # rel of each dataset manifest -> modified
         self.uploaded_bytes = 0
         self._segments_root: Path | None = None
+        self._catalog: dict[str, SegmentManifest] = {}  # segment.json files known from a dataset's catalog
 
     def local_root(self) -> Path:
         path = self.root.path("datasets")
@@ -169,7 +183,7 @@ class DatasetStore:
         rel = f"{SEGMENTS}/{key}"
         if f"{key}/{MANIFEST}" not in listing:
             return None
-        manifest = known
+        manifest = known or self._catalog.get(key)
         if manifest is None:
             data = self.root.remote.get_bytes(f"{rel}/{MANIFEST}")  # type: ignore[union-attr]
             if data is None:
@@ -238,20 +252,56 @@ class DatasetStore:
 
     # -- datasets -----------------------------------------------------------------------------
 
-    def write_dataset(self, manifest: DatasetManifest) -> Path:
-        """`datasets/<fingerprint>/manifest.json`, here and then on S3."""
+    def write_dataset(self, manifest: DatasetManifest, segments: list[SegmentManifest] | None = None) -> Path:
+        """`datasets/<fingerprint>/manifest.json` and its catalog of `segments`, here and then on
+        S3. Both are written only where absent (`If-None-Match`): the fingerprint addresses the
+        dataset's content, so of several writers racing the first one's stands and none is lost,
+        and the manifest goes last, after the catalog it vouches for."""
         folder = self.local_root() / manifest.fingerprint
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / "manifest.json"
         data = manifest.to_json().encode()
-        if not path.exists() or path.read_bytes() != data:
-            write_atomic(path, data)
-        if self.root.remote is not None:
-            rel = f"datasets/{manifest.fingerprint}/manifest.json"
-            if self.root.remote.head(rel) is None:
-                self.root.publish(rel, SHARD_CACHE)
-                self.uploaded_bytes += len(data)
+        catalog = SegmentCatalog(segments=segments).model_dump_json().encode() if segments else None
+        for name, content in ((CATALOG, catalog), ("manifest.json", data)):
+            if content is not None and (not (folder / name).exists() or (folder / name).read_bytes() != content):
+                write_atomic(folder / name, content)
+        remote = self.root.remote
+        if remote is not None:
+            rel = f"datasets/{manifest.fingerprint}"
+            if remote.head(f"{rel}/manifest.json") is None:
+                if catalog is not None:
+                    remote.put_bytes(f"{rel}/{CATALOG}", catalog, self.root.tags(SHARD_CACHE), if_absent=True)
+                if remote.put_bytes(f"{rel}/manifest.json", data, self.root.tags(SHARD_CACHE), if_absent=True):
+                    self.uploaded_bytes += len(data) + len(catalog or b"")
         return folder
+
+    def prime_catalog(self, fingerprint: str | None = None) -> int:
+        """Know the segments of dataset `fingerprint`'s catalog (or of the newest dataset on the
+        root) from one GET, instead of one GET of segment.json per segment; how many. Each
+        entry is checked as a segment.json is, and, when used, against the listing and the
+        source index as one is: the catalog is input from whoever can write the root."""
+        remote = self.root.remote
+        if remote is None:
+            return 0
+        if fingerprint is None:
+            self._listing()
+            newest = max((self._remote_datasets or {}).items(), key=lambda item: item[1], default=None)
+            if newest is None:
+                return 0
+            fingerprint = newest[0].split("/")[1]
+        rel = f"datasets/{fingerprint}/{CATALOG}"
+        data = remote.get_bytes(rel)
+        if data is None:
+            return 0
+        try:
+            found = SegmentCatalog.model_validate_json(data).segments
+            for segment in found:
+                check_segment(segment, segment.key, f"{remote.uri(rel)} (segment {segment.key})")
+        except (ValueError, DataError) as err:
+            log.warning("%s is unreadable or damaged (%s): its segments are read one by one", remote.uri(rel),
+                        str(err).splitlines()[0])
+            return 0
+        self._catalog.update({segment.key: segment for segment in found})
+        return len(found)
 
     def fetch_dataset(self, fingerprint: str) -> Path | None:
         """The local folder of a dataset published under this root (its manifest; format-1

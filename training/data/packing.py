@@ -28,8 +28,8 @@ from training.data.parquet_reader import ParquetRanges
 from training.data.segments import (SEGMENT_FORMAT, PackedSegment, SegmentManifest, SegmentPlan, first_damage,
                                     pack_segment, plan_segments)
 from training.data.source_index import (WHOLE_FILE, IndexedSegment, SourceIndex, dataset_fingerprint,
-                                        legacy_fingerprint, segment_config_key, window)
-from training.data.sources import LocalSource, S3Source, SourceFile, open_source
+                                        known_fingerprints, legacy_fingerprint, segment_config_key, window)
+from training.data.sources import LocalSource, S3Source, Source, SourceFile, open_source
 from training.data.validation import FeatureValidator
 from training.errors import DataError
 from training.storage.files import sha256_file
@@ -37,7 +37,8 @@ from training.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PACK_FORMAT_VERSION", "PackPlan", "assemble_dataset", "dataset_of", "forget_verification", "pack_local", "pack_serially", "plan_pack"]
+__all__ = ["PACK_FORMAT_VERSION", "FilesPlanned", "PackPlan", "assemble_dataset", "dataset_of", "forget_verification",
+           "pack_local", "pack_serially", "plan_files", "plan_pack"]
 
 PACK_FORMAT_VERSION = SEGMENT_FORMAT
 PLAN_THREADS = 16  # footers and segment.json files read at once while planning
@@ -53,12 +54,25 @@ class PackPlan(BaseModel):
     ready: list[SegmentManifest]  # segments already packed, here or on S3
     todo: list[SegmentPlan]  # segments to pack
     source_bytes_read: int = 0  # footers of new files, read to plan them
+    # New files whose footers the plan left unread, for `plan_files` where the segments are
+    # packed (a cluster's workers): with read_footers=False.
+    unread: list[SourceFile] = []
 
 
-def plan_pack(spec: str | Path, config: DataConfig, store: DatasetStore,
-              storage: StorageConfig | None = None) -> tuple[PackPlan, DatasetManifest | None]:
+class FilesPlanned(BaseModel):
+    """The segments of new files, planned from their footers (`plan_files`)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    todo: list[SegmentPlan]
+    source_bytes_read: int
+
+
+def plan_pack(spec: str | Path, config: DataConfig, store: DatasetStore, storage: StorageConfig | None = None,
+              read_footers: bool = True) -> tuple[PackPlan, DatasetManifest | None]:
     """The plan, and a format-1 dataset of this very source and config when one is here (then
-    nothing is packed: see the module docstring)."""
+    nothing is packed: see the module docstring). With `read_footers` False, new files are left
+    in `unread` for `plan_files`."""
     source = open_source(spec, storage)
     files = source.files()
     index = store.index()
@@ -67,28 +81,57 @@ def plan_pack(spec: str | Path, config: DataConfig, store: DatasetStore,
         return PackPlan(source=source.uri, files=files, ready=[], todo=[]), legacy
     ckey = segment_config_key(config)
     validator = FeatureValidator(config)
+    if store.root.remote is not None:
+        # A fresh machine knows the segments from one catalog: the dataset the index predicts,
+        # else the newest on the root (a source that grew by a file shares the rest with it).
+        if not any(store.prime_catalog(fp) for fp in sorted(known_fingerprints(index, config, source.uri, files))):
+            store.prime_catalog()
 
-    def plan_file(file: SourceFile) -> tuple[list[SegmentManifest], list[SegmentPlan]]:
+    def plan_file(file: SourceFile) -> tuple[list[SegmentManifest], list[SegmentPlan], list[SourceFile]]:
         entry = index.lookup(ckey, source.uri, file)
         indexed = None if entry is None else _indexed_segments(entry.segments, file, store)
         if indexed is not None:
-            return indexed, []
-        ranges = ParquetRanges(source, file)
-        validator.check_schema(ranges.where, ranges.schema)  # a wrong file fails before anything is packed
-        return [], plan_segments(source.uri, file, ranges.row_group_rows, config.segment_rows)
+            return indexed, [], []
+        if not read_footers:
+            return [], [], [file]
+        return [], _plan_new_file(source, file, config, validator), []
 
     ready: list[SegmentManifest] = []
     todo: list[SegmentPlan] = []
+    unread: list[SourceFile] = []
     # Each file costs a round trip or two on S3 (its footer, or its segments' segment.json), so
     # they are asked PLAN_THREADS at a time; results come back in the files' order, and the first
     # file that fails in that order is the error, as one by one.
     with ThreadPoolExecutor(max_workers=PLAN_THREADS, thread_name_prefix="pack-plan") as pool:
-        for found, planned in pool.map(plan_file, files):
+        for found, planned, left in pool.map(plan_file, files):
             ready += found
             todo += planned
-    if not ready and not todo:
+            unread += left
+    if not ready and not todo and not unread:
         raise DataError(f"{source.uri}: the table is empty (0 rows)")
-    return PackPlan(source=source.uri, files=files, ready=ready, todo=todo, source_bytes_read=source.bytes_read), None
+    return PackPlan(source=source.uri, files=files, ready=ready, todo=todo, source_bytes_read=source.bytes_read,
+                    unread=unread), None
+
+
+def _plan_new_file(source: Source, file: SourceFile, config: DataConfig, validator: FeatureValidator
+                   ) -> list[SegmentPlan]:
+    """A new file's segments, from its footer; its schema checked first, so a wrong file fails
+    before anything is packed."""
+    ranges = ParquetRanges(source, file)
+    validator.check_schema(ranges.where, ranges.schema)
+    return plan_segments(source.uri, file, ranges.row_group_rows, config.segment_rows)
+
+
+def plan_files(spec: str, files: list[SourceFile], config: DataConfig,
+               storage: StorageConfig | None = None) -> FilesPlanned:
+    """The segments of `files` (a plan's `unread`), from their footers, PLAN_THREADS at a time,
+    in the files' order: what a cluster's worker runs, so the flow's machine reads no footer."""
+    source = open_source(spec, storage)
+    validator = FeatureValidator(config)
+    with ThreadPoolExecutor(max_workers=PLAN_THREADS, thread_name_prefix="plan-files") as pool:
+        todo = [plan for planned in pool.map(lambda f: _plan_new_file(source, f, config, validator), files)
+                for plan in planned]
+    return FilesPlanned(todo=todo, source_bytes_read=source.bytes_read)
 
 
 def _indexed_segments(entry: list[IndexedSegment], file: SourceFile, store: DatasetStore
@@ -141,10 +184,14 @@ def assemble_dataset(plan: PackPlan, packed: list[PackedSegment], config: DataCo
     `data.window`: its manifest written here and on S3, and the source index updated."""
     for done in packed:
         store.adopt_segment(done.manifest)
-    segments = [*plan.ready, *(p.manifest for p in packed)]
+    # In the source's order, whatever order the segments were packed in: the catalog's bytes
+    # are the same on any machine, at any parallelism.
+    order = {f.name: i for i, f in enumerate(plan.files)}
+    segments = sorted({s.key: s for s in [*plan.ready, *(p.manifest for p in packed)]}.values(),
+                      key=lambda s: (order.get(s.source, -1), s.file_row))
     _remember(plan, segments, config, store)
     manifest = dataset_of(plan, segments, config)
-    store.write_dataset(manifest)
+    store.write_dataset(manifest, segments)
     return manifest
 
 

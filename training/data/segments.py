@@ -43,7 +43,7 @@ from training.data.validation import FeatureValidator, category_hash, feature_ar
 from training.errors import DataError, RetrainError, StorageError
 from training.storage.files import is_plain_name, read_json, write_atomic, write_json_atomic
 
-__all__ = ["SEGMENT_FORMAT", "PackedSegment", "SegmentManifest", "SegmentPlan", "first_damage", "load_segment",
+__all__ = ["SEGMENT_FORMAT", "PackedSegment", "SegmentManifest", "SegmentPlan", "check_segment", "first_damage", "load_segment",
            "pack_segment", "parse_segment", "plan_segments", "read_stats", "segment_columns", "split_of_file",
            "stats_file_damage"]
 
@@ -333,6 +333,11 @@ def parse_segment(data: bytes, key: str, where: str) -> SegmentManifest:
         manifest = SegmentManifest.model_validate_json(data)
     except ValueError as err:
         raise DataError(f"{where} is unreadable ({str(err).splitlines()[0]})") from None
+    return check_segment(manifest, key, where)
+
+
+def check_segment(manifest: SegmentManifest, key: str, where: str) -> SegmentManifest:
+    """A segment.json read from the root, checked (see `parse_segment`)."""
     if manifest.key != key or not is_segment_key(manifest.key):
         raise DataError(f"{where} names segment {manifest.key!r}, not its folder's {key!r}: damaged or tampered with")
     for shard in manifest.shards:

@@ -49,6 +49,7 @@ class TrainJob:
     run_rel: str = ""  # run_dir relative to storage.root: where its objects go on S3
     pause_at: int | None = None  # tuning: stop with a checkpoint at this validated step (a rung)
     count_variants: bool = False  # plan's calibration: also count the bf16 and checkpointed steps (step_cost)
+    numerics: list[str] | None = None  # (device type, precision) the run key was made for: the worker checks them
 
     @property
     def max_steps(self) -> int:

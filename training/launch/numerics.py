@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import os
 
+from training.config import RetrainConfig
 from training.errors import ConfigError
 
-__all__ = ["gpu_driver_present", "resolved_numerics"]
+__all__ = ["gpu_driver_present", "job_numerics", "resolved_numerics"]
 
 # An NVIDIA driver (CUDA) or AMD's kernel driver (ROCm, which torch also calls cuda): without
 # either, torch sees no GPU.
@@ -30,3 +31,15 @@ def resolved_numerics(device: str, precision: str) -> tuple[str, str]:
     from training.trainer import precision as torch_side
 
     return torch_side.resolved_numerics(device, precision)
+
+
+def job_numerics(config: RetrainConfig) -> tuple[str, str]:
+    """(device type, precision) the run's training processes will use: this machine's, except
+    for nodes on Kubernetes, which are not this machine (the launcher often has no GPU): there
+    the nodes' declared GPUs decide, with the precision the config names (checked explicit)."""
+    d, tc = config.train.distributed, config.train
+    if d.nnodes > 1 and d.scheduler == "kubernetes":
+        if d.kubernetes.gpu == 0 or tc.device == "cpu":
+            return "cpu", "fp32" if tc.precision == "auto" else tc.precision
+        return "cuda", tc.precision
+    return resolved_numerics(tc.device, tc.precision)

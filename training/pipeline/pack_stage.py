@@ -20,15 +20,17 @@ from training.config import RetrainConfig
 from training.data.dataset_store import DatasetStore
 from training.data.demo import DEMOS, ensure_demo_dataset
 from training.data.manifest import DatasetManifest
-from training.data.packing import PackPlan, assemble_dataset, plan_pack
+from training.data.packing import FilesPlanned, PackPlan, assemble_dataset, plan_files, plan_pack
 from training.data.segments import PackedSegment, SegmentPlan, pack_segment
-from training.data.sources import open_source
+from training.data.sources import SourceFile, open_source
+from training.errors import DataError
 from training.pipeline.handoffs import PackResult
 from training.storage.root import StorageRoot
 
 log = logging.getLogger(__name__)
 
-__all__ = ["PackBegun", "pack_begin", "pack_finish", "pack_segment_stage", "pack_stage", "resolve_source"]
+__all__ = ["PackBegun", "pack_begin", "pack_finish", "pack_segment_stage", "pack_stage", "plan_files_stage", "resolve_source",
+           "with_planned"]
 
 
 class PackBegun(BaseModel):
@@ -55,20 +57,36 @@ def resolve_source(config: RetrainConfig, root: StorageRoot) -> tuple[str, float
     return (spec if spec.startswith("s3://") else str(Path(spec).expanduser())), None
 
 
-def pack_begin(config: RetrainConfig) -> PackBegun:
-    """Check storage, list the source and plan the segments still to pack."""
+def pack_begin(config: RetrainConfig, defer_footers: bool = False) -> PackBegun:
+    """Check storage, list the source and plan the segments still to pack (with
+    `defer_footers`, new files are left in `plan.unread`, for `plan_files_stage`)."""
     started = time.time()
     root = StorageRoot.from_config(config)
     storage = {**root.environment_summary(), **root.prepare()}  # fail here, not mid-training
     source, bayes_auc = resolve_source(config, root)
     store = DatasetStore(root)
-    plan, legacy = plan_pack(source, config.data, store, config.storage)
+    plan, legacy = plan_pack(source, config.data, store, config.storage, read_footers=not defer_footers)
     begun = PackBegun(source=source, storage=storage, bayes_auc=bayes_auc, started_at=started, plan=plan)
     if legacy is not None:
         return begun.model_copy(update={"done": _packed(begun, root, legacy, [], store, reused=True)})
-    if not plan.todo:
+    if not plan.todo and not plan.unread:
         return begun.model_copy(update={"done": _finish(config, begun, [], root, store)})
     return begun
+
+
+def plan_files_stage(config: RetrainConfig, source: str, files: list[SourceFile]) -> FilesPlanned:
+    """The segments of new files, from their footers, read here (a cluster's worker)."""
+    return plan_files(source, files, config.data, config.storage)
+
+
+def with_planned(begun: PackBegun, planned: list[FilesPlanned]) -> PackBegun:
+    """The plan with its unread files' segments, as `plan_files_stage` planned them."""
+    plan = begun.plan
+    todo = [*plan.todo, *(p for done in planned for p in done.todo)]
+    if not plan.ready and not todo:
+        raise DataError(f"{plan.source}: the table is empty (0 rows)")
+    return begun.model_copy(update={"plan": plan.model_copy(update={
+        "todo": todo, "unread": [], "source_bytes_read": plan.source_bytes_read + sum(p.source_bytes_read for p in planned)})})
 
 
 def pack_segment_stage(config: RetrainConfig, plan: SegmentPlan) -> PackedSegment:

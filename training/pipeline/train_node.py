@@ -33,6 +33,7 @@ from training.launch.group import STORAGE_ENV, FrozenJob
 from training.launch.job import TrainJob
 from training.launch.process import with_parent_death_signal
 from training.pipeline.preprocess_stage import fitted_before
+from training.pipeline.train_stage import run_key_for
 from training.storage.root import StorageRoot
 
 __all__ = ["main", "node_job", "torchrun_command"]
@@ -80,6 +81,12 @@ def node_job(run_key: str, rel: str, storage: StorageConfig) -> TrainJob:
     if frozen.run_key != run_key or job.run_key != run_key:
         raise ConfigError(f"{where} holds run {job.run_key[:12]}, not run {run_key[:12]} this node was started for: "
                           "every node trains the job its train task froze; run the flow again")
+    numerics = (job.numerics[0], job.numerics[1]) if job.numerics and len(job.numerics) == 2 else None
+    if numerics is None or run_key_for(job.config, Path(job.dataset_dir).name, job.init_sha256, numerics) != run_key:
+        # The key is a fingerprint of what the run computes: a job whose settings were changed
+        # under its name (the root is writable by others) is not the run this node was started for.
+        raise ConfigError(f"{where} does not hold what run {run_key[:12]} computes (its settings, dataset or numerics "
+                          "differ from the ones its key was made of): damaged or tampered with; run the flow again")
     base = Path(frozen.local_root)
     job.config = job.config.model_copy(update={"storage": storage})
     job.run_dir = _rebased(job.run_dir, base, root)
@@ -103,6 +110,7 @@ def _bring_down(job: TrainJob, root: StorageRoot, base: Path) -> None:
                         "flow again (its pack stage writes it)")
     manifest = DatasetManifest.from_json((folder / "manifest.json").read_bytes(), root.display(
         f"datasets/{fingerprint}/manifest.json"))
+    store.prime_catalog(fingerprint)  # the segments' segment.json files in one GET
     for segment in manifest.segments:
         if store.available_segment(segment.key) is None:
             raise DataError(f"segment {segment.key[:12]} of dataset {fingerprint[:12]} is not on "

@@ -33,7 +33,7 @@ from training.storage.files import write_json_atomic
 from training.storage.root import StorageRoot
 from training.launch.events import ChildEvent, Validated
 from training.launch.job import TrainJob, train_fingerprint
-from training.launch.numerics import resolved_numerics
+from training.launch.numerics import job_numerics
 from training.launch.group import run_group
 from training.launch.process import log_child_event, run_training_process
 from training.launch.results import TrainResult, WarmStart
@@ -45,8 +45,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None) -> str:
-    numerics = resolved_numerics(config.train.device, config.train.precision)
+def run_key_for(config: RetrainConfig, dataset_fingerprint: str, init_sha256: str | None = None,
+                numerics: tuple[str, str] | None = None) -> str:
+    """What a run computes, as a key: its dataset, preprocessing, model and training settings,
+    and the numerics its training processes use (`job_numerics`, unless given)."""
+    numerics = numerics or job_numerics(config)
     preprocessing = preprocess_key(dataset_fingerprint, config.preprocess, bool(config.data.text),
                                    config.data.task == "regression", bool(config.data.image))
     parts = ["run", dataset_fingerprint, preprocessing, train_fingerprint(config, *numerics)]
@@ -151,7 +154,7 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     for sub in RUN_FOLDERS:  # links out of the root are refused before anything is written there
         root.path(f"{rel}/{sub}")
     job = TrainJob(
-        run_key=run_key, run_dir=str(root.path(rel)), run_rel=rel,
+        run_key=run_key, run_dir=str(root.path(rel)), run_rel=rel, numerics=list(job_numerics(config)),
         dataset_dir=packed.dataset_dir, stats_path=str(stats_path), config=config,
         init_weights=warm.weights if warm else None, init_sha256=init_sha, new_segments=new_segments,
         init_classes=init_classes,

@@ -105,6 +105,23 @@ def _init_distributed(job: TrainJob) -> tuple[int, int]:
     return dist.get_rank(), world
 
 
+def _numerics_as_keyed(job: TrainJob) -> None:
+    """Refuse to train in other numerics than the run key was made for: the launcher of nodes on
+    another machine keys the run for the nodes' declared hardware, and a node that resolves
+    `train.device`/`train.precision` otherwise would train another run under that key."""
+    if job.numerics is None:
+        return
+    from training.trainer.precision import resolved_numerics
+
+    tc = job.config.train
+    here = list(resolved_numerics(tc.device, tc.precision))
+    if here != job.numerics:
+        raise ConfigError(f"run {job.run_key[:12]} was keyed for {job.numerics[1]} on {job.numerics[0]}, but this "
+                          f"machine resolves train.device {tc.device} and train.precision {tc.precision} to {here[1]} on "
+                          f"{here[0]}: give the nodes the GPUs the config declares "
+                          "(train.distributed.kubernetes.gpu), or set train.device and train.precision explicitly")
+
+
 def _same_job_everywhere(job: TrainJob, rank: int, world: int) -> None:
     """Refuse to train unless every rank holds rank 0's job. Each node builds its job from the
     config it was given and the source it lists; a node started with other settings, or after a
@@ -180,6 +197,7 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
     if under_torchrun:
         error_path = error_path.with_name(f"{error_path.name}.rank{os.environ.get('RANK', '0')}")
     try:
+        _numerics_as_keyed(job)
         rank, world = _init_distributed(job)
         try:
             result = train(job, stop, _emit, rank=rank, world_size=world)

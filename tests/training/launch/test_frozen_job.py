@@ -53,3 +53,19 @@ def test_a_node_refuses_a_frozen_job_of_another_run(demo_source: Path, tmp_path:
     path.write_text('{"run_key": 1}')
     with pytest.raises(ConfigError, match=r"node-job.json is not a frozen training job"):
         node_job(job.run_key, rel, config.storage)
+
+
+def test_a_node_refuses_a_frozen_job_whose_settings_changed_under_its_run_key(demo_source: Path, tmp_path: Path) -> None:
+    """The root is writable by others: a frozen job edited in place (another learning rate,
+    the same run key) is not what the key was made of, and no node trains it."""
+    config = load_config(overrides=small_overrides(tmp_path / "root", demo_source) + ["train.distributed.nnodes=2"])
+    job = make_job(config)
+    rel = publish_frozen_job(job)
+    assert node_job(job.run_key, rel, config.storage).run_key == job.run_key
+
+    path = Path(config.storage.root) / rel
+    frozen = json.loads(path.read_text())
+    frozen["job"]["config"]["train"]["optim"]["lr"] *= 10
+    path.write_text(json.dumps(frozen))
+    with pytest.raises(ConfigError, match="does not hold what run .* computes"):
+        node_job(job.run_key, rel, config.storage)

@@ -1,0 +1,88 @@
+"""A fresh machine plans a source packed on S3 from the dataset's segment catalog: one GET,
+not one GET of segment.json per segment. The catalog is root input: a damaged one costs only
+the per-segment reads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.conftest import s3_overrides, small_overrides
+from training.config import load_config
+from training.data.dataset_store import CATALOG, DatasetStore
+from training.data.packing import pack_serially, plan_pack
+from training.storage.root import StorageRoot
+
+
+def _config(s3_bucket: str, endpoint: str, local: Path, source: Path):
+    return load_config(overrides=small_overrides(local / "unused", source) + s3_overrides(s3_bucket, endpoint, local)
+                       + ["data.segment_rows=2000"])
+
+
+def _packed_on_machine_a(s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path) -> list[str]:
+    config = _config(s3_bucket, s3_server, tmp_path / "machine-a", demo_source)
+    store = DatasetStore(StorageRoot(config.storage))
+    plan, _ = plan_pack(demo_source, config.data, store, config.storage)
+    manifest, _ = pack_serially(plan, config.data, store, config.storage)
+    return sorted(s.key for s in manifest.segments)
+
+
+def _gets(fault_proxy, name: str) -> int:
+    return sum(1 for method, path, _ in fault_proxy.requests if method == "GET" and path.split("?")[0].endswith(name))
+
+
+def test_a_fresh_machine_plans_from_one_catalog_get(s3_bucket: str, s3_server: str, fault_proxy, demo_source: Path,
+                                                    tmp_path: Path) -> None:
+    keys = _packed_on_machine_a(s3_bucket, s3_server, demo_source, tmp_path)
+    assert len(keys) >= 4
+
+    config = _config(s3_bucket, fault_proxy.url, tmp_path / "machine-b", demo_source)
+    plan, _ = plan_pack(demo_source, config.data, DatasetStore(StorageRoot(config.storage)), config.storage)
+
+    assert plan.todo == [] and sorted(s.key for s in plan.ready) == keys
+    assert _gets(fault_proxy, "/" + CATALOG) == 1 and _gets(fault_proxy, "/segment.json") == 0
+
+
+@pytest.mark.parametrize("damage", ["rows", "key", "garbage"])
+def test_a_damaged_catalog_costs_only_the_per_segment_reads(damage: str, s3_bucket: str, s3_server: str, fault_proxy,
+                                                            demo_source: Path, tmp_path: Path, caplog) -> None:
+    keys = _packed_on_machine_a(s3_bucket, s3_server, demo_source, tmp_path)
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    (listed,) = [o["Key"] for o in s3.list_objects_v2(Bucket=s3_bucket)["Contents"] if o["Key"].endswith(CATALOG)]
+    catalog = json.loads(s3.get_object(Bucket=s3_bucket, Key=listed)["Body"].read())
+    if damage == "rows":
+        catalog["segments"][0]["rows"]["train"] += 1  # not what its shards hold
+    elif damage == "key":
+        catalog["segments"][0]["key"] = "../../runs"
+    s3.put_object(Bucket=s3_bucket, Key=listed, Body=b"{" if damage == "garbage" else json.dumps(catalog).encode())
+
+    config = _config(s3_bucket, fault_proxy.url, tmp_path / "machine-b", demo_source)
+    plan, _ = plan_pack(demo_source, config.data, DatasetStore(StorageRoot(config.storage)), config.storage)
+
+    assert plan.todo == [] and sorted(s.key for s in plan.ready) == keys
+    assert _gets(fault_proxy, "/segment.json") == len(keys) and "its segments are read one by one" in caplog.text
+
+
+def test_a_second_writer_of_a_dataset_leaves_the_first_ones_manifest_and_catalog(
+        s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path) -> None:
+    """Both are written only where absent (If-None-Match): the fingerprint addresses the
+    content, so the first writer's objects stand and a racing writer's never replace them."""
+    _packed_on_machine_a(s3_bucket, s3_server, demo_source, tmp_path)
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    objects = {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=s3_bucket)["Contents"]
+               if o["Key"].endswith((CATALOG, "/manifest.json")) and "/segments/" not in o["Key"]}
+    assert len(objects) == 2
+
+    config = _config(s3_bucket, s3_server, tmp_path / "machine-b", demo_source)
+    store = DatasetStore(StorageRoot(config.storage))
+    plan, _ = plan_pack(demo_source, config.data, store, config.storage)
+    from training.data.packing import dataset_of
+
+    store.root.remote.head = lambda rel: None  # as a writer that checked before the first one wrote
+    store.write_dataset(dataset_of(plan, plan.ready, config.data), plan.ready[:1])
+
+    after = {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=s3_bucket)["Contents"] if o["Key"] in objects}
+    assert after == objects
