@@ -58,6 +58,15 @@ def descendant_workers(pid: int) -> list[int]:
     return [w for w in workers if under(parents.get(w, 0))]
 
 
+def _step_of(heartbeat: Path) -> int:
+    """The step a run's heartbeat file says its training reached; -1 before it has one."""
+    try:
+        data = heartbeat.read_bytes()
+    except FileNotFoundError:
+        return -1
+    return struct.unpack("<qd", data)[0] if len(data) == 16 else -1
+
+
 def kill_worker_when(run_dir: str, step: int, sig: signal.Signals = signal.SIGKILL, times: int = 1,
                      rank: int | None = None) -> threading.Thread:
     """Background thread: `times` times, wait for a worker of `run_dir` past `step`, send `sig`."""
@@ -67,12 +76,7 @@ def kill_worker_when(run_dir: str, step: int, sig: signal.Signals = signal.SIGKI
         killed: set[int] = set()
         deadline = time.time() + 300
         while len(killed) < times and time.time() < deadline:
-            try:
-                data = heartbeat.read_bytes()
-                current = struct.unpack("<qd", data)[0] if len(data) == 16 else -1
-            except FileNotFoundError:
-                current = -1
-            if current >= step:
+            if _step_of(heartbeat) >= step:
                 for pid in _worker_pids(run_dir, rank):
                     if pid not in killed:
                         os.kill(pid, sig)
@@ -95,12 +99,7 @@ def kill_node_when(run_dir: str, step: int, node: int, sig: signal.Signals = sig
     def watch() -> None:
         deadline = time.time() + 300
         while time.time() < deadline:
-            try:
-                data = heartbeat.read_bytes()
-                current = struct.unpack("<qd", data)[0] if len(data) == 16 else -1
-            except FileNotFoundError:
-                current = -1
-            if current >= step:
+            if _step_of(heartbeat) >= step:
                 for entry in os.listdir("/proc"):
                     try:
                         if entry.isdigit() and marker in Path(f"/proc/{entry}/cmdline").read_bytes():

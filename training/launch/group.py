@@ -24,9 +24,11 @@ all pods admitted together; and it adds no rendezvous of its own: torchrun's c10
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -57,12 +59,14 @@ log = logging.getLogger(__name__)
 
 NODE_MODULE = "training.pipeline.train_node"
 STORAGE_ENV = "RETRAIN_NODE_STORAGE"  # the storage section, as JSON: where a node finds the frozen job
+PID_DIR_ENV = "RETRAIN_NODE_PID_DIR"  # local nodes: where each writes its process id, to be waited for
 FROZEN_JOB = "node-job.json"
 ROLE = "node"
 # Passed on to Kubernetes nodes when the flow's process has them (a pod spec never gets the
 # flow's whole environment: it may hold credentials).
 PASSED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "AWS_REGION", "AWS_DEFAULT_REGION")
 _POLL_SECONDS = 0.5
+_TERM_GRACE_SECONDS = 60.0  # for a node's ranks to write the emergency checkpoint after SIGTERM
 
 
 class FrozenJob(BaseModel):
@@ -96,7 +100,7 @@ def _torchx() -> None:
                           "pip install -c constraints.txt -e '.[scale-out]'") from None
 
 
-def node_app(job: TrainJob, rel: str, port: int) -> AppDef:
+def node_app(job: TrainJob, rel: str, port: int, pid_dir: Path | None = None) -> AppDef:
     """The TorchX app of the job's nodes: one role of `nnodes` replicas (the first
     `min_nnodes` required), each running the node entry point on the frozen job."""
     from torchx import specs
@@ -108,6 +112,8 @@ def node_app(job: TrainJob, rel: str, port: int) -> AppDef:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(training.__file__).resolve().parent.parent),
                                                          os.environ.get("PYTHONPATH")) if p)
         env.setdefault("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME", "lo"))
+        if pid_dir is not None:
+            env[PID_DIR_ENV] = str(pid_dir)
     else:
         env.update({name: os.environ[name] for name in PASSED_ENV if name in os.environ})
     k8s = d.kubernetes
@@ -203,6 +209,32 @@ class _Watch:
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
+def _wait_for_nodes(pid_dir: Path, grace: float = _TERM_GRACE_SECONDS) -> None:
+    """Wait for the nodes of this machine (their process ids in `pid_dir`) to end, up to
+    `grace` seconds; then kill what is left of them (each node is a process group)."""
+    pids = []
+    for path in pid_dir.glob("node-*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pids.append(int(path.read_text()))
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _alive(pid)]
+        time.sleep(_POLL_SECONDS)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not Path(f"/proc/{pid}/stat").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+
+
 def _info(message: str) -> LogLine:
     """A line for the flow run's log: the launcher's own, told as the nodes' lines are."""
     return LogLine(level="INFO", logger=__name__, message=message)
@@ -222,7 +254,7 @@ def run_group(job: TrainJob, on_event: Callable[[ChildEvent], None] = log_child_
     log_dir = run_dir / "nodes" / uuid.uuid4().hex[:8] if d.scheduler == "local_cwd" else None
     count_attempt(run_dir)
     with get_runner() as runner:
-        handle = runner.run(node_app(job, rel, port), scheduler=d.scheduler, cfg=scheduler_cfg(job, log_dir))
+        handle = runner.run(node_app(job, rel, port, log_dir), scheduler=d.scheduler, cfg=scheduler_cfg(job, log_dir))
         least = d.min_nnodes or d.nnodes
         on_event(_info(f"started {d.nnodes} nodes of run {job.run_key[:12]} on {d.scheduler} ({handle}): waiting for "
                        f"{f'{least} to {d.nnodes}' if least < d.nnodes else f'all {d.nnodes}'} at the c10d rendezvous "
@@ -242,8 +274,11 @@ def run_group(job: TrainJob, on_event: Callable[[ChildEvent], None] = log_child_
         finally:
             if state != "SUCCEEDED":
                 # SIGTERM to every node (pods deleted on Kubernetes): their ranks write the
-                # emergency checkpoint; nothing of this attempt runs on after it.
+                # emergency checkpoint. Nodes on this machine are waited for, so that a retry
+                # never meets this attempt's ranks still writing.
                 runner.cancel(handle)
+                if log_dir is not None:
+                    _wait_for_nodes(log_dir)
             watch.join(timeout=30.0)
     return _outcome(job, state, watch.reported, log_dir)
 

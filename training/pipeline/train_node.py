@@ -29,7 +29,7 @@ from training.data.dataset_store import DatasetStore
 from training.data.manifest import DatasetManifest
 from training.errors import EXIT_USER_ERROR, ConfigError, DataError, RetrainError
 from training.launch.events import ErrorReport, NodeJoined
-from training.launch.group import STORAGE_ENV, FrozenJob
+from training.launch.group import PID_DIR_ENV, STORAGE_ENV, FrozenJob
 from training.launch.job import TrainJob
 from training.launch.process import with_parent_death_signal
 from training.pipeline.preprocess_stage import fitted_before
@@ -151,6 +151,9 @@ def main(argv: list[str]) -> int:
     own = Path(tempfile.mkdtemp(prefix=f"retrain-node-{args.node}-"))
     job_path = own / "job.json"
     job.save(job_path)
+    pid_dir = os.environ.get(PID_DIR_ENV)
+    if pid_dir:  # the launcher on this machine waits for this process (torchrun, after the exec) to end
+        (Path(pid_dir) / f"node-{args.node}.pid").write_text(str(os.getpid()))
     host = os.environ.get(args.rank0_env) or "localhost"
     _say(NodeJoined(node=args.node, host=socket.gethostname(), endpoint=f"{host}:{args.port}"))
     command = torchrun_command(job, job_path, own / "error.json", host, args.port)

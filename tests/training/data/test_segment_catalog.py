@@ -46,7 +46,7 @@ def test_a_fresh_machine_plans_from_one_catalog_get(s3_bucket: str, s3_server: s
     assert _gets(fault_proxy, "/" + CATALOG) == 1 and _gets(fault_proxy, "/segment.json") == 0
 
 
-@pytest.mark.parametrize("damage", ["rows", "key", "garbage"])
+@pytest.mark.parametrize("damage", ["rows", "key", "shard", "garbage"])
 def test_a_damaged_catalog_costs_only_the_per_segment_reads(damage: str, s3_bucket: str, s3_server: str, fault_proxy,
                                                             demo_source: Path, tmp_path: Path, caplog) -> None:
     keys = _packed_on_machine_a(s3_bucket, s3_server, demo_source, tmp_path)
@@ -57,6 +57,8 @@ def test_a_damaged_catalog_costs_only_the_per_segment_reads(damage: str, s3_buck
         catalog["segments"][0]["rows"]["train"] += 1  # not what its shards hold
     elif damage == "key":
         catalog["segments"][0]["key"] = "../../runs"
+    elif damage == "shard":
+        catalog["segments"][0]["shards"][0]["name"] = "../../../outside.tar"  # a path out of the working copy
     s3.put_object(Bucket=s3_bucket, Key=listed, Body=b"{" if damage == "garbage" else json.dumps(catalog).encode())
 
     config = _config(s3_bucket, fault_proxy.url, tmp_path / "machine-b", demo_source)

@@ -43,12 +43,12 @@ def _gap(a, b) -> float:
 def test_two_nodes_train_the_one_node_model_and_a_file_added_meanwhile_changes_nothing(
         demo_source: Path, tmp_path: Path) -> None:
     """The train task freezes its job, then a file lands in the source before the nodes start:
-    they train the frozen job (they never list the source), so the model is the one-node
-    model. Before, each joining node rebuilt its job from the source it listed."""
+    they train the frozen job (they never list the source), so the model is the one-process
+    model, to float order. Before, each joining node rebuilt its job from the source it listed."""
     source = tmp_path / "source"
     source.mkdir()
     shutil.copy(demo_source, source / "a.parquet")
-    reference = run_training_process(make_job(_config(tmp_path / "one", source, "train.distributed.nproc_per_node=2")))
+    reference = run_training_process(make_job(_config(tmp_path / "one", source)))  # one process
     job = make_job(_config(tmp_path / "nodes", source, "train.distributed.nnodes=2"))
     pq.write_table(pq.read_table(demo_source).slice(0, 3000), source / "b.parquet")
 
@@ -79,3 +79,22 @@ def test_a_lost_node_ends_the_attempt_and_the_retry_starts_every_node_and_resume
     resumed = [e.step for e in events if e.event == "resumed"]
     assert resumed and 20 <= resumed[0] < result.steps
     assert result.steps == 60 and _gap(reference, result) < WEIGHT_TOLERANCE
+
+
+def test_a_ranks_own_error_on_any_node_is_raised_in_the_flow_and_stops_every_node(demo_source: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The job was keyed for bf16 on CUDA (as for GPU nodes on Kubernetes); these nodes resolve
+    fp32 on CPU, so every rank refuses to train another run under that key. The flow gets the
+    ranks' own ConfigError from their output, not a lost node, and stops the group at once
+    instead of waiting out the rendezvous (join_timeout_s is the default 900 s here)."""
+    from training.errors import ConfigError
+
+    from training.pipeline.train_stage import run_key_for
+
+    job = make_job(_config(tmp_path / "nodes", demo_source, "train.distributed.nnodes=2"))
+    job.numerics = ["cuda", "bf16"]
+    job.run_key = run_key_for(job.config, Path(job.dataset_dir).name, None, ("cuda", "bf16"))
+    job.run_dir = str(Path(job.run_dir).parent / job.run_key)
+    with pytest.raises(ConfigError, match="was keyed for bf16 on cuda, but this machine resolves"):
+        run_group(job)
+    assert not list(Path(job.run_dir).glob("checkpoints/step-*"))
