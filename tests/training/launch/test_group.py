@@ -44,7 +44,8 @@ def test_two_nodes_train_the_one_node_model_and_a_file_added_meanwhile_changes_n
         demo_source: Path, tmp_path: Path) -> None:
     """The train task freezes its job, then a file lands in the source before the nodes start:
     they train the frozen job (they never list the source), so the model is the one-process
-    model, to float order. Before, each joining node rebuilt its job from the source it listed."""
+    model, to float order. A node that built its job from the source it listed would train
+    other data under the same run."""
     source = tmp_path / "source"
     source.mkdir()
     shutil.copy(demo_source, source / "a.parquet")

@@ -73,8 +73,8 @@ def test_a_tampered_manifest_on_s3_cannot_write_outside_the_working_copy(
     segment["shards"][0].update(name=evil, bytes=len(body), sha256=hashlib.sha256(body).hexdigest(), xxh3_128="")
     raw.put_object(Bucket=s3_bucket, Key=f"{rel}/{evil}", Body=body)
     raw.put_object(Bucket=s3_bucket, Key=f"{rel}/segment.json", Body=json.dumps(segment).encode())
-    # A dataset written before segment catalogs: the fresh machine reads each segment.json
-    # (a catalog is checked as they are: tests/training/data/test_segment_catalog.py).
+    # A dataset without its segment catalog: the fresh machine reads each segment.json (a
+    # catalog is checked as they are: tests/training/data/test_segment_catalog.py).
     raw.delete_object(Bucket=s3_bucket, Key=f"team/retrain/datasets/{first.fingerprint}/segments.json")
 
     config = config_for("machine-b")
