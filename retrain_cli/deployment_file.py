@@ -19,6 +19,8 @@ def deployment_config(path: Path, name: str) -> dict[str, Any]:
         spec = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"deployment file {path} does not exist") from None
+    except OSError as err:
+        raise ConfigError(f"deployment file {path} cannot be read ({err.strerror or err})") from None
     except yaml.YAMLError:
         raise ConfigError(f"deployment file {path} is not valid YAML") from None
     deployments = spec.get("deployments") if isinstance(spec, dict) else None

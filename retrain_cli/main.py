@@ -119,6 +119,9 @@ def _manifests(args: argparse.Namespace) -> int:
 
     if args.deployment:
         path, _, name = str(args.deployment).rpartition(":")
+        if not path or not name:
+            raise ConfigError(f"--deployment {args.deployment}: give FILE.yaml:NAME, e.g. "
+                              "deployments/multi-gpu.yaml:retrain-8x8gpu")
         config = validate_config(apply_overrides(deployment_config(Path(path), name), args.overrides),
                                  f"in {args.deployment}")
     else:

@@ -68,3 +68,17 @@ def test_the_schema_check_can_fail() -> None:
     pod["spec"]["containers"][0]["ports"][0]["containerPort"] = "c10d"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize(("deployment", "says"), [
+    ("deployments/multi-gpu.yaml", "give FILE.yaml:NAME"),
+    ("deployments/nothing.yaml:x", "deployment file deployments/nothing.yaml does not exist"),
+    ("deployments:x", "deployment file deployments cannot be read"),
+    ("deployments/multi-gpu.yaml:retrain-8gpu", "retrain manifests is for multi-node runs on Kubernetes"),
+])
+def test_a_wrong_deployment_is_one_line(deployment: str, says: str, capsys: pytest.CaptureFixture[str],
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main(["manifests", "--deployment", deployment]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("retrain: error: ") and says in err and "\n" not in err
