@@ -107,5 +107,5 @@ def test_every_flow_and_task_has_a_timeout_and_trainings_follows_the_budget() ->
     assert len(found) >= 20
     # Mapped and submitted tasks run in the task runner's worker threads, where a timeout cannot
     # interrupt them: the flow's bounds them.
-    assert sorted(f.name for f in found if not f.timeout_seconds) == ["pack-segment", "trial"]
+    assert sorted(f.name for f in found if not f.timeout_seconds) == ["pack-plan-files", "pack-segment", "trial"]
     assert train_timeout(None) == TRAIN_TIMEOUT and train_timeout(3600) == 3 * 3600
