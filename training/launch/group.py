@@ -45,7 +45,7 @@ from training.launch.job import TrainJob
 from training.launch.process import error_class, free_loopback_port, log_child_event, rebuild_error
 from training.launch.results import TrainResult
 from training.launch.runs import count_attempt, fetch_finished_run
-from training.storage.files import write_json_atomic
+from training.storage.files import process_alive, write_json_atomic
 from training.storage.root import RUN, StorageRoot
 
 if TYPE_CHECKING:
@@ -226,13 +226,13 @@ def _wait_for_nodes(pid_dir: Path, grace: float = _TERM_GRACE_SECONDS) -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return not Path(f"/proc/{pid}/stat").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    """A node process that has not ended; an ended child of this process stays a zombie until
+    TorchX reaps it, which counts as ended."""
+    stat = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError):
+        if stat.read_text().rsplit(") ", 1)[-1].startswith("Z"):
+            return False
+    return process_alive(pid)
 
 
 def _info(message: str) -> LogLine:
