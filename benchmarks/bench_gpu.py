@@ -478,7 +478,7 @@ def part_plan() -> None:
         measured = _step_time(model, task, batches, BF16, 3 if QUICK else 40)["step_s"]
         count = c.step_costs.as_run
         peak, runs_in = peak_flops(GPUS["H100"], "auto")
-        _, terms = _seconds(count, GPUS["H100"], 1, peak, PRIORS[1], 25.0)
+        _, terms = _seconds(count, GPUS["H100"], 1, peak, PRIORS[1], 25.0, runs_in == "fp16")
         mid = row.step_seconds[1] if row.step_seconds else None
         record(f"plan_{family}", ok=mid is not None, micro_batch=c.micro_batch, predicted_s=row.step_seconds,
                source=row.step_source, measured_s=measured, loop_s=c.here.seconds_per_step,

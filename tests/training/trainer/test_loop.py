@@ -58,6 +58,7 @@ def test_the_split_held_on_the_device_trains_the_streamed_model_and_resumes_bit_
     from tests.training.helpers import assert_resumes_bit_identically
 
     small_config.train.loader.num_workers = 0
+    small_config.train.loader.resident = False  # "auto" holds this split on a GPU
     streamed = train(make_job(small_config, "streamed"))
     small_config.train.loader.resident = True
     held = train(make_job(small_config, "held"))
