@@ -178,7 +178,9 @@ def run(work: Path) -> dict[str, Any]:
             run_training_process(job, on_start=signal_at_step(job.run_dir, stop_at, signal.SIGTERM))
         except Preempted:
             pass
-    path, _ = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")
+    latest = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")
+    assert latest is not None, "the stopped attempts left no checkpoint"
+    path, _ = latest
     restart = load_checkpoint_state(path)["run"]["restart_to_first_step_seconds"][-1]
     floor = min(_import_floor() for _ in range(3))
     return {

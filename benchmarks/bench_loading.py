@@ -97,17 +97,17 @@ def run(work: Path, rows: int = 2_000_000, rounds: int = 3) -> dict[str, Any]:
     # DataLoader worker processes, handing over blocks of batches: their first epoch against the
     # in-process first epoch (each worker does the same reading and transform, plus a copy out
     # of the shard and the hand-off). `num_workers: auto` only picks them where they are faster.
-    for k in (1, 2):
+    for workers in (1, 2):
         rates = []
         for _ in range(rounds):
             batches = ShardBatches(d, manifest, "train", BATCH, stats.transformer(), seed=0)
-            it = iter(make_train_loader(batches, StreamPosition(), k, pin_memory=False))
+            it: Any = iter(make_train_loader(batches, StreamPosition(), workers, pin_memory=False))
             next(it)
             rates.append(_rate(((b[2]["num"], b[2]["cat"], b[2]["label"]) for b in it), train_rows - 2 * BATCH))
-            it._shutdown_workers()
-        out[f"project_rows_per_s_workers_{k}_first_epoch"] = round(statistics.median(rates))
-        out[f"workers_{k}_per_worker_vs_in_process_first_epoch"] = round(
-            statistics.median(rates) / k / out["project_rows_per_s_workers_0_first_epoch"], 2)
+            it._shutdown_workers()  # DataLoader's worker iterator: no process outlives its round
+        out[f"project_rows_per_s_workers_{workers}_first_epoch"] = round(statistics.median(rates))
+        out[f"workers_{workers}_per_worker_vs_in_process_first_epoch"] = round(
+            statistics.median(rates) / workers / out["project_rows_per_s_workers_0_first_epoch"], 2)
 
     # Reference 2: WebDataset's default per-sample pipeline over one-row-per-member shards.
     wds_dir = work / "wds-rows"

@@ -28,7 +28,8 @@ from benchmarks.common import demo_parquet, outside_load, train_job
 from training.config import RetrainConfig, load_config
 from training.data.features import FeatureStats
 from training.data.loader import ShardBatches
-from training.data.manifest import load_manifest
+from training.data.manifest import require_manifest
+from training.launch.results import TrainResult
 from training.trainer.run import train
 from training.trainer.state import lr_lambda as _lr_lambda
 from training.model.network import ModelSchema, build_model
@@ -42,7 +43,7 @@ def _bare_loop(config: RetrainConfig, dataset_dir: str, stats_path: str) -> floa
     with no bookkeeping, the floor of any training loop."""
     torch.manual_seed(config.train.seed)
     stats = FeatureStats.from_json(Path(stats_path).read_text())
-    manifest = load_manifest(Path(dataset_dir))
+    manifest = require_manifest(Path(dataset_dir))
     batches = ShardBatches(Path(dataset_dir), manifest, "train", config.train.batch_size, stats.transformer(), seed=0)
     prebuilt = [batches.batch(0, i % batches.batches_per_epoch) for i in range(STEPS)]
     model = build_model(config.model, ModelSchema.of(stats))
@@ -64,6 +65,7 @@ def _bare_loop(config: RetrainConfig, dataset_dir: str, stats_path: str) -> floa
 def _project_loop(work: Path, name: str, overrides: list[str]) -> dict[str, Any]:
     job = train_job(work, name, overrides)
     result = train(job)
+    assert isinstance(result, TrainResult), result
     s = result.seconds
     policy = result.threads
     # Loop time as a user pays it: the data wait in (the bare loop's batches are pre-built, so
@@ -131,7 +133,10 @@ def _loop_rounds(work: Path, job: Any, base: list[str], rounds: int, load: bool)
     # Checkpoints at the default interval (every 200 steps), validation still only at the end.
     ckpt_overrides = base + [f"train.eval_every={STEPS}"]
     tag = "loaded" if load else "idle"
-    bare, bare_same, quiet, ckpt = [], [], [], []
+    bare: list[float] = []
+    bare_same: list[float] = []
+    quiet: list[dict[str, Any]] = []
+    ckpt: list[dict[str, Any]] = []
     bare_twice: list[float] = []  # the same bare loop twice in a round: the measurement's own noise
     with outside_load(load):
         # A discarded first project run: it learns the thread count the policy picks here, and

@@ -74,9 +74,9 @@ def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:
     wds_mb = mb * sub / rows
     project_bytes = sum(p.stat().st_size for p in (work / "single").rglob("*.tar"))
     wds_bytes = sum(p.stat().st_size for p in (work / "wds").glob("*.tar"))
-    from training.data.manifest import load_manifest
+    from training.data.manifest import require_manifest
 
-    manifest = load_manifest(next(p.parent for p in (work / "single" / "datasets").glob("*/manifest.json")))
+    manifest = require_manifest(next(p.parent for p in (work / "single" / "datasets").glob("*/manifest.json")))
     target = config.data.shard_size_mb * 1e6
     full = [sh.bytes for split in ("train", "validation", "test") for sh in manifest.shards_of(split)[:-1]]
     return {

@@ -217,7 +217,7 @@ def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -
         from training.data.manifest import require_manifest
 
         manifest = require_manifest(dataset)
-        threads = {"prefetch_shards": 1} if reader == "project-1" else {}
+        threads: dict[str, Any] = {"prefetch_shards": 1} if reader == "project-1" else {}
         batches = ShardBatches(dataset, manifest, "train", BATCH, transform, seed=0, **threads)
         it = iter(make_train_loader(batches, StreamPosition(), 0, pin_memory=False))
         for _ in range(batches.batches_per_epoch):

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import torch
 
 from benchmarks.common import demo_parquet, outside_load, train_job
+from training.launch.results import TrainResult
 from training.trainer.run import train
 from training.model.network import forward_fn
 from training.model.batch_scoring import SCORE_BATCH, load_scoring_model, predict_files
@@ -47,7 +48,7 @@ def _bare_batches(scoring: Any, source: Path) -> Batches:
     transform = stats.transformer()
     batches = []
     for batch in table.to_batches(max_chunksize=SCORE_BATCH):
-        arrays = transform.shard([feature_arrays(validator, source, batch, 0, [])], "")  # type: ignore[list-item]
+        arrays = transform.shard([feature_arrays(validator, source, batch, 0, [])], "")
         batches.append({k: torch.from_numpy(v) for k, v in arrays.items()})
     return batches
 
@@ -87,7 +88,9 @@ def _fixed_cost(work: Path, source: Path, package: Path, rounds: int) -> dict[st
 def run(work: Path, rows: int = 1_000_000, rounds: int = 5) -> dict[str, Any]:
     source = demo_parquet(work, rows)
     job = train_job(work, "model", [f"data.source={source}", "train.max_steps=200", "train.eval_every=100"])
-    package = Path(train(job).model.uri).parent
+    result = train(job)
+    assert isinstance(result, TrainResult), result
+    package = Path(result.model.uri).parent
     scoring = load_scoring_model(package, None)
     scoring.model.eval()
     batches = _bare_batches(scoring, source)

@@ -113,12 +113,13 @@ def _splits(job: Any) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
 
     dataset_dir = Path(job.dataset_dir)
     stats = FeatureStats.from_json(Path(job.stats_path).read_text())
-    out = {}
+    out: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     for split in ("train", "validation", "test"):
         batches = ShardBatches(dataset_dir, require_manifest(dataset_dir), split, 4096, stats.transformer(),
                                shuffle=False, drop_last=False)
         parts = list(iter_split(batches))
-        out[split] = tuple(np.concatenate([p[k].numpy() for p in parts]) for k in ("num", "cat", "label"))
+        num, cat, label = (np.concatenate([p[k].numpy() for p in parts]) for k in ("num", "cat", "label"))
+        out[split] = (num, cat, label)
     return out
 
 
@@ -145,14 +146,15 @@ def _references(task: str, splits: dict[str, Any], cardinalities: list[int]) -> 
     (num, cat, y), (num_t, cat_t, y_t) = splits["train"], splits["test"]
     x, x_t = np.concatenate([num, cat], axis=1), np.concatenate([num_t, cat_t], axis=1)
     categorical = list(range(num.shape[1], x.shape[1]))
-    out = {}
+    out: dict[str, dict[str, float]] = {}
     t0 = time.perf_counter()
+    pred: Any
     if task == "regression":
         gbm = lightgbm.LGBMRegressor(verbose=-1).fit(x, y, categorical_feature=categorical)
         pred = gbm.predict(x_t)
     else:
         gbm = lightgbm.LGBMClassifier(verbose=-1).fit(x, y, categorical_feature=categorical)
-        proba = gbm.predict_proba(x_t)
+        proba: Any = gbm.predict_proba(x_t)
         pred = proba[:, 1] if task == "binary" else gbm.classes_[proba.argmax(axis=1)]
     out["lightgbm"] = {"metric": _score(task, y_t, pred), "seconds": time.perf_counter() - t0}
     t0 = time.perf_counter()
@@ -181,11 +183,13 @@ def _project(work: Path, overrides: list[str], metric: str) -> tuple[Any, float,
     """The project with its defaults: (its job, test metric, steps, training seconds)."""
     from training.data.manifest import require_manifest
     from training.model.evaluation import evaluate_package
+    from training.launch.results import TrainResult
     from training.trainer.run import train
 
     job = train_job(work, "defaults", overrides)
     t0 = time.perf_counter()
     result = train(job)
+    assert isinstance(result, TrainResult), result
     seconds = time.perf_counter() - t0
     score = evaluate_package(Path(job.run_dir) / "model", Path(job.dataset_dir),
                              require_manifest(Path(job.dataset_dir)), None)[metric]

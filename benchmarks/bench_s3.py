@@ -80,6 +80,7 @@ def run(work: Path) -> dict[str, Any]:
         # 2. Reference: save and upload in the loop's own thread, as a naive loop would.
         sync_root = root.local / "runs/sync/checkpoints"
         sync = []
+        assert root.remote is not None
         for step in range(1, STEPS + 1):
             t0 = time.perf_counter()
             path = save_checkpoint(sync_root, CheckpointManifest(step, "bench", "bench", {}), state)

@@ -267,7 +267,8 @@ def default_schedule(work: Path) -> tuple[str, list[int]]:
 
 def run(work: Path) -> dict[str, Any]:
     pruner, default_rungs = default_schedule(work)
-    per_table, pauses = {}, []
+    per_table: dict[str, dict[str, Any]] = {}
+    pauses: list[float] = []
     for table in tables(work):
         # The pause's price is the machine's (a resumed child's start), measured on the demo.
         (work / table.name).mkdir(parents=True, exist_ok=True)
