@@ -99,7 +99,7 @@ def _durable_torch_save(state: dict[str, Any], path: Path) -> float:
 def _charged_rounds(work: Path, checkpointer: AsyncCheckpointer, state: dict[str, Any]) -> dict[str, Any]:
     """Interleaved rounds (which of the two loops goes first alternates): the loop with a save
     and the same steps without, and a durable torch.save."""
-    from training.trainer.threads import CpuClock, apply_thread_policy
+    from training.protocol.threads import CpuClock, apply_thread_policy
 
     clock = CpuClock.read()
     threads = apply_thread_policy("auto", 0, CpuClock.read_after(clock).others_busy_since(clock)).threads

@@ -178,7 +178,7 @@ def reset_determinism() -> None:
 
 @functools.lru_cache(maxsize=None)
 def sources() -> dict[str, Path]:
-    from training.data.demo import ensure_demo_dataset, ensure_reviews_demo, ensure_shapes_demo
+    from training.data.ingest.demo import ensure_demo_dataset, ensure_reviews_demo, ensure_shapes_demo
 
     return {"tabular": ensure_demo_dataset(WORK / "gen-tab", rows=N_ROWS["tabular"], seed=7)[0],
             "text": ensure_reviews_demo(WORK / "gen-text", rows=N_ROWS["text"]),
@@ -196,7 +196,7 @@ def job(family: str, name: str, *extra: str) -> Any:
 
 def trained(j: Any) -> Any:
     """train(j)'s TrainResult (a whole run: no rung, rank 0)."""
-    from training.launch.results import TrainResult
+    from training.protocol.results import TrainResult
     from training.trainer.run import train
 
     result = train(j)
@@ -310,7 +310,7 @@ def part_precision() -> None:
         r = trained(job("tabular", f"precision-{precision}", *steps, f"train.precision={precision}"))
         out[precision] = {"precision": r.precision, "device": r.device, "history": history(r),
                           "metric": r.best_val_metric, "steps_per_s": r.steps / r.seconds.train,
-                          "peak_bytes": r.accelerator.get("memory_peak_bytes")}
+                          "peak_bytes": r.accelerator.memory_peak_bytes}
     a, b = out["auto"]["history"], out["fp32"]["history"]
     loss_rel = max(abs(x["loss"] - y["loss"]) / max(abs(y["loss"]), 1e-9) for x, y in zip(a, b, strict=True))
     gap = abs(out["auto"]["metric"] - out["fp32"]["metric"])
@@ -345,8 +345,8 @@ def part_resume() -> None:
 
 def _real_batches(family: str, micro: int, *extra: str, n: int = 8) -> tuple[Any, Any, list[dict[str, torch.Tensor]]]:
     """(model, task, batches on the device) from the family's packed data."""
-    from training.data.features import DERIVED_DIR, FeatureStats
-    from training.data.loader import ShardBatches
+    from training.data.prepare.features import DERIVED_DIR, FeatureStats
+    from training.data.load.loader import ShardBatches
     from training.data.manifest import require_manifest
     from training.model.network import ModelSchema, build_model
     from training.model.objectives import Task
@@ -453,7 +453,7 @@ def part_busy() -> None:
                    train_seconds=r.seconds.train, eval_seconds=r.seconds.eval, resident=r.num_workers.resident,
                    steps_per_second=r.steps / r.seconds.train if r.seconds.train else None,
                    kernel_share_of_train=res.get("kernel_seconds", 0) / r.seconds.train if CUDA else None,
-                   nvml_utilization=r.accelerator.get("utilization_percent"), **res)
+                   nvml_utilization=r.accelerator.utilization_percent, **res)
 
 
 def part_plan() -> None:

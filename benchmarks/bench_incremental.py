@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from training.config import RetrainConfig, load_config
-from training.data.demo import ensure_demo_dataset
+from training.data.ingest.demo import ensure_demo_dataset
 
 DAYS, DAY_ROWS = 30, 200_000
 

@@ -237,7 +237,7 @@ def _lightning(source: Path, work: Path) -> tuple[float, float]:
 def _project(work: Path, source: Path, name: str) -> tuple[float, float, int, float, float, int]:
     """Wall seconds, validation AUC, the threads its policy chose, its peak learning rate, the
     seconds its optimizer steps took and the checkpoints it wrote."""
-    from training.launch.results import TrainResult
+    from training.protocol.results import TrainResult
     from training.trainer.run import train
 
     job = train_job(work, name, [f"data.source={source}", f"train.max_steps={STEPS}", f"train.eval_every={STEPS}",

@@ -15,9 +15,9 @@ import webdataset as wds
 
 from benchmarks.common import demo_parquet
 from training.config import load_config
-from training.data.features import fit_feature_stats
-from training.data.loader import ShardBatches, StreamPosition, make_train_loader
-from training.data.packing import pack_local
+from training.data.prepare.features import fit_feature_stats
+from training.data.load.loader import ShardBatches, StreamPosition, make_train_loader
+from training.data.ingest.packing import pack_local
 
 BATCH = 256
 

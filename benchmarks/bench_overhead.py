@@ -26,10 +26,10 @@ import torch.nn.functional as F
 
 from benchmarks.common import demo_parquet, outside_load, train_job
 from training.config import RetrainConfig, load_config
-from training.data.features import FeatureStats
-from training.data.loader import ShardBatches
+from training.data.prepare.features import FeatureStats
+from training.data.load.loader import ShardBatches
 from training.data.manifest import require_manifest
-from training.launch.results import TrainResult
+from training.protocol.results import TrainResult
 from training.trainer.run import train
 from training.trainer.state import lr_lambda as _lr_lambda
 from training.model.network import ModelSchema, build_model

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from training.data.demo import ensure_demo_dataset
+from training.data.ingest.demo import ensure_demo_dataset
 
 FILE_ROWS = 200_000
 DRAWS = 20

@@ -62,9 +62,9 @@ def _delaying_proxy(upstream_port: int, delay: float) -> int:
 
 
 def _plan_seconds(endpoint: str, work: Path, threads: int, name: str) -> float:
-    import training.data.packing as packing
+    import training.data.ingest.packing as packing
     from training.config import load_config
-    from training.data.dataset_store import DatasetStore
+    from training.data.ingest.dataset_store import DatasetStore
     from training.storage.root import StorageRoot
 
     packing.PLAN_THREADS = threads
@@ -82,7 +82,7 @@ def run(work: Path) -> dict[str, Any]:
     import boto3
     import pyarrow.parquet as pq
 
-    import training.data.packing as packing
+    import training.data.ingest.packing as packing
 
     server, upstream = _server()
     pooled_threads = packing.PLAN_THREADS

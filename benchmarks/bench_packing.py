@@ -13,8 +13,8 @@ import webdataset as wds
 
 from benchmarks.common import best_of, demo_parquet
 from training.config import load_config
-from training.data.validation import category_hash
-from training.data.packing import pack_local
+from training.data.ingest.validation import category_hash
+from training.data.ingest.packing import pack_local
 
 
 def run(work: Path, rows: int = 500_000, rounds: int = 5) -> dict[str, Any]:

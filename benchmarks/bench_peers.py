@@ -203,17 +203,17 @@ def read_first_epoch(reader: str, dataset: Path, stats: Path, converted: Path) -
 
     import torch  # noqa: F401 - imports are not loading: done before the clock starts
 
-    from training.data.features import FeatureStats
+    from training.data.prepare.features import FeatureStats
 
     peer = reader.removesuffix("-1")
-    importlib.import_module({"project": "training.data.loader", "webdataset": "webdataset", "litdata": "litdata",
+    importlib.import_module({"project": "training.data.load.loader", "webdataset": "webdataset", "litdata": "litdata",
                              "streaming": "streaming.base"}[peer])
     transform = FeatureStats.from_json(stats.read_text()).transformer()
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     rows = 0
     if reader.startswith("project"):
-        from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+        from training.data.load.loader import ShardBatches, StreamPosition, make_train_loader
         from training.data.manifest import require_manifest
 
         manifest = require_manifest(dataset)
@@ -299,8 +299,8 @@ else:
 def run(work: Path, rows: int = 6_000_000, rounds: int = 5) -> dict[str, Any]:
     from benchmarks.common import demo_parquet, outside_load
     from training.config import load_config
-    from training.data.features import fit_feature_stats
-    from training.data.packing import pack_local
+    from training.data.prepare.features import fit_feature_stats
+    from training.data.ingest.packing import pack_local
 
     source = demo_parquet(work, rows)
     config = load_config()

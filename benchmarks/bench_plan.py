@@ -20,7 +20,7 @@ import torch
 from training.config import RetrainConfig
 from training.cost.planner import HereFigures, plan_rows
 from training.cost.step_count import StepCosts
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 from training.model.network import ModelSchema, build_model
 from training.model.objectives import BinaryTask
 from training.trainer.step_cost import count_step

@@ -28,11 +28,11 @@ import pyarrow.parquet as pq
 import torch
 
 from benchmarks.common import demo_parquet, outside_load, train_job
-from training.launch.results import TrainResult
+from training.protocol.results import TrainResult
 from training.trainer.run import train
 from training.model.network import forward_fn
 from training.model.batch_scoring import SCORE_BATCH, load_scoring_model, predict_files
-from training.data.validation import FeatureValidator, feature_arrays
+from training.data.ingest.validation import FeatureValidator, feature_arrays
 from training.config import DataConfig, RetrainConfig
 from training.pipeline.predict_stage import scoring_threads
 

@@ -12,7 +12,7 @@ from benchmarks.common import demo_parquet, signal_at_step, train_job
 from training.config import load_config
 from training.errors import Preempted
 from training.launch.process import run_training_process
-from training.launch.job import TrainJob
+from training.protocol.job import TrainJob
 
 
 def _job(work: Path, name: str, max_steps: int) -> TrainJob:

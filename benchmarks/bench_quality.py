@@ -107,8 +107,8 @@ def datasets() -> list[Dataset]:
 
 def _splits(job: Any) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """(standardised numerics, category indices, label) of each split, as the model sees them."""
-    from training.data.features import FeatureStats
-    from training.data.loader import ShardBatches, iter_split
+    from training.data.prepare.features import FeatureStats
+    from training.data.load.loader import ShardBatches, iter_split
     from training.data.manifest import require_manifest
 
     dataset_dir = Path(job.dataset_dir)
@@ -183,7 +183,7 @@ def _project(work: Path, overrides: list[str], metric: str) -> tuple[Any, float,
     """The project with its defaults: (its job, test metric, steps, training seconds)."""
     from training.data.manifest import require_manifest
     from training.model.evaluation import evaluate_package
-    from training.launch.results import TrainResult
+    from training.protocol.results import TrainResult
     from training.trainer.run import train
 
     job = train_job(work, "defaults", overrides)
@@ -241,7 +241,7 @@ def _inferred(work: Path, overrides: list[str]) -> list[str]:
     """What `retrain run` infers from the source for these keys (the task, the columns), as the
     `--set` overrides it prints."""
     from training.config import load_config
-    from training.data.source_check import checked_source
+    from training.data.ingest.source_check import checked_source
 
     _, inferred = checked_source(load_config(overrides=[f"storage.root={work / 'inferred'}", *overrides]))
     assert inferred is not None  # a source that is not the demo, with no columns named
@@ -249,7 +249,7 @@ def _inferred(work: Path, overrides: list[str]) -> list[str]:
 
 
 def _one(work: Path, data: Dataset) -> dict[str, Any]:
-    from training.data.features import FeatureStats
+    from training.data.prepare.features import FeatureStats
 
     source = data.write(work / f"{data.name}.parquet")
     # The README's own path where the columns' types say it all: the label alone, the task and

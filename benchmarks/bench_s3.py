@@ -31,8 +31,8 @@ def _server() -> tuple[Any, str]:
 
 def _read_all(dataset_dir: Path) -> float:
     """Rows/s reading every train batch once, as the training loop would (unshuffled)."""
-    from training.data.features import FeatureStats
-    from training.data.loader import ShardBatches
+    from training.data.prepare.features import FeatureStats
+    from training.data.load.loader import ShardBatches
     from training.data.manifest import load_manifest
 
     manifest = load_manifest(dataset_dir)

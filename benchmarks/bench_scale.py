@@ -17,7 +17,7 @@ _CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 from training.config import load_config
-from training.data.demo import ensure_demo_dataset
+from training.data.ingest.demo import ensure_demo_dataset
 work, rows, what = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 def hwm():
     # This process's peak RSS in KiB. Not getrusage's ru_maxrss: that survives exec, so a child
@@ -32,15 +32,15 @@ if what == "generate":
     ensure_demo_dataset(work, rows=rows, seed=1)
     print(json.dumps({}))
     sys.exit()
-from training.data.packing import pack_local
+from training.data.ingest.packing import pack_local
 base = hwm()
 t0 = time.perf_counter()
 d, manifest, _ = pack_local(source, config.data, work / "datasets")
 if what == "pack":
     seconds = time.perf_counter() - t0
 else:
-    from training.data.features import fit_feature_stats
-    from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+    from training.data.prepare.features import fit_feature_stats
+    from training.data.load.loader import ShardBatches, StreamPosition, make_train_loader
     _, stats = fit_feature_stats(d, manifest, config.preprocess, work / "pre")
     base = hwm()
     budget = int(config.train.loader.cache_mb * 1e6) if what == "load" else 0

@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import torch
 
 from training.config import load_config
-from training.data.features import DERIVED_DIR, fit_feature_stats
-from training.data.loader import ShardBatches
-from training.data.packing import pack_local
+from training.data.prepare.features import DERIVED_DIR, fit_feature_stats
+from training.data.load.loader import ShardBatches
+from training.data.ingest.packing import pack_local
 from training.model.network import ModelSchema, build_model
 from training.model.objectives import Task
 from training.trainer.throughput import find_micro_batch, step_memory_bytes

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from training.config import load_config
-from training.launch.results import RungResult
+from training.protocol.results import RungResult
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.tune.driver import drive, open_study

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from training.config import load_config
-from training.data.demo import ensure_demo_dataset
+from training.data.ingest.demo import ensure_demo_dataset
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage

@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from training.data.demo import ensure_demo_dataset
+from training.data.ingest.demo import ensure_demo_dataset
 
 
 def machine() -> str:
@@ -46,7 +46,7 @@ def demo_parquet(work: Path, rows: int) -> Path:
 def train_job(work: Path, name: str, overrides: list[str]):
     """A packed, preprocessed training job under `work`, as the flow would build it."""
     from training.config import load_config
-    from training.launch.job import TrainJob
+    from training.protocol.job import TrainJob
     from training.pipeline.pack_stage import pack_stage
     from training.pipeline.preprocess_stage import preprocess_stage
     from training.pipeline.train_stage import run_key_for

@@ -21,8 +21,8 @@ from retrain_cli.tune_summary import tune_summary
 from training.config import RetrainConfig, apply_overrides, load_config, validate_config
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.pipeline.handoffs import LaunchPhases
-from training.pipeline.report_markdown import savings
-from training.pipeline.run_report import KeptReport, Phases, RunReport, read_report
+from training.pipeline.reports.markdown import savings
+from training.pipeline.reports.run_report import KeptReport, Phases, RunReport, read_report
 
 __all__ = ["main"]
 
@@ -346,7 +346,7 @@ def _loaded(args: argparse.Namespace) -> RetrainConfig:
 def _checked(args: argparse.Namespace) -> RetrainConfig:
     """The config, its source checked before any server starts (a wrong path, label or column is
     one line in about a second), with the feature columns and the task inferred when not given."""
-    from training.data.source_check import checked_source
+    from training.data.ingest.source_check import checked_source
 
     config, inferred = checked_source(_loaded(args))
     if inferred is not None:
@@ -496,8 +496,8 @@ def _raise_terminated(signum: int, frame: Any) -> None:
 
 
 def _interrupted(config: RetrainConfig, err: BaseException) -> int:
+    from training.protocol.runs import step_of
     from training.storage.root import local_dir_for
-    from training.trainer.checkpoint import step_of
 
     ctrl_c = isinstance(err, KeyboardInterrupt)
     newest = max(local_dir_for(config.storage).glob("runs/*/checkpoints/step-*[0-9]"),

@@ -20,7 +20,7 @@ from training.config import RetrainConfig
 from training.pipeline.handoffs import Evaluation, TrainingDecision
 
 if TYPE_CHECKING:  # the retrain flow imports this module: no Optuna for it
-    from training.pipeline.run_report import RunReport
+    from training.pipeline.reports.run_report import RunReport
     from training.tune.study_report import TuneReport
 
 __all__ = ["promotion_payload", "announce_run_completed", "announce_champion_kept", "publish_config", "publish_decision", "publish_promotion",
@@ -100,7 +100,7 @@ def _flow_run_facts() -> dict[str, str | None]:
 def publish_report(report: RunReport, curves: Path | None) -> None:
     if not in_run():
         return
-    from training.pipeline.report_markdown import render_markdown
+    from training.pipeline.reports.markdown import render_markdown
 
     cost = report.cost
     rows = [

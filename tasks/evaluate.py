@@ -5,10 +5,10 @@ from prefect import task
 from tasks.artifacts import publish_promotion
 from tasks.policies import HOUR, forward_child_event, retried, task_logger
 from training.config import RetrainConfig
-from training.launch.events import ChildEvent
 from training.pipeline.handoffs import Evaluation, PackResult
-from training.pipeline.stage_child import champion_metric_in_child, evaluate_in_child
-from training.launch.results import TrainResult
+from training.pipeline.stage_calls import champion_metric_in_child, evaluate_in_child
+from training.protocol.events import ChildEvent
+from training.protocol.results import TrainResult
 
 __all__ = ["evaluate_model", "score_champion"]
 

@@ -17,13 +17,19 @@ from prefect.futures import PrefectFuture, as_completed
 
 from tasks.policies import HOUR, retried, retry_transient, task_logger
 from training.config import RetrainConfig
-from training.data.packing import PLAN_THREADS, FilesPlanned
-from training.data.segments import PackedSegment, SegmentPlan
-from training.data.sources import SourceFile
+from training.data.ingest.packing import PLAN_THREADS, FilesPlanned
+from training.data.ingest.segments import PackedSegment, SegmentPlan
+from training.data.ingest.sources import SourceFile
 from training.errors import ConfigError
 from training.pipeline.handoffs import PackResult
-from training.pipeline.pack_stage import (PackBegun, pack_begin, pack_finish, pack_segment_stage, plan_files_stage,
-                                          with_planned)
+from training.pipeline.pack_stage import (
+    PackBegun,
+    pack_begin,
+    pack_finish,
+    pack_segment_stage,
+    plan_files_stage,
+    with_planned,
+)
 
 __all__ = ["begin_packing", "plan_files", "pack_segment", "finish_packing", "pack_dataset"]
 

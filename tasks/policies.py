@@ -10,7 +10,7 @@ from prefect import get_run_logger
 
 from training.config import StorageConfig
 from training.errors import Preempted, StorageError
-from training.launch.events import ChildEvent, LogLine, Resumed
+from training.protocol.events import ChildEvent, LogLine, Resumed
 
 __all__ = ["FLOW_TIMEOUTS", "forward_child_event", "task_logger", "retried", "retry_only_preemptions", "retry_transient",
            "backoff", "apply_credentials_block", "train_timeout", "HOUR", "TRAIN_TIMEOUT"]

@@ -7,7 +7,7 @@ from prefect.states import Completed, State
 
 from tasks.policies import HOUR
 from training.config import RetrainConfig
-from training.data.features import PREPROCESS_VERSION
+from training.data.prepare.features import PREPROCESS_VERSION
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.preprocess_stage import preprocess_stage
 

@@ -6,14 +6,21 @@ from pathlib import Path
 from prefect import task
 from prefect.states import Completed, State
 
-from tasks.policies import HOUR
 from tasks.artifacts import announce_champion_kept, announce_run_completed, publish_config, publish_report
+from tasks.policies import HOUR
 from training.config import RetrainConfig
-from training.pipeline.handoffs import (Evaluation, LaunchPhases, PackResult, PrepResult, StageEnds, StageStates,
-                                        TrainingDecision)
+from training.pipeline.handoffs import (
+    Evaluation,
+    LaunchPhases,
+    PackResult,
+    PrepResult,
+    StageEnds,
+    StageStates,
+    TrainingDecision,
+)
 from training.pipeline.report_stage import kept_report_stage, report_stage
-from training.pipeline.run_report import RunReport
-from training.launch.results import TrainResult
+from training.pipeline.reports.run_report import RunReport
+from training.protocol.results import TrainResult
 
 __all__ = ["StageEnds", "StageStates", "finished", "keep_champion", "write_report"]  # the flow records both for the report
 

@@ -15,9 +15,9 @@ from typing import Any
 from prefect import runtime
 
 from tasks.policies import task_logger
-from training.pipeline.step_times import resolve_planned_instance
 from training.config import RetrainConfig, StorageConfig, merge_over
 from training.errors import Preempted
+from training.registry.step_times import resolve_planned_instance
 from training.storage.lease import hold_root, hold_s3_root
 from training.storage.root import StorageRoot, local_dir_for
 
@@ -152,7 +152,7 @@ def checked_columns(config: RetrainConfig) -> RetrainConfig:
     columns inferred from its schema when the config names none: a deployment's run started
     with only `data.source` and `data.label` trains as the CLI would, and says what it inferred
     so it can be written into the deployment's config."""
-    from training.data.source_check import checked_source
+    from training.data.ingest.source_check import checked_source
 
     checked, inferred = checked_source(config)
     if inferred is not None:
@@ -187,8 +187,13 @@ def _close_orphaned_task_runs() -> None:
     """Crash the task runs of this flow run still Running: their attempt's process was killed
     (SIGKILL, a lost machine) before it could report them."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, TaskRunFilter, TaskRunFilterState, \
-        TaskRunFilterStateType
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        TaskRunFilter,
+        TaskRunFilterState,
+        TaskRunFilterStateType,
+    )
     from prefect.client.schemas.objects import StateType
     from prefect.states import Crashed
 

@@ -13,8 +13,8 @@ from training.config import RetrainConfig
 from training.errors import Preempted
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.train_stage import train_stage
-from training.launch.events import CheckpointSaved, ChildEvent, Started, Validated
-from training.launch.results import TrainResult
+from training.protocol.events import CheckpointSaved, ChildEvent, Started, Validated
+from training.protocol.results import TrainResult
 
 __all__ = ["record_preemption", "train_model"]
 

@@ -16,11 +16,11 @@ from tasks.report import write_report as write_run_report
 from tasks.runtime import flow_run_id
 from tasks.train import train_model
 from training.config import RetrainConfig
-from training.launch.events import ChildEvent
-from training.pipeline.champion import has_champion
 from training.pipeline.handoffs import PackResult, PrepResult, StageStates
-from training.pipeline.run_report import RunReport
-from training.launch.results import RungResult
+from training.pipeline.reports.run_report import RunReport
+from training.protocol.events import ChildEvent
+from training.protocol.results import RungResult
+from training.registry.champion import has_champion
 from training.storage.root import StorageRoot
 from training.tune.driver import base_comparison, drive, open_study
 from training.tune.study import RungWork

@@ -31,7 +31,7 @@ for _var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
     os.environ.pop(_var, None)
 
 from training.config import RetrainConfig, load_config  # noqa: E402
-from training.data.demo import ensure_demo_dataset  # noqa: E402
+from training.data.ingest.demo import ensure_demo_dataset  # noqa: E402
 
 from tests.fault_proxy import FaultProxy  # noqa: E402
 
@@ -51,7 +51,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_preemption.py",  # kills training processes
     "test_warm_children.py",  # warm training children
     "test_forks.py",  # training children forked from the zygote
-    "test_stage_child.py",  # evaluation in a child process
+    "test_stage_calls.py",  # evaluation in a child process
     "test_disk_full.py",  # a training process on a small filesystem
     "test_root_lock.py",  # competing processes
     "test_s3_lease.py",  # competing processes on S3

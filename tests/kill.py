@@ -22,7 +22,7 @@ def _worker_pids(run_dir: str, rank: int | None = None) -> list[int]:
             environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0") if rank is not None else []
         except OSError:
             continue
-        if b"training.trainer.worker" not in cmdline or run_dir.encode() not in cmdline:
+        if b"training.worker.train" not in cmdline or run_dir.encode() not in cmdline:
             continue
         if rank is not None and (f"RANK={rank}".encode() not in environ or b"TORCHELASTIC_RUN_ID" not in b" ".join(
                 e[:19] for e in environ)):
@@ -45,7 +45,7 @@ def descendant_workers(pid: int) -> list[int]:
         except OSError:
             continue
         parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-        if b"training.trainer.worker" in cmdline:
+        if b"training.worker.train" in cmdline:
             workers.append(int(entry))
 
     def under(p: int) -> bool:
@@ -92,7 +92,7 @@ def kill_node_when(run_dir: str, step: int, node: int, sig: signal.Signals = sig
     """Background thread: once the run of `run_dir` is past `step`, send `sig` to every process
     of node `node` of a multi-node job (its torchrun agent and its ranks), as when its machine
     is lost. A node's processes name its own folder, `retrain-node-<node>-...`, on their
-    command lines (training.pipeline.train_node)."""
+    command lines (training.worker.node)."""
     heartbeat = Path(run_dir) / "heartbeat.bin"
     marker = f"retrain-node-{node}-".encode()
 

@@ -55,7 +55,7 @@ def test_the_nodes_job_is_one_gang_of_eight_gpu_pods_from_the_deployment() -> No
         assert spec["serviceAccountName"] == "retrain-node"
         assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true" and spec["tolerations"]
         command = container["command"]
-        assert command[:3] == ["python", "-m", "training.pipeline.train_node"]
+        assert command[:3] == ["python", "-m", "training.worker.node"]
         assert command[command.index("--node") + 1] == str(k)
         # Node 0 hosts the rendezvous; the others find it by the name Volcano's svc plugin gives it.
         assert command[command.index("--rank0-env") + 1] == ("TORCHX_RANK0_HOST" if k == 0 else "VC_NODE_0_HOSTS")

@@ -49,7 +49,7 @@ def test_training_runs_without_prefect_importable() -> None:
 
     code = (
         "import sys; sys.modules['prefect'] = None\n"
-        "import training.pipeline.train_stage, training.pipeline.report_stage, training.trainer.run, training.launch.process, training.trainer.worker\n"
+        "import training.pipeline.train_stage, training.pipeline.report_stage, training.trainer.run, training.launch.process, training.worker.train, training.worker.stage\n"
         "print('ok')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -64,10 +64,11 @@ def test_training_runs_without_prefect_importable() -> None:
 # the model, and the loader that feeds it.
 PACKAGES = ("training", "tasks", "flows", "retrain_cli")
 TORCH = {"torch", "torchvision", "lightning", "pytorch_lightning", "rtdl_num_embeddings"}
-CHILD_SIDE = ("training.trainer.", "training.model.", "training.data.loader", "training.data.resident")
-# Two stages still do torch work in their task's own process (plan's calibration, batch scoring):
-# the tasks import them only when they run, so loading Prefect's side never reaches them.
-TORCH_IN_TASK = {"training.pipeline.plan_stage", "training.pipeline.predict_stage"}
+CHILD_SIDE = ("training.trainer.", "training.worker.", "training.model.", "training.data.load.")
+# One stage still does torch work in its task's own process (batch scoring, which streams the
+# rows through the model): its task imports it only when it runs, so loading Prefect's side
+# never reaches it.
+TORCH_IN_TASK = {"training.pipeline.predict_stage"}
 
 
 def _modules() -> dict[str, Path]:

@@ -9,7 +9,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TRAINING = ROOT / "training"
 # The ground floor: training/*.py (errors, metrics, the search space's syntax), config/ and cost/.
-FLOORS = {"ground": 0, "config": 0, "cost": 0, "storage": 1, "data": 2, "model": 3, "launch": 4, "trainer": 4, "pipeline": 5, "tune": 6}
+FLOORS = {"ground": 0, "config": 0, "cost": 0, "storage": 1, "data": 2, "model": 3, "protocol": 4, "registry": 4,
+          "launch": 5, "trainer": 5, "pipeline": 6, "worker": 7, "tune": 7}
+# The training child's folders: the parent's side (launch/) and what both sides share (protocol/)
+# never import them, not even when a function runs.
+CHILD = ("training.trainer", "training.worker", "training.data.load")
+PARENT_AND_SHARED = ("training.protocol", "training.launch")
 
 
 def _module(path: Path) -> str:
@@ -59,3 +64,19 @@ def test_no_module_imports_itself_back() -> None:
                     seen.add(target)
                     stack.append((target, [*path, target]))
     assert cycles == []
+
+
+def _imports_torch(module: str) -> bool:
+    path = ROOT / (module.replace(".", "/") + ".py")
+    return path.is_file() and any(isinstance(node, (ast.Import, ast.ImportFrom)) and any(
+        name.split(".")[0] == "torch" for name in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                                                   else [node.module or ""]))
+        for node in ast.walk(ast.parse(path.read_text())))
+
+
+def test_the_protocol_and_the_launcher_never_import_the_childs_modules() -> None:
+    child = {m for m in GRAPH if m.startswith(CHILD) or (m.startswith("training.model.") and _imports_torch(m))}
+    assert child
+    found = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() if module.startswith(PARENT_AND_SHARED)
+                   for target in targets if target in child or target.startswith(CHILD))
+    assert found == []

@@ -17,7 +17,7 @@ import torch
 from tests.training.helpers import assert_resumes_bit_identically_after_a_sigkill, make_job
 from tests.training.data.test_text_image import IMAGE, TEXT, _config, digits_source, reviews_source  # noqa: F401
 from training.config import RetrainConfig
-from training.launch.results import TrainResult
+from training.protocol.results import TrainResult
 from training.trainer.run import train
 
 pytestmark = pytest.mark.cuda

@@ -13,8 +13,8 @@ from prefect import flow
 from tasks.pack import _dask_runner, _planned_on, begin_packing
 from tests.conftest import small_overrides
 from training.config import RetrainConfig, load_config
-from training.data.dataset_store import DatasetStore
-from training.data.packing import plan_pack
+from training.data.ingest.dataset_store import DatasetStore
+from training.data.ingest.packing import plan_pack
 from training.pipeline.pack_stage import PackBegun
 from training.storage.root import StorageRoot
 

@@ -449,7 +449,7 @@ def test_packing_on_a_dask_cluster_that_shares_no_folder_is_byte_identical_to_se
 
 
 def test_a_run_with_nothing_new_keeps_the_champion_says_why_and_trains_nothing(small_config: RetrainConfig) -> None:
-    from training.pipeline.run_report import KeptReport, read_report
+    from training.pipeline.reports.run_report import KeptReport, read_report
 
     first = _report(retrain(small_config))
     assert first["promotion"]["promoted"]
@@ -470,7 +470,7 @@ def test_a_run_takes_the_plans_pick_and_its_step_time_calibrates_the_next_plan(s
     measured step time against the prediction, and, having run on that instance type's device,
     stores it: the next plan uses the measurement instead of this machine's calibration."""
     from training.pipeline.plan_stage import plan_run
-    from training.pipeline.step_times import StepTimeBook, resolve_planned_instance
+    from training.registry.step_times import StepTimeBook, resolve_planned_instance
     from training.storage.root import StorageRoot
 
     auto = small_config.model_copy(deep=True)

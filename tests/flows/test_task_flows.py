@@ -50,8 +50,8 @@ def test_multiclass_then_regression_flows(tmp_path: Path, demo_source: Path) -> 
     assert "test accuracy" in Path(report["files"]["report_md"]).read_text()
 
     # The reference: logistic regression on the same train and test rows, read back from the shards.
-    from training.data.features import FeatureStats
-    from training.data.loader import ShardBatches, iter_split
+    from training.data.prepare.features import FeatureStats
+    from training.data.load.loader import ShardBatches, iter_split
     from training.data.manifest import require_manifest
 
     dataset_dir = Path(report["stages"]["pack"]["dir"])

@@ -17,7 +17,7 @@ from training.config import RetrainConfig, load_config
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.train_stage import run_key_for
 from training.storage.root import StorageRoot
-from training.pipeline.tracking import TAG_RUN_KEY
+from training.registry.tracking import TAG_RUN_KEY
 
 pytest.importorskip("mlflow")
 MODEL = "retrain-model"
@@ -128,7 +128,7 @@ def test_the_mlflow_ui_shows_the_run_and_the_champion_alias(mlflow_url: str, tmp
 
     from tests.e2e.conftest import ROOT
     from training.config import TrackingConfig
-    from training.pipeline.tracking import MlflowTracker, register_model
+    from training.registry.tracking import MlflowTracker, register_model
 
     artifacts = ROOT / "test-artifacts"
     artifacts.mkdir(exist_ok=True)
@@ -161,7 +161,7 @@ def test_the_mlflow_ui_shows_the_run_and_the_champion_alias(mlflow_url: str, tmp
 
 def test_a_champion_alias_someone_else_set_is_not_moved(mlflow_url: str, tmp_path: Path) -> None:
     from training.config import TrackingConfig
-    from training.pipeline.tracking import MlflowTracker, register_model
+    from training.registry.tracking import MlflowTracker, register_model
 
     client = _client(mlflow_url)
     name = "shared-model"
@@ -191,7 +191,7 @@ def test_a_foreign_run_id_in_tracking_json_is_not_used(mlflow_url: str, tmp_path
     """tracking.json is root input: a run id planted there must not receive this run's metrics,
     model or aliases."""
     from training.config import TrackingConfig
-    from training.pipeline.tracking import MlflowTracker, register_model
+    from training.registry.tracking import MlflowTracker, register_model
 
     client = _client(mlflow_url)
     experiment = client.get_experiment_by_name("retrain") or client.get_experiment(client.create_experiment("retrain"))
@@ -213,7 +213,7 @@ def test_a_foreign_run_id_in_tracking_json_is_not_used(mlflow_url: str, tmp_path
 
 def test_a_version_whose_source_or_sha_differs_is_not_aliased(mlflow_url: str, tmp_path: Path) -> None:
     from training.config import TrackingConfig
-    from training.pipeline.tracking import MlflowTracker, register_model
+    from training.registry.tracking import MlflowTracker, register_model
 
     name, key = "edited-model", "b" * 16
     tracker = MlflowTracker(TrackingConfig(mlflow_uri=mlflow_url, registered_model=name), mlflow_url, key,
@@ -244,7 +244,7 @@ def test_a_fresh_sqlite_store_opened_by_several_processes_at_once_records_every_
         "import sys\n"
         "from pathlib import Path\n"
         "from training.config import TrackingConfig\n"
-        "from training.pipeline.tracking import MlflowTracker\n"
+        "from training.registry.tracking import MlflowTracker\n"
         "t = MlflowTracker(TrackingConfig(mlflow_uri=sys.argv[1]), sys.argv[1], sys.argv[2], Path(sys.argv[3]))\n"
         "print(t.run_id(), t.notes.problems)\n")
     procs = [subprocess.Popen([sys.executable, "-c", script, uri, f"{i:016x}", str(tmp_path / f"run{i}")],
@@ -265,7 +265,7 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: Mlf
     server killed when the run sends the metrics of its validation at step 60 of 300 (at that
     moment, not at a time: a training step may take a millisecond or a second). Last in this
     file: the module's server dies here."""
-    from training.pipeline import tracking
+    from training.registry import tracking
     from training.pipeline.evaluate_stage import evaluate_stage
     from training.pipeline.preprocess_stage import preprocess_stage
     from training.pipeline.handoffs import StageStates

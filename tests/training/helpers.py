@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 
-from training.launch.events import ChildEvent
+from training.protocol.events import ChildEvent
 from training.config import RetrainConfig
-from training.launch.job import TrainJob
+from training.protocol.job import TrainJob
 from training.storage.root import StorageRoot
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
-from training.launch.numerics import job_numerics
+from training.protocol.numerics import job_numerics
 from training.pipeline.train_stage import run_key_for
 
 

@@ -726,7 +726,7 @@ class CostConfig(_Section):
         """($/h, GPUs) of the declared instance on the declared market."""
         if self.instance_type == "auto":
             raise ConfigError("cost.instance_type is auto: the run resolves it from the last `retrain plan` "
-                              "(training.pipeline.step_times.resolve_planned_instance) before pricing")
+                              "(training.registry.step_times.resolve_planned_instance) before pricing")
         entry = self.prices[self.instance_type]
         rate = entry.spot_per_hour if self.market == "spot" else entry.on_demand_per_hour
         return float(rate or 0.0), entry.gpus

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["TimeSplit", "Utilization", "utilization_summary"]
+__all__ = ["AcceleratorStats", "TimeSplit", "Utilization", "utilization_summary"]
 
 DATA_BOUND_STALL = 0.10
 MEMORY_BOUND_PEAK = 0.90
@@ -27,6 +27,22 @@ class TimeSplit(BaseModel):
         return list(self.model_dump().items())
 
 
+NotMeasured = Literal["n/a"]
+
+
+class AcceleratorStats(BaseModel):
+    """The training device's memory and utilisation as torch.cuda and NVML measured them; "n/a"
+    where nothing measures them (a CPU, a GPU without NVML), never invented."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    memory_peak_bytes: int | NotMeasured = "n/a"
+    memory_total_bytes: int | NotMeasured = "n/a"
+    memory_peak_fraction: float | NotMeasured = "n/a"
+    utilization_percent: int | NotMeasured = "n/a"
+    memory_stats: dict[str, int] = {}  # the allocator's retries and out-of-memory counts
+
+
 class Utilization(BaseModel):
     """report.json's `utilization`: the split, the pace, and the bottleneck with advice."""
 
@@ -36,13 +52,13 @@ class Utilization(BaseModel):
     fractions: TimeSplit
     samples_per_second: float
     data_stall_fraction: float
-    accelerator: dict[str, Any]  # torch.cuda's and NVML's figures as measured, "n/a" on a CPU
+    accelerator: AcceleratorStats
     verdict: str
     advice: str
 
 
 def utilization_summary(train: float, data_wait: float, compute: float, checkpoint: float, evaluation: float,
-                        samples: int, accelerator: dict[str, Any], device: str = "cuda", precision: str = "fp32",
+                        samples: int, accelerator: AcceleratorStats, device: str = "cuda", precision: str = "fp32",
                         fp32_slowdown: float | None = 1.0) -> Utilization:
     """Split of step time (data wait, compute, checkpoint stall, evaluation), samples/s, the
     data-stall fraction and a bottleneck verdict with advice; `train` is the steps' wall time,
@@ -53,7 +69,7 @@ def utilization_summary(train: float, data_wait: float, compute: float, checkpoi
     split = TimeSplit(data_wait=data_wait, compute=compute + other, checkpoint_stall=checkpoint, evaluation=evaluation)
     fractions = TimeSplit(**{k: (v / step_total if step_total else 0.0) for k, v in split.items()})
     stall = data_wait / train if train else 0.0
-    peak = accelerator.get("memory_peak_fraction")
+    peak = accelerator.memory_peak_fraction
     # Worded for the device used: on a CPU there is no accelerator to keep busy or to feed.
     unit = "the CPU" if device == "cpu" else "the accelerator"
     if stall > DATA_BOUND_STALL:

@@ -4,7 +4,7 @@ Two layouts are read:
 
 - format 2 (what packing writes): a dataset is a list of segments, each packed once from a run
   of row groups of one source file and stored under `datasets/segments/<key>/` (see
-  `training.data.segments`); `datasets/<fingerprint>/manifest.json` lists them and their shards;
+  `training.data.ingest.segments`); `datasets/<fingerprint>/manifest.json` lists them and their shards;
 - format 1 (written by earlier versions): the shards of the whole source in the dataset folder
   itself. Such a dataset is still read, trained on and evaluated as it is.
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from training.data.shard_cache import is_remote_dataset, segment_is_remote
+from training.data.load.shard_cache import is_remote_dataset, segment_is_remote
 from training.data.shards import FIELDS, Checksum
 from training.errors import DataError
 from training.storage.files import is_plain_name

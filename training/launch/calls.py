@@ -28,8 +28,8 @@ from pydantic import BaseModel
 
 from training.errors import EXIT_USER_ERROR, Preempted
 from training.launch.child import Child
-from training.launch.events import ChildEvent, ErrorReport, read_event
 from training.launch.process import child_env, log_child_event, rebuild_error
+from training.protocol.events import ChildEvent, ErrorReport, read_event
 
 __all__ = ["call_in_child"]
 

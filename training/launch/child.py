@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from training.launch.events import Idle, JobOrder, read_event
 from training.launch.forks import start_child
+from training.protocol.entries import HOLD_FLAG
+from training.protocol.events import Idle, JobOrder, read_event
 
-__all__ = ["Child", "WarmPool", "HOLD_FLAG"]
+__all__ = ["Child", "WarmPool"]
 
-HOLD_FLAG = "--hold"
 _CLOSE_GRACE_SECONDS = 5.0
 
 

@@ -1,4 +1,4 @@
-"""Training children forked from a zygote (`training.trainer.zygote`), seen as subprocess sees
+"""Training children forked from a zygote (`training.worker.zygote`), seen as subprocess sees
 its children.
 
 A process that starts training children (a flow run, a task retried after a preemption, the
@@ -28,18 +28,12 @@ import sys
 import threading
 from typing import IO, Any, Protocol
 
-from training.launch.numerics import gpu_driver_present
+from training.protocol.entries import FORKABLE, ZYGOTE_MODULE
+from training.protocol.numerics import gpu_driver_present
 from training.storage.files import process_alive
 
-__all__ = ["ChildProcess", "FORKABLE", "ForkedProcess", "STAGE_CHILD_MODULE", "WORKER_MODULE", "start_child"]
+__all__ = ["ChildProcess", "ForkedProcess", "start_child"]
 
-WORKER_MODULE = "training.trainer.worker"
-# Stage work that needs torch, run outside the flow's process (see training.launch.calls).
-STAGE_CHILD_MODULE = "training.pipeline.stage_child"
-# The modules a zygote runs in its children: each takes `JOB ERROR PARENT_PID ...` and has a
-# `main(argv) -> int`.
-FORKABLE = (WORKER_MODULE, STAGE_CHILD_MODULE)
-_ZYGOTE_MODULE = "training.trainer.zygote"
 # Read when a library loads (OpenMP's thread count, allocator and CUDA settings, torch's own
 # flags, Python's): a child whose environment differs in one of them gets a zygote that
 # started with it.
@@ -120,7 +114,7 @@ class _Zygote:
     def __init__(self, env: dict[str, str]) -> None:
         self.env_key = _import_time_env(env)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.proc = subprocess.Popen([sys.executable, "-m", _ZYGOTE_MODULE, str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", ZYGOTE_MODULE, str(theirs.fileno())],
                                      pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, start_new_session=True)
         theirs.close()

@@ -5,7 +5,7 @@ nodes:
 
 1. It freezes the job it built (config, dataset, statistics, run key) into
    `runs/<key>/node-job.json` on the storage root (`publish_frozen_job`).
-2. It starts `nnodes` copies of `python -m training.pipeline.train_node RUN_KEY REL` as one
+2. It starts `nnodes` copies of `python -m training.worker.node RUN_KEY REL` as one
    TorchX app on `train.distributed.scheduler`: processes on this machine (`local_cwd`), or one
    Volcano job on Kubernetes, gang-scheduled (`kubernetes`). Each node downloads the frozen
    job, refuses one under another run key, and runs its ranks under torchrun at the c10d
@@ -40,11 +40,12 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 import training
 from training.errors import ConfigError, Preempted
-from training.launch.events import ChildEvent, ErrorReport, LogLine, NodeJoined, read_event
-from training.launch.job import TrainJob
 from training.launch.process import error_class, free_loopback_port, log_child_event, rebuild_error
-from training.launch.results import TrainResult
-from training.launch.runs import count_attempt, fetch_finished_run
+from training.protocol.entries import NODE_MODULE
+from training.protocol.events import ChildEvent, ErrorReport, LogLine, NodeJoined, read_event
+from training.protocol.job import TrainJob
+from training.protocol.results import TrainResult
+from training.protocol.runs import count_attempt, fetch_finished_run
 from training.storage.files import process_alive, write_json_atomic
 from training.storage.root import RUN, StorageRoot
 
@@ -57,7 +58,6 @@ __all__ = ["FROZEN_JOB", "NODE_MODULE", "STORAGE_ENV", "FrozenJob", "node_app", 
 
 log = logging.getLogger(__name__)
 
-NODE_MODULE = "training.pipeline.train_node"
 STORAGE_ENV = "RETRAIN_NODE_STORAGE"  # the storage section, as JSON: where a node finds the frozen job
 PID_DIR_ENV = "RETRAIN_NODE_PID_DIR"  # local nodes: where each writes its process id, to be waited for
 FROZEN_JOB = "node-job.json"

@@ -15,7 +15,7 @@ from typing import Any
 
 from training.config import RetrainConfig
 from training.launch.group import FROZEN_JOB, _torchx, node_app, scheduler_cfg
-from training.launch.job import TrainJob
+from training.protocol.job import TrainJob
 
 __all__ = ["LAUNCHER", "PREVIEW_KEY", "launcher_rbac", "volcano_job"]
 

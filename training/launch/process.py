@@ -5,7 +5,7 @@ process alive to report `Preempted`, and the task's retry starts a fresh child t
 from the last verified checkpoint.
 
 With `train.distributed.nproc_per_node` above 1 the child is PyTorch's own launcher,
-`python -m torch.distributed.run` (torchrun), which starts one `training.trainer.worker` per rank. It
+`python -m torch.distributed.run` (torchrun), which starts one `training.worker.train` per rank. It
 runs with `--max-restarts 0`: when a rank dies torchrun stops the others and exits, and the
 Prefect task's retry (one code path for every kind of preemption) resumes the job. Several
 nodes are started by TorchX instead (`training.launch.group`).
@@ -29,10 +29,11 @@ from training import errors
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.launch.child import Child, WarmPool
 from training.launch.forks import ChildProcess
-from training.launch.events import ChildEvent, ErrorReport, LogLine, read_event
-from training.launch.job import TrainJob
-from training.launch.results import RungResult, TrainResult
-from training.launch.runs import count_attempt, rung_file
+from training.protocol.entries import WORKER_MODULE
+from training.protocol.events import ChildEvent, ErrorReport, LogLine, read_event
+from training.protocol.job import TrainJob
+from training.protocol.results import RungResult, TrainResult
+from training.protocol.runs import count_attempt, rung_file
 
 __all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "error_class", "free_loopback_port",
            "log_child_event", "rank_errors", "rebuild_error", "with_parent_death_signal"]
@@ -58,7 +59,7 @@ def free_loopback_port() -> int:
 
 def worker_command(job: TrainJob, job_path: Path, error_path: Path) -> list[str]:
     """The child of a one-node job: the worker, or torchrun with one worker per process."""
-    worker = ["-m", "training.trainer.worker", str(job_path), str(error_path), str(os.getpid())]
+    worker = ["-m", WORKER_MODULE, str(job_path), str(error_path), str(os.getpid())]
     tc = job.config.train
     nproc = tc.distributed.nproc_per_node
     if tc.distributed.nnodes > 1:

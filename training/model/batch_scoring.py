@@ -17,10 +17,10 @@ the same model, input and columns does nothing.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import json
-import errno
 import os
 import queue
 import threading
@@ -36,17 +36,17 @@ import pyarrow.parquet as pq
 import torch
 
 from training.config import DataConfig
-from training.data.arrow_buffers import arrow_float32, arrow_float64, arrow_int8, arrow_int64
-from training.data.features import FeatureStats, FeatureTransform
-from training.data.validation import FeatureValidator, feature_arrays
-from training.data.ragged import OFFSETS, Ragged
-from training.model.predict_result import PredictResult
+from training.data.ingest.arrow_buffers import arrow_float32, arrow_float64, arrow_int8, arrow_int64
+from training.data.ingest.ragged import OFFSETS, Ragged
+from training.data.ingest.validation import FeatureValidator, feature_arrays
+from training.data.prepare.features import FeatureStats, FeatureTransform
 from training.errors import CheckpointError, ConfigError, DataError, StorageError
 from training.model.evaluation import EVAL_BATCH
 from training.model.network import forward_fn
-from training.model.package import load_package, meta_sha256
-from training.storage.files import sha256_file
 from training.model.objectives import Task
+from training.model.package import load_package, meta_sha256
+from training.model.predict_result import PredictResult
+from training.storage.files import sha256_file
 
 __all__ = ["PREDICTION_COLUMNS", "SCORE_BATCH", "ScoringModel", "input_fingerprint", "load_scoring_model",
            "predict_files", "prediction_columns", "scoring_meta"]

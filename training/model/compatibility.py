@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.data.features import FeatureStats
 from training.data.manifest import DatasetManifest
+from training.data.prepare.features import FeatureStats
 
 __all__ = ["compatible", "other_target", "shared_classes"]
 

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.data.loader import ShardBatches, iter_split
+from training.data.load.loader import ShardBatches, iter_split
 from training.data.manifest import DatasetManifest
 from training.model.network import forward_fn, to_device
-from training.model.package import load_package
 from training.model.objectives import Task
+from training.model.package import load_package
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from training.data.features import FeatureStats
-from training.data.ragged import Ragged
-from training.data.text import TextEncoder
+from training.data.ingest.ragged import Ragged
+from training.data.prepare.features import FeatureStats
+from training.data.prepare.text import TextEncoder
 from training.model.network import forward_fn
 from training.model.target_transform import LabelTransform
 from training.storage.files import write_atomic, write_json_atomic

@@ -15,16 +15,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from training.config import ModelConfig
-from training.data.features import FeatureStats
-from training.data.text import TextEncoder as Tokens
-from training.model.encoders import ImageEncoder, TextEncoder, text_length
+from training.data.batch import Batch
+from training.data.prepare.features import FeatureStats
+from training.data.prepare.text import TextEncoder as Tokens
 from training.errors import ConfigError
+from training.model.encoders import ImageEncoder, TextEncoder, text_length
 
 __all__ = ["Batch", "to_device", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
            "weights_sha256"]
 
 
-Batch = dict[str, torch.Tensor]
 Forward = Callable[[Batch], torch.Tensor]
 _LEGACY = "_retrain_legacy_forward"  # set on models whose forward is (x_num, x_cat)
 

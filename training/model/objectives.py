@@ -4,7 +4,7 @@ the predictions, and its metrics (defined, with which way each is better, in the
 
 One class per task, found by name in `TASKS`; `Task.of(stats)` binds one to a dataset's label
 (its classes, or its fitted label transform). The packer's side of a task (which label values are
-valid, how they are stored) is `training.data.labels`.
+valid, how they are stored) is `training.data.ingest.labels`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 from training.model.network import Batch, Forward
 from training.model.target_transform import LabelTransform
 from training.model.task_metrics import DEFAULT_METRIC, METRICS, Metric

@@ -22,11 +22,11 @@ from typing import Any
 import torch
 
 from training.config import RetrainConfig
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 from training.errors import CheckpointError
 from training.model.model_ref import ModelRef
-from training.model.package_meta import PackageMeta, ValMetric
 from training.model.network import ModelSchema, build_model, weights_sha256
+from training.model.package_meta import PackageMeta, ValMetric
 from training.storage.files import write_json_atomic
 
 __all__ = ["UntrustedFactory", "export_model_package", "load_package", "load_warm_start", "meta_sha256",

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from training.config import ModelConfig
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 from training.errors import CheckpointError
 from training.storage.files import read_json
 

@@ -1,4 +1,4 @@
-"""A regression label's transform in torch (fitted by `training.data.target`): the training
+"""A regression label's transform in torch (fitted by `training.data.prepare.target`): the training
 loss's target, and the exact inverse that evaluation, `retrain predict` and the portable export
 apply to the model's output. An `nn.Module` so that torch.export carries the quantile knots."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from training.data.features import FeatureStats
-from training.data.target import P_BOUND
+from training.data.prepare.features import FeatureStats
+from training.data.prepare.target import P_BOUND
 
 __all__ = ["LabelTransform"]
 

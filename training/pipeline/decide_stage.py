@@ -19,22 +19,21 @@ import logging
 import math
 import time
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from training.config import TASK_METRICS, RetrainConfig, metric_name
-from training.data.drift import DriftReference, feature_drift
-from training.data.features import FeatureStats
+from training.data.ingest.segment_stats import merge_stats
+from training.data.ingest.segments import load_segment, read_stats
 from training.data.manifest import DatasetManifest, SegmentRef, require_manifest, segments_dir
-from training.data.segment_stats import merge_stats
-from training.data.segments import load_segment, read_stats
+from training.data.prepare.drift import DriftReference, feature_drift
+from training.data.prepare.features import FeatureStats
 from training.errors import DataError
 from training.pipeline.handoffs import PackResult, TrainingDecision
 from training.storage.root import StorageRoot
 
 if TYPE_CHECKING:  # torch: loaded when a champion is checked, not when the flow is imported
     from training.model.package_meta import PackageMeta
-    from training.pipeline.champion import Champion
+    from training.registry.champion import Champion
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ def decide_stage(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
 
 def _decide(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
     from training.model.package_meta import PackageMeta
-    from training.pipeline.champion import check_champion
+    from training.registry.champion import check_champion
 
     mode, metric = config.train.retrain_when, _metric(config)
     base = TrainingDecision(train=True, reason="", mode=mode, threshold=config.train.drift_threshold, metric=metric)

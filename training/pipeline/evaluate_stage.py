@@ -15,16 +15,16 @@ from training.config import RetrainConfig
 from training.data.manifest import DatasetManifest, require_manifest
 from training.errors import RetrainError, StorageError
 from training.pipeline.handoffs import Evaluation, PackResult, Promotion
-from training.pipeline.tracking import flat_params, register_model, tracker_for
+from training.protocol.results import TrainResult
+from training.protocol.runs import run_rel
+from training.registry.tracking import flat_params, register_model, tracker_for
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import MODEL, RUN, StorageRoot
-from training.launch.results import TrainResult
-from training.launch.runs import run_rel
 
 if TYPE_CHECKING:
     from training.model.evaluation import PackageScores
     from training.model.paired import PairedDifference
-    from training.pipeline.champion import Champion
+    from training.registry.champion import Champion
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +35,9 @@ def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> flo
     Evaluation's work, run before training by the flow."""
     from training.model.compatibility import compatible, other_target
     from training.model.evaluation import evaluate_package
-    from training.model.task_metrics import metric_for
     from training.model.package import package_stats
-    from training.pipeline.champion import check_champion
+    from training.model.task_metrics import metric_for
+    from training.registry.champion import check_champion
     champion = check_champion(StorageRoot.from_config(config), config.model.factory)
     if champion is None or not champion.usable:
         return None
@@ -53,9 +53,8 @@ def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> flo
 def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResult) -> Evaluation:
     """The challenger's test metrics and the champion/challenger decision, promoted atomically."""
     from training.model.evaluation import score_package
-    from training.pipeline.champion import decide_promotion
     from training.model.task_metrics import metric_for, reaches
-    from training.pipeline.champion import check_champion
+    from training.registry.champion import check_champion, decide_promotion
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
     run_dir = Path(trained.run_dir)
@@ -139,7 +138,7 @@ def _finished_promotion(root: StorageRoot, run_dir: Path, run_key: str, challeng
     champion: a rerun after an interrupt (say, during the report) reports that promotion,
     instead of finding its own model in place and saying "already the champion". A run whose
     report was written is finished: rerunning it reports that its model is already champion."""
-    from training.pipeline.champion import check_champion
+    from training.registry.champion import check_champion
     if (run_dir / "report.json").exists() or root.fetch(f"{run_rel(run_key)}/report.json") is not None:
         return None
     try:
@@ -157,8 +156,8 @@ def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: Pac
     """The package (with its portable export) first, the pointer last (a reader that finds the
     pointer finds the model); on S3 the pointer is swapped only if it is still the version
     compared against."""
-    from training.pipeline.champion import promote
     from training.model.export import EXPORT_DIR, exported_files
+    from training.registry.champion import promote
     sha = trained.model.sha256
     package = run_dir / "model"
     export_note = _export(package, trusted_factory)
@@ -216,8 +215,8 @@ def _paired(ours: PackageScores, theirs: PackageScores | None, task: str, metric
     """(the challenger's metrics on the rows the champion was scored on, the improvement with
     its confidence interval), both on the same rows: all of them, or, where the champion's
     classes are not this dataset's, the rows of the classes it knows."""
-    from training.model.task_metrics import METRICS
     from training.model.paired import paired_difference
+    from training.model.task_metrics import METRICS
 
     if theirs is None:
         return ours.metrics, None

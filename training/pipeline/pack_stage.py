@@ -1,7 +1,7 @@
 """The pack stage: the source's Parquet into a dataset of content-addressed segments.
 
 `pack_begin` checks the storage root, lists the source and plans what is missing (a file seen
-before costs a look-up: `training.data.packing`); `pack_segment_stage` packs one segment,
+before costs a look-up: `training.data.ingest.packing`); `pack_segment_stage` packs one segment,
 serially here or fanned out by the flow, and publishes it to the root on its own (so a worker
 on another machine needs no shared folder); `pack_finish` lists the segments in the dataset's
 manifest and lets retention remove what no kept dataset lists.
@@ -17,12 +17,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from training.config import RetrainConfig
-from training.data.dataset_store import DatasetStore
-from training.data.demo import DEMOS, ensure_demo_dataset
+from training.data.ingest.dataset_store import DatasetStore
+from training.data.ingest.demo import DEMOS, ensure_demo_dataset
+from training.data.ingest.packing import FilesPlanned, PackPlan, assemble_dataset, plan_files, plan_pack
+from training.data.ingest.segments import PackedSegment, SegmentPlan, pack_segment
+from training.data.ingest.sources import SourceFile, open_source
 from training.data.manifest import DatasetManifest
-from training.data.packing import FilesPlanned, PackPlan, assemble_dataset, plan_files, plan_pack
-from training.data.segments import PackedSegment, SegmentPlan, pack_segment
-from training.data.sources import SourceFile, open_source
 from training.errors import DataError
 from training.pipeline.handoffs import PackResult
 from training.storage.root import StorageRoot

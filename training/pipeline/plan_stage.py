@@ -12,15 +12,15 @@ from training.config import RetrainConfig
 from training.cost.planner import DEADLINE_CONFIDENCE, Calibrated, HereFigures, PlanRow, plan_rows
 from training.cost.step_count import StepCosts
 from training.errors import ConfigError
+from training.launch.process import run_training_process
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.step_budget import for_calibration
-from training.pipeline.step_times import StepTimeBook, family_of, signature_of, store_choice
 from training.pipeline.train_stage import run_key_for
+from training.protocol.job import TrainJob
+from training.protocol.results import TrainResult
+from training.registry.step_times import StepTimeBook, family_of, signature_of, store_choice
 from training.storage.root import StorageRoot
-from training.launch.job import TrainJob
-from training.launch.results import TrainResult
-from training.trainer.run import train
 
 __all__ = ["Calibration", "PlanReport", "plan_run"]
 
@@ -50,16 +50,16 @@ class PlanReport(BaseModel):
 
 def _calibrate(config: RetrainConfig, steps: int, dataset_dir: str, stats_path: str, fingerprint: str) -> TrainResult:
     """The real loop on the real data and model for a few steps in a scratch folder (local
-    even for an s3:// root: its output is thrown away), counting one step's cost at the end."""
+    even for an s3:// root: its output is thrown away), counting one step's cost at the end. It
+    runs in a training child, as a run does: the plan's own process never imports torch."""
     calib = for_calibration(config, steps)
     # The workers probe times one core loading a batch: the host limit of every candidate.
     calib.train.loader.num_workers = "auto"
     scratch = StorageRoot.from_config(config).local / "plan" / run_key_for(calib, fingerprint)
     shutil.rmtree(scratch, ignore_errors=True)
-    result = train(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=dataset_dir, stats_path=stats_path,
-                            config=calib, count_variants=True))
+    result = run_training_process(TrainJob(run_key="plan", run_dir=str(scratch), dataset_dir=dataset_dir,
+                                           stats_path=stats_path, config=calib, count_variants=True))
     shutil.rmtree(scratch, ignore_errors=True)
-    assert isinstance(result, TrainResult)  # rank 0, no pause
     if result.step_costs is None:
         raise ConfigError("retrain plan could not count a step of this model (the training log says why), so it "
                           "cannot predict GPU step times; set measured_step_seconds or relative_speed on each "

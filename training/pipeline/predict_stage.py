@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Iterator
 
 from training.config import RetrainConfig
-from training.data.csv_files import CONVERSIONS, is_csv
-from training.data.sources import LocalSource, is_source_file, source_files
+from training.data.ingest.csv_files import CONVERSIONS, is_csv
+from training.data.ingest.sources import LocalSource, is_source_file, source_files
 from training.errors import CheckpointError, ConfigError, DataError
 from training.model.batch_scoring import ScoringModel, load_scoring_model, predict_files, scoring_meta
 from training.model.predict_result import PredictResult
-from training.pipeline.champion import check_champion
+from training.protocol.threads import decide_threads
+from training.registry.champion import check_champion
 from training.storage.root import StorageRoot, settings_for
 from training.storage.s3 import S3Store, parse_s3_uri
-from training.trainer.threads import decide_threads
 
 __all__ = ["nothing_to_score", "predict_stage", "resolve_model", "scoring_threads"]
 
@@ -133,7 +133,7 @@ def predict_stage(config: RetrainConfig, source: str, output: str, model: str = 
 
 
 def _as_parquet(path: Path) -> Path:
-    """A CSV input's Parquet conversion (training.data.csv_files: the bytes training packs); a
+    """A CSV input's Parquet conversion (training.data.ingest.csv_files: the bytes training packs); a
     Parquet file itself."""
     if not is_csv(path.name):
         return path

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from training.config import PreprocessConfig, StorageConfig
-from training.data.features import (
+from training.data.manifest import DatasetManifest, require_manifest
+from training.data.prepare.features import (
     PREPROCESS_VERSION,
     FeatureStats,
     derived_rels,
@@ -18,7 +19,6 @@ from training.data.features import (
     preprocess_key,
     verified_feature_stats,
 )
-from training.data.manifest import DatasetManifest, require_manifest
 from training.pipeline.handoffs import PrepResult
 from training.storage.root import CACHE, StorageRoot
 

@@ -11,14 +11,20 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from training.pipeline.step_times import StepTime, StepTimeBook, step_time_of_run
 from training.config import RetrainConfig
 from training.cost.bill import CostReport, compute_cost, naive_counterfactual, restarting_counterfactual, storage_cost
 from training.cost.utilization import utilization_summary
-from training.pipeline.handoffs import (Evaluation, LaunchPhases, PackResult, PrepResult, StageEnds, StageStates,
-                                        TrainingDecision)
-from training.pipeline.report_markdown import render_curves, render_markdown
-from training.pipeline.run_report import (
+from training.pipeline.handoffs import (
+    Evaluation,
+    LaunchPhases,
+    PackResult,
+    PrepResult,
+    StageEnds,
+    StageStates,
+    TrainingDecision,
+)
+from training.pipeline.reports.markdown import render_curves, render_markdown
+from training.pipeline.reports.run_report import (
     Durations,
     EvaluateSummary,
     KeptReport,
@@ -31,12 +37,13 @@ from training.pipeline.run_report import (
     StageSummaries,
     TrainSummary,
 )
-from training.pipeline.tracking import MlflowTracker, TrackingNotes, flat_params, tracker_for
 from training.pipeline.unchanged import record_unchanged
+from training.protocol.results import TrainResult
+from training.protocol.runs import run_rel
+from training.registry.step_times import StepTime, StepTimeBook, step_time_of_run
+from training.registry.tracking import MlflowTracker, TrackingNotes, flat_params, tracker_for
 from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
-from training.launch.results import TrainResult
-from training.launch.runs import run_rel
 
 if TYPE_CHECKING:
     pass

@@ -1,7 +1,7 @@
 """Every rewrite of a run's step budget, in one place. A run trains `train.max_steps` as
 configured, except:
 
-- a warm start trains its own budget (`train_stage.warm_steps`, scaled to what is new since
+- a warm start trains its own budget (`warm_start.warm_steps`, scaled to what is new since
   the champion) at the warm learning rate (`for_warm_start`);
 - a calibration (`retrain plan`'s, a tuning study's) trains a few steps that validate and
   checkpoint once, at the end, and never stop early (`for_calibration`).

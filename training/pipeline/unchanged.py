@@ -28,11 +28,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import RetrainConfig, fingerprint
-from training.data.source_index import INDEX_FILE, SourceIndex, known_fingerprints
-from training.data.sources import open_source
+from training.data.ingest.source_index import INDEX_FILE, SourceIndex, known_fingerprints
+from training.data.ingest.sources import open_source
 from training.errors import RetrainError
 from training.model.model_ref import read_pointer
-from training.pipeline.run_report import RunReport
+from training.pipeline.reports.run_report import RunReport
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import RUN, StorageRoot
 

@@ -17,9 +17,9 @@ import shutil
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from training.config import RetrainConfig, fingerprint
-from training.data.sources import SourceFile, open_source
-from training.pipeline.pack_stage import resolve_source
+from training.data.ingest.sources import SourceFile, open_source
 from training.errors import StorageError
+from training.pipeline.pack_stage import resolve_source
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import CACHE, StorageRoot
 

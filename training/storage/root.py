@@ -9,8 +9,8 @@ working copy (`storage.local_dir`, by default ~/.cache/retrain/s3/<bucket>/<pref
 - `fetch(rel)` brings one object down (`fresh=True` for mutable ones such as the champion
   pointer, which must never come from a stale local copy);
 It moves bytes and objects and knows nothing of what they are: dataset layout lives in
-`training.data.dataset_store`, checkpoint layout in `training.trainer.checkpoint_sync`, run layout in
-`training.launch.runs`.
+`training.data.ingest.dataset_store`, checkpoint layout in `training.trainer.checkpoint_sync`, run layout in
+`training.protocol.runs`.
 
 Object classes (the `retrain-class` tag) and their lifecycle: `checkpoint` moves to a colder
 class after N days and expires after M; `shard-cache` (packed shards, rebuildable from the
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from training.config import LifecycleConfig, StorageConfig
-from training.storage.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
 from training.storage.files import inside, write_atomic
+from training.storage.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
 
 __all__ = ["StorageRoot", "local_dir_for", "lifecycle_rules", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
 

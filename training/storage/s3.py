@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 CLASS_TAG = "retrain-class"  # what an object is: drives the lifecycle rules
 RUN_TAG = "retrain-run"  # which run wrote it: cost allocation and clean-up
 RULE_PREFIX = "retrain:"  # ids of the lifecycle rules this pipeline owns
-POOL_CONNECTIONS = 32  # at least the threads that ask at once (training.data.packing.PLAN_THREADS)
+POOL_CONNECTIONS = 32  # at least the threads that ask at once (training.data.ingest.packing.PLAN_THREADS)
 
 
 def parse_s3_uri(uri: str) -> tuple[str, str]:

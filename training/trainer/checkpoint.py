@@ -29,6 +29,8 @@ from pydantic import ValidationError
 from pydantic.dataclasses import dataclass
 
 from training.errors import CheckpointError, StorageError
+from training.protocol.results import CheckpointInterval
+from training.protocol.runs import step_dir_name, step_of
 from training.storage.files import HashingWriter, fsync_dir, is_plain_name, process_alive
 from training.trainer.state import Progress
 
@@ -60,16 +62,6 @@ class CheckpointManifest:
     emergency: bool = False
     format: int = CHECKPOINT_FORMAT
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def step_dir_name(step: int) -> str:
-    return f"step-{step:08d}"  # zero-padded: sorting by name is sorting by step
-
-
-def step_of(name: str) -> int | None:
-    """The step of a checkpoint folder name (`step_dir_name`'s inverse), or None for other names."""
-    prefix, _, digits = name.partition("-")
-    return int(digits) if prefix == "step" and digits.isdigit() else None
 
 
 def save_checkpoint(ckpt_root: Path, manifest: CheckpointManifest, state: dict[str, Any]) -> Path:
@@ -370,7 +362,7 @@ class CheckpointSchedule:
         interval = self.interval_seconds(progress)
         return interval is not None and progress.seconds.train - progress.last_save_train_seconds >= interval
 
-    def describe(self, progress: Progress) -> dict[str, Any]:
-        return {"mode": self.mode, "steps": int(self.value) if self.mode == "steps" else None,
-                "seconds": self.interval_seconds(progress), "save_cost_seconds": progress.save_cost_seconds,
-                "mean_seconds_between_preemptions": self.mtbp if self.mode == "auto" else None}
+    def describe(self, progress: Progress) -> CheckpointInterval:
+        return CheckpointInterval(mode=self.mode, steps=int(self.value) if self.mode == "steps" else None,
+                                  seconds=self.interval_seconds(progress), save_cost_seconds=progress.save_cost_seconds,
+                                  mean_seconds_between_preemptions=self.mtbp if self.mode == "auto" else None)

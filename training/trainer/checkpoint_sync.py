@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 
 from training.errors import CheckpointError, RetrainError, StorageError
+from training.protocol.runs import step_dir_name, step_of
 from training.storage.root import CHECKPOINT, RUN, StorageRoot
-from training.trainer.checkpoint import list_checkpoints, parse_manifest, step_dir_name, step_of, verify_checkpoint
+from training.trainer.checkpoint import list_checkpoints, parse_manifest, verify_checkpoint
 
 __all__ = ["CheckpointUploader", "remote_checkpoints", "restore_newer_checkpoint"]
 

@@ -8,48 +8,25 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from training.errors import ConfigError
+from training.protocol.numerics import device_for, precision_for
 
 if TYPE_CHECKING:
     from training.model.network import Batch
     from training.model.objectives import Task
 
-__all__ = ["resolve_device", "resolve_precision", "resolved_numerics", "autocast_dtype", "measure_fp32_slowdown"]
+__all__ = ["resolve_device", "resolve_precision", "autocast_dtype", "measure_fp32_slowdown"]
 
 log = logging.getLogger(__name__)
 
 
 def resolve_device(requested: str) -> torch.device:
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA GPU is visible; set train.device=auto or cpu")
-    if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(requested)
+    return torch.device(device_for(requested, torch.cuda.is_available()))
 
 
 def resolve_precision(requested: str, device: torch.device) -> str:
-    """auto: bf16 on CUDA GPUs with native bf16, fp16 on older GPUs, fp32 on CPU.
-
-    fp32 on CPU because bf16 autocast on a CPU without native bf16 (AVX2-only) measured about
-    4x slower than fp32 on the 2-core reference machine.
-    """
-    if requested == "fp16" and device.type != "cuda":
-        raise ConfigError("train.precision=fp16 needs a CUDA GPU; use bf16 or fp32 on CPU")
-    if requested != "auto":
-        return requested
-    if device.type == "cuda":
-        # Native bf16 only (compute capability 8.0 on: A100, L4, H100). torch counts emulated
-        # bf16 on T4 and V100 as supported by default; there fp16 with a GradScaler runs on the
-        # tensor cores, and `retrain plan` prices those GPUs in fp16.
-        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
-    return "fp32"
-
-
-def resolved_numerics(device: str, precision: str) -> tuple[str, str]:
-    """(device type, precision) that `train.device` and `train.precision` mean on this machine:
-    part of what a run computes, so part of its run key."""
-    resolved = resolve_device(device)
-    return resolved.type, resolve_precision(precision, resolved)
+    """`train.precision` on `device`, by the rules of `training.protocol.numerics`."""
+    native = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    return precision_for(requested, device.type, native)
 
 
 def autocast_dtype(precision: str) -> torch.dtype | None:

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from training.protocol.results import ProfileSummary, TopOp
+
 __all__ = ["StepProfiler"]
 
 WAIT, WARMUP, ACTIVE = 5, 5, 10
@@ -19,7 +21,7 @@ class StepProfiler:
     def __init__(self, out_dir: Path, device: torch.device) -> None:
         self.out_dir = out_dir
         self.trace_path = out_dir / "trace.json"
-        self.top_ops: list[dict[str, Any]] = []
+        self.top_ops: list[TopOp] = []
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
         self._steps = 0
         self._prof = profile(
@@ -34,11 +36,8 @@ class StepProfiler:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(self.trace_path))
         events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:15]
-        self.top_ops = [
-            {"name": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1000,
-             "cpu_total_ms": e.cpu_time_total / 1000}
-            for e in events
-        ]
+        self.top_ops = [TopOp(name=e.key, calls=e.count, self_cpu_ms=e.self_cpu_time_total / 1000,
+                              cpu_total_ms=e.cpu_time_total / 1000) for e in events]
 
     def step(self) -> None:
         if not self.active:
@@ -53,7 +52,7 @@ class StepProfiler:
             self._prof.__exit__(None, None, None)
             self.active = False
 
-    def summary(self) -> dict[str, Any] | None:
+    def summary(self) -> ProfileSummary | None:
         if not self.top_ops:
             return None
-        return {"trace": str(self.trace_path), "steps": ACTIVE, "after_steps": WAIT + WARMUP, "top_ops": self.top_ops}
+        return ProfileSummary(trace=str(self.trace_path), steps=ACTIVE, after_steps=WAIT + WARMUP, top_ops=self.top_ops)

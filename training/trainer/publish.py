@@ -15,13 +15,13 @@ import torch
 
 from training.model.model_ref import ModelRef
 from training.model.package import export_model_package
+from training.protocol.events import Paused
+from training.protocol.results import AutoBatch, BatchLayout, CheckpointUpload, LoaderWorkers, RungResult, TrainResult
+from training.protocol.runs import AttemptRecord, append_attempt, rung_file, step_dir_name
 from training.storage.files import write_json_atomic
 from training.storage.root import MODEL, RUN
-from training.trainer.checkpoint import load_checkpoint_state, step_dir_name
-from training.launch.events import Paused
+from training.trainer.checkpoint import load_checkpoint_state
 from training.trainer.precision import measure_fp32_slowdown
-from training.launch.results import BatchLayout, LoaderWorkers, RungResult, TrainResult
-from training.launch.runs import AttemptRecord, append_attempt, rung_file
 from training.trainer.throughput import accelerator_stats
 from training.trainer.trainer import steady_step_seconds
 
@@ -113,9 +113,9 @@ def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: flo
     progress, stopper, tc = trainer.state.progress, trainer.state.stopper, trainer.tc
     assert progress.micro_batch is not None and stopper.best_step is not None
     uploader = trainer.book.uploader
-    upload = None if uploader is None else {
-        "uploaded": len(uploader.uploaded), "superseded": uploader.superseded, "failures": uploader.failures,
-        "background_seconds": uploader.seconds}
+    upload = None if uploader is None else CheckpointUpload(
+        uploaded=len(uploader.uploaded), superseded=uploader.superseded, failures=uploader.failures,
+        background_seconds=uploader.seconds)
     return TrainResult(
         run_key=trainer.job.run_key, status=status, stop_reason=progress.stop_reason, fp32_slowdown=fp32_slowdown,
         profile=trainer.profiler.summary() if trainer.profiler is not None else None, max_steps=tc.max_steps,
@@ -134,7 +134,7 @@ def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: flo
         checkpoint_interval=trainer.schedule.describe(progress),
         samples_seen=progress.step * progress.micro_batch * trainer.grad_accum,  # the micro-batch is global
         batch_layout=BatchLayout(micro_batch=progress.micro_batch, grad_accum=trainer.grad_accum,
-                                 auto=progress.auto_batch, peak_lr=tc.peak_lr()),
+                                 auto=AutoBatch.model_validate(progress.auto_batch) if progress.auto_batch else None, peak_lr=tc.peak_lr()),
         num_workers=LoaderWorkers(used=trainer.num_workers, probe=trainer.workers_probe, resident=trainer.resident),
         threads=trainer.threads,
         compile_seconds=trainer.compile_seconds, world_size=trainer.world_size, checkpoint_upload=upload,

@@ -1,7 +1,7 @@
 """Resuming a run inside the training process: where an attempt starts and what the attempts
 before it lost. One of the three files of resume (with `checkpoint`, which writes and verifies
 checkpoints, and `checkpoint_sync`, which keeps them on S3); the run folder as the launcher sees
-it (finished or not, the attempts ledger) is `training.launch.runs`.
+it (finished or not, the attempts ledger) is `training.protocol.runs`.
 
 - On an s3:// root, a fresh machine first restores the attempts ledger and the newest complete
   checkpoint from S3; rank 0 then uploads every new checkpoint (`ResumeBook`).
@@ -11,7 +11,7 @@ it (finished or not, the attempts ledger) is `training.launch.runs`.
   file overwritten in place every step (exact on the same machine), and on an s3:// root a small
   object published every `storage.heartbeat_seconds`, so a resume on a fresh machine still
   counts what was lost, to within one interval.
-- The attempts ledger (`training.launch.runs`): each process appends its resume point, the work
+- The attempts ledger (`training.protocol.runs`): each process appends its resume point, the work
   lost and its start-up time before it trains.
 """
 
@@ -30,9 +30,9 @@ from pydantic import TypeAdapter
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from training.errors import CheckpointError, RetrainError, StorageError
+from training.protocol.job import TrainJob
+from training.protocol.runs import AttemptRecord, append_attempt, read_attempts
 from training.storage.root import RUN, StorageRoot
-from training.launch.job import TrainJob
-from training.launch.runs import AttemptRecord, append_attempt, read_attempts
 
 if TYPE_CHECKING:
     from training.trainer.checkpoint_sync import CheckpointUploader

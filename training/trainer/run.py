@@ -7,11 +7,11 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from training.launch.events import ChildEvent
-from training.launch.job import TrainJob
+from training.protocol.events import ChildEvent
+from training.protocol.job import TrainJob
+from training.protocol.results import RungResult, TrainResult
+from training.protocol.runs import finished_result, paused_result
 from training.trainer.publish import finish_run, pause_run
-from training.launch.results import RungResult, TrainResult
-from training.launch.runs import finished_result, paused_result
 from training.trainer.stopping import StopFlag
 from training.trainer.trainer import Trainer
 

@@ -21,7 +21,7 @@ from training.config import RetrainConfig
 from training.errors import ConfigError
 from training.model.memory_fit import check_model_fits
 from training.model.network import ModelSchema, build_model
-from training.launch.results import Seconds, Validation
+from training.protocol.results import Seconds, Validation
 from training.trainer.rng import capture_rng, restore_rng
 
 __all__ = ["EarlyStopping", "Progress", "TrainState", "lr_lambda"]
@@ -50,7 +50,7 @@ class Progress:
     # resumes: the data position counts global micro-batches of this size.
     micro_batch: int | None = None  # rows per global micro-batch (all processes)
     grad_accum: int | None = None
-    auto_batch: dict[str, Any] | None = None
+    auto_batch: dict[str, Any] | None = None  # AutoBatch as JSON: a checkpoint holds plain values only
     num_workers: int | None = None  # what num_workers="auto" chose at the first start
     torch_threads: int | None = None  # what torch_threads="auto" chose at the first start
 

@@ -16,7 +16,7 @@ import torch
 
 from training.config import BudgetConfig, RetrainConfig, metric_name
 from training.cost.budget import BudgetLimits
-from training.launch.results import Validation
+from training.protocol.results import Validation
 from training.trainer.state import EarlyStopping, Progress
 
 __all__ = ["Budget", "CONTINUE", "Decision", "STATUSES", "StopFlag", "StopPolicy", "agree_across_ranks", "champion_gate"]

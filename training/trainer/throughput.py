@@ -12,16 +12,17 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 
 from training.config import TrainConfig
+from training.cost.utilization import AcceleratorStats
 from training.errors import ConfigError
 from training.model.network import Batch, forward_fn
 from training.model.objectives import Task
-from training.launch.results import WorkersProbe
-from training.trainer.threads import cgroup_quota, usable_cpus
+from training.protocol.results import AutoBatch, WorkersProbe
+from training.protocol.threads import cgroup_quota, usable_cpus
 
 __all__ = ["accelerator_stats", "auto_batch_layout", "cuda_memory_budget", "choose_num_workers", "data_and_compute_seconds",
            "BatchSizeSearch", "find_micro_batch", "step_memory_bytes"]
@@ -217,7 +218,7 @@ def cuda_memory_budget(free: int, reserved: int, total: int, fraction: float) ->
 
 
 def auto_batch_layout(model: torch.nn.Module, task: Task, tc: TrainConfig, example: Batch, device: torch.device,
-                      dtype: torch.dtype | None, world_size: int) -> tuple[int, int, dict[str, Any] | None]:
+                      dtype: torch.dtype | None, world_size: int) -> tuple[int, int, AutoBatch | None]:
     """(global micro-batch, grad_accum, search record) from the memory search on this device;
     every rank uses rank 0's choice."""
     if device.type == "cuda":
@@ -227,7 +228,7 @@ def auto_batch_layout(model: torch.nn.Module, task: Task, tc: TrainConfig, examp
         budget = int(tc.simulated_memory_mb * (1 << 20) * tc.memory_fraction)
     else:
         log.info("auto_batch_size: no accelerator memory to fit on %s; keeping train.batch_size", device.type)
-        return tc.batch_size, tc.grad_accum, {"skipped": f"no accelerator memory on {device.type}"}
+        return tc.batch_size, tc.grad_accum, AutoBatch(skipped=f"no accelerator memory on {device.type}")
     per_rank = tc.batch_size // world_size * tc.grad_accum
     search = find_micro_batch(model, task, per_rank, example, device, dtype, budget)
     layout = [search.micro_batch, search.grad_accum]
@@ -235,24 +236,24 @@ def auto_batch_layout(model: torch.nn.Module, task: Task, tc: TrainConfig, examp
         import torch.distributed as dist
 
         dist.broadcast_object_list(layout, src=0)
-    record = {"micro_batch_per_process": layout[0], "grad_accum": layout[1], "max_fitting": search.max_fitting,
-              "budget_bytes": search.budget_bytes, "probes": search.probes, "seconds": search.seconds}
+    record = AutoBatch(micro_batch_per_process=layout[0], grad_accum=layout[1], max_fitting=search.max_fitting,
+                       budget_bytes=search.budget_bytes, probes=search.probes, seconds=search.seconds)
     log.info("auto_batch_size: micro-batch %d x %d accumulation per process (largest fitting: %d rows)",
              layout[0], layout[1], search.max_fitting)
     return layout[0] * world_size, layout[1], record
 
 
-def accelerator_stats(device: torch.device) -> dict[str, Any]:
+def accelerator_stats(device: torch.device) -> AcceleratorStats:
     """Memory and utilisation on CUDA; "n/a" elsewhere, never invented."""
     if device.type != "cuda":
-        return {"memory_peak_bytes": "n/a", "memory_total_bytes": "n/a", "memory_peak_fraction": "n/a",
-                "utilization_percent": "n/a"}
+        return AcceleratorStats()
     peak = torch.cuda.max_memory_allocated(device)
     total = torch.cuda.get_device_properties(device).total_memory
     try:
-        util: Any = torch.cuda.utilization(device)  # NVML, when pynvml is installed
+        util: int | Literal["n/a"] = torch.cuda.utilization(device)  # NVML, when pynvml is installed
     except Exception:  # noqa: BLE001 - NVML missing or unsupported
         util = "n/a"
-    return {"memory_peak_bytes": peak, "memory_total_bytes": total, "memory_peak_fraction": peak / total,
-            "utilization_percent": util, "memory_stats": {k: v for k, v in torch.cuda.memory_stats(device).items()
-                                                          if k in ("num_alloc_retries", "num_ooms")}}
+    return AcceleratorStats(memory_peak_bytes=peak, memory_total_bytes=total, memory_peak_fraction=peak / total,
+                            utilization_percent=util,
+                            memory_stats={k: v for k, v in torch.cuda.memory_stats(device).items()
+                                          if k in ("num_alloc_retries", "num_ooms")})

@@ -6,7 +6,7 @@ What lives elsewhere, each in one file:
   `training.trainer.state`;
 - when to stop (budgets, plateau, champion gate, the DDP agreement): `training.trainer.stopping`;
 - where to resume and what the last attempt lost (S3 restore, heartbeat): `training.trainer.resume`
-  (the attempts ledger: `training.launch.runs`);
+  (the attempts ledger: `training.protocol.runs`);
 - when and how to checkpoint: `training.trainer.checkpoint` (on S3: `checkpoint_sync`);
 - what the end of training makes (the model package, result.json, a rung's record):
   `training.trainer.publish`.
@@ -28,31 +28,37 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from training.config import metric_name
-from training.data.features import DERIVED_DIR, FeatureStats
-from training.data.loader import (MixedBatches, ShardBatches, StreamPosition, TrainBatches, make_train_loader,
-                                  worker_seconds_per_batch)
+from training.data.load.loader import (
+    MixedBatches,
+    ShardBatches,
+    StreamPosition,
+    TrainBatches,
+    make_train_loader,
+    worker_seconds_per_batch,
+)
 from training.data.manifest import require_manifest
+from training.data.prepare.features import DERIVED_DIR, FeatureStats
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
 from training.model.network import Batch, ModelSchema, forward_fn, to_device
 from training.model.objectives import Task
-from training.model.task_metrics import TIEBREAK_METRIC, higher_is_better, metric_for
 from training.model.package import load_warm_start
+from training.model.task_metrics import TIEBREAK_METRIC, higher_is_better, metric_for
+from training.protocol.events import CheckpointSaved, ChildEvent, RankDone, Resumed, Started, Validated
+from training.protocol.job import TrainJob, train_fingerprint
+from training.protocol.results import Validation
+from training.protocol.runs import AttemptRecord, append_attempt
+from training.protocol.threads import CpuClock, apply_thread_policy
 from training.trainer.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
     CheckpointSchedule,
 )
-from training.launch.events import CheckpointSaved, ChildEvent, RankDone, Resumed, Started, Validated
-from training.launch.job import TrainJob, train_fingerprint
 from training.trainer.precision import autocast_dtype, resolve_device, resolve_precision
-from training.launch.results import Validation
-from training.launch.runs import AttemptRecord, append_attempt
 from training.trainer.resume import ResumeBook
 from training.trainer.rng import capture_rng, configure_determinism, seed_everything
 from training.trainer.state import TrainState
 from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
-from training.trainer.threads import CpuClock, apply_thread_policy
 from training.trainer.throughput import (
     auto_batch_layout,
     choose_num_workers,
@@ -202,9 +208,10 @@ class Trainer:
                 log.warning("the train split has %d rows, fewer than train.batch_size %d: training with batches "
                             "of %d rows (the whole split)", train_rows, tc.batch_size, progress.micro_batch)
             if tc.auto_batch_size:
-                progress.micro_batch, progress.grad_accum, progress.auto_batch = auto_batch_layout(
+                progress.micro_batch, progress.grad_accum, search = auto_batch_layout(
                     self.state.model, self.task, tc, self.val_batches.batch(0, 0), self.device, self.dtype,
                     self.world_size)
+                progress.auto_batch = search.model_dump(mode="json") if search is not None else None
         self.grad_accum = int(progress.grad_accum or tc.grad_accum)
 
     def _train_batches(self, batch_size: int, cache_bytes: int) -> TrainBatches:
@@ -255,8 +262,8 @@ class Trainer:
 
     def _held_resident(self) -> bool:
         """The train split on the device when train.loader.resident asks and it fits
-        (training.data.resident); the stream otherwise."""
-        from training.data.resident import ResidentBatches, resident_bytes
+        (training.data.load.resident); the stream otherwise."""
+        from training.data.load.resident import ResidentBatches, resident_bytes
 
         setting, batches = self.tc.loader.resident, self.train_batches
         if setting is False or not isinstance(batches, ShardBatches) or (

@@ -14,10 +14,10 @@ from typing import Any, Callable, Protocol, TypeVar
 
 from training.config import RetrainConfig
 from training.pipeline.handoffs import PackResult, PrepResult
+from training.protocol.events import ChildEvent
+from training.protocol.results import RungResult
 from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
-from training.launch.events import ChildEvent
-from training.launch.results import RungResult
 from training.tune.study import STUDY_DIR, RungCost, RungWork, Study, study_key
 from training.tune.trial import TRIAL_CHILDREN, calibrate, read_calibration
 
@@ -103,7 +103,7 @@ def _resolved(config: RetrainConfig, packed: PackResult) -> RetrainConfig:
 
 def _check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
     """Before any trial: the largest model the space can sample fits this machine's memory."""
-    from training.data.features import FeatureStats
+    from training.data.prepare.features import FeatureStats
     from training.model.memory_fit import check_space_fits
     from training.model.network import ModelSchema
     from training.trainer.precision import resolve_device
@@ -117,8 +117,8 @@ def base_comparison(config: RetrainConfig, packed: PackResult, on_event: Callabl
     """Two finished trials' models compared on the validation split, with an interval at the
     confidence asked, in a child process (torch): what `study_report.against_base` asks."""
     def compare(challenger: str, base: str, confidence: float) -> dict[str, Any]:
-        from training.launch.runs import fetch_finished_run, run_rel
-        from training.pipeline.stage_child import compare_in_child
+        from training.pipeline.stage_calls import compare_in_child
+        from training.protocol.runs import fetch_finished_run, run_rel
 
         root = StorageRoot.from_config(config)
         folders = []

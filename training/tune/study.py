@@ -47,12 +47,12 @@ from training.config import RetrainConfig, fingerprint, fingerprinted
 from training.cost.bill import SECONDS_PER_HOUR
 from training.errors import ConfigError
 from training.model.task_metrics import higher_is_better, metric_for
+from training.protocol.results import RungResult
 from training.search_space import Dimension, parse_space
 from training.storage.root import StorageRoot
-from training.tune.rungs import rungs
-from training.launch.results import RungResult
 from training.tune.journal import PublishedJournal
 from training.tune.journal_gate import JournalGate
+from training.tune.rungs import rungs
 
 __all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "STUDY_DIR"]
 

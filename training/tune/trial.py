@@ -15,16 +15,16 @@ from typing import Callable
 from pydantic import BaseModel, ConfigDict
 
 from training.config import RetrainConfig, TuneConfig
-from training.pipeline.champion import check_champion
+from training.launch.child import WarmPool
+from training.launch.process import log_child_event, run_rung_process, run_training_process
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.step_budget import for_calibration
 from training.pipeline.train_stage import build_train_job
+from training.protocol.events import ChildEvent
+from training.protocol.results import RungResult
+from training.protocol.runs import finished_result, paused_result
+from training.registry.champion import check_champion
 from training.storage.root import StorageRoot
-from training.launch.child import WarmPool
-from training.launch.events import ChildEvent
-from training.launch.process import log_child_event, run_rung_process, run_training_process
-from training.launch.results import RungResult
-from training.launch.runs import finished_result, paused_result
 from training.tune.study import STUDY_DIR, RungCost
 
 __all__ = ["Calibration", "calibrate", "rung_stage", "TRIAL_CHILDREN"]

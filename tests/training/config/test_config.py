@@ -104,7 +104,7 @@ def test_every_config_field_is_marked_computed_or_operational() -> None:
 
 
 def test_fingerprint_membership_follows_the_marks() -> None:
-    from training.launch.job import train_fingerprint
+    from training.protocol.job import train_fingerprint
 
     base = RetrainConfig()
     fp = train_fingerprint(base, "cpu", "fp32")

@@ -28,6 +28,6 @@ def test_a_multi_node_setting_that_cannot_run_is_refused_in_one_line(overrides: 
 
 def test_nodes_on_kubernetes_with_named_numerics_are_accepted() -> None:
     config = load_config(overrides=[*K8S, "train.distributed.kubernetes.gpu=8", "train.precision=bf16"])
-    from training.launch.numerics import job_numerics
+    from training.protocol.numerics import job_numerics
 
     assert job_numerics(config) == ("cuda", "bf16")  # the nodes', though this machine has no GPU

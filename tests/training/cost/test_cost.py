@@ -109,7 +109,7 @@ def test_a_cost_on_a_declared_instance_says_what_the_run_ran_on() -> None:
 def test_a_saving_is_never_shown_as_a_negative_zero() -> None:
     """An on-demand run's saving against the naive on-demand run is 0 up to float rounding: the
     demo's summary once read "saved $-0.0000"."""
-    from training.pipeline.report_markdown import savings
+    from training.pipeline.reports.markdown import savings
 
     assert savings(-3e-9, "it") == "cost the same as it"
     assert savings(-6.66e-06, "it") == "cost $0.0000067 more than it"  # never "$6.7e-06"

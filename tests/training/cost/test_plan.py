@@ -16,7 +16,7 @@ from training.cost.planner import HereFigures, plan_rows
 from training.cost.roofline import predict_step
 from training.cost.spot_risk import spot_outlook, young_daly_seconds
 from training.cost.step_count import StepCosts, StepCount
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 from training.model.network import ModelSchema, build_model, forward_fn
 from training.model.objectives import BinaryTask
 from training.trainer.step_cost import count_step, measure_step_costs
@@ -250,7 +250,7 @@ def test_runs_measured_on_gpus_calibrate_their_familys_predictions() -> None:
     family by the median (2.5x), the range by the spread; a run of this very step on an instance
     type is used as is there."""
     from training.cost.planner import Calibrated
-    from training.pipeline.step_times import StepTime, StepTimeBook
+    from training.registry.step_times import StepTime, StepTimeBook
 
     count = _count(flops=5e13, params=10_000_000, activations=1e9)
     costs = StepCosts(as_run=count, bf16=count, checkpointed=None)
@@ -310,7 +310,7 @@ def test_a_real_transformer_that_fits_only_with_gradient_checkpointing_is_planne
 def test_an_auto_run_takes_the_planned_instance_and_its_memory_variant(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from training.cost.planner import PlanRow
     from training.errors import ConfigError
-    from training.pipeline.step_times import resolve_planned_instance, store_choice
+    from training.registry.step_times import resolve_planned_instance, store_choice
 
     config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
     with pytest.raises(ConfigError, match="run `retrain plan` with this storage.root first"):
@@ -348,7 +348,7 @@ def test_a_stored_plan_choice_sets_only_what_a_plan_decides(tmp_path, planted) -
     (instance, market, memory variant) or a value of the wrong type is one ConfigError naming the
     file, never a rewritten run."""
     from training.errors import ConfigError
-    from training.pipeline.step_times import resolve_planned_instance
+    from training.registry.step_times import resolve_planned_instance
 
     config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
     choice = {"instance_type": "local-cpu", "market": "on_demand", "set": {}, "planned_at": 0.0, **planted}
@@ -362,7 +362,7 @@ def test_a_stored_plan_choice_sets_only_what_a_plan_decides(tmp_path, planted) -
                                                ({"market": None}, "market")])
 def test_a_plan_choice_that_breaks_its_schema_names_the_key(tmp_path, planted, named) -> None:  # type: ignore[no-untyped-def]
     from training.errors import ConfigError
-    from training.pipeline.step_times import resolve_planned_instance
+    from training.registry.step_times import resolve_planned_instance
 
     config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
     choice = {"instance_type": "local-cpu", "market": "on_demand", "set": {}, "planned_at": 0.0, **planted}
@@ -374,7 +374,7 @@ def test_a_plan_choice_that_breaks_its_schema_names_the_key(tmp_path, planted, n
 
 def test_a_directory_at_the_plan_choice_is_one_config_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from training.errors import ConfigError
-    from training.pipeline.step_times import resolve_planned_instance
+    from training.registry.step_times import resolve_planned_instance
 
     config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}, "cost": {"instance_type": "auto"}})
     (tmp_path / "plan" / "choice.json").mkdir(parents=True)
@@ -386,7 +386,7 @@ def test_step_times_that_are_not_positive_and_finite_are_left_out_with_a_warning
         tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
     import logging
 
-    from training.pipeline.step_times import BOOK, StepTime, StepTimeBook
+    from training.registry.step_times import BOOK, StepTime, StepTimeBook
     from training.storage.root import StorageRoot
 
     config = RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}})
@@ -408,7 +408,7 @@ def test_step_times_that_are_not_positive_and_finite_are_left_out_with_a_warning
 def test_a_directory_at_the_step_time_book_loses_calibration_not_the_run(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
     import logging
 
-    from training.pipeline.step_times import BOOK, StepTime, StepTimeBook
+    from training.registry.step_times import BOOK, StepTime, StepTimeBook
     from training.storage.root import StorageRoot
 
     root = StorageRoot.from_config(RetrainConfig.model_validate({"storage": {"root": str(tmp_path)}}))

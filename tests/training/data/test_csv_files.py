@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import small_overrides
 from training.config import load_config
 from training.data.manifest import require_manifest
-from training.data.sources import LocalSource
+from training.data.ingest.sources import LocalSource
 from training.errors import DataError
 from training.pipeline.pack_stage import pack_stage
 
@@ -52,7 +52,7 @@ def test_a_csv_file_converts_to_the_same_parquet_bytes_in_every_process(tmp_path
     """Parallel parts of a pack each convert the file in their own process: the row groups, and
     so the segments and their content addresses, must not depend on which process did it. In
     one process the conversion is made once, whichever source object asks."""
-    from training.data import csv_files
+    from training.data.ingest import csv_files
 
     path = tmp_path / "day.csv"
     pcsv.write_csv(_demo_rows(demo_source).slice(0, 3000), path)
@@ -90,7 +90,7 @@ def test_an_unreadable_gzip_csv_is_one_line(tmp_path: Path) -> None:
 
 
 def _checked(source: Path, *extra: str):  # type: ignore[no-untyped-def]
-    from training.data.source_check import checked_source
+    from training.data.ingest.source_check import checked_source
 
     return checked_source(load_config(overrides=[f"data.source={source}", "data.label=y",
                                                  f"storage.root={source.parent / 'root'}", *extra]))

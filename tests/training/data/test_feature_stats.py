@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from training.config import RetrainConfig
-from training.data.features import checksum_path, verified_feature_stats
+from training.data.prepare.features import checksum_path, verified_feature_stats
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 

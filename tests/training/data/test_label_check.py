@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from training.config import load_config
-from training.data.source_check import checked_source
+from training.data.ingest.source_check import checked_source
 from training.errors import DataError
 
 

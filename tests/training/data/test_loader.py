@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from training.data.packing import pack_local
+from training.data.ingest.packing import pack_local
 from training.config import RetrainConfig
-from training.data.features import fit_feature_stats
-from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+from training.data.prepare.features import fit_feature_stats
+from training.data.load.loader import ShardBatches, StreamPosition, make_train_loader
 from training.data.manifest import shard_folder
 
 from training.errors import DataError
@@ -210,7 +210,7 @@ def test_a_warm_starts_batches_hold_the_new_rows_in_every_batch_with_the_old_rep
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from training.data.loader import MixedBatches
+    from training.data.load.loader import MixedBatches
 
     table = pq.read_table(demo_source)
     source = tmp_path / "src"

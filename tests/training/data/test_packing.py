@@ -12,7 +12,7 @@ import pytest
 import webdataset as wds
 
 from tests.conftest import small_overrides
-from training.data.packing import pack_local
+from training.data.ingest.packing import pack_local
 from training.config import RetrainConfig, load_config
 from training.data.manifest import load_manifest
 from training.data.shards import ShardReader
@@ -245,7 +245,7 @@ def test_a_failed_shard_write_is_named_and_leaves_no_segment(small_config: Retra
                                                              tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Shard bytes go to disk on a background thread: its write error still stops the pack,
     names the shard, and leaves neither a segment nor a work folder behind."""
-    import training.data.segments as segments
+    import training.data.ingest.segments as segments
     from training.errors import StorageError
 
     real = segments.SplitWriter

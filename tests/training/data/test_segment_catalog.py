@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import s3_overrides, small_overrides
 from training.config import load_config
-from training.data.dataset_store import CATALOG, DatasetStore
-from training.data.packing import pack_serially, plan_pack
+from training.data.ingest.dataset_store import CATALOG, DatasetStore
+from training.data.ingest.packing import pack_serially, plan_pack
 from training.storage.root import StorageRoot
 
 
@@ -81,7 +81,7 @@ def test_a_second_writer_of_a_dataset_leaves_the_first_ones_manifest_and_catalog
     config = _config(s3_bucket, s3_server, tmp_path / "machine-b", demo_source)
     store = DatasetStore(StorageRoot(config.storage))
     plan, _ = plan_pack(demo_source, config.data, store, config.storage)
-    from training.data.packing import dataset_of
+    from training.data.ingest.packing import dataset_of
 
     store.root.remote.head = lambda rel: None  # as a writer that checked before the first one wrote
     store.write_dataset(dataset_of(plan, plan.ready, config.data), plan.ready[:1])

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from training.config import StorageConfig
-from training.data.dataset_store import CATALOG, DatasetStore, SegmentCatalog
+from training.data.ingest.dataset_store import CATALOG, DatasetStore, SegmentCatalog
 from training.data.manifest import DatasetManifest
-from training.data.segments import SegmentManifest
-from training.data.source_index import IndexedSegment, SourceIndex
-from training.data.sources import SourceFile
+from training.data.ingest.segments import SegmentManifest
+from training.data.ingest.source_index import IndexedSegment, SourceIndex
+from training.data.ingest.sources import SourceFile
 from training.storage.root import StorageRoot
 
 WRITERS = 8

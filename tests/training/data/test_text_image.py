@@ -16,14 +16,14 @@ import torch
 
 from tests.shipped_data import png, write_digit_images
 from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job
-from training.data.packing import pack_local
+from training.data.ingest.packing import pack_local
 from training.config import RetrainConfig, load_config
-from training.data.demo import ensure_reviews_demo
-from training.data.features import DERIVED_DIR, FeatureStats, fit_feature_stats, preprocess_key
-from training.data.loader import ShardBatches, iter_split
+from training.data.ingest.demo import ensure_reviews_demo
+from training.data.prepare.features import DERIVED_DIR, FeatureStats, fit_feature_stats, preprocess_key
+from training.data.load.loader import ShardBatches, iter_split
 from training.data.manifest import require_manifest, shard_folder
-from training.data.ragged import Ragged
-from training.data.text import fit_tokenizer
+from training.data.ingest.ragged import Ragged
+from training.data.prepare.text import fit_tokenizer
 from training.model.encoders import ImageEncoder, TextEncoder
 from training.errors import ConfigError, DataError
 from training.model.evaluation import evaluate_package
@@ -73,11 +73,11 @@ def test_text_and_image_shards_pack_identically_in_segments_and_read_with_webdat
     import webdataset as wds
 
     from training.config import StorageConfig
-    from training.data.dataset_store import DatasetStore
+    from training.data.ingest.dataset_store import DatasetStore
     from training.data.manifest import shard_folder
-    from training.data.packing import assemble_dataset, plan_pack
-    from training.data.segments import pack_segment
-    from training.data.sources import open_source
+    from training.data.ingest.packing import assemble_dataset, plan_pack
+    from training.data.ingest.segments import pack_segment
+    from training.data.ingest.sources import open_source
     from training.storage.root import StorageRoot
 
     source = tmp_path / "digits-in-groups.parquet"
@@ -302,7 +302,7 @@ def test_scoring_texts_and_images_gives_the_evaluation_metrics_exactly(tmp_path:
     import pyarrow.parquet as pq
 
     from tests.training.helpers import make_job
-    from training.data.segments import split_of_file
+    from training.data.ingest.segments import split_of_file
     from training.model.batch_scoring import load_scoring_model, predict_files
     from training.model.objectives import Task
 
@@ -332,8 +332,8 @@ def test_the_export_of_a_text_and_image_model_scores_as_predict(tmp_path: Path, 
     import torch
 
     from tests.training.helpers import make_job
-    from training.data.images import decode_images
-    from training.data.text import TextEncoder as Tokens
+    from training.data.prepare.images import decode_images
+    from training.data.prepare.text import TextEncoder as Tokens
     from training.model.export import export_portable
     from training.model.batch_scoring import load_scoring_model, predict_files
 

@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 
 _CHECK = """
 import sys
 import numpy as np
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 stats = FeatureStats(numeric=["x"], categorical=["c"], mean=[0.0], std=[1.0], vocab=[[5, 3, 9]])
 stats.transformer()(np.zeros((3, 1)), np.array([[3], [7], [9]]))
 print("pandas" in sys.modules)

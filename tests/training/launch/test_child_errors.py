@@ -4,7 +4,7 @@ own hierarchy, with what decides whether the task retries it."""
 from __future__ import annotations
 
 from training.errors import DamagedShard, Preempted, RetrainError, StorageError
-from training.launch.events import ErrorReport
+from training.protocol.events import ErrorReport
 from training.launch.process import rebuild_error
 
 

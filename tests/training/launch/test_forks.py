@@ -17,7 +17,7 @@ from training.config import RetrainConfig
 from training.errors import Preempted
 from training.launch import forks
 from training.launch.forks import ForkedProcess
-from training.launch.numerics import gpu_driver_present
+from training.protocol.numerics import gpu_driver_present
 from training.launch.process import run_training_process
 
 from tests.training.helpers import make_job

@@ -13,7 +13,7 @@ from tests.training.helpers import make_job
 from training.config import StorageConfig, load_config
 from training.errors import ConfigError
 from training.launch.group import publish_frozen_job
-from training.pipeline.train_node import node_job
+from training.worker.node import node_job
 
 
 def test_a_fresh_node_brings_down_the_frozen_jobs_data_and_writes_nothing_to_the_root(

@@ -16,7 +16,7 @@ from tests.kill import kill_node_when
 from tests.training.helpers import make_job
 from training.config import load_config
 from training.errors import Preempted
-from training.launch.events import ChildEvent
+from training.protocol.events import ChildEvent
 from training.launch.group import run_group
 from training.launch.process import run_training_process
 

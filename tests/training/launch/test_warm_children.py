@@ -12,7 +12,7 @@ from training.launch.child import WarmPool
 from training.config import RetrainConfig
 from training.errors import ConfigError
 from training.launch.process import run_rung_process, run_training_process
-from training.launch.results import RungResult
+from training.protocol.results import RungResult
 
 from tests.training.helpers import make_job
 

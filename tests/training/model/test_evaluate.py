@@ -9,7 +9,7 @@ import pytest
 from tests.training.helpers import make_job
 from training.config import EvalConfig, RetrainConfig
 from training.model.model_ref import read_pointer
-from training.pipeline.champion import decide_promotion, promote
+from training.registry.champion import decide_promotion, promote
 from training.trainer.run import train
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
@@ -69,7 +69,7 @@ def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(
     models = Path(small_config.storage.root) / "models"
     before = (models / "champion").read_bytes()
 
-    import training.pipeline.champion as ev
+    import training.registry.champion as ev
 
     def crash(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt("killed between package copy and pointer swap")
@@ -94,7 +94,7 @@ def _flip_a_byte(path: Path, offset: int = -64) -> None:
 def test_a_damaged_champion_is_found_before_training_and_never_blocks_retraining(
     small_config: RetrainConfig, damage: str
 ) -> None:
-    from training.pipeline.champion import check_champion
+    from training.registry.champion import check_champion
     from training.storage.root import StorageRoot
 
     packed, good = _trained(small_config, "good")
@@ -128,7 +128,7 @@ def test_a_damaged_champion_is_found_before_training_and_never_blocks_retraining
 
 def test_a_factory_named_by_storage_is_never_imported(small_config: RetrainConfig, tmp_path: Path) -> None:
     """Anyone who can write the root could name any importable callable in model.json."""
-    from training.pipeline.champion import check_champion
+    from training.registry.champion import check_champion
     from training.storage.root import StorageRoot
 
     packed, good = _trained(small_config, "good")

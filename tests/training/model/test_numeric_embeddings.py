@@ -12,7 +12,7 @@ import torch
 from tests.training.helpers import assert_resumes_bit_identically, make_job
 from training.config import RetrainConfig
 from training.data.manifest import require_manifest
-from training.data.validation import category_hash
+from training.data.ingest.validation import category_hash
 from training.model.evaluation import evaluate_package
 from training.trainer.run import train
 

@@ -12,15 +12,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.training.helpers import assert_resumes_bit_identically, assert_resumes_bit_identically_after_a_sigkill, make_job
-from training.data.packing import pack_local
+from training.data.ingest.packing import pack_local
 from training.config import RetrainConfig, load_config
-from training.data.features import FeatureStats
-from training.data.loader import ShardBatches, iter_split
+from training.data.prepare.features import FeatureStats
+from training.data.load.loader import ShardBatches, iter_split
 from training.data.manifest import require_manifest
 from training.errors import ConfigError, DataError
 from training.model.evaluation import evaluate_package
 from training.trainer.run import train
-from training.launch.results import TrainResult
+from training.protocol.results import TrainResult
 
 MULTICLASS = ["data.task=multiclass", "data.label=segment", "data.vector=[embedding]"]
 REGRESSION = ["data.task=regression", "data.label=basket_value"]
@@ -130,7 +130,7 @@ def _bad(tmp_path: Path, overrides: list[str], columns: dict[str, pa.Array]) -> 
 
 
 def test_an_unseen_class_names_value_and_row(tmp_path: Path) -> None:
-    from training.data.segments import split_of_file
+    from training.data.ingest.segments import split_of_file
 
     labels = ["a", "b"] * 200
     keys = {"k": pa.array(np.arange(400))}  # data.split_key: the split does not depend on the labels

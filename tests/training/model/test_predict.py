@@ -16,7 +16,7 @@ import torch
 from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.data.manifest import load_manifest
-from training.data.segments import split_of_file
+from training.data.ingest.segments import split_of_file
 from training.errors import CheckpointError, DataError
 from training.model.evaluation import evaluate_package
 from training.trainer.run import train
@@ -176,7 +176,7 @@ def test_the_export_loads_without_the_project_and_scores_as_the_package(trained,
     import subprocess
     import sys
 
-    from training.data.validation import category_hash
+    from training.data.ingest.validation import category_hash
     from training.model.export import export_portable
 
     config, package, _ = trained

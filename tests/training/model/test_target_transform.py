@@ -15,9 +15,9 @@ import torch
 
 from tests.training.helpers import make_job
 from training.config import RetrainConfig, load_config
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 from training.data.manifest import require_manifest
-from training.data.target import TargetStats
+from training.data.prepare.target import TargetStats
 from training.errors import DataError
 from training.model.evaluation import evaluate_package
 from training.model.target_transform import LabelTransform
@@ -117,7 +117,7 @@ def test_a_heavy_tailed_price_learns_better_transformed_and_predict_and_export_a
     predicted = pq.read_table(predict_files([tmp_path / "rows.parquet"], scoring, tmp_path / "s.parquet").output)
     export_portable(package, scoring.model, scoring.stats)
     program = torch.export.load(str(package / "export" / "model.pt2")).module()
-    from training.data.validation import category_hash
+    from training.data.ingest.validation import category_hash
 
     num = torch.tensor(np.stack([rows.column(f"x{i}").to_numpy() for i in range(4)], axis=1), dtype=torch.float32)
     cat = torch.from_numpy(category_hash(rows.column("kind").combine_chunks()).reshape(-1, 1))

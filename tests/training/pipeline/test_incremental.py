@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 
 from tests.conftest import s3_overrides, small_overrides
 from training.config import RetrainConfig, load_config
-from training.data.features import FeatureStats, dataset_stats
-from training.data.loader import ShardBatches, iter_split
+from training.data.prepare.features import FeatureStats, dataset_stats
+from training.data.load.loader import ShardBatches, iter_split
 from training.data.manifest import require_manifest, shard_folder
 from training.data.shards import ShardReader
 from training.pipeline.pack_stage import pack_stage
@@ -123,10 +123,10 @@ def test_merged_statistics_are_those_of_all_train_rows(tmp_path: Path, demo_sour
     np.testing.assert_allclose(merged.numeric.std, num.std(axis=0), rtol=1e-10)
     np.testing.assert_allclose(merged.numeric.minimum, num.min(axis=0))
 
-    from training.data.validation import category_hash
+    from training.data.ingest.validation import category_hash
 
     table = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "src").iterdir())])
-    from training.data.segments import split_of_file
+    from training.data.ingest.segments import split_of_file
 
     train = np.concatenate([split_of_file(p, config.data) for p in sorted((tmp_path / "src").iterdir())]) == 0
     j = manifest.categorical.index("brand")
@@ -368,7 +368,7 @@ def test_reading_shards_keeps_their_verification_valid(small_config: RetrainConf
     """The next run skips hashing a shard whose size and mtime match its verification record: a
     read (which marks the shard recently used for the S3 cache's eviction) must not change them."""
     from training.data.manifest import segments_dir
-    from training.data.shard_cache import local_shard
+    from training.data.load.shard_cache import local_shard
 
     packed = pack_stage(small_config)
     dataset = Path(packed.dataset_dir)
@@ -388,7 +388,7 @@ def test_reading_shards_keeps_their_verification_valid(small_config: RetrainConf
 def test_a_rerun_with_nothing_new_reads_no_statistics_file(small_config: RetrainConfig, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A reused segment's statistics are checked once, then known by their size and mtime, as its
     shards are: a run with nothing new costs a listing and a stat per file."""
-    import training.data.segments as segments
+    import training.data.ingest.segments as segments
 
     pack_stage(small_config)  # packed: its shards and statistics are recorded as verified
     parsed: list[int] = []

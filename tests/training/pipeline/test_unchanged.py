@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tests.conftest import small_overrides
 from training.config import RetrainConfig, load_config
-from training.data.source_index import SourceIndex, known_fingerprints
-from training.data.sources import open_source
+from training.data.ingest.source_index import SourceIndex, known_fingerprints
+from training.data.ingest.sources import open_source
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage

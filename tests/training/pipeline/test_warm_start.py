@@ -11,8 +11,8 @@ import torch
 
 from tests.conftest import small_overrides
 from training.config import RetrainConfig, load_config
-from training.launch.results import TrainResult
-from training.data.validation import category_hash
+from training.protocol.results import TrainResult
+from training.data.ingest.validation import category_hash
 from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
@@ -79,10 +79,10 @@ def test_a_warm_start_grows_the_vocabulary_by_value_and_scores_as_the_champion_d
     them)."""
     from tests.conftest import small_overrides
     from training.config import load_config
-    from training.data.features import FeatureStats
+    from training.data.prepare.features import FeatureStats
     from training.model.network import ModelSchema, build_model, forward_fn
     from training.model.package import load_package, load_warm_start
-    from training.pipeline.champion import check_champion
+    from training.registry.champion import check_champion
     from training.pipeline.train_stage import build_train_job
     from training.storage.root import StorageRoot
 
@@ -137,7 +137,7 @@ def test_a_short_warm_start_learns_the_new_rows(tmp_path: Path, demo_source: Pat
     from training.config import load_config
     from training.model.evaluation import predict_split
     from training.model.package import load_package
-    from training.data.loader import ShardBatches
+    from training.data.load.loader import ShardBatches
     from training.data.manifest import require_manifest
     from training.metrics import roc_auc
     from training.model.objectives import Task
@@ -183,7 +183,7 @@ def test_the_effective_step_budget_reaches_the_task_from_the_job(champion: tuple
                                                                  demo_source: Path) -> None:
     """A warm start trains its own budget (scaled to what is new), not train.max_steps: the
     child's Started event carries the job's, which the task's progress and log lines read."""
-    from training.launch.events import Started
+    from training.protocol.events import Started
 
     config = _config_on_a_copy(champion, tmp_path, demo_source, "train.max_steps=200")
     packed = pack_stage(config)
@@ -204,10 +204,10 @@ def test_a_warm_start_grows_the_output_layer_by_a_new_class(tmp_path: Path, demo
 
     from tests.conftest import small_overrides
     from training.config import load_config
-    from training.data.features import FeatureStats
+    from training.data.prepare.features import FeatureStats
     from training.model.network import ModelSchema, build_model, forward_fn
     from training.model.package import load_package, load_warm_start
-    from training.pipeline.champion import check_champion
+    from training.registry.champion import check_champion
     from training.pipeline.train_stage import build_train_job
     from training.storage.root import StorageRoot
 

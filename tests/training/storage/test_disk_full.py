@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import small_filesystem
 from tests.training.helpers import make_job
-from training.launch.events import ChildEvent
+from training.protocol.events import ChildEvent
 from training.trainer.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import StorageError

@@ -10,7 +10,7 @@ import boto3
 import pytest
 
 from tests.conftest import S3_SECRET, s3_overrides, small_overrides
-from training.launch.events import ChildEvent
+from training.protocol.events import ChildEvent
 from training.trainer.checkpoint_sync import remote_checkpoints
 from training.config import StorageConfig, load_config
 from training.errors import StorageError
@@ -220,8 +220,8 @@ def test_shard_cache_streams_shards_on_demand_within_its_size_limit(s3_bucket, s
     segments = dataset_dir.parent / "segments"
     assert not list(segments.glob("*/*.tar"))  # only the manifests came down
 
-    from training.data.features import FeatureStats
-    from training.data.loader import ShardBatches, iter_split
+    from training.data.prepare.features import FeatureStats
+    from training.data.load.loader import ShardBatches, iter_split
     from training.data.manifest import load_manifest
 
     manifest = load_manifest(dataset_dir)
@@ -350,7 +350,7 @@ def test_as_many_threads_as_planning_uses_share_the_pool_without_dropping_connec
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from training.data.packing import PLAN_THREADS
+    from training.data.ingest.packing import PLAN_THREADS
 
     store = _store(s3_bucket, s3_server)
     store.put_bytes("x", b"1", {})

@@ -190,7 +190,7 @@ def test_a_shard_with_an_object_member_is_damaged_and_packed_again(
 def _rewrite_stats(folder: Path, segment: dict, change: object) -> None:
     """Rewrite a segment's stats.npz with `change(arrays)` applied, and its sha256 in segment.json
     by the same hand, so only the values can tell."""
-    from training.data.segment_stats import parse_stats_arrays
+    from training.data.ingest.segment_stats import parse_stats_arrays
 
     arrays = parse_stats_arrays((folder / "stats.npz").read_bytes())
     change(arrays)  # type: ignore[operator]

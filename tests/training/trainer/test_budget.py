@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from tests.training.helpers import make_job
-from training.launch.events import ChildEvent
+from training.protocol.events import ChildEvent
 from training.config import RetrainConfig
 from training.errors import Preempted
 from training.trainer.run import StopFlag, train

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 from training.model.network import to_device
 from training.model.target_transform import LabelTransform
 from training.trainer.precision import measure_fp32_slowdown, resolve_precision

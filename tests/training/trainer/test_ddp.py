@@ -11,7 +11,7 @@ import torch
 from tests.conftest import small_overrides
 from tests.kill import kill_worker_when
 from tests.training.helpers import make_job
-from training.launch.events import ChildEvent
+from training.protocol.events import ChildEvent
 from training.config import load_config
 from training.errors import Preempted
 from training.launch.process import run_training_process

@@ -19,14 +19,14 @@ import torch
 
 from tests.conftest import SMALL_ROWS, small_overrides
 from tests.training.helpers import make_job
-from training.launch.events import ChildEvent
+from training.protocol.events import ChildEvent
 from training.config import load_config
 
 FIXTURE = Path(__file__).resolve().parents[2] / "fixtures" / "legacy_run"
 
 
 def test_an_earlier_versions_checkpoint_resumes_to_its_weights(tmp_path: Path) -> None:
-    from training.data.demo import ensure_demo_dataset
+    from training.data.ingest.demo import ensure_demo_dataset
     from training.trainer.run import train
 
     expected = json.loads((FIXTURE / "expected.json").read_text())

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.training.helpers import make_job
-from training.launch.events import ChildEvent
+from training.protocol.events import ChildEvent
 from training.config import RetrainConfig
 from training.errors import CheckpointError, Preempted
 from training.trainer.run import StopFlag, train
@@ -127,13 +127,14 @@ def test_time_based_checkpoint_intervals(small_config: RetrainConfig, interval: 
     small_config.train.checkpoint.mean_seconds_between_preemptions = 0.005
     result = train(make_job(small_config))
     described = result.checkpoint_interval
-    assert described["mode"] == ("auto" if interval == "auto" else "seconds")
-    assert described["seconds"] is not None and described["seconds"] > 0
+    assert described is not None
+    assert described.mode == ("auto" if interval == "auto" else "seconds")
+    assert described.seconds is not None and described.seconds > 0
     # more saves than the validation-triggered ones (steps 100 and 200)
     assert result.checkpoints_saved > 2
     if interval == "auto":
-        expected = (2 * described["save_cost_seconds"] * 0.005) ** 0.5
-        assert described["seconds"] == pytest.approx(expected)
+        expected = (2 * described.save_cost_seconds * 0.005) ** 0.5
+        assert described.seconds == pytest.approx(expected)
 
 
 def test_checkpoint_interval_is_validated() -> None:
@@ -152,9 +153,10 @@ def test_profile_records_a_trace_and_top_ops(small_config: RetrainConfig) -> Non
     small_config.train.profile = True
     result = train(make_job(small_config))
     profile = result.profile
-    assert Path(profile["trace"]).stat().st_size > 0
-    assert profile["steps"] == 10 and profile["after_steps"] == 10
-    names = [op["name"] for op in profile["top_ops"]]
+    assert profile is not None
+    assert Path(profile.trace).stat().st_size > 0
+    assert profile.steps == 10 and profile.after_steps == 10
+    names = [op.name for op in profile.top_ops]
     assert any("addmm" in n or "linear" in n or "mm" in n for n in names), names
 
 

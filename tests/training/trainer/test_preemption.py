@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.training.helpers import make_job
-from training.launch.events import ChildEvent
-from training.launch.results import TrainResult
+from training.protocol.events import ChildEvent
+from training.protocol.results import TrainResult
 from training.trainer.checkpoint import latest_verified_checkpoint
 from training.config import RetrainConfig
 from training.errors import Preempted
 from training.launch.process import run_training_process
-from training.launch.job import TrainJob
+from training.protocol.job import TrainJob
 
 
 def _heartbeat_step(job: TrainJob, since: float = 0.0) -> int:
@@ -205,7 +205,7 @@ def test_small_data_trains_with_the_default_batch_and_resumes_bit_identical(tmp_
     validation loss, kept in the checkpoint) included."""
     from tests.conftest import small_overrides
     from training.config import load_config
-    from training.data.demo import ensure_demo_dataset
+    from training.data.ingest.demo import ensure_demo_dataset
 
     source, _ = ensure_demo_dataset(tmp_path / "src", rows=569, seed=3)
     overrides = [o for o in small_overrides(tmp_path / "root", source) if not o.startswith("train.batch_size")]

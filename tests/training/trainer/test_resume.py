@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from training.launch.runs import count_attempt
+from training.protocol.runs import count_attempt
 from training.trainer.checkpoint import CheckpointManifest, save_checkpoint
 from training.config import load_config
 from training.errors import CheckpointError
 from training.trainer.resume import Heartbeat
-from training.launch.job import TrainJob
+from training.protocol.job import TrainJob
 from training.trainer.resume import ResumeBook
 from training.trainer.state import Progress
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from training.config import load_config
-from training.launch.results import Validation
+from training.protocol.results import Validation
 from training.trainer.state import EarlyStopping
 from training.trainer.stopping import Budget, StopPolicy, champion_gate
 from training.trainer.state import Progress

@@ -14,7 +14,7 @@ from tests.training.helpers import make_job
 from training.config import RetrainConfig
 from training.trainer.run import train
 from training.trainer.trainer import Trainer
-from training.data.features import FeatureStats
+from training.data.prepare.features import FeatureStats
 from training.model.network import TabularMLP
 from training.model.objectives import BinaryTask
 from training.trainer.throughput import (choose_num_workers, data_and_compute_seconds, find_micro_batch,
@@ -74,8 +74,8 @@ def test_the_probe_times_loading_and_the_step() -> None:
 
 
 def test_the_worker_probe_measures_real_workers(small_config: RetrainConfig) -> None:
-    from training.data.features import FeatureStats
-    from training.data.loader import ShardBatches, worker_seconds_per_batch
+    from training.data.prepare.features import FeatureStats
+    from training.data.load.loader import ShardBatches, worker_seconds_per_batch
     from training.data.manifest import load_manifest
 
     job = make_job(small_config)
@@ -119,7 +119,7 @@ def test_auto_batch_size_keeps_the_effective_batch_under_a_simulated_limit(small
     job.config.train.simulated_memory_mb = (need40 + need41) / 2 / 0.9 / (1 << 20)
     result = train(job)
     layout = result.batch_layout
-    assert layout is not None and layout.auto is not None and layout.auto["max_fitting"] == 40
+    assert layout is not None and layout.auto is not None and layout.auto.max_fitting == 40
     assert layout.micro_batch == 32 and layout.grad_accum == 4  # 32 x 4 = the configured 128
     assert result.samples_seen == 20 * 128
 
@@ -149,8 +149,8 @@ def test_worker_memory_does_not_grow_over_epochs(small_config: RetrainConfig) ->
     """One endless stream over all epochs: workers are started once and hold at most their
     shard cache, so their RSS is flat from epoch to epoch (the WebDataset-style leak of
     re-created per-epoch iterators cannot happen)."""
-    from training.data.features import FeatureStats
-    from training.data.loader import ShardBatches, StreamPosition, make_train_loader
+    from training.data.prepare.features import FeatureStats
+    from training.data.load.loader import ShardBatches, StreamPosition, make_train_loader
     from training.data.manifest import load_manifest
 
     job = make_job(small_config)

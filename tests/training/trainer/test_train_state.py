@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from training.config import load_config
 from training.model.network import ModelSchema
-from training.launch.results import Validation
+from training.protocol.results import Validation
 from training.trainer.state import Progress, TrainState
 
 

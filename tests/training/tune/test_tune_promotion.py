@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from training.config import load_config
-from training.launch.results import RungResult
+from training.protocol.results import RungResult
 from training.tune.study import RungCost, RungWork, Study
 
 RUNGS = (20, 60, 180)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from training.config import load_config
-from training.launch.results import RungResult
+from training.protocol.results import RungResult
 from training.tune.study import RungCost, Study
 from training.tune.study_report import build_report, curve_points
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from training.config import RetrainConfig
 from training.trainer.run import train
-from training.launch.results import RungResult, TrainResult
+from training.protocol.results import RungResult, TrainResult
 
 from tests.training.helpers import make_job
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from training.config import load_config
-from training.launch.results import RungResult
+from training.protocol.results import RungResult
 from training.tune.study import RungCost, RungWork, Study
 from training.tune.study_report import build_report
 

@@ -1,0 +1,85 @@
+"""`training.pipeline.stage_calls` (answered by `training.worker.stage`): evaluation, promotion and the champion gate run in a child
+process, so that the flow's process runs a first retraining (no champion to verify yet) without
+importing torch; the child's result is the in-process stage's, and its errors cross as the same
+classes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import small_overrides
+from training.config import RetrainConfig
+from training.errors import DataError
+from training.pipeline.evaluate_stage import champion_validation_metric, evaluate_stage
+from training.pipeline.pack_stage import pack_stage
+from training.pipeline.preprocess_stage import preprocess_stage
+from training.pipeline.stage_calls import champion_metric_in_child, evaluate_in_child
+from training.pipeline.train_stage import train_stage
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# The stages as the flow runs them, in a process where `import torch` fails.
+_WITHOUT_TORCH = textwrap.dedent("""
+    import json, sys
+    sys.modules["torch"] = None
+    from training.config import load_config
+    from training.pipeline.handoffs import StageStates
+    from training.pipeline.pack_stage import pack_stage
+    from training.pipeline.preprocess_stage import preprocess_stage
+    from training.pipeline.report_stage import report_stage
+    from training.pipeline.stage_calls import champion_metric_in_child, evaluate_in_child
+    from training.pipeline.train_stage import train_stage
+
+    config = load_config(overrides=json.loads(sys.argv[1]))
+    packed = pack_stage(config)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+    no_champion = champion_metric_in_child(config, packed)
+    trained = train_stage(config, packed, prep)
+    evaluation = evaluate_in_child(config, packed, trained)
+    gate = champion_metric_in_child(config, packed)
+    report = report_stage(config, packed, prep, trained, evaluation, StageStates())
+    print(json.dumps({"no_champion": no_champion, "promoted": evaluation.promotion.promoted, "gate": gate,
+                      "auc": evaluation.metrics["auc"], "report": report.report}))
+""")
+
+
+def test_a_retraining_runs_in_a_process_that_cannot_import_torch(tmp_path: Path, demo_source: Path) -> None:
+    overrides = [*small_overrides(tmp_path / "root", demo_source), "train.max_steps=20"]
+    out = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, json.dumps(overrides)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["no_champion"] is None and result["promoted"]
+    assert 0.5 < result["auc"] <= 1.0 and 0.5 < result["gate"] <= 1.0
+    assert Path(result["report"]).is_file()
+
+
+def test_the_childs_evaluation_is_the_in_process_one(small_config: RetrainConfig) -> None:
+    small_config.train.max_steps = 20
+    packed = pack_stage(small_config)
+    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess.model_dump(mode="json"),
+                            small_config.storage.root)
+    trained = train_stage(small_config, packed, prep)
+    assert champion_metric_in_child(small_config, packed) is None
+    there = evaluate_in_child(small_config, packed, trained)
+    assert there.promotion.promoted and there.promotion.challenger_sha256 == trained.model.sha256
+    here = evaluate_stage(small_config, packed, trained)  # the same run again, in this process
+    assert here.metrics == there.metrics and here.promotion.promoted
+    assert champion_metric_in_child(small_config, packed) == champion_validation_metric(small_config, packed)
+
+
+def test_an_error_in_the_child_is_raised_here_as_the_same_class(small_config: RetrainConfig, tmp_path: Path) -> None:
+    small_config.train.max_steps = 20
+    packed = pack_stage(small_config)
+    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess.model_dump(mode="json"),
+                            small_config.storage.root)
+    trained = train_stage(small_config, packed, prep)
+    gone = packed.model_copy(update={"dataset_dir": str(tmp_path / "gone")})
+    with pytest.raises(DataError, match="no manifest.json"):
+        evaluate_in_child(small_config, gone, trained)

@@ -1,0 +1,79 @@
+"""The stages' work that needs torch, asked of a child process (`training.launch.calls`): the
+challenger's evaluation and promotion (scoring, the paired comparison, torch.export), and the
+champion gate's validation metric. The flow's process calls `evaluate_in_child`,
+`champion_metric_in_child` and `compare_in_child`; the child (`training.worker.stage`) answers
+the request they write.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Callable, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from training.config import RetrainConfig
+from training.launch.calls import call_in_child
+from training.launch.process import log_child_event
+from training.pipeline.handoffs import Evaluation, PackResult
+from training.protocol.entries import STAGE_CHILD_MODULE
+from training.protocol.events import ChildEvent
+from training.protocol.results import TrainResult
+
+__all__ = ["METRIC", "REQUEST", "ChampionMetricRequest", "CompareRequest", "EvaluateRequest", "champion_metric_in_child",
+           "compare_in_child", "evaluate_in_child"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    config: RetrainConfig
+    packed: PackResult
+
+
+class EvaluateRequest(_Request):
+    call: Literal["evaluate"] = "evaluate"
+    trained: TrainResult
+
+
+class ChampionMetricRequest(_Request):
+    call: Literal["champion_metric"] = "champion_metric"
+
+
+class CompareRequest(_Request):
+    call: Literal["compare"] = "compare"
+    challenger: str  # model package folders
+    base: str
+
+
+REQUEST: TypeAdapter[EvaluateRequest | ChampionMetricRequest | CompareRequest] = TypeAdapter(
+    Annotated[Union[EvaluateRequest, ChampionMetricRequest, CompareRequest], Field(discriminator="call")])
+METRIC: TypeAdapter[float | None] = TypeAdapter(float | None)
+
+
+def evaluate_in_child(config: RetrainConfig, packed: PackResult, trained: TrainResult,
+                      on_event: Callable[[ChildEvent], None] = log_child_event) -> Evaluation:
+    """`evaluate_stage`, run in a child process."""
+    text = call_in_child(STAGE_CHILD_MODULE, EvaluateRequest(config=config, packed=packed, trained=trained),
+                         "the evaluation", on_event)
+    return Evaluation.model_validate_json(text)
+
+
+def champion_metric_in_child(config: RetrainConfig, packed: PackResult,
+                             on_event: Callable[[ChildEvent], None] = log_child_event) -> float | None:
+    """`champion_validation_metric`, run in a child process."""
+    text = call_in_child(STAGE_CHILD_MODULE, ChampionMetricRequest(config=config, packed=packed),
+                         "the champion gate's evaluation", on_event)
+    return METRIC.validate_json(text)
+
+
+def compare_in_child(config: RetrainConfig, packed: PackResult, challenger: Path, base: Path,
+                     on_event: Callable[[ChildEvent], None] = log_child_event) -> dict[str, Any]:
+    """`compare_on_validation`, run in a child process."""
+    text = call_in_child(STAGE_CHILD_MODULE, CompareRequest(config=config, packed=packed, challenger=str(challenger),
+                                                            base=str(base)), "the comparison with the base", on_event)
+    found: dict[str, Any] = json.loads(text)
+    return found
+
+

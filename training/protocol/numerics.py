@@ -1,0 +1,74 @@
+"""The device type and precision a run's config means on a machine, as its run key records them:
+the rules, torch-free, and the two facts only torch knows (is a CUDA GPU usable, has it native
+bf16), asked of torch only where a GPU driver is present. The launcher keys runs with it; the
+training process checks its own numerics against the key, and the trainer applies the same rules
+(`training.trainer.precision`)."""
+
+from __future__ import annotations
+
+import os
+
+from training.config import RetrainConfig
+from training.errors import ConfigError
+
+__all__ = ["device_for", "gpu_driver_present", "job_numerics", "precision_for", "resolved_numerics"]
+
+# An NVIDIA driver (CUDA) or AMD's kernel driver (ROCm, which torch also calls cuda): without
+# either, torch sees no GPU.
+_GPU_DRIVER_FILES = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd")
+
+
+def gpu_driver_present() -> bool:
+    return any(os.path.exists(path) for path in _GPU_DRIVER_FILES)
+
+
+def device_for(requested: str, cuda_available: bool) -> str:
+    """The device type `train.device` means where a CUDA GPU is (or is not) usable."""
+    if requested == "cuda" and not cuda_available:
+        raise ConfigError("train.device=cuda but no CUDA GPU is visible; set train.device=auto or cpu")
+    if requested == "auto":
+        return "cuda" if cuda_available else "cpu"
+    return requested
+
+
+def precision_for(requested: str, device_type: str, bf16_native: bool) -> str:
+    """auto: bf16 on CUDA GPUs with native bf16, fp16 on older GPUs, fp32 on CPU.
+
+    fp32 on CPU because bf16 autocast on a CPU without native bf16 (AVX2-only) measured about
+    4x slower than fp32 on the 2-core reference machine. Native bf16 only (compute capability
+    8.0 on: A100, L4, H100): on T4 and V100, which emulate it, fp16 with a GradScaler runs on the
+    tensor cores, and `retrain plan` prices those GPUs in fp16.
+    """
+    if requested == "fp16" and device_type != "cuda":
+        raise ConfigError("train.precision=fp16 needs a CUDA GPU; use bf16 or fp32 on CPU")
+    if requested != "auto":
+        return requested
+    if device_type == "cuda":
+        return "bf16" if bf16_native else "fp16"
+    return "fp32"
+
+
+def resolved_numerics(device: str, precision: str) -> tuple[str, str]:
+    """(device type, precision) that `train.device` and `train.precision` mean on this machine:
+    part of what a run computes, so part of its run key. On a machine with no GPU driver the
+    answer is the CPU's, known without torch; elsewhere torch is asked (which GPU, and whether
+    it has native bf16)."""
+    if device == "cpu" or (device == "auto" and not gpu_driver_present()):
+        return "cpu", precision_for(precision, "cpu", False)
+    import torch  # a GPU driver is present: only torch can say whether its GPU is usable
+
+    device_type = device_for(device, torch.cuda.is_available())
+    native = device_type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+    return device_type, precision_for(precision, device_type, native)
+
+
+def job_numerics(config: RetrainConfig) -> tuple[str, str]:
+    """(device type, precision) the run's training processes will use: this machine's, except
+    for nodes on Kubernetes, which are not this machine (the launcher often has no GPU): there
+    the nodes' declared GPUs decide, with the precision the config names (checked explicit)."""
+    d, tc = config.train.distributed, config.train
+    if d.nnodes > 1 and d.scheduler == "kubernetes":
+        if d.kubernetes.gpu == 0 or tc.device == "cpu":
+            return "cpu", "fp32" if tc.precision == "auto" else tc.precision
+        return "cuda", tc.precision
+    return resolved_numerics(tc.device, tc.precision)

@@ -1,0 +1,86 @@
+"""The stage child: `python -m training.worker.stage REQUEST.json ERROR.json PARENT_PID RESULT.json`
+answers one request of `training.pipeline.stage_calls` (evaluation, promotion, the champion
+gate's metric, a comparison). Exit codes: 0 done, EXIT_USER_ERROR with the error in ERROR.json;
+warnings go to the parent as `log` events, as the training worker's do.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from training.errors import EXIT_USER_ERROR, RetrainError, StorageError
+from training.pipeline.stage_calls import METRIC, REQUEST, ChampionMetricRequest, CompareRequest, EvaluateRequest
+from training.protocol.events import ChildEvent, ErrorReport, LogLine
+from training.storage.files import write_atomic
+
+__all__ = ["main"]
+
+
+def _run(request: EvaluateRequest | ChampionMetricRequest | CompareRequest) -> str:
+    from training.pipeline.evaluate_stage import champion_validation_metric, compare_on_validation, evaluate_stage
+
+    if isinstance(request, EvaluateRequest):
+        return evaluate_stage(request.config, request.packed, request.trained).model_dump_json()
+    if isinstance(request, CompareRequest):
+        return json.dumps(compare_on_validation(request.config, request.packed, Path(request.challenger),
+                                                Path(request.base)))
+    return METRIC.dump_json(champion_validation_metric(request.config, request.packed)).decode()
+
+
+def _emit(event: ChildEvent) -> None:
+    sys.stdout.write(event.model_dump_json() + "\n")
+    sys.stdout.flush()
+
+
+class _ToParent(logging.Handler):
+    """Warnings and errors go to the parent, which logs them into the task run (the UI)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            _emit(LogLine(level=record.levelname, logger=record.name, message=record.getMessage()))
+        except Exception:  # noqa: BLE001 - logging must never break the stage
+            self.handleError(record)
+
+
+def _report(error_path: Path, report: ErrorReport) -> int:
+    _emit(report)  # on the event pipe too: the disk that holds error_path may be full
+    try:
+        error_path.write_text(report.model_dump_json())
+    except OSError:
+        pass
+    return EXIT_USER_ERROR
+
+
+def main(argv: list[str]) -> int:
+    request_path, error_path, parent, result_path = Path(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3])
+    logging.basicConfig(level=logging.WARNING, handlers=[_ToParent()], force=True)
+    logging.captureWarnings(True)
+    try:
+        # Ends with its parent: the work is idempotent, and the parent's retry does it again.
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() != parent:
+        return 1  # the parent went before this process could watch for it
+    try:
+        result = _run(REQUEST.validate_json(request_path.read_text()))
+    except StorageError as err:
+        return _report(error_path, ErrorReport(type=type(err).__name__, message=str(err), transient=err.transient))
+    except RetrainError as err:
+        return _report(error_path, ErrorReport(type=type(err).__name__, message=str(err)))
+    except (ConnectionError, TimeoutError) as err:
+        # A network failure that nothing below named: the retry policy treats it as transient.
+        return _report(error_path, ErrorReport(type="StorageError", message=f"{type(err).__name__}: {err}",
+                                               transient=True))
+    write_atomic(result_path, result.encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
