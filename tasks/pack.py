@@ -15,7 +15,7 @@ from typing import Any, Callable
 from prefect import task
 from prefect.futures import PrefectFuture, as_completed
 
-from tasks.policies import HOUR, retried, retry_transient, task_logger
+from tasks.policies import HOUR, retried, task_logger
 from training.config import RetrainConfig
 from training.data.ingest.packing import PLAN_THREADS, FilesPlanned
 from training.data.ingest.segments import PackedSegment, SegmentPlan
@@ -50,8 +50,7 @@ def begin_packing(config: RetrainConfig, defer_footers: bool = False) -> PackBeg
 
 
 # No timeout, as pack-segment below.
-@task(name="pack-plan-files", task_run_name="plan-{files[0].name}-and-more", retries=2, retry_delay_seconds=5,
-      retry_condition_fn=retry_transient)
+@task(name="pack-plan-files", task_run_name="plan-{files[0].name}-and-more", **retried(None))
 def plan_files(config: RetrainConfig, source: str, files: list[SourceFile]) -> FilesPlanned:
     """Read new files' footers (16 at a time) and plan their segments, where this task runs."""
     return plan_files_stage(config, source, files)
@@ -59,8 +58,7 @@ def plan_files(config: RetrainConfig, source: str, files: list[SourceFile]) -> F
 
 # No timeout: submitted, it runs in a worker thread of the task runner, where Prefect cannot
 # interrupt it (and warns on every run); the flow's timeout bounds it.
-@task(name="pack-segment", task_run_name="pack-{plan.file.name}-{plan.file_row}", retries=2, retry_delay_seconds=5,
-      retry_condition_fn=retry_transient)
+@task(name="pack-segment", task_run_name="pack-{plan.file.name}-{plan.file_row}", **retried(None))
 def pack_segment(config: RetrainConfig, plan: SegmentPlan) -> PackedSegment:
     """Validate and pack one segment's row groups; publish it to the storage root (idempotent)."""
     return pack_segment_stage(config, plan)

@@ -22,10 +22,12 @@ FLOW_TIMEOUTS = {"watch": 900.0, "plan": 6 * HOUR, "predict": 24 * HOUR, "retrai
 TRAIN_TIMEOUT = 48 * HOUR  # without a budget; with one, train_timeout()
 
 
-def retried(timeout_seconds: float) -> dict[str, Any]:
-    """A stage task's options: two retries of what is transient (retry_transient), and a timeout."""
-    return {"retries": 2, "retry_delay_seconds": 5, "retry_condition_fn": retry_transient,
-            "timeout_seconds": timeout_seconds}
+def retried(timeout_seconds: float | None) -> dict[str, Any]:
+    """A stage task's options: two retries of what is transient (retry_transient), and a timeout
+    (None: none, for tasks submitted to the task runner's threads, which Prefect cannot interrupt;
+    their flow's timeout bounds them)."""
+    options: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5, "retry_condition_fn": retry_transient}
+    return options if timeout_seconds is None else {**options, "timeout_seconds": timeout_seconds}
 
 
 def train_timeout(max_wall_seconds: float | None) -> float:

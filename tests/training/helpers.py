@@ -31,6 +31,16 @@ def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
     )
 
 
+def _same_threads(config: RetrainConfig) -> RetrainConfig:
+    """`config` with one torch thread. A run keeps the thread count of its first start across
+    resumes, but two runs started at different load may pick different counts ("auto"), and then
+    their validation metrics differ in the last bits (the weights do not): the reference must
+    run as the interrupted run does."""
+    config = config.model_copy(deep=True)
+    config.train.loader.torch_threads = 1
+    return config
+
+
 def assert_resumes_bit_identically(config: RetrainConfig, stop_at: int = 50) -> None:
     """A run stopped at its checkpoint `stop_at` and resumed ends with the weights and history
     of the run that was never stopped."""
@@ -39,6 +49,7 @@ def assert_resumes_bit_identically(config: RetrainConfig, stop_at: int = 50) -> 
     from training.errors import Preempted
     from training.trainer.run import StopFlag, train
 
+    config = _same_threads(config)
     reference = train(make_job(config, "reference"))
     job = make_job(config, "interrupted")
     stop = StopFlag()
@@ -65,6 +76,7 @@ def assert_resumes_bit_identically_after_a_sigkill(config: RetrainConfig, kill_a
     from training.errors import Preempted
     from training.launch.process import run_training_process
 
+    config = _same_threads(config)
     reference = run_training_process(make_job(config, "reference"))
     job = make_job(config, "killed")
     on_start, seen = _signal_at_step(job, kill_at, signal.SIGKILL)

@@ -10,18 +10,13 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from training.protocol.record import Record
+
 __all__ = ["Evaluation", "LaunchPhases", "PackResult", "PrepResult", "Promotion", "StageEnds", "StageStates",
            "TrainingDecision"]
 
 
-class _Result(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
-
-class LaunchPhases(_Result):
+class LaunchPhases(Record):
     """What `retrain run` spent before the flow's first stage, handed to the report through the
     environment (`ENV`): the flow runs in the CLI's process, but a deployed run has none."""
 
@@ -33,7 +28,7 @@ class LaunchPhases(_Result):
     flow_called_at: float  # epoch seconds when the flow was called
 
 
-class PackResult(_Result):
+class PackResult(Record):
     """The packed dataset: where it is, what it holds, and whether this run packed it."""
 
     source: str
@@ -58,7 +53,7 @@ class PackResult(_Result):
     dataset_bytes: int = 0  # the dataset's shards
 
 
-class PrepResult(_Result):
+class PrepResult(Record):
     """The fitted (or reused) feature statistics of a dataset."""
 
     stats_path: str
@@ -71,7 +66,7 @@ class PrepResult(_Result):
     seconds: float
 
 
-class Promotion(_Result):
+class Promotion(Record):
     promoted: bool
     reason: str
     challenger_sha256: str
@@ -82,7 +77,7 @@ class Promotion(_Result):
     difference: dict[str, Any] | None = None  # `training.model.paired.PairedDifference`: the evidence, when paired
 
 
-class Evaluation(_Result):
+class Evaluation(Record):
     """The challenger's test metrics and the promotion decision (`evaluation.json`)."""
 
     tags: dict[str, str]
@@ -96,7 +91,7 @@ class Evaluation(_Result):
     seconds: float
 
 
-class StageStates(_Result):
+class StageStates(Record):
     """The final Prefect state of each stage's task, as the flow saw it (None outside a flow)."""
 
     pack: str | None = None
@@ -128,7 +123,7 @@ class StageEnds(BaseModel):
         return out
 
 
-class TrainingDecision(_Result):
+class TrainingDecision(Record):
     """Whether this run trains, and why (a report field and a Prefect artifact)."""
 
     train: bool

@@ -15,17 +15,11 @@ from training.cost.cpu_step import CpuScaling
 from training.cost.step_count import StepCosts, StepCount
 from training.cost.utilization import AcceleratorStats
 from training.model.model_ref import ModelRef
+from training.protocol.record import Record
 from training.protocol.threads import ThreadPolicy
 
 __all__ = ["AutoBatch", "BatchLayout", "ChampionCheck", "CheckpointInterval", "CheckpointUpload", "LoaderWorkers",
            "ProfileSummary", "RungResult", "Seconds", "TopOp", "TrainResult", "Validation", "WarmStart", "WorkersProbe"]
-
-
-class _Result(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
 
 
 class Seconds(BaseModel):
@@ -90,14 +84,14 @@ History = Annotated[list[Validation], BeforeValidator(validations),
                     PlainSerializer(lambda history: [v.to_json() for v in history])]
 
 
-class WarmStart(_Result):
+class WarmStart(Record):
     requested: bool
     used: bool
     reason: str
     champion_sha256: str | None = None
 
 
-class WorkersProbe(_Result):
+class WorkersProbe(Record):
     """What `train.loader.num_workers: auto` measured, and the workers it chose."""
 
     num_workers: int
@@ -108,7 +102,7 @@ class WorkersProbe(_Result):
     worker_seconds_per_batch: float | None
 
 
-class LoaderWorkers(_Result):
+class LoaderWorkers(Record):
     """The DataLoader workers a run used, and the probe behind "auto" (None when set by hand)."""
 
     used: int = 0
@@ -116,7 +110,7 @@ class LoaderWorkers(_Result):
     resident: bool = False  # the train split held on the device, batches gathered there (train.loader.resident)
 
 
-class AutoBatch(_Result):
+class AutoBatch(Record):
     """`train.auto_batch_size`'s memory search: what it found, or why it was skipped."""
 
     skipped: str | None = None  # why no search ran (no accelerator memory to fit on this device)
@@ -128,7 +122,7 @@ class AutoBatch(_Result):
     seconds: float | None = None
 
 
-class BatchLayout(_Result):
+class BatchLayout(Record):
     """The micro-batch and accumulation a run used; `auto` is the memory search behind them."""
 
     micro_batch: int
@@ -137,7 +131,7 @@ class BatchLayout(_Result):
     peak_lr: float
 
 
-class TopOp(_Result):
+class TopOp(Record):
     """One operator of torch.profiler's table, by its own CPU time."""
 
     name: str
@@ -146,7 +140,7 @@ class TopOp(_Result):
     cpu_total_ms: float
 
 
-class ProfileSummary(_Result):
+class ProfileSummary(Record):
     """`train.profile`: where the Chrome trace was written, the steps it covers, and the top
     operators by their own CPU time."""
 
@@ -156,7 +150,7 @@ class ProfileSummary(_Result):
     top_ops: list[TopOp]
 
 
-class CheckpointInterval(_Result):
+class CheckpointInterval(Record):
     """The checkpoint schedule as it ran: every `steps`, every `seconds` of training, or the
     Young/Daly optimum (`auto`) from the measured save cost and the mean time between preemptions."""
 
@@ -167,7 +161,7 @@ class CheckpointInterval(_Result):
     mean_seconds_between_preemptions: float | None = None
 
 
-class CheckpointUpload(_Result):
+class CheckpointUpload(Record):
     """Checkpoints uploaded to an s3:// root in the background, behind the local ones."""
 
     uploaded: int
@@ -176,14 +170,14 @@ class CheckpointUpload(_Result):
     background_seconds: float
 
 
-class ChampionCheck(_Result):
+class ChampionCheck(Record):
     """The champion as verified before training: its sha256, and what is wrong with it, if anything."""
 
     sha256: str
     problem: str | None = None
 
 
-class TrainResult(_Result):
+class TrainResult(Record):
     """A finished training run (`result.json`), plus what the train stage adds around it."""
 
     run_key: str
@@ -251,7 +245,7 @@ class TrainResult(_Result):
                      if (v[self.metric] >= target if higher_is_better else v[self.metric] <= target)), None)
 
 
-class RungResult(_Result):
+class RungResult(Record):
     """Where a tuning trial's run stands after training towards a rung: paused there
     (`runs/<key>/rungs/step-<n>.json`, written by the training process with its checkpoint), or
     finished (completed, early_stopped, budget_stopped; from its result.json)."""
