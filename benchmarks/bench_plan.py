@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from training.data.batch import Batch
 from training.config import RetrainConfig
 from training.cost.planner import HereFigures, plan_rows
 from training.cost.step_count import StepCosts
@@ -34,9 +35,9 @@ def _count(config: RetrainConfig) -> StepCosts:
     model_config = config.model.model_copy(update={"text_dim": 384, "text_layers": 6, "text_heads": 6, "hidden": []})
     schema = ModelSchema(task="binary", n_outputs=1, numeric=[], categorical=[], cardinalities=[], text=["text"],
                          vocab_size=VOCAB, max_tokens=TOKENS)
-    batch = {"num": torch.zeros(BATCH, 0), "cat": torch.zeros(BATCH, 0, dtype=torch.int64),
-             "tok": torch.randint(1, VOCAB, (BATCH, 1, TOKENS)), "ntok": torch.full((BATCH, 1), TOKENS),
-             "label": torch.randint(0, 2, (BATCH,)).float()}
+    batch: Batch = {"num": torch.zeros(BATCH, 0), "cat": torch.zeros(BATCH, 0, dtype=torch.int64),
+                    "tok": torch.randint(1, VOCAB, (BATCH, 1, TOKENS)), "ntok": torch.full((BATCH, 1), TOKENS),
+                    "label": torch.randint(0, 2, (BATCH,)).float()}
     count = count_step(build_model(model_config, schema), BinaryTask(FeatureStats([], [], [], [], [])), batch,
                        torch.bfloat16)
     return StepCosts(as_run=count, bf16=count, checkpointed=None)

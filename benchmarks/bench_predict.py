@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import torch
 
 from benchmarks.common import demo_parquet, outside_load, train_job
+from training.data.batch import Batch, batch_of
 from training.protocol.results import TrainResult
 from training.trainer.run import train
 from training.model.network import forward_fn
@@ -37,7 +38,7 @@ from training.config import DataConfig, RetrainConfig
 from training.pipeline.predict_stage import scoring_threads
 
 
-Batches = list[dict[str, torch.Tensor]]
+Batches = list[Batch]
 
 
 def _bare_batches(scoring: Any, source: Path) -> Batches:
@@ -49,7 +50,7 @@ def _bare_batches(scoring: Any, source: Path) -> Batches:
     batches = []
     for batch in table.to_batches(max_chunksize=SCORE_BATCH):
         arrays = transform.shard([feature_arrays(validator, source, batch, 0, [])], "")
-        batches.append({k: torch.from_numpy(v) for k, v in arrays.items()})
+        batches.append(batch_of({k: torch.from_numpy(v) for k, v in arrays.items()}))
     return batches
 
 

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from training.data.batch import Batch
 from training.config import load_config
 from training.data.prepare.features import DERIVED_DIR, fit_feature_stats
 from training.data.load.loader import ShardBatches
@@ -49,7 +50,7 @@ def _documents(path: Path) -> Path:
     return path
 
 
-def _steps(model: torch.nn.Module, task: Task, batches: list[dict[str, torch.Tensor]]) -> float:
+def _steps(model: torch.nn.Module, task: Task, batches: list[Batch]) -> float:
     """Median seconds of a forward, backward and AdamW step."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []

@@ -9,24 +9,56 @@ the loader hands the model. The one place their keys are named.
   columns], how many of them are real;
 - `pix`: uint8 [rows, images, height, width, 3], decoded pixels;
 - `row`: int64 [rows], each row's index in its split (the order scoring writes back).
+
+`Batch` types them as tensors; `Arrays` holds them as numpy arrays by name.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal, Mapping, TypedDict, cast
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BATCH_KEYS", "Arrays", "Batch", "BatchKey"]
+__all__ = ["BATCH_KEYS", "Arrays", "Batch", "BatchKey", "batch_of", "columns", "map_batch"]
 
 BatchKey = Literal["num", "cat", "label", "vec", "tok", "ntok", "pix", "row"]
 BATCH_KEYS: tuple[BatchKey, ...] = ("num", "cat", "label", "vec", "tok", "ntok", "pix", "row")
 
-# Mappings by column group, not TypedDicts: the loader, the transform and the trainer move every
-# group the same way (to the device, pinned, gathered by row), by looping over the keys a batch
-# has, which a TypedDict would make a cast at each loop.
-Arrays = dict[str, np.ndarray]  # one batch's columns as numpy arrays (preprocessing, the loader's cache)
-Batch = dict[str, "torch.Tensor"]  # one batch's columns as tensors, on the host or the training device
+
+# A shard's or a batch's columns as numpy arrays, by name: the groups above, and as stored in a
+# shard before preprocessing also `text{j}` and `image{j}` (ragged bytes), so not a TypedDict.
+Arrays = dict[str, np.ndarray]
+
+
+class Batch(TypedDict, total=False):
+    """One batch's columns as tensors, on the host or on the training device."""
+
+    num: torch.Tensor
+    cat: torch.Tensor
+    label: torch.Tensor
+    vec: torch.Tensor
+    tok: torch.Tensor
+    ntok: torch.Tensor
+    pix: torch.Tensor
+    row: torch.Tensor
+
+
+# The loader, the transform and the trainer move every group the same way (to the device,
+# pinned, sliced, gathered by row) by looping over the groups a batch has: these are the two
+# views between a batch and its groups by name. No copy, no check: a TypedDict is a dict.
+def columns(batch: Batch) -> dict[str, torch.Tensor]:
+    """A batch's groups by name, for code that treats every group alike."""
+    return cast("dict[str, torch.Tensor]", batch)
+
+
+def batch_of(groups: Mapping[str, torch.Tensor]) -> Batch:
+    """The batch whose groups these are (keys from BATCH_KEYS)."""
+    return cast(Batch, groups)
+
+
+def map_batch(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    """`fn` applied to every group of the batch (to a device, a slice of rows, a gather)."""
+    return batch_of({k: fn(v) for k, v in columns(batch).items()})

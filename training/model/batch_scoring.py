@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 import torch
 
 from training.config import DataConfig
+from training.data.batch import batch_of
 from training.data.ingest.arrow_buffers import arrow_float32, arrow_float64, arrow_int8, arrow_int64
 from training.data.ingest.ragged import OFFSETS, Ragged
 from training.data.ingest.validation import FeatureValidator, feature_arrays
@@ -218,7 +219,7 @@ def _score(scoring: ScoringModel, task: Task, chunk: _Chunk, keys: list[str]) ->
     forward, n = forward_fn(scoring.model), chunk.table.num_rows
     # The model sees batches of SCORE_BATCH rows from the start of the file, as evaluation does
     # from the start of the split (a row's result may depend on its batch's shape).
-    output = torch.cat([forward({k: torch.from_numpy(v[lo:lo + SCORE_BATCH]) for k, v in chunk.ready.items()})
+    output = torch.cat([forward(batch_of({k: torch.from_numpy(v[lo:lo + SCORE_BATCH]) for k, v in chunk.ready.items()}))
                         for lo in range(0, n, SCORE_BATCH)])
     table = chunk.table.select(keys)  # the key columns as read: no copy
     for name, values in _predictions(task, scoring.stats, output).items():

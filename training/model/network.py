@@ -15,13 +15,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from training.config import ModelConfig
-from training.data.batch import Batch
+from training.data.batch import Batch, batch_of, columns
 from training.data.prepare.features import FeatureStats
 from training.data.prepare.text import TextEncoder as Tokens
 from training.errors import ConfigError
 from training.model.encoders import ImageEncoder, TextEncoder, text_length
 
-__all__ = ["Batch", "to_device", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
+__all__ = ["to_device", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
            "weights_sha256"]
 
 
@@ -221,7 +221,7 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool = False, cu
     compiled model, which keeps one shape."""
     if cut_text and "tok" in batch and batch["tok"].device.type == "cpu":
         batch = {**batch, "tok": batch["tok"][..., :text_length(batch["ntok"])]}
-    return {k: v.to(device, non_blocking=non_blocking) for k, v in batch.items()}
+    return batch_of({k: v.to(device, non_blocking=non_blocking) for k, v in columns(batch).items()})
 
 
 def forward_fn(module: nn.Module, like: nn.Module | None = None) -> Forward:

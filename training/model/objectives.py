@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from training.data.prepare.features import FeatureStats
-from training.model.network import Batch, Forward
+from training.data.batch import Batch
+from training.model.network import Forward
 from training.model.target_transform import LabelTransform
 from training.model.task_metrics import DEFAULT_METRIC, METRICS, Metric
 

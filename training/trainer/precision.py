@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from training.data.batch import map_batch
 from training.protocol.numerics import device_for, precision_for
 
 if TYPE_CHECKING:
-    from training.model.network import Batch
+    from training.data.batch import Batch
     from training.model.objectives import Task
 
 __all__ = ["resolve_device", "resolve_precision", "autocast_dtype", "measure_fp32_slowdown"]
@@ -45,7 +46,7 @@ def measure_fp32_slowdown(model: torch.nn.Module, task: Task, batch: Batch, devi
     rows = int(batch["label"].shape[0])
     while rows >= 1:
         try:
-            return _fp32_slowdown({k: v[:rows] for k, v in batch.items()}, model, task, device, precision, steps)
+            return _fp32_slowdown(_first_rows(batch, rows), model, task, device, precision, steps)
         except torch.cuda.OutOfMemoryError:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -55,13 +56,17 @@ def measure_fp32_slowdown(model: torch.nn.Module, task: Task, batch: Batch, devi
     return 1.0
 
 
+def _first_rows(batch: Batch, rows: int) -> Batch:
+    return map_batch(batch, lambda v: v[:rows])
+
+
 def _fp32_slowdown(batch: Batch, model: torch.nn.Module, task: Task, device: torch.device, precision: str,
                    steps: int) -> float:
     import copy
 
     from training.model.network import forward_fn
 
-    rows = {k: v.to(device) for k, v in batch.items()}
+    rows = map_batch(batch, lambda v: v.to(device))
 
     def timed(dtype: torch.dtype | None) -> float:
         m = copy.deepcopy(model).train()

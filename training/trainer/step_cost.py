@@ -24,7 +24,8 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from training.cost.cpu_step import CpuScaling
 from training.cost.step_count import StepCosts, StepCount
-from training.model.network import Batch, forward_fn
+from training.data.batch import Batch, columns, map_batch
+from training.model.network import forward_fn
 from training.model.objectives import Task
 
 __all__ = ["count_step", "measure_cpu_scaling", "measure_step_costs"]
@@ -101,7 +102,7 @@ def count_step(model: torch.nn.Module, task: Task, batch: Batch, dtype: torch.dt
     for module in probe.modules():
         if isinstance(getattr(module, "attention", None), str):
             module.attention = "auto"  # type: ignore[assignment]  # so the math kernel below applies
-    rows = {k: v.to("cpu") for k, v in batch.items()}
+    rows = map_batch(batch, lambda v: v.to("cpu"))
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -134,7 +135,7 @@ def _transient_bytes(saved: dict[int, int], peak: int, rows: Batch, params: list
     backward's temporaries, but loses a tensor whose Python object died before its storage),
     plus the batch. Within 15 % of the measured peak RSS of a CPU step in the tests."""
     grads = sum(p.numel() * p.element_size() for p in params)
-    return max(sum(saved.values()), peak - grads) + sum(v.nbytes for v in rows.values())
+    return max(sum(saved.values()), peak - grads) + sum(v.nbytes for v in columns(rows).values())
 
 
 def measure_step_costs(model: torch.nn.Module, task: Task, batch: Batch, configured_precision: str) -> StepCosts:
@@ -163,7 +164,7 @@ def measure_cpu_scaling(model: torch.nn.Module, task: Task, batch: Batch, thread
     if compare < 2:
         return CpuScaling(threads=threads)
     probe = copy.deepcopy(model).to("cpu").train()
-    rows = {k: v.to("cpu") for k, v in batch.items()}
+    rows = map_batch(batch, lambda v: v.to("cpu"))
     forward = forward_fn(probe, model)
     before = torch.get_num_threads()
 

@@ -19,7 +19,8 @@ import torch
 from training.config import TrainConfig
 from training.cost.utilization import AcceleratorStats
 from training.errors import ConfigError
-from training.model.network import Batch, forward_fn
+from training.data.batch import Batch, columns, map_batch
+from training.model.network import forward_fn
 from training.model.objectives import Task
 from training.protocol.results import AutoBatch, WorkersProbe
 from training.protocol.threads import cgroup_quota, usable_cpus
@@ -34,14 +35,14 @@ MAX_WORKERS = 8
 
 def _fwd_bwd(model: torch.nn.Module, task: Task, batch: Batch, dtype: torch.dtype | None,
              device: torch.device) -> None:
-    task.forward_loss(forward_fn(model), {k: v.to(device) for k, v in batch.items()}, device, dtype).backward()
+    task.forward_loss(forward_fn(model), map_batch(batch, lambda v: v.to(device)), device, dtype).backward()
 
 
 def _rows(example: Batch, n: int) -> Batch:
     """`n` rows made of the example batch's rows, repeated: real shapes and dtypes, any size."""
     have = int(example["label"].shape[0])
     index = torch.arange(n) % have
-    return {k: v.index_select(0, index) for k, v in example.items()}
+    return map_batch(example, lambda v: v.index_select(0, index))
 
 
 def _rng_untouched(device: torch.device) -> Any:
@@ -134,8 +135,8 @@ def _step_memory_bytes(model: torch.nn.Module, task: Task, batch: int, example: 
     moments, plus every tensor autograd saves for backward, counted as they are saved."""
     probe = copy.deepcopy(model).to(device).train()
     params = sum(p.numel() * p.element_size() for p in probe.parameters())
-    rows = {k: v.to(device) for k, v in _rows(example, batch).items()}
-    input_bytes = sum(v.nbytes for v in rows.values())
+    rows = map_batch(_rows(example, batch), lambda v: v.to(device))
+    input_bytes = sum(v.nbytes for v in columns(rows).values())
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)

@@ -40,7 +40,8 @@ from training.data.manifest import require_manifest
 from training.data.prepare.features import DERIVED_DIR, FeatureStats
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
-from training.model.network import Batch, ModelSchema, forward_fn, to_device
+from training.data.batch import Batch, map_batch
+from training.model.network import ModelSchema, forward_fn, to_device
 from training.model.objectives import Task
 from training.model.package import load_warm_start
 from training.model.task_metrics import TIEBREAK_METRIC, higher_is_better, metric_for
@@ -331,7 +332,7 @@ class Trainer:
         are left as they were: a compiled run computes what an uncompiled one does."""
         model = self.state.model
         buffers = {name: b.clone() for name, b in model.named_buffers()}
-        rows = {k: v.to(self.device) for k, v in self.train_batches.batch(0, 0).items()}
+        rows = map_batch(self.train_batches.batch(0, 0), lambda v: v.to(self.device))
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             self.task.forward_loss(forward_fn(compiled, model), rows, self.device, self.dtype).backward()
         model.zero_grad(set_to_none=True)

@@ -28,14 +28,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training.data.batch import Arrays, Batch
+from training.data.batch import Arrays, Batch, batch_of, columns
 from training.data.load.shard_cache import local_shard
 from training.data.manifest import DatasetManifest, shard_folder
 from training.data.prepare.features import FeatureTransform
 from training.data.shards import ShardReader
 from training.errors import DataError
 
-__all__ = ["Batch", "MixedBatches", "ShardBatches", "TrainBatches", "StreamPosition", "TrainStream", "WorkerStream", "iter_split", "make_train_loader",
+__all__ = ["MixedBatches", "ShardBatches", "TrainBatches", "StreamPosition", "TrainStream", "WorkerStream", "iter_split", "make_train_loader",
            "worker_seconds_per_batch"]
 
 BLOCK_BYTES = 8 << 20  # what a worker hands over at once
@@ -295,7 +295,7 @@ class ShardBatches:
         if current is not None and current[0] == epoch and current[1] <= lo and hi <= current[2]:
             # The common case, a batch inside the shard the last one came from: a slice each.
             a, b = lo - current[1], hi - current[1]
-            return {k: torch.from_numpy(v[a:b]) for k, v in current[3].items()}
+            return batch_of({k: torch.from_numpy(v[a:b]) for k, v in current[3].items()})
         order, starts = self._order(epoch)
         parts: list[Arrays] = []
         k = int(np.searchsorted(starts, lo, side="right") - 1)
@@ -313,8 +313,8 @@ class ShardBatches:
         if len(parts) == 1:
             # The next shards are on their way: later batches of this one take the fast path above.
             self._current = (epoch, int(starts[k - 1]), int(starts[k]), arrays)
-            return {name: torch.from_numpy(v) for name, v in parts[0].items()}
-        return {name: torch.from_numpy(np.concatenate([p[name] for p in parts])) for name in parts[0]}
+            return batch_of({name: torch.from_numpy(v) for name, v in parts[0].items()})
+        return batch_of({name: torch.from_numpy(np.concatenate([p[name] for p in parts])) for name in parts[0]})
 
 
 class MixedBatches:
@@ -359,7 +359,8 @@ class MixedBatches:
     def batch(self, epoch: int, index: int) -> Batch:
         new = self.new.batch(*divmod(epoch * self.batches_per_epoch + index, self.new.batches_per_epoch))
         old = self.old.batch(epoch, index)
-        return {k: torch.cat([new[k], old[k]]) for k in old}
+        newer, older = columns(new), columns(old)
+        return batch_of({k: torch.cat([newer[k], older[k]]) for k in older})
 
     def release(self) -> None:
         self.old.release()
@@ -419,7 +420,7 @@ class TrainStream(IterableDataset):
             g += 1
 
 
-Block = tuple[int, list[dict[str, tuple[int, ...]]], Batch]  # first global batch, each batch's shapes, flat tensors
+Block = tuple[int, list[dict[str, tuple[int, ...]]], dict[str, torch.Tensor]]  # first global batch, each batch's shapes, flat tensors
 
 
 class BlockStream(IterableDataset):
@@ -442,8 +443,9 @@ class BlockStream(IterableDataset):
         while True:
             first = self.stream.first + b * self.block
             batches = [self.stream.global_batch(g)[2] for g in range(first, first + self.block)]
-            shapes = [{k: tuple(v.shape) for k, v in batch.items()} for batch in batches]
-            flat = {k: _concat_shared([batch[k] for batch in batches]) for k in batches[0]}
+            groups = [columns(batch) for batch in batches]
+            shapes = [{k: tuple(v.shape) for k, v in batch.items()} for batch in groups]
+            flat = {k: _concat_shared([batch[k] for batch in groups]) for k in groups[0]}
             yield first, shapes, flat
             b += workers
 
@@ -475,12 +477,12 @@ class _Unblocked:
             first, shapes, flat = next(self._blocks)
             offsets = dict.fromkeys(flat, 0)
             for i, shape in enumerate(shapes):
-                batch = {}
+                batch: dict[str, torch.Tensor] = {}
                 for k, dims in shape.items():
                     n = int(np.prod(dims))
                     batch[k] = flat[k][offsets[k]:offsets[k] + n].view(dims)
                     offsets[k] += n
-                self._ready.append((*divmod(first + i, self._per_epoch), batch))
+                self._ready.append((*divmod(first + i, self._per_epoch), batch_of(batch)))
             self._ready.reverse()
         return self._ready.pop()
 
@@ -503,7 +505,7 @@ class WorkerStream:
         # Every worker must use the same block size (the order depends on it): from one batch's bytes.
         one = stream.batches.batch(0, 0)
         stream.batches.release()  # the workers get a copy of the stream: without this shard
-        per_batch = max(1, sum(v.numel() * v.element_size() for v in one.values()))
+        per_batch = max(1, sum(v.numel() * v.element_size() for v in columns(one).values()))
         self.block = max(1, min(MAX_BLOCK_BATCHES, block_bytes // per_batch))
         self.loader = DataLoader(
             BlockStream(stream, self.block),

@@ -21,7 +21,8 @@ import logging
 import numpy as np
 import torch
 
-from training.data.load.loader import Batch, ShardBatches
+from training.data.batch import Batch, batch_of
+from training.data.load.loader import ShardBatches
 from training.errors import DataError
 
 __all__ = ["ResidentBatches", "resident_bytes"]
@@ -72,7 +73,7 @@ class ResidentBatches:
     def batch(self, epoch: int, index: int) -> Batch:
         lo = index * self.batch_size
         rows = self._epoch_index(epoch)[lo:min(lo + self.batch_size, self.rows)]
-        return {k: t.index_select(0, rows) for k, t in self.tensors.items()}
+        return batch_of({k: t.index_select(0, rows) for k, t in self.tensors.items()})
 
     def release(self) -> None:
         """Nothing to drop: the split is the point of holding it."""
