@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["roc_auc", "log_loss", "accuracy", "multiclass_accuracy", "macro_f1", "multiclass_log_loss", "rmse", "mae", "r2"]
+__all__ = ["Metrics", "roc_auc", "log_loss", "accuracy", "multiclass_accuracy", "macro_f1", "multiclass_log_loss", "rmse", "mae", "r2"]
+
+
+# A model's metrics by name (auc, logloss, rmse, ..., and "rows": how many they were taken on).
+Metrics = dict[str, float]
 
 
 def roc_auc(label: np.ndarray, score: np.ndarray) -> float:

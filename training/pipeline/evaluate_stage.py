@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -20,6 +20,7 @@ from training.protocol.runs import run_rel
 from training.registry.tracking import flat_params, register_model, tracker_for
 from training.storage.files import read_json, write_json_atomic
 from training.storage.root import MODEL, RUN, StorageRoot
+from training.metrics import Metrics
 
 if TYPE_CHECKING:
     from training.model.evaluation import PackageScores
@@ -102,7 +103,7 @@ def evaluate_stage(config: RetrainConfig, packed: PackResult, trained: TrainResu
                             champion_sha256=champion.sha256 if champion else None,
                             champion_metrics=champion_metrics, champion_note=champion_note,
                             champion_problem=champion.problem if champion else None,
-                            difference=difference.to_json() if difference is not None else None),
+                            difference=difference),
         seconds=time.perf_counter() - t0,
     )
     # "Already the champion" (a rerun that trained nothing) holds the champion alias as surely as a promotion.
@@ -152,7 +153,7 @@ def _finished_promotion(root: StorageRoot, run_dir: Path, run_key: str, challeng
 
 
 def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: PackResult,
-             metrics: dict[str, Any], champion: Champion | None, trusted_factory: str | None) -> bool:
+             metrics: Metrics, champion: Champion | None, trusted_factory: str | None) -> bool:
     """The package (with its portable export) first, the pointer last (a reader that finds the
     pointer finds the model); on S3 the pointer is swapped only if it is still the version
     compared against."""
@@ -187,7 +188,7 @@ def _export(package: Path, trusted_factory: str | None) -> str | None:
 
 def _champion_metrics(
     champion: Champion | None, dataset_dir: Path, manifest: DatasetManifest, config: RetrainConfig
-) -> tuple[dict[str, Any] | None, str | None, str | None, PackageScores | None]:
+) -> tuple[Metrics | None, str | None, str | None, PackageScores | None]:
     """(the champion's test metrics to compare with, how they were obtained, why it is unusable,
     its scores row by row when it was re-evaluated here)."""
     from training.model.compatibility import compatible
@@ -211,7 +212,7 @@ def _champion_metrics(
 
 
 def _paired(ours: PackageScores, theirs: PackageScores | None, task: str, metric: str, config: RetrainConfig
-            ) -> tuple[dict[str, Any], PairedDifference | None]:
+            ) -> tuple[Metrics, PairedDifference | None]:
     """(the challenger's metrics on the rows the champion was scored on, the improvement with
     its confidence interval), both on the same rows: all of them, or, where the champion's
     classes are not this dataset's, the rows of the classes it knows."""
@@ -231,10 +232,9 @@ def _paired(ours: PackageScores, theirs: PackageScores | None, task: str, metric
 
 
 def compare_on_validation(config: RetrainConfig, packed: PackResult, challenger: Path, base: Path
-                          ) -> dict[str, Any]:
+                          ) -> PairedDifference:
     """`challenger`'s improvement over `base` (two model packages) on the validation split, row
-    by row, with its interval (`PairedDifference`'s JSON): a tuning study's pick against the
-    config it was given."""
+    by row, with its interval: a tuning study's pick against the config it was given."""
     from training.model.evaluation import score_package
     from training.model.task_metrics import metric_for
 
@@ -244,7 +244,7 @@ def compare_on_validation(config: RetrainConfig, packed: PackResult, challenger:
     theirs = score_package(base, dataset_dir, manifest, config.model.factory, split="validation")
     _, difference = _paired(ours, theirs, manifest.task, metric_for(manifest.task, config.eval.metric), config)
     assert difference is not None  # both were scored
-    return difference.to_json()
+    return difference
 
 
 def _champion_target(champion: Champion | None, manifest: DatasetManifest) -> str | None:

@@ -6,11 +6,14 @@ report and the artifacts read their attributes. Torch-free: the flow and the CLI
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
 from training.protocol.record import Record
+from training.storage.root import StorageSummary
+from training.metrics import Metrics
+from training.model.paired import PairedDifference
 
 __all__ = ["Evaluation", "LaunchPhases", "PackResult", "PrepResult", "Promotion", "StageEnds", "StageStates",
            "TrainingDecision"]
@@ -39,7 +42,7 @@ class PackResult(Record):
     shards: int
     reused: bool
     uploaded_bytes: int
-    storage: dict[str, Any]
+    storage: StorageSummary
     bayes_auc: float | None = None  # the demo generator's Bayes-optimal AUC (demo data only)
     started_at: float  # epoch seconds when the pipeline's first stage began
     seconds: float
@@ -71,10 +74,10 @@ class Promotion(Record):
     reason: str
     challenger_sha256: str
     champion_sha256: str | None = None
-    champion_metrics: dict[str, Any] | None = None
+    champion_metrics: Metrics | None = None
     champion_note: str | None = None
     champion_problem: str | None = None
-    difference: dict[str, Any] | None = None  # `training.model.paired.PairedDifference`: the evidence, when paired
+    difference: PairedDifference | None = None  # the evidence, when the champion was scored on the same rows
 
 
 class Evaluation(Record):

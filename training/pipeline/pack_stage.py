@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,7 +24,7 @@ from training.data.ingest.sources import SourceFile, open_source
 from training.data.manifest import DatasetManifest
 from training.errors import DataError
 from training.pipeline.handoffs import PackResult
-from training.storage.root import StorageRoot
+from training.storage.root import StorageRoot, StorageSummary
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ class PackBegun(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     source: str
-    storage: dict[str, Any]  # where the root is (StorageRoot.environment_summary; never credentials)
+    storage: StorageSummary
     bayes_auc: float | None
     started_at: float
     plan: PackPlan
@@ -62,7 +61,7 @@ def pack_begin(config: RetrainConfig, defer_footers: bool = False) -> PackBegun:
     `defer_footers`, new files are left in `plan.unread`, for `plan_files_stage`)."""
     started = time.time()
     root = StorageRoot.from_config(config)
-    storage = {**root.environment_summary(), **root.prepare()}  # fail here, not mid-training
+    storage = root.prepare()  # fail here, not mid-training
     source, bayes_auc = resolve_source(config, root)
     store = DatasetStore(root)
     plan, legacy = plan_pack(source, config.data, store, config.storage, read_footers=not defer_footers)

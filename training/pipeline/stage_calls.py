@@ -7,9 +7,8 @@ the request they write.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Callable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -20,8 +19,9 @@ from training.pipeline.handoffs import Evaluation, PackResult
 from training.protocol.entries import STAGE_CHILD_MODULE
 from training.protocol.events import ChildEvent
 from training.protocol.results import TrainResult
+from training.model.paired import PairedDifference
 
-__all__ = ["METRIC", "REQUEST", "ChampionMetricRequest", "CompareRequest", "EvaluateRequest", "champion_metric_in_child",
+__all__ = ["DIFFERENCE", "METRIC", "REQUEST", "ChampionMetricRequest", "CompareRequest", "EvaluateRequest", "champion_metric_in_child",
            "compare_in_child", "evaluate_in_child"]
 
 
@@ -50,6 +50,7 @@ class CompareRequest(_Request):
 REQUEST: TypeAdapter[EvaluateRequest | ChampionMetricRequest | CompareRequest] = TypeAdapter(
     Annotated[Union[EvaluateRequest, ChampionMetricRequest, CompareRequest], Field(discriminator="call")])
 METRIC: TypeAdapter[float | None] = TypeAdapter(float | None)
+DIFFERENCE: TypeAdapter[PairedDifference] = TypeAdapter(PairedDifference)
 
 
 def evaluate_in_child(config: RetrainConfig, packed: PackResult, trained: TrainResult,
@@ -69,11 +70,10 @@ def champion_metric_in_child(config: RetrainConfig, packed: PackResult,
 
 
 def compare_in_child(config: RetrainConfig, packed: PackResult, challenger: Path, base: Path,
-                     on_event: Callable[[ChildEvent], None] = log_child_event) -> dict[str, Any]:
+                     on_event: Callable[[ChildEvent], None] = log_child_event) -> PairedDifference:
     """`compare_on_validation`, run in a child process."""
     text = call_in_child(STAGE_CHILD_MODULE, CompareRequest(config=config, packed=packed, challenger=str(challenger),
                                                             base=str(base)), "the comparison with the base", on_event)
-    found: dict[str, Any] = json.loads(text)
-    return found
+    return DIFFERENCE.validate_json(text)
 
 

@@ -23,11 +23,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from training.config import LifecycleConfig, StorageConfig
 from training.storage.files import inside, write_atomic
 from training.storage.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
 
-__all__ = ["StorageRoot", "local_dir_for", "lifecycle_rules", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
+__all__ = ["StorageRoot", "StorageSummary", "local_dir_for", "lifecycle_rules", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,22 @@ def local_dir_for(storage: StorageConfig) -> Path:
     return Path(storage.local_dir or default).expanduser().resolve()
 
 
+class StorageSummary(BaseModel):
+    """Where a run's files are, as its report says it: never how (no credentials). A bucket is
+    checked, and its lifecycle rules ensured, when a run starts (`StorageRoot.prepare`)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    root: str = ""
+    remote: bool = False
+    endpoint: str | None = None
+    local_dir: str | None = None
+    shard_cache_gb: float | None = None
+    bucket: str | None = None
+    lifecycle_updated: bool | None = None  # None: lifecycle not managed, or no bucket
+    run_uri: str | None = None  # the run's folder (in a run's report)
+
+
 class StorageRoot:
     """The root of one pipeline: a local folder, plus an S3 prefix when `storage.root` is s3://."""
 
@@ -125,15 +143,17 @@ class StorageRoot:
 
     # -- bucket set-up ----------------------------------------------------------------------------
 
-    def prepare(self) -> dict[str, Any]:
-        """Check the bucket and ensure its lifecycle rules (merged, idempotent)."""
+    def prepare(self) -> StorageSummary:
+        """Check the bucket and ensure its lifecycle rules (merged, idempotent); the summary of
+        where the run's files are, with what was checked."""
+        summary = self.environment_summary()
         if self.remote is None:
-            return {"remote": False}
+            return summary
         self.remote.check_bucket()
         changed = None
         if self.config.lifecycle.manage:
             changed = self.remote.ensure_lifecycle(lifecycle_rules(self.remote.prefix, self.config.lifecycle))
-        return {"remote": True, "bucket": self.remote.bucket, "lifecycle_updated": changed}
+        return summary.model_copy(update={"bucket": self.remote.bucket, "lifecycle_updated": changed})
 
     # -- single objects ---------------------------------------------------------------------------
 
@@ -181,10 +201,10 @@ class StorageRoot:
         data = self.path(rel).read_bytes()
         return self.remote.put_bytes(rel, data, self.tags(cls, run), if_absent=etag is None, if_match=etag)
 
-    def environment_summary(self) -> dict[str, Any]:
+    def environment_summary(self) -> StorageSummary:
         """What the report says about storage: where, never how (no credentials)."""
         if self.remote is None:
-            return {"root": str(self.local), "remote": False}
-        return {"root": self.uri, "remote": True, "endpoint": self.remote.settings.endpoint, "local_dir": str(self.local),
-                "shard_cache_gb": self.config.shard_cache_gb}
+            return StorageSummary(root=str(self.local), remote=False)
+        return StorageSummary(root=self.uri, remote=True, endpoint=self.remote.settings.endpoint,
+                              local_dir=str(self.local), shard_cache_gb=self.config.shard_cache_gb)
 

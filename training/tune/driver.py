@@ -18,8 +18,9 @@ from training.protocol.events import ChildEvent
 from training.protocol.results import RungResult
 from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
-from training.tune.study import STUDY_DIR, RungCost, RungWork, Study, study_key
+from training.tune.study import RungCost, RungWork, Study, study_key, study_rel
 from training.tune.trial import TRIAL_CHILDREN, calibrate, read_calibration
+from training.model.paired import PairedDifference
 
 __all__ = ["base_comparison", "open_study", "drive"]
 
@@ -51,7 +52,7 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     _check_space_fits(config, prep)
     root = StorageRoot.from_config(config)
     key = study_key(config, packed.fingerprint)
-    rel = f"{STUDY_DIR}/{key}/calibration.json"
+    rel = f"{study_rel(key)}/calibration.json"
     path = root.fetch(rel) or root.path(rel)
     calibration = read_calibration(path)
     fresh = calibration is None
@@ -113,10 +114,10 @@ def _check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
 
 
 def base_comparison(config: RetrainConfig, packed: PackResult, on_event: Callable[[ChildEvent], None]
-                    ) -> Callable[[str, str, float], dict[str, Any]]:
+                    ) -> Callable[[str, str, float], PairedDifference]:
     """Two finished trials' models compared on the validation split, with an interval at the
     confidence asked, in a child process (torch): what `study_report.against_base` asks."""
-    def compare(challenger: str, base: str, confidence: float) -> dict[str, Any]:
+    def compare(challenger: str, base: str, confidence: float) -> PairedDifference:
         from training.pipeline.stage_calls import compare_in_child
         from training.protocol.runs import fetch_finished_run, run_rel
 

@@ -54,10 +54,17 @@ from training.tune.journal import PublishedJournal
 from training.tune.journal_gate import JournalGate
 from training.tune.rungs import rungs
 
-__all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "STUDY_DIR"]
+__all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "study_rel", "STUDY_DIR"]
 
 log = logging.getLogger(__name__)
 STUDY_DIR = "tune"
+
+
+def study_rel(key: str) -> str:
+    """A study's folder under the storage root."""
+    return f"{STUDY_DIR}/{key}"
+
+
 RESERVE_HEADROOM = 1.25  # see Study._leader_reserve
 SMALL_DATA_ROWS = 10_000  # tune.seeds auto: below this many training rows, the top trials get more seeds
 AUTO_SEEDS = 2
@@ -191,7 +198,7 @@ class Study:
         self.rungs = rungs(config)
         self.dims: list[Dimension] = parse_space(config.tune.space)
         self.key = study_key(config, dataset_fingerprint)
-        self.rel = f"{STUDY_DIR}/{self.key}"
+        self.rel = study_rel(self.key)
         self.root = StorageRoot.from_config(config)
         self.metric = metric_for(config.data.task, config.eval.metric)
         self.maximize = higher_is_better(config.data.task, self.metric)

@@ -15,7 +15,8 @@ from training.config import metric_name
 from training.cost.bill import SECONDS_PER_HOUR
 from training.storage.files import write_atomic, write_json_atomic
 from training.storage.root import RUN, StorageRoot
-from training.tune.study import STUDY_DIR, Study
+from training.tune.study import Study, study_rel
+from training.model.paired import PairedDifference
 
 __all__ = ["BestTrial", "StudyBudget", "StudyGate", "TrialRow", "TuneReport", "build_report", "record_gate",
            "write_report"]
@@ -278,7 +279,7 @@ def _absolute_paths(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # (challenger run key, base run key, confidence) -> PairedDifference JSON
-Compare = Callable[[str, str, float], dict[str, Any]]
+Compare = Callable[[str, str, float], PairedDifference]
 
 
 def against_base(report: TuneReport, compare: Compare | None, confidence: float = 0.95) -> TuneReport:
@@ -302,10 +303,10 @@ def against_base(report: TuneReport, compare: Compare | None, confidence: float 
     widened = 1 - (1 - confidence) / picked_from
     diff = compare(best.run_key, base.run_key, widened)
     ranked = f", ranked by the mean over {best.seeds} seeds" if best.seeds > 1 else ""
-    said = (f"validation {diff['metric']} {diff['improvement']:+.4f} over the config as given "
-            f"({diff['confidence']:.2%} interval, for the best of {picked_from} trials{ranked}: {diff['low']:+.4f} to "
-            f"{diff['high']:+.4f}, {diff['method']}, {diff['rows']} rows)")
-    if diff["low"] > 0:
+    said = (f"validation {diff.metric} {diff.improvement:+.4f} over the config as given "
+            f"({diff.confidence:.2%} interval, for the best of {picked_from} trials{ranked}: {diff.low:+.4f} to "
+            f"{diff.high:+.4f}, {diff.method}, {diff.rows} rows)")
+    if diff.low > 0:
         return report.model_copy(update={"best": best.model_copy(update={"evidence": f"trial {best.trial}: {said}"})})
     assert base.value is not None  # finished trials have one
     kept = BestTrial(trial=base.number, value=base.value, params=base.params, run_key=base.run_key, config=best.config,
@@ -317,7 +318,7 @@ def against_base(report: TuneReport, compare: Compare | None, confidence: float 
 def record_gate(root: StorageRoot, report: TuneReport, gate: StudyGate) -> TuneReport:
     """The gate's decision on the answer, written into the study's tune_report.json."""
     gated = report.model_copy(update={"gate": gate})
-    rel = f"{STUDY_DIR}/{report.study}/tune_report.json"
+    rel = f"{study_rel(report.study)}/tune_report.json"
     write_json_atomic(root.path(rel), gated.to_json())
     root.publish(rel, RUN)
     return gated

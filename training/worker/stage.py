@@ -7,7 +7,6 @@ warnings go to the parent as `log` events, as the training worker's do.
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import signal
@@ -15,7 +14,7 @@ import sys
 from pathlib import Path
 
 from training.errors import EXIT_USER_ERROR, RetrainError, StorageError
-from training.pipeline.stage_calls import METRIC, REQUEST, ChampionMetricRequest, CompareRequest, EvaluateRequest
+from training.pipeline.stage_calls import DIFFERENCE, METRIC, REQUEST, ChampionMetricRequest, CompareRequest, EvaluateRequest
 from training.protocol.events import ChildEvent, ErrorReport, LogLine
 from training.storage.files import write_atomic
 
@@ -28,8 +27,8 @@ def _run(request: EvaluateRequest | ChampionMetricRequest | CompareRequest) -> s
     if isinstance(request, EvaluateRequest):
         return evaluate_stage(request.config, request.packed, request.trained).model_dump_json()
     if isinstance(request, CompareRequest):
-        return json.dumps(compare_on_validation(request.config, request.packed, Path(request.challenger),
-                                                Path(request.base)))
+        return DIFFERENCE.dump_json(compare_on_validation(request.config, request.packed, Path(request.challenger),
+                                                          Path(request.base))).decode()
     return METRIC.dump_json(champion_validation_metric(request.config, request.packed)).decode()
 
 

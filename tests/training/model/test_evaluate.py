@@ -266,8 +266,8 @@ def test_noise_never_replaces_the_champion_and_a_clearly_better_model_still_wins
         twin = evaluate_stage(small_config, packed, challenger)
         assert not twin.promotion.promoted, twin.promotion.reason
         difference = twin.promotion.difference
-        assert difference is not None and difference["method"] == "DeLong"
-        assert difference["low"] < 0 < difference["high"] and "does not clear eval.min_delta" in twin.promotion.reason
+        assert difference is not None and difference.method == "DeLong"
+        assert difference.low < 0 < difference.high and "does not clear eval.min_delta" in twin.promotion.reason
     small_config.eval.promote_on = "point"  # the raw comparison: whichever is ahead by a hair wins
     ahead = twin.metrics["auc"] > twin.promotion.champion_metrics["auc"]  # type: ignore[index]
     assert evaluate_stage(small_config, packed, a).promotion.promoted == ahead
@@ -279,4 +279,4 @@ def test_noise_never_replaces_the_champion_and_a_clearly_better_model_still_wins
     assert evaluate_stage(small_config, packed, weak).promotion.promoted
     won = evaluate_stage(small_config, packed, a)
     assert won.promotion.promoted, won.promotion.reason
-    assert won.promotion.difference is not None and won.promotion.difference["low"] > 0
+    assert won.promotion.difference is not None and won.promotion.difference.low > 0

@@ -167,8 +167,8 @@ def test_lifecycle_rules_merge_with_foreign_rules_idempotently(s3_bucket, s3_ser
     raw.put_bucket_lifecycle_configuration(Bucket=s3_bucket, LifecycleConfiguration={"Rules": [foreign]})
     config = load_config(overrides=s3_overrides(s3_bucket, s3_server, tmp_path / "local"))
     root = StorageRoot.from_config(config)
-    assert root.prepare()["lifecycle_updated"] is True
-    assert root.prepare()["lifecycle_updated"] is False  # idempotent: nothing written the second time
+    assert root.prepare().lifecycle_updated is True
+    assert root.prepare().lifecycle_updated is False  # idempotent: nothing written the second time
 
     rules = {r["ID"]: r for r in raw.get_bucket_lifecycle_configuration(Bucket=s3_bucket)["Rules"]}
     assert rules["logs-expire"]["Expiration"] == {"Days": 3}  # never touched
@@ -182,7 +182,7 @@ def test_lifecycle_rules_merge_with_foreign_rules_idempotently(s3_bucket, s3_ser
 
     # A changed setting replaces our rule by id; a second root in the same bucket adds its own.
     config.storage.lifecycle.checkpoint_transition_days = 3
-    assert StorageRoot.from_config(config).prepare()["lifecycle_updated"] is True
+    assert StorageRoot.from_config(config).prepare().lifecycle_updated is True
     other = load_config(overrides=s3_overrides(s3_bucket, s3_server, tmp_path / "local2", prefix="other"))
     StorageRoot.from_config(other).prepare()
     rules = {r["ID"]: r for r in raw.get_bucket_lifecycle_configuration(Bucket=s3_bucket)["Rules"]}

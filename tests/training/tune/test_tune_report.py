@@ -13,6 +13,7 @@ from training.config import load_config
 from training.protocol.results import RungResult
 from training.tune.study import RungCost, Study
 from training.tune.study_report import build_report, curve_points
+from training.model.paired import PairedDifference
 
 
 def _study(tmp_path: Path, **tune: object) -> Study:
@@ -71,9 +72,9 @@ def _finished(tmp_path: Path) -> Study:
     return study
 
 
-def _difference(low: float) -> dict[str, object]:
-    return {"metric": "auc", "improvement": low + 0.01, "low": low, "high": low + 0.02, "confidence": 0.95,
-            "method": "DeLong", "rows": 90}
+def _difference(low: float) -> PairedDifference:
+    return PairedDifference(metric="auc", improvement=low + 0.01, low=low, high=low + 0.02, confidence=0.95,
+                            method="DeLong", rows=90)
 
 
 def test_the_answer_is_the_config_as_given_unless_the_pick_beats_it_beyond_noise(tmp_path: Path) -> None:
@@ -83,7 +84,7 @@ def test_the_answer_is_the_config_as_given_unless_the_pick_beats_it_beyond_noise
     assert report.best is not None and report.best.trial != 0 and report.trials[0].base
     asked: list[tuple[str, str, float]] = []
 
-    def noise(challenger: str, base: str, confidence: float) -> dict[str, object]:
+    def noise(challenger: str, base: str, confidence: float) -> PairedDifference:
         asked.append((challenger, base, confidence))
         return _difference(-0.004)
 

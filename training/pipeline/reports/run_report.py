@@ -23,6 +23,7 @@ from training.protocol.results import CheckpointInterval, History, LoaderWorkers
 from training.protocol.threads import ThreadPolicy
 from training.registry.step_times import StepTime
 from training.registry.tracking import TrackingNotes
+from training.storage.root import StorageSummary
 
 __all__ = ["KeptReport", "Phases", "PreemptionSummary", "ReportFiles", "RunReport", "StageSummaries", "read_report"]
 
@@ -160,7 +161,7 @@ class RunReport(_Part):
     pipeline_started_at: float | None = None  # epoch seconds when the first stage began
     tracking: TrackingNotes | None = None
     files: ReportFiles | None = None
-    storage: dict[str, Any] = {}  # where the run's files are (StorageRoot.environment_summary; never credentials)
+    storage: StorageSummary = StorageSummary()
     phases: Phases = Phases()
     decision: TrainingDecision | None = None  # why it trained, under train.retrain_when drift or degraded
     step_time: StepTime | None = None  # measured seconds per step against plan's prediction for the instance
@@ -194,7 +195,7 @@ class KeptReport(_Part):
     compute: ComputeCost
     tags: dict[str, str] = {}
     prefect_flow_run_id: str | None = None
-    storage: dict[str, Any] = {}
+    storage: StorageSummary = StorageSummary()
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
