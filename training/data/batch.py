@@ -15,18 +15,14 @@ the loader hands the model. The one place their keys are named.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Literal, Mapping, TypedDict, cast
+from typing import TYPE_CHECKING, Callable, Mapping, TypedDict, cast
 
 import numpy as np
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["BATCH_KEYS", "Arrays", "Batch", "BatchKey", "batch_of", "columns", "map_batch"]
-
-BatchKey = Literal["num", "cat", "label", "vec", "tok", "ntok", "pix", "row"]
-BATCH_KEYS: tuple[BatchKey, ...] = ("num", "cat", "label", "vec", "tok", "ntok", "pix", "row")
-
+__all__ = ["Arrays", "Batch", "batch_of", "columns", "map_batch"]
 
 # A shard's or a batch's columns as numpy arrays, by name: the groups above, and as stored in a
 # shard before preprocessing also `text{j}` and `image{j}` (ragged bytes), so not a TypedDict.
@@ -55,7 +51,7 @@ def columns(batch: Batch) -> dict[str, torch.Tensor]:
 
 
 def batch_of(groups: Mapping[str, torch.Tensor]) -> Batch:
-    """The batch whose groups these are (keys from BATCH_KEYS)."""
+    """The batch whose groups these are (keys among Batch's)."""
     return cast(Batch, groups)
 
 
