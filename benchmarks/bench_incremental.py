@@ -67,7 +67,7 @@ def _pipeline(config: RetrainConfig) -> dict[str, Any]:
     marks.append(time.perf_counter())
     out: dict[str, Any] = {"packed": packed, "decision": decision}
     if decision.train:
-        prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+        prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
         marks.append(time.perf_counter())
         trained = train_stage(config, packed, prep)
         marks.append(time.perf_counter())

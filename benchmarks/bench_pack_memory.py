@@ -51,7 +51,7 @@ packed = pack_stage(config)
 t1 = time.perf_counter()
 pack_rss = status("VmHWM")
 stage[0] = "preprocess"
-preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
 t2 = time.perf_counter()
 done.set()
 print(json.dumps({"rows": sum(packed.rows.values()), "segments": packed.segments, "pack_seconds": t1 - t0,

@@ -210,7 +210,7 @@ def _tuned(work: Path, overrides: list[str], metric: str) -> dict[str, Any]:
     config = load_config(overrides=[f"storage.root={work}", *overrides, f"tune.space={TUNE_SPACE}", "tune.max_trials=40",
                                     f"tune.max_wall_seconds={TUNE_SECONDS}", "train.loader.num_workers=0"])
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     t0 = time.perf_counter()
     study = open_study(config, packed, prep, lambda event: None)
     drive(study, lambda w: _Done(rung_stage(w.config, packed, prep, w.step, lambda event: None)),

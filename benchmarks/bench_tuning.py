@@ -74,7 +74,7 @@ def _study(work: Path, source: Path, name: str, seed: int, tune: dict[str, Any])
     }))
     config = load_config(path)
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     study = open_study(config, packed, prep, lambda event: None)
 
     def submit(w: RungWork) -> _Done:

@@ -123,9 +123,9 @@ def _curves(work: Path, table: Table, pause_probes: int) -> tuple[list[Curve], l
 
     straight, paused = _config(work, "straight", table), _config(work, "paused", table)
     packed = pack_stage(straight)
-    prep = preprocess_stage(packed.dataset_dir, straight.preprocess.model_dump(mode="json"), straight.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, straight.preprocess, straight.storage)
     packed_p = pack_stage(paused)
-    prep_p = preprocess_stage(packed_p.dataset_dir, paused.preprocess.model_dump(mode="json"), paused.storage.root)
+    prep_p = preprocess_stage(packed_p.dataset_dir, paused.preprocess, paused.storage)
     dims = parse_space(straight.tune.space)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))

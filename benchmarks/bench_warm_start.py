@@ -23,7 +23,7 @@ from training.pipeline.train_stage import train_stage
 def _run(overrides: list[str]) -> dict[str, Any]:
     config = load_config(overrides=overrides)
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     trained = train_stage(config, packed, prep)
     evaluation = evaluate_stage(config, packed, trained)
     return {"trained": trained, "evaluation": evaluation, "history": trained.history}

@@ -53,7 +53,7 @@ def train_job(work: Path, name: str, overrides: list[str]):
 
     config = load_config(overrides=[f"storage.root={work}", *overrides])
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), str(work))
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     return TrainJob(run_key_for(config, packed.fingerprint), str(work / "runs" / name), packed.dataset_dir,
                     prep.stats_path, config)
 

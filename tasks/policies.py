@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, cast
+from typing import Any, Callable, TypedDict, cast
 
 from prefect import get_run_logger
 
@@ -12,7 +12,7 @@ from training.config import StorageConfig
 from training.errors import Preempted, StorageError
 from training.protocol.events import ChildEvent, LogLine, Resumed
 
-__all__ = ["FLOW_TIMEOUTS", "forward_child_event", "task_logger", "retried", "retry_only_preemptions", "retry_transient",
+__all__ = ["FLOW_TIMEOUTS", "forward_child_event", "task_logger", "retried", "RetryOptions", "retry_only_preemptions", "retry_transient",
            "backoff", "apply_credentials_block", "train_timeout", "HOUR", "TRAIN_TIMEOUT"]
 
 HOUR = 3600.0
@@ -22,12 +22,21 @@ FLOW_TIMEOUTS = {"watch": 900.0, "plan": 6 * HOUR, "predict": 24 * HOUR, "retrai
 TRAIN_TIMEOUT = 48 * HOUR  # without a budget; with one, train_timeout()
 
 
-def retried(timeout_seconds: float | None) -> dict[str, Any]:
+class RetryOptions(TypedDict):
+    """The options of `@task` that make its retries (`retried`)."""
+
+    retries: int
+    retry_delay_seconds: int
+    retry_condition_fn: Callable[[Any, Any, Any], bool]
+    timeout_seconds: float | None
+
+
+def retried(timeout_seconds: float | None) -> RetryOptions:
     """A stage task's options: two retries of what is transient (retry_transient), and a timeout
     (None: none, for tasks submitted to the task runner's threads, which Prefect cannot interrupt;
     their flow's timeout bounds them)."""
-    options: dict[str, Any] = {"retries": 2, "retry_delay_seconds": 5, "retry_condition_fn": retry_transient}
-    return options if timeout_seconds is None else {**options, "timeout_seconds": timeout_seconds}
+    return {"retries": 2, "retry_delay_seconds": 5, "retry_condition_fn": retry_transient,
+            "timeout_seconds": timeout_seconds}
 
 
 def train_timeout(max_wall_seconds: float | None) -> float:

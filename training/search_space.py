@@ -22,11 +22,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import yaml
+from pydantic import JsonValue
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
 
-__all__ = ["Dimension", "parse_space", "SpaceError"]
+__all__ = ["Dimension", "parse_space", "SpaceError", "TrialParams"]
+
+# A trial's parameters: each tuned key's config value (a choice may be any YAML value).
+TrialParams = dict[str, JsonValue]
 
 _FORM = re.compile(r"^\s*(loguniform|uniform|logint|int|choice)\s*\((.*)\)\s*$", re.DOTALL)
 class SpaceError(ValueError):
@@ -53,7 +57,7 @@ class Dimension:
             return IntDistribution(int(self.low), int(self.high), log=self.kind == "logint")
         return FloatDistribution(self.low, self.high, log=self.kind == "loguniform")
 
-    def value(self, raw: Any) -> Any:
+    def value(self, raw: Any) -> JsonValue:
         """The config value of an Optuna parameter value."""
         return json.loads(raw) if self.kind == "choice" else raw
 

@@ -50,8 +50,7 @@ def _reference_sha(endpoint: str, bucket: str) -> str:
 
     config = load_config(overrides=_overrides(endpoint, bucket, "reference"))
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                            config.storage.model_dump(mode="json"))
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     return train_stage(config, packed, prep).model.sha256
 
 

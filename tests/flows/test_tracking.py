@@ -284,7 +284,7 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: Mlf
     monkeypatch.setattr(tracking.MlflowTracker, "log_metrics", server_dies_at_step_60)
     try:
         packed = pack_stage(config)
-        prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+        prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
         trained = train_stage(config, packed, prep)
         evaluation = evaluate_stage(config, packed, trained)
         paths = report_stage(config, packed, prep, trained, evaluation, StageStates())

@@ -21,9 +21,9 @@ def _pack(config: RetrainConfig) -> PackResult:
 def test_pack_and_preprocess_tasks(small_config: RetrainConfig) -> None:
     packed = _pack(small_config)
     assert packed.reused is False and packed.shards > 3
-    first = fit_features.fn(packed.dataset_dir, small_config.preprocess.model_dump(), small_config.storage.root)
+    first = fit_features.fn(packed.dataset_dir, small_config.preprocess, small_config.storage)
     assert first.name == "Completed" and first.result().stats_path.endswith("feature_stats.json")
-    second = fit_features.fn(packed.dataset_dir, small_config.preprocess.model_dump(), small_config.storage.root)
+    second = fit_features.fn(packed.dataset_dir, small_config.preprocess, small_config.storage)
     assert second.name == "Cached" and second.result().key == first.result().key
     again = _pack(small_config)
     assert again.reused is True and again.dataset_dir == packed.dataset_dir

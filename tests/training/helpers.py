@@ -15,8 +15,7 @@ from training.pipeline.train_stage import run_key_for
 
 def make_job(config: RetrainConfig, run_name: str | None = None) -> TrainJob:
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                            config.storage.model_dump(mode="json"), config.cost.tags)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage, config.cost.tags)
     run_key = run_key_for(config, packed.fingerprint)
     root = StorageRoot.from_config(config)
     rel = f"runs/{run_name or run_key}"

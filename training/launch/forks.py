@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import re
 import signal
@@ -26,10 +25,11 @@ import socket
 import subprocess
 import sys
 import threading
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 from training.protocol.entries import FORKABLE, ZYGOTE_MODULE
 from training.protocol.numerics import gpu_driver_present
+from training.protocol.zygote import ZYGOTE_MESSAGE, Exited, Ready, Spawned, SpawnRequest, ZygoteMessage
 from training.storage.files import process_alive
 
 __all__ = ["ChildProcess", "ForkedProcess", "start_child"]
@@ -127,28 +127,28 @@ class _Zygote:
         self._replied = threading.Condition()
         self._next_id = 0
         ready = self._receive()
-        if ready is None or "ready" not in ready:
+        if not isinstance(ready, Ready):
             self.close()
             return
-        self.pid = int(ready["ready"])
+        self.pid = ready.ready
         self.alive = True
         threading.Thread(target=self._read, daemon=True, name="retrain-zygote").start()
 
-    def _receive(self) -> dict[str, Any] | None:
+    def _receive(self) -> ZygoteMessage | None:
         try:
             data = self.sock.recv(_MAX_MESSAGE)
         except OSError:
             return None
-        return json.loads(data) if data else None
+        return ZYGOTE_MESSAGE.validate_json(data) if data else None
 
     def _read(self) -> None:
         while (message := self._receive()) is not None:
-            if "spawned" in message:
+            if isinstance(message, Spawned):
                 with self._replied:
-                    self._spawned[int(message["spawned"])] = int(message["pid"])
+                    self._spawned[message.spawned] = message.pid
                     self._replied.notify_all()
-            elif "exited" in message:
-                pid, code = int(message["exited"]), int(message["returncode"])
+            elif isinstance(message, Exited):
+                pid, code = message.exited, message.returncode
                 with self._replied:
                     child = self._children.pop(pid, None)
                     if child is None:
@@ -172,9 +172,9 @@ class _Zygote:
             with self._lock:
                 request_id = self._next_id
                 self._next_id += 1
-                message = {"spawn": request_id, "argv": argv, "env": env, "cwd": os.getcwd()}
+                message = SpawnRequest(spawn=request_id, argv=argv, env=env, cwd=os.getcwd())
                 try:
-                    socket.send_fds(self.sock, [json.dumps(message).encode()], [in_r, out_w, 2])
+                    socket.send_fds(self.sock, [message.model_dump_json().encode()], [in_r, out_w, 2])
                 except OSError:
                     return None
                 with self._replied:

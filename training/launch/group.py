@@ -36,7 +36,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict
 
 import training
 from training.errors import ConfigError, Preempted
@@ -76,17 +76,14 @@ class FrozenJob(BaseModel):
 
     run_key: str
     local_root: str  # the publisher's local folder of the root: the job's paths lie under it
-    job: dict[str, Any]
-
-    def train_job(self) -> TrainJob:
-        return TypeAdapter(TrainJob).validate_python(self.job)
+    job: TrainJob
 
 
 def publish_frozen_job(job: TrainJob) -> str:
     """Write the job under its run key on the root (uploaded, on S3); its root-relative path."""
     root = StorageRoot.from_config(job.config)
     rel = f"{job.run_rel or Path(job.run_dir).relative_to(root.local).as_posix()}/{FROZEN_JOB}"
-    frozen = FrozenJob(run_key=job.run_key, local_root=str(root.local), job=job.to_json())
+    frozen = FrozenJob(run_key=job.run_key, local_root=str(root.local), job=job)
     write_json_atomic(root.path(rel), frozen.model_dump(mode="json"))
     root.publish(rel, RUN, job.run_key)
     return rel

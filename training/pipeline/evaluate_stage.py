@@ -158,14 +158,15 @@ def _promote(root: StorageRoot, run_dir: Path, trained: TrainResult, packed: Pac
     pointer finds the model); on S3 the pointer is swapped only if it is still the version
     compared against."""
     from training.model.export import EXPORT_DIR, exported_files
+    from training.model.model_ref import ChampionPointer
     from training.registry.champion import promote
     sha = trained.model.sha256
     package = run_dir / "model"
     export_note = _export(package, trusted_factory)
-    promote(root.path("models"), package, sha,
-            {"run_key": trained.run_key, "metrics": metrics, "dataset": packed.fingerprint,
-             "export": export_note or f"models/{sha}/{EXPORT_DIR}/model.pt2"},
-            uri=root.display(f"models/{sha}/model.pt"))
+    promote(root.path("models"), package,
+            ChampionPointer(sha256=sha, run_key=trained.run_key, metrics=metrics, dataset=packed.fingerprint,
+                            export=export_note or f"models/{sha}/{EXPORT_DIR}/model.pt2",
+                            uri=root.display(f"models/{sha}/model.pt")))
     files = ["model.pt", "model.json", *exported_files(root.path(f"models/{sha}"))]
     root.publish_all([f"models/{sha}/{name}" for name in files], MODEL, trained.run_key)
     return root.publish_if_unchanged("models/champion", MODEL, trained.run_key, champion.etag if champion else None)

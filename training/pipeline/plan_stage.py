@@ -92,8 +92,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
         raise ConfigError(f"--instance-types: no price for {unknown} in cost.prices (known: {sorted(config.cost.prices)})")
     t0 = time.perf_counter()
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                            config.storage.model_dump(mode="json"), config.cost.tags)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage, config.cost.tags)
     data_seconds = time.perf_counter() - t0
     tc = config.train.for_train_rows(packed.rows["train"])
     steps = min(calibration_steps, tc.max_steps)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
 
 from training.config import PreprocessConfig, StorageConfig
 from training.data.manifest import DatasetManifest, require_manifest
@@ -25,16 +24,10 @@ from training.storage.root import CACHE, StorageRoot
 log = logging.getLogger(__name__)
 
 
-def preprocess_stage(
-    dataset_dir: str,
-    preprocess: dict[str, Any],
-    storage_root: str,
-    storage: dict[str, Any] | None = None,
-    tags: dict[str, str] | None = None,
-) -> PrepResult:
+def preprocess_stage(dataset_dir: str, config: PreprocessConfig, storage: StorageConfig,
+                     tags: dict[str, str] | None = None) -> PrepResult:
     t0 = time.perf_counter()
-    config = PreprocessConfig.model_validate(preprocess)
-    root = StorageRoot(StorageConfig.model_validate(storage or {"root": storage_root}), tags)
+    root = StorageRoot(storage, tags)
     found = fitted_before(Path(dataset_dir), config, root, t0)
     if found is not None:
         return found

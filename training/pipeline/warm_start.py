@@ -37,7 +37,7 @@ class WarmStartPlan:
 
     weights: str
     sha256: str
-    stats: dict[str, Any]
+    stats: FeatureStats
 
 
 def warm_start_plan(config: RetrainConfig, champion: Champion | None,
@@ -64,7 +64,7 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None,
         return None, f"the champion predicts something else ({other}): fresh start"
     grown = f", its output layer grown by the new classes {added}" if added else ""
     return (
-        WarmStartPlan(weights=str(package / "model.pt"), sha256=champion.sha256, stats=meta.feature_stats),
+        WarmStartPlan(weights=str(package / "model.pt"), sha256=champion.sha256, stats=stats),
         f"warm start from champion {champion.sha256[:12]} with its feature statistics, its vocabularies grown "
         f"by this dataset's new categories{grown}",
     )
@@ -103,7 +103,7 @@ def start_warm(config: RetrainConfig, warm: WarmStartPlan, packed: PackResult, m
     Embedding rows and input scaling must mean what they meant for the champion: the
     warm-started model keeps the champion's preprocessing, its vocabularies grown by this
     dataset's new categories (the built-in model; a user's model keeps them as they are)."""
-    stats = FeatureStats(**warm.stats)
+    stats = warm.stats
     init_classes = list(stats.classes) if stats.classes != manifest.classes else None
     seen = set(stats.segments)
     new_segments = [s.key for s in manifest.segments if s.key not in seen] if seen else None

@@ -19,7 +19,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from training.config import EvalConfig, metric_name
 from training.errors import CheckpointError, StorageError
@@ -142,8 +142,10 @@ def decide_promotion(
     return False, f"test {name} {value:.4f} does not beat the champion's {theirs:.4f} by eval.min_delta {config.min_delta}"
 
 
-def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str, Any], uri: str | None = None) -> Path:
-    """Copy the package to models/<sha256>/ (first), then swap the champion pointer (last)."""
+def promote(models_root: Path, package_dir: Path, record: ChampionPointer) -> Path:
+    """Copy the package to models/<record.sha256>/ (first), then swap the champion pointer (last),
+    with the copy's meta hash (and its path, where `record` has no uri)."""
+    sha256 = record.sha256
     from training.model.package import meta_sha256
     target = models_root / sha256
     if (target / "model.json").exists() and meta_sha256(target) != meta_sha256(package_dir):
@@ -160,6 +162,6 @@ def promote(models_root: Path, package_dir: Path, sha256: str, record: dict[str,
         aside = models_root / f"champion.not-a-pointer-{uuid.uuid4().hex[:8]}"
         pointer.rename(aside)
         log.warning("models/champion was a folder, not a pointer; moved to %s", aside)
-    written = ChampionPointer(**record, sha256=sha256, meta_sha256=meta_sha256(target), uri=uri or str(target / "model.pt"))
+    written = record.model_copy(update={"meta_sha256": meta_sha256(target), "uri": record.uri or str(target / "model.pt")})
     write_json_atomic(pointer, written.model_dump(mode="json"))
     return target

@@ -9,10 +9,12 @@ flight and their uploads first: a result never names a model or a rung that is n
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 
+from training.cost.cpu_step import CpuScaling
+from training.cost.step_count import StepCosts, StepCount
 from training.model.model_ref import ModelRef
 from training.model.package import export_model_package
 from training.protocol.events import Paused
@@ -87,7 +89,15 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
     return result
 
 
-def _step_counts(trainer: Trainer) -> dict[str, Any]:
+class _StepCounts(TypedDict, total=False):
+    """TrainResult's fields that count a step (see there)."""
+
+    step_count: StepCount
+    step_costs: StepCosts
+    cpu_scaling: CpuScaling
+
+
+def _step_counts(trainer: Trainer) -> _StepCounts:
     """One step counted as a GPU would run it, for the report's predicted-against-actual step
     time; with the memory-saving variants too when `retrain plan` calibrates."""
     from training.trainer.step_cost import count_step, measure_cpu_scaling, measure_step_costs
@@ -96,7 +106,7 @@ def _step_counts(trainer: Trainer) -> dict[str, Any]:
     try:
         if trainer.job.count_variants:
             costs = measure_step_costs(trainer.state.model, trainer.task, batch, precision)
-            counts: dict[str, Any] = {"step_costs": costs, "step_count": costs.as_run}
+            counts: _StepCounts = {"step_costs": costs, "step_count": costs.as_run}
             if trainer.device.type == "cpu" and trainer.threads is not None:
                 counts["cpu_scaling"] = measure_cpu_scaling(trainer.state.model, trainer.task, batch,
                                                             trainer.threads.threads, trainer.threads.usable_cpus)

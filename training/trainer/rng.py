@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import os
 import random
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "configure_determinism", "capture_rng", "restore_rng"]
+__all__ = ["seed_everything", "configure_determinism", "capture_rng", "restore_rng", "RngState"]
+
+
+class _CpuRngState(TypedDict):
+    python: tuple[Any, ...]  # random.getstate(); a checkpoint may give its tuples back as lists
+    numpy: list[Any]  # [kind, keys as an int64 tensor, pos, has_gauss, cached]
+    torch: torch.Tensor
+
+
+class RngState(_CpuRngState, total=False):
+    """Every generator's state, as a checkpoint holds it (plain values and tensors only)."""
+
+    cuda: list[torch.Tensor]  # one per GPU the saving machine saw
 
 
 def seed_everything(seed: int) -> None:
@@ -32,9 +44,9 @@ def configure_determinism(enabled: bool, device: torch.device) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def capture_rng() -> dict[str, Any]:
+def capture_rng() -> RngState:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
-    state: dict[str, Any] = {
+    state: RngState = {
         "python": random.getstate(),
         # numpy's state holds an ndarray, which weights_only loading refuses: store a tensor.
         "numpy": [kind, torch.from_numpy(np.asarray(keys, dtype=np.int64)), int(pos), int(has_gauss), float(cached)],
@@ -45,7 +57,7 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: RngState) -> None:
     random.setstate(_tuples(state["python"]))
     kind, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))

@@ -22,7 +22,7 @@ from training.errors import ConfigError
 from training.model.memory_fit import check_model_fits
 from training.model.network import ModelSchema, build_model
 from training.protocol.results import Seconds, Validation
-from training.trainer.rng import capture_rng, restore_rng
+from training.trainer.rng import RngState, capture_rng, restore_rng
 
 __all__ = ["EarlyStopping", "Progress", "TrainState", "lr_lambda"]
 
@@ -180,8 +180,8 @@ class TrainState:
         return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler,
                 "scaler": self.scaler, "early_stopping": self.stopper, "run": self.progress}
 
-    def state_dict(self, rng: dict[str, Any] | None = None,
-                   rng_per_rank: list[Any] | None = None) -> dict[str, Any]:
+    def state_dict(self, rng: RngState | None = None,
+                   rng_per_rank: list[RngState] | None = None) -> dict[str, Any]:
         """The whole state; `rng` defaults to this process's generators, `rng_per_rank` (under
         DDP) holds every rank's, gathered by the caller."""
         state = {name: part.state_dict() for name, part in self._parts().items()}

@@ -21,7 +21,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import torch
 import torch.distributed as dist
@@ -57,7 +57,7 @@ from training.trainer.checkpoint import (
 )
 from training.trainer.precision import autocast_dtype, resolve_device, resolve_precision
 from training.trainer.resume import ResumeBook
-from training.trainer.rng import capture_rng, configure_determinism, seed_everything
+from training.trainer.rng import RngState, capture_rng, configure_determinism, seed_everything
 from training.trainer.state import TrainState
 from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.trainer.throughput import (
@@ -470,10 +470,11 @@ class Trainer:
         collective); rank 0 writes."""
         t0, progress = self.now(), self.state.progress
         rng = capture_rng()
-        rng_per_rank = None
+        rng_per_rank: list[RngState] | None = None
         if self.world_size > 1:
-            rng_per_rank = [None] * self.world_size
-            dist.all_gather_object(rng_per_rank, rng)
+            gathered: list[object] = [None] * self.world_size
+            dist.all_gather_object(gathered, rng)
+            rng_per_rank = cast("list[RngState]", gathered)
         if self.rank != 0:
             return
         # Accounting first, so the saved state already counts this save.

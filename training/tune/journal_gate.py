@@ -98,7 +98,7 @@ TRIAL_ATTRS: dict[str, Callable[[Any], Any]] = {
 @dataclass
 class _Trial:
     state: int
-    params: dict[str, Any] = field(default_factory=dict)  # key -> Optuna's external value
+    params: dict[str, None | bool | int | float | str] = field(default_factory=dict)  # key -> Optuna's external value
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ class JournalGate:
 
     # -- values ------------------------------------------------------------------------------
 
-    def _param(self, key: Any, distribution: Any, internal: Any) -> Any:
+    def _param(self, key: Any, distribution: Any, internal: Any) -> None | bool | int | float | str:
         from optuna.distributions import json_to_distribution
 
         if key not in self.dims:

@@ -48,7 +48,7 @@ from training.cost.bill import SECONDS_PER_HOUR
 from training.errors import ConfigError
 from training.model.task_metrics import higher_is_better, metric_for
 from training.protocol.results import RungResult
-from training.search_space import Dimension, parse_space
+from training.search_space import Dimension, TrialParams, parse_space
 from training.storage.root import StorageRoot
 from training.tune.journal import PublishedJournal
 from training.tune.journal_gate import JournalGate
@@ -153,7 +153,7 @@ class RungWork:
     `repeat` > 0: the trial's config retrained to the end with train.seed + repeat."""
 
     trial: int
-    params: dict[str, Any]
+    params: TrialParams
     config: RetrainConfig
     step: int
     rung: int
@@ -380,18 +380,18 @@ class Study:
             return None
         return self._work(frozen.number, params, rung, price)
 
-    def params_of(self, frozen: Any) -> dict[str, Any] | None:
+    def params_of(self, frozen: Any) -> TrialParams | None:
         """The config values a trial trains with (each checked against tune.space by the journal's
         gate), or None for a trial that has none."""
         raw = frozen.user_attrs.get("params")
         if raw is not None:
-            params: dict[str, Any] = json.loads(raw)
+            params: TrialParams = json.loads(raw)
             return params
         if set(frozen.params) == {d.key for d in self.dims}:
             return {d.key: d.value(frozen.params[d.key]) for d in self.dims}
         return None
 
-    def _work(self, number: int, params: dict[str, Any], rung: int, price: float) -> RungWork:
+    def _work(self, number: int, params: TrialParams, rung: int, price: float) -> RungWork:
         trial = self.study.get_trials(deepcopy=False)[number]
         config = self._capped(self.given.with_values(params, f"(tuning trial {params})"),
                               float(trial.user_attrs.get("billed_seconds", 0.0)))

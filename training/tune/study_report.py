@@ -12,6 +12,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from training.config import metric_name
+from training.search_space import TrialParams
 from training.cost.bill import SECONDS_PER_HOUR
 from training.storage.files import write_atomic, write_json_atomic
 from training.storage.root import RUN, StorageRoot
@@ -28,7 +29,7 @@ class _Row(BaseModel):
 
 class TrialRow(_Row):
     number: int
-    params: dict[str, Any]
+    params: TrialParams
     state: str  # completed, early_stopped, pruned, budget (stopped by the study's budget), running, failed,
     # refused (its journal lines broke the journal's rules: never trained, never the best)
     rung: int | None  # index of the last rung reached (None: none yet)
@@ -60,7 +61,7 @@ class Spend(_Row):
 class BestTrial(_Row):
     trial: int
     value: float
-    params: dict[str, Any]
+    params: TrialParams
     run_key: str | None
     config: str  # where its config is: best_config.yaml, for `retrain run --config`
     evidence: str | None = None  # how it was chosen over the config as given, when they differ

@@ -76,7 +76,7 @@ def node_job(run_key: str, rel: str, storage: StorageConfig) -> TrainJob:
                           "starts the nodes: run it again")
     try:
         frozen = FrozenJob.model_validate_json(path.read_bytes())
-        job = frozen.train_job()
+        job = frozen.job
     except ValidationError as err:
         raise ConfigError(f"{where} is not a frozen training job: {str(err).splitlines()[0]}") from None
     if frozen.run_key != run_key or job.run_key != run_key:

@@ -6,17 +6,15 @@ warnings go to the parent as `log` events, as the training worker's do.
 
 from __future__ import annotations
 
-import ctypes
-import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
 from training.errors import EXIT_USER_ERROR, RetrainError, StorageError
 from training.pipeline.stage_calls import DIFFERENCE, METRIC, REQUEST, ChampionMetricRequest, CompareRequest, EvaluateRequest
-from training.protocol.events import ChildEvent, ErrorReport, LogLine
+from training.protocol.events import ErrorReport
 from training.storage.files import write_atomic
+from training.worker.io import die_with_parent, forward_logs, report_error
 
 __all__ = ["main"]
 
@@ -32,39 +30,15 @@ def _run(request: EvaluateRequest | ChampionMetricRequest | CompareRequest) -> s
     return METRIC.dump_json(champion_validation_metric(request.config, request.packed)).decode()
 
 
-def _emit(event: ChildEvent) -> None:
-    sys.stdout.write(event.model_dump_json() + "\n")
-    sys.stdout.flush()
-
-
-class _ToParent(logging.Handler):
-    """Warnings and errors go to the parent, which logs them into the task run (the UI)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            _emit(LogLine(level=record.levelname, logger=record.name, message=record.getMessage()))
-        except Exception:  # noqa: BLE001 - logging must never break the stage
-            self.handleError(record)
-
-
 def _report(error_path: Path, report: ErrorReport) -> int:
-    _emit(report)  # on the event pipe too: the disk that holds error_path may be full
-    try:
-        error_path.write_text(report.model_dump_json())
-    except OSError:
-        pass
+    report_error(error_path, report)
     return EXIT_USER_ERROR
 
 
 def main(argv: list[str]) -> int:
     request_path, error_path, parent, result_path = Path(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3])
-    logging.basicConfig(level=logging.WARNING, handlers=[_ToParent()], force=True)
-    logging.captureWarnings(True)
-    try:
-        # Ends with its parent: the work is idempotent, and the parent's retry does it again.
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    forward_logs()
+    die_with_parent()  # the work is idempotent: the parent's retry does it again
     if os.getppid() != parent:
         return 1  # the parent went before this process could watch for it
     try:

@@ -15,7 +15,6 @@ EXIT_PREEMPTED rather than hang: the task's retry resumes from the last checkpoi
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import select
@@ -25,50 +24,20 @@ from pathlib import Path
 
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.protocol.entries import HOLD_FLAG
-from training.protocol.events import ChildEvent, Done, ErrorReport, Idle, JobOrder, LogLine
+from training.protocol.events import Done, ErrorReport, Idle, JobOrder
 from training.protocol.job import TrainJob
 from training.protocol.results import RungResult
 from training.trainer.run import StopFlag, train
 from training.trainer.spot import start_spot_notice_poller
+from training.worker.io import die_with_parent, emit, forward_logs, report_error
 
 __all__ = ["main"]
 
 
-def _die_with_parent() -> None:
-    # If the task process dies first, get SIGTERM rather than train on as an orphan: the
-    # handler below then writes an emergency checkpoint. Linux only; elsewhere a no-op.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def _emit(event: ChildEvent) -> None:
-    sys.stdout.write(event.model_dump_json() + "\n")
-    sys.stdout.flush()
-
-
-class _EventLogHandler(logging.Handler):
-    """Warnings and errors also go to the parent as `log` events, so they reach the Prefect
-    flow run's logs (the UI), not only the worker's terminal."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            _emit(LogLine(level=record.levelname, logger=record.name, message=record.getMessage()))
-        except Exception:  # noqa: BLE001 - logging must never break training
-            self.handleError(record)
-
-
 def _configure_logging() -> None:
-    # INFO and below go to stderr (the worker's terminal); WARNING and above go to the parent,
-    # which logs them into the flow run: shown once, wherever the run is watched.
     terminal = logging.StreamHandler(sys.stderr)
     terminal.setFormatter(logging.Formatter("[train] %(levelname)s %(message)s"))
-    terminal.addFilter(lambda record: record.levelno < logging.WARNING)
-    to_parent = _EventLogHandler(logging.WARNING)
-    logging.basicConfig(level=logging.INFO, handlers=[terminal, to_parent], force=True)
-    logging.captureWarnings(True)  # Python warnings (e.g. from torch) are log records too
+    forward_logs(terminal)
 
 
 def _lost_peer(err: BaseException) -> bool:
@@ -154,7 +123,7 @@ def main(argv: list[str]) -> int:
     stop = StopFlag()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop.request(signal.Signals(signum).name))
-    _die_with_parent()
+    die_with_parent()
     if parent is not None and not under_torchrun and os.getppid() != parent:
         stop.request("parent process died")
     polling = False
@@ -167,7 +136,7 @@ def main(argv: list[str]) -> int:
         code = _run_job(job, error_path, stop, under_torchrun)
         if not hold or code != 0:
             return code
-        _emit(Idle())
+        emit(Idle())
         order = _next_order(stop, parent)
         if order is None:
             return 0
@@ -200,7 +169,7 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
         _numerics_as_keyed(job)
         rank, world = _init_distributed(job)
         try:
-            result = train(job, stop, _emit, rank=rank, world_size=world)
+            result = train(job, stop, emit, rank=rank, world_size=world)
         except MemoryError as err:  # torch.OutOfMemoryError is a RuntimeError: see _out_of_memory
             raise _out_of_memory(job, err) from err
         except RuntimeError as err:
@@ -214,38 +183,24 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
         return EXIT_PREEMPTED
     except RetrainError as err:
         report = ErrorReport(type=type(err).__name__, message=str(err), transient=getattr(err, "transient", False))
-        _report(error_path, report)
+        report_error(error_path, report)
         return EXIT_USER_ERROR
     except Exception as err:
         if world > 1 and _lost_peer(err):
             logging.getLogger("training").warning("rank %d lost a peer: %s", rank, str(err).splitlines()[0])
-            _report(error_path, ErrorReport(type="Preempted", message=f"rank {rank} lost a peer"))
+            report_error(error_path, ErrorReport(type="Preempted", message=f"rank {rank} lost a peer"))
             return EXIT_PREEMPTED
         # A bug: its traceback follows on stderr; the parent names it (and never retries it as
         # if a rank had been preempted).
-        _report(error_path, ErrorReport(type="Bug", message=f"{type(err).__name__}: {err}".splitlines()[0]))
+        report_error(error_path, ErrorReport(type="Bug", message=f"{type(err).__name__}: {err}".splitlines()[0]))
         raise
     if world > 1:
         import torch.distributed as dist
 
         dist.destroy_process_group()
     if result is not None:  # rank 0
-        _emit(Done(status=result.status, steps=result.step if isinstance(result, RungResult) else result.steps))
+        emit(Done(status=result.status, steps=result.step if isinstance(result, RungResult) else result.steps))
     return 0
-
-
-def _report(error_path: Path, report: ErrorReport) -> None:
-    """An error to the parent: on the event pipe (the only way from another node's rank to the
-    launcher; and the disk holding error_path may be the thing that is full) and in the file."""
-    _emit(report)
-    _write_error(error_path, report)
-
-
-def _write_error(error_path: Path, report: ErrorReport) -> None:
-    try:
-        error_path.write_text(report.model_dump_json())
-    except OSError:
-        pass  # a full disk: the event pipe carries it
 
 
 def _out_of_memory(job: TrainJob, err: BaseException) -> ConfigError:

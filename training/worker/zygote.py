@@ -26,16 +26,16 @@ Protocol, over a SOCK_SEQPACKET socket pair (one message per send): the zygote s
 
 from __future__ import annotations
 
-import json
 import os
 import select
 import signal
 import socket
 import sys
 import threading
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from training.protocol.entries import FORKABLE, WORKER_MODULE
+from training.protocol.zygote import Exited, Ready, Refused, Spawned, SpawnRequest, ZygoteMessage
 
 __all__ = ["PRELOAD", "main"]
 
@@ -52,8 +52,8 @@ def _cuda_initialized() -> bool:
     return bool(torch.cuda.is_initialized())
 
 
-def _send(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.send(json.dumps(message).encode())
+def _send(sock: socket.socket, message: ZygoteMessage) -> None:
+    sock.send(message.model_dump_json().encode())
 
 
 def _reap(sock: socket.socket) -> None:
@@ -64,10 +64,10 @@ def _reap(sock: socket.socket) -> None:
             return
         if pid == 0:
             return
-        _send(sock, {"exited": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        _send(sock, Exited(exited=pid, returncode=os.waitstatus_to_exitcode(status)))
 
 
-def _run_child(request: dict[str, Any], fds: list[int], sock: socket.socket, closing: list[int]) -> NoReturn:
+def _run_child(request: SpawnRequest, fds: list[int], sock: socket.socket, closing: list[int]) -> NoReturn:
     """In the forked child: become the worker a fresh process would be, run it, exit."""
     code = 1
     try:
@@ -85,16 +85,16 @@ def _run_child(request: dict[str, Any], fds: list[int], sock: socket.socket, clo
 
         # ps, top and the OOM killer's log name the job, as they do a fresh worker's. Before the
         # environment changes: setproctitle finds the room for the title next to the original one.
-        setproctitle.setproctitle(" ".join([sys.executable, "-m", *request["argv"]]))
-        os.chdir(request["cwd"])
+        setproctitle.setproctitle(" ".join([sys.executable, "-m", *request.argv]))
+        os.chdir(request.cwd)
         if sys.path and sys.path[0] == _STARTED_IN:
-            sys.path[0] = request["cwd"]  # `python -m` puts the working folder first: a user's factory module may be there
+            sys.path[0] = request.cwd  # `python -m` puts the working folder first: a user's factory module may be there
         import importlib
 
         importlib.invalidate_caches()
         os.environ.clear()
-        os.environ.update(request["env"])
-        sys.argv = list(request["argv"])
+        os.environ.update(request.env)
+        sys.argv = list(request.argv)
         sys.stdin = open(0, encoding="utf-8", closefd=False)
         sys.stdout = open(1, "w", encoding="utf-8", buffering=1, closefd=False)
         sys.stderr = open(2, "w", encoding="utf-8", buffering=1, closefd=False)
@@ -128,20 +128,20 @@ def main(control_fd: int) -> int:
     for module in PRELOAD:
         importlib.import_module(module)
     if _cuda_initialized():
-        _send(sock, {"refused": "CUDA was initialized by the imports; a forked child could not use it"})
+        _send(sock, Refused(refused="CUDA was initialized by the imports; a forked child could not use it"))
         return 1
     # A fork copies only the forking thread: no Python thread may hold a lock the child needs.
     # The native pools the imports start (OpenBLAS's, jemalloc's) re-arm themselves in a forked
     # child through their own fork handlers, as they do for every DataLoader worker.
     if threading.active_count() != 1:
-        _send(sock, {"refused": f"{threading.active_count()} Python threads after the imports"})
+        _send(sock, Refused(refused=f"{threading.active_count()} Python threads after the imports"))
         return 1
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select below through wake_w
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the parent's to pass on
-    _send(sock, {"ready": os.getpid()})
+    _send(sock, Ready(ready=os.getpid()))
     try:
         _serve(sock, wake_r, wake_w)
     except OSError:
@@ -160,13 +160,13 @@ def _serve(sock: socket.socket, wake_r: int, wake_w: int) -> None:
         data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE, 3)
         if not data:
             return  # the parent is gone: exiting fires the children's parent-death signal
-        request = json.loads(data)
+        request = SpawnRequest.model_validate_json(data)
         pid = os.fork()
         if pid == 0:
             _run_child(request, fds, sock, [wake_r, wake_w])
         for fd in fds:
             os.close(fd)
-        _send(sock, {"spawned": request["spawn"], "pid": pid})
+        _send(sock, Spawned(spawned=request.spawn, pid=pid))
         _reap(sock)
 
 

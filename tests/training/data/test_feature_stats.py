@@ -16,7 +16,7 @@ from training.pipeline.preprocess_stage import preprocess_stage
 
 def _prep(config: RetrainConfig) -> dict:
     packed = pack_stage(config)
-    return preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+    return preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "valid-but-wrong", "checksum-missing"])

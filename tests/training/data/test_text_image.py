@@ -284,8 +284,7 @@ def test_token_ids_are_published_with_the_statistics_and_reused_by_a_fresh_machi
     def stages(machine: str) -> tuple[Path, bool]:
         config = _config(tmp_path, reviews_source, [*TEXT, *s3_overrides(s3_bucket, s3_server, tmp_path / machine)])
         packed = pack_stage(config)
-        prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                                config.storage.model_dump(mode="json"), config.cost.tags)
+        prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage, config.cost.tags)
         return Path(prep.stats_path).parent / DERIVED_DIR, prep.reused
 
     arrays_a, reused_a = stages("machine-a")

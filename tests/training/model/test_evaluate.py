@@ -8,7 +8,7 @@ import pytest
 
 from tests.training.helpers import make_job
 from training.config import EvalConfig, RetrainConfig
-from training.model.model_ref import read_pointer
+from training.model.model_ref import ChampionPointer, read_pointer
 from training.registry.champion import decide_promotion, promote
 from training.trainer.run import train
 from training.pipeline.evaluate_stage import evaluate_stage
@@ -77,7 +77,7 @@ def test_crash_between_the_two_promotion_writes_keeps_a_consistent_champion(
     monkeypatch.setattr(ev, "write_json_atomic", crash)
     other = Path(good.run_dir)
     with pytest.raises(KeyboardInterrupt):
-        promote(models, other / "model", "f" * 64, {"run_key": "x"})
+        promote(models, other / "model", ChampionPointer(sha256="f" * 64, run_key="x"))
     assert (models / "champion").read_bytes() == before
     pointer = json.loads(before)
     assert (models / pointer["sha256"] / "model.pt").exists()

@@ -265,7 +265,7 @@ def _champion(config: RetrainConfig) -> None:
     from training.pipeline.train_stage import train_stage
 
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     evaluation = evaluate_stage(config, packed, train_stage(config, packed, prep))
     assert evaluation.promotion.promoted
 

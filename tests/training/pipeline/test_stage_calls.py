@@ -38,7 +38,7 @@ _WITHOUT_TORCH = textwrap.dedent("""
 
     config = load_config(overrides=json.loads(sys.argv[1]))
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     no_champion = champion_metric_in_child(config, packed)
     trained = train_stage(config, packed, prep)
     evaluation = evaluate_in_child(config, packed, trained)
@@ -63,8 +63,7 @@ def test_a_retraining_runs_in_a_process_that_cannot_import_torch(tmp_path: Path,
 def test_the_childs_evaluation_is_the_in_process_one(small_config: RetrainConfig) -> None:
     small_config.train.max_steps = 20
     packed = pack_stage(small_config)
-    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess.model_dump(mode="json"),
-                            small_config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess, small_config.storage)
     trained = train_stage(small_config, packed, prep)
     assert champion_metric_in_child(small_config, packed) is None
     there = evaluate_in_child(small_config, packed, trained)
@@ -77,8 +76,7 @@ def test_the_childs_evaluation_is_the_in_process_one(small_config: RetrainConfig
 def test_an_error_in_the_child_is_raised_here_as_the_same_class(small_config: RetrainConfig, tmp_path: Path) -> None:
     small_config.train.max_steps = 20
     packed = pack_stage(small_config)
-    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess.model_dump(mode="json"),
-                            small_config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess, small_config.storage)
     trained = train_stage(small_config, packed, prep)
     gone = packed.model_copy(update={"dataset_dir": str(tmp_path / "gone")})
     with pytest.raises(DataError, match="no manifest.json"):

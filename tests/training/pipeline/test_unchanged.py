@@ -27,7 +27,7 @@ def _run_all(config: RetrainConfig) -> Path:
     source = open_source(packed.source)
     index = SourceIndex(Path(config.storage.root) / "datasets" / "source-index.json")
     assert packed.fingerprint in known_fingerprints(index, config.data, source.uri, source.files())
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     trained = train_stage(config, packed, prep)
     evaluation = evaluate_stage(config, packed, trained)
     return Path(report_stage(config, packed, prep, trained, evaluation, StageStates()).report)

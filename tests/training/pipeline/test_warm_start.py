@@ -21,7 +21,7 @@ from training.pipeline.train_stage import train_stage
 
 def _run(config: RetrainConfig) -> TrainResult:
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     trained = train_stage(config, packed, prep)
     evaluate_stage(config, packed, trained)
     return trained
@@ -99,7 +99,7 @@ def test_a_warm_start_grows_the_vocabulary_by_value_and_scores_as_the_champion_d
     config.train.init_from = "champion"
     packed = pack_stage(config)
     assert packed.segments == 2 and packed.segments_packed == 1
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     root = StorageRoot.from_config(config)
     champion = check_champion(root, None)
     assert champion is not None and champion.sha256 == champion_run.model.sha256
@@ -187,7 +187,7 @@ def test_the_effective_step_budget_reaches_the_task_from_the_job(champion: tuple
 
     config = _config_on_a_copy(champion, tmp_path, demo_source, "train.max_steps=200")
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     events: list[object] = []
     warm = train_stage(config, packed, prep, events.append)
     (started,) = [e for e in events if isinstance(e, Started)]
@@ -224,7 +224,7 @@ def test_a_warm_start_grows_the_output_layer_by_a_new_class(tmp_path: Path, demo
 
     config.train.init_from = "champion"
     packed = pack_stage(config)
-    prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(), config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     champion = check_champion(StorageRoot.from_config(config), None)
     assert champion is not None and champion.sha256 == champion_run.model.sha256
     job, warm = build_train_job(config, packed, prep, champion)

@@ -80,8 +80,7 @@ def test_a_tampered_manifest_on_s3_cannot_write_outside_the_working_copy(
     config = config_for("machine-b")
     with caplog.at_level(logging.WARNING):
         packed = pack_stage(config)  # a fresh machine: it finds the segment on S3, then reads its shards
-        prep = preprocess_stage(packed.dataset_dir, config.preprocess.model_dump(mode="json"), config.storage.root,
-                                config.storage.model_dump(mode="json"))
+        prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
         trained = train_stage(config, packed, prep)
     assert not victim.exists()
     assert "lists a shard that is not a file of the segment" in caplog.text and "packing the segment again" in caplog.text
@@ -122,8 +121,7 @@ def test_a_local_manifest_naming_a_file_outside_is_packed_again(
 def test_a_run_folder_linked_out_of_the_root_is_refused(small_config: RetrainConfig, tmp_path: Path,
                                                         linked: str) -> None:
     packed = pack_stage(small_config)
-    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess.model_dump(mode="json"),
-                            small_config.storage.root)
+    prep = preprocess_stage(packed.dataset_dir, small_config.preprocess, small_config.storage)
     run_dir = Path(make_job(small_config).run_dir)
     target = tmp_path / "not-the-root"
     target.mkdir()
@@ -238,7 +236,7 @@ def test_tampered_segment_statistics_are_damaged_and_packed_again(
         again = pack_stage(small_config)
     assert not again.reused and "damaged or tampered with" in caplog.text
     assert (folder / "stats.npz").read_bytes() == original
-    prep = preprocess_stage(again.dataset_dir, small_config.preprocess.model_dump(mode="json"), small_config.storage.root)
+    prep = preprocess_stage(again.dataset_dir, small_config.preprocess, small_config.storage)
     assert prep.stats_path and "nan" not in Path(prep.stats_path).read_text().lower()
 
 

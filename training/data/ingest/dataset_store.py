@@ -139,7 +139,7 @@ class DatasetStore:
     def _mark_remote(self, folder: Path, rel: str) -> None:
         remote = self.root.remote
         assert remote is not None
-        marker = RemoteMarker(settings=remote.settings.to_json(), rel=rel,
+        marker = RemoteMarker(settings=remote.settings, rel=rel,
                               cache_bytes=int(self.root.config.shard_cache_gb * (1 << 30)),
                               cache_root=str(self.root.local / "datasets"))
         write_json_atomic(folder / REMOTE_MARKER, marker.model_dump())

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any
 
 import pyarrow as pa
 
@@ -53,7 +52,7 @@ def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumn
 def _unset_features_not_given(config: RetrainConfig) -> RetrainConfig:
     """Where the config names some feature lists, the others are empty (not the demo's)."""
     given = config.data.model_fields_set & set(FEATURE_KEYS)
-    unset: dict[str, Any] = {f"data.{k}": [] for k in FEATURE_KEYS if k not in given}
+    unset: dict[str, list[str]] = {f"data.{k}": [] for k in FEATURE_KEYS if k not in given}
     return config.with_values(unset, "(feature lists the config does not give)") if given and unset else config
 
 

@@ -17,19 +17,19 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel
 
 from training.errors import StorageError
 from training.storage.files import inside
+from training.storage.s3 import S3Settings, S3Store
 
 __all__ = ["REMOTE_MARKER", "RemoteMarker", "local_shard", "evict", "is_remote_dataset", "segment_is_remote"]
 
 log = logging.getLogger(__name__)
 
 REMOTE_MARKER = "remote.json"
-_stores: dict[str, Any] = {}  # one boto3 client per process and bucket
+_stores: dict[str, S3Store] = {}  # one boto3 client per process and bucket
 
 
 def is_remote_dataset(dataset_dir: Path) -> bool:
@@ -43,7 +43,7 @@ def segment_is_remote(segment_dir: Path) -> bool:
 class RemoteMarker(BaseModel):
     """remote.json in a folder of shards: where they live on S3, and the cache they go to."""
 
-    settings: dict[str, Any]  # S3Settings.to_json()
+    settings: S3Settings
     rel: str
     cache_bytes: int
     cache_root: str
@@ -76,12 +76,10 @@ def local_shard(folder: Path, name: str, size: int, sha256: str) -> tuple[Path, 
     marker = _marker(folder)
     if marker is None:
         raise StorageError(f"shard {path} is missing; run the same command again: the pack stage packs it again")
-    from training.storage.s3 import S3Settings, S3Store
-
-    key = json.dumps(marker.settings, sort_keys=True)
+    key = json.dumps(marker.settings.to_json(), sort_keys=True)
     store = _stores.get(key)
     if store is None:
-        store = _stores[key] = S3Store(S3Settings(**marker.settings))
+        store = _stores[key] = S3Store(marker.settings)
     store.download_file(f"{marker.rel}/{name}", path, size=size, sha256=sha256)
     evict(Path(marker.cache_root), marker.cache_bytes, keep=path)
     return path, True
