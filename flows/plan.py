@@ -13,7 +13,7 @@ from training.config import RetrainConfig
 __all__ = ["plan"]
 
 
-@flow(name="plan", timeout_seconds=FLOW_TIMEOUTS["plan"], flow_run_name=plan_run_name, log_prints=True)
+@flow(name="plan", timeout_seconds=FLOW_TIMEOUTS.plan, flow_run_name=plan_run_name, log_prints=True)
 def plan(
     instance_types: list[str] | None = None,
     deadline_hours: float | None = None,

@@ -12,7 +12,7 @@ from training.config import RetrainConfig
 __all__ = ["predict"]
 
 
-@flow(name="predict", timeout_seconds=FLOW_TIMEOUTS["predict"], flow_run_name="predict-{model}", log_prints=True)
+@flow(name="predict", timeout_seconds=FLOW_TIMEOUTS.predict, flow_run_name="predict-{model}", log_prints=True)
 def predict(
     input: str,
     output: str,

@@ -20,7 +20,7 @@ from training.config import RetrainConfig
 __all__ = ["retrain"]
 
 
-@flow(name="retrain", timeout_seconds=FLOW_TIMEOUTS["retrain"], flow_run_name=flow_run_name, log_prints=True)
+@flow(name="retrain", timeout_seconds=FLOW_TIMEOUTS.retrain, flow_run_name=flow_run_name, log_prints=True)
 def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
     """Retrain the model on the configured data; returns the path of the run's report.json (or of
     runs/kept/<flow run>.json when train.retrain_when found nothing to learn).

@@ -16,7 +16,7 @@ from training.config import RetrainConfig
 __all__ = ["tune"]
 
 
-@flow(name="tune", timeout_seconds=FLOW_TIMEOUTS["tune"], flow_run_name=flow_run_name, log_prints=True)
+@flow(name="tune", timeout_seconds=FLOW_TIMEOUTS.tune, flow_run_name=flow_run_name, log_prints=True)
 def tune(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pydantic default renders in the UI
     """Search tune.space within the budget; returns the path of tune_report.json.
 

@@ -12,7 +12,7 @@ from training.config import RetrainConfig
 __all__ = ["watch"]
 
 
-@flow(name="watch", timeout_seconds=FLOW_TIMEOUTS["watch"], flow_run_name=watch_run_name, log_prints=True)
+@flow(name="watch", timeout_seconds=FLOW_TIMEOUTS.watch, flow_run_name=watch_run_name, log_prints=True)
 def watch(config: RetrainConfig = RetrainConfig()) -> list[str]:  # noqa: B008 - pydantic default renders in the UI
     """List data.source; when files arrived since the last look, emit `retrain.data.arrived`
     naming them (the retrain deployment's trigger starts a run). Returns their names.

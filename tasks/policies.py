@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from typing import Any, Callable, TypedDict, cast
 
 from prefect import get_run_logger
@@ -16,9 +17,22 @@ __all__ = ["FLOW_TIMEOUTS", "forward_child_event", "task_logger", "retried", "Re
            "backoff", "apply_credentials_block", "train_timeout", "HOUR", "TRAIN_TIMEOUT"]
 
 HOUR = 3600.0
-# Backstops, so that no hung run holds a worker for ever (a deadlock, a mount that stopped
-# answering): each far above what its work takes, and a Failed run says which limit ended it.
-FLOW_TIMEOUTS = {"watch": 900.0, "plan": 6 * HOUR, "predict": 24 * HOUR, "retrain": 72 * HOUR, "tune": 7 * 24 * HOUR}
+
+
+@dataclass(frozen=True)
+class _FlowTimeouts:
+    """Each flow's backstop, so that no hung run holds a worker for ever (a deadlock, a mount that
+    stopped answering): each far above what its work takes, and a Failed run says which limit
+    ended it."""
+
+    watch: float = 900.0
+    plan: float = 6 * HOUR
+    predict: float = 24 * HOUR
+    retrain: float = 72 * HOUR
+    tune: float = 7 * 24 * HOUR
+
+
+FLOW_TIMEOUTS = _FlowTimeouts()
 TRAIN_TIMEOUT = 48 * HOUR  # without a budget; with one, train_timeout()
 
 

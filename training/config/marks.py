@@ -7,7 +7,8 @@ import hashlib
 import json
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, JsonValue
+from pydantic.json_schema import JsonDict
 
 __all__ = ["COMPUTED", "COMPUTED_SINCE", "FLAT_COMPUTED", "OPERATIONAL", "computed_before", "fingerprint",
            "fingerprinted", "is_computed"]
@@ -18,22 +19,22 @@ __all__ = ["COMPUTED", "COMPUTED_SINCE", "FLAT_COMPUTED", "OPERATIONAL", "comput
 # executed, billed or stored (OPERATIONAL: a change never invalidates finished work). The
 # fingerprints are derived from these marks (`fingerprinted`), and a test fails on a field
 # without one, so a new field cannot silently join or leave a run key.
-COMPUTED: dict[str, Any] = {"fingerprint": True}
-OPERATIONAL: dict[str, Any] = {"fingerprint": False}
+COMPUTED: JsonDict = {"fingerprint": True}
+OPERATIONAL: JsonDict = {"fingerprint": False}
 # A computed field added after datasets, caches and runs already exist: left out of the
 # fingerprint while it holds its default, so existing content addresses (and the runs that
 # resume under them) stay what they were; any other value is part of it.
-COMPUTED_SINCE: dict[str, Any] = {"fingerprint": True, "omit_default": True}
+COMPUTED_SINCE: JsonDict = {"fingerprint": True, "omit_default": True}
 # A computed field whose default changed: left out of the fingerprint while it holds the value
 # that reproduces the code before the change (set explicitly, an earlier run keeps its key); the
 # new default is part of it, so a run on the new default is a new run.
-def computed_before(legacy: Any) -> dict[str, Any]:
+def computed_before(legacy: JsonValue) -> JsonDict:
     return {"fingerprint": True, "omit_value": legacy}
 
 
 # A computed section whose fields count as its parent's own: the parent's fingerprint is the
 # one it had before the fields were grouped into the section.
-FLAT_COMPUTED: dict[str, Any] = {"fingerprint": True, "flatten": True}
+FLAT_COMPUTED: JsonDict = {"fingerprint": True, "flatten": True}
 
 
 def is_computed(section: type[BaseModel], name: str) -> bool:

@@ -71,6 +71,10 @@ class SegmentRef:
     classes: list[Any] = field(default_factory=list)  # multiclass: the label value of each stored code
     class_rows: list[int] = field(default_factory=list)  # ... and the file row where each first appears
 
+    @property
+    def train_rows(self) -> int:
+        return self.rows["train"]
+
 
 def segments_dir(dataset_dir: Path) -> Path:
     """Where format-2 segments live: beside the dataset folders."""
@@ -102,6 +106,10 @@ class DatasetManifest:
     image: list[str] = field(default_factory=list)
     segments: list[SegmentRef] = field(default_factory=list)  # format 2
     source: str = ""  # format 2: data.source as packed (a folder, a file or an s3:// prefix)
+
+    @property
+    def train_rows(self) -> int:
+        return self.rows["train"]
 
     def where(self, name: str) -> str:
         """A source file's path or URI, for messages."""

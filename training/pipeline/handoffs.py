@@ -55,6 +55,10 @@ class PackResult(Record):
     segments_removed: int = 0  # by retention
     dataset_bytes: int = 0  # the dataset's shards
 
+    @property
+    def train_rows(self) -> int:
+        return self.rows["train"]
+
 
 class PrepResult(Record):
     """The fitted (or reused) feature statistics of a dataset."""

@@ -94,7 +94,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage, config.cost.tags)
     data_seconds = time.perf_counter() - t0
-    tc = config.train.for_train_rows(packed.rows["train"])
+    tc = config.train.for_train_rows(packed.train_rows)
     steps = min(calibration_steps, tc.max_steps)
     t1 = time.time()
     result = _calibrate(config, steps, packed.dataset_dir, prep.stats_path, packed.fingerprint)

@@ -122,12 +122,12 @@ def warm_steps(config: RetrainConfig, manifest: DatasetManifest, champion: Featu
     """A warm start's optimizer steps: train.warm_steps, or scaled to the share of the train
     split that is new since the champion was trained (see its description). A champion whose
     statistics list no segments (fitted before segment datasets) counts as having seen nothing."""
-    t = config.train.for_train_rows(manifest.rows["train"])
+    t = config.train.for_train_rows(manifest.train_rows)
     if t.warm_steps is not None:
         return t.warm_steps
     seen = set(champion.segments)
-    new = sum(s.rows["train"] for s in manifest.segments if s.key not in seen) if manifest.segments else 0
-    share = new / max(1, manifest.rows["train"]) if seen else 1.0
+    new = sum(s.train_rows for s in manifest.segments if s.key not in seen) if manifest.segments else 0
+    share = new / max(1, manifest.train_rows) if seen else 1.0
     return max(min(t.validate_every, t.max_steps), min(t.max_steps, math.ceil(3 * share * t.max_steps)))
 
 

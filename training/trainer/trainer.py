@@ -116,7 +116,7 @@ class Trainer:
         self.dataset_dir = Path(job.dataset_dir)
         self.manifest = require_manifest(self.dataset_dir)
         # `auto` validation settings follow this dataset's train split (train.eval_every, train.patience).
-        self.config = self.config.for_train_rows(self.manifest.rows["train"])
+        self.config = self.config.for_train_rows(self.manifest.train_rows)
         self.tc = self.config.train
         self.stats = FeatureStats.from_json(Path(job.stats_path).read_text())
         # Token ids and pixels stored by preprocessing beside the statistics (see features.py).

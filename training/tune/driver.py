@@ -58,7 +58,7 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     fresh = calibration is None
     if calibration is None:
         calibration = calibrate(config, packed, prep, key, on_event)
-    study = Study(config, packed.fingerprint, calibration.cost, given, packed.rows["train"])
+    study = Study(config, packed.fingerprint, calibration.cost, given, packed.train_rows)
     if fresh:
         study.add_setup_seconds(calibration.billed_seconds, "calibration")
         write_json_atomic(path, calibration.model_dump())
@@ -94,7 +94,7 @@ def _resolved(config: RetrainConfig, packed: PackResult) -> RetrainConfig:
     from training.search_space import SpaceError
     from training.tune.rungs import check_rungs
 
-    resolved = config.for_train_rows(packed.rows["train"])
+    resolved = config.for_train_rows(packed.train_rows)
     try:
         check_rungs(resolved)
     except SpaceError as err:

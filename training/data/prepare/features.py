@@ -377,7 +377,7 @@ def dataset_stats(dataset_dir: Path, manifest: DatasetManifest) -> SegmentStats:
                                 "command again: the pack stage packs it again")
             parts.append(read_stats(folder, segment, len(manifest.categorical), regression))
         return merge_stats(parts)
-    builder = SegmentStatsBuilder(len(manifest.numeric), len(manifest.categorical), regression, manifest.rows["train"])
+    builder = SegmentStatsBuilder(len(manifest.numeric), len(manifest.categorical), regression, manifest.train_rows)
     for block in _train_blocks(dataset_dir, manifest):
         builder.add(block["num"], block["cat"], block["label"])
         del block  # drop the views into the mmap before it is closed

@@ -29,7 +29,11 @@ __all__ = ["KeptReport", "Phases", "PreemptionSummary", "ReportFiles", "RunRepor
 
 
 class _Part(BaseModel):
+    # Not frozen, unlike protocol.record.Record: the report stage fills a report in as it goes.
     model_config = ConfigDict(extra="ignore")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
 
 
 class Durations(_Part):
@@ -166,9 +170,6 @@ class RunReport(_Part):
     decision: TrainingDecision | None = None  # why it trained, under train.retrain_when drift or degraded
     step_time: StepTime | None = None  # measured seconds per step against plan's prediction for the instance
 
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
     @classmethod
     def read(cls, path: Path) -> RunReport:
         """A report.json read back; a damaged one is one StorageError naming it."""
@@ -196,9 +197,6 @@ class KeptReport(_Part):
     tags: dict[str, str] = {}
     prefect_flow_run_id: str | None = None
     storage: StorageSummary = StorageSummary()
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
 
 
 def read_report(path: Path) -> RunReport | KeptReport:
