@@ -59,6 +59,7 @@ def _pipeline(config: RetrainConfig) -> dict[str, Any]:
     from training.pipeline.pack_stage import pack_stage
     from training.pipeline.preprocess_stage import preprocess_stage
     from training.pipeline.train_stage import train_stage
+    from training.registry.champion import champion_of
 
     marks = [time.perf_counter()]
     packed = pack_stage(config)
@@ -69,7 +70,7 @@ def _pipeline(config: RetrainConfig) -> dict[str, Any]:
     if decision.train:
         prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
         marks.append(time.perf_counter())
-        trained = train_stage(config, packed, prep)
+        trained = train_stage(config, packed, prep, champion_of(config))
         marks.append(time.perf_counter())
         out.update(trained=trained, evaluation=evaluate_stage(config, packed, trained))
         marks.append(time.perf_counter())

@@ -18,13 +18,14 @@ from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import train_stage
+from training.registry.champion import champion_of
 
 
 def _run(overrides: list[str]) -> dict[str, Any]:
     config = load_config(overrides=overrides)
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
-    trained = train_stage(config, packed, prep)
+    trained = train_stage(config, packed, prep, champion_of(config))
     evaluation = evaluate_stage(config, packed, trained)
     return {"trained": trained, "evaluation": evaluation, "history": trained.history}
 

@@ -14,7 +14,7 @@ from tasks.policies import FLOW_TIMEOUTS, apply_credentials_block, backoff, trai
 from tasks.preprocess import preprocess_dataset
 from tasks.report import StageEnds, StageStates, finished, keep_champion, write_report
 from tasks.runtime import checked_columns, effective_config, flow_run_id, flow_run_name, one_writer_per_root
-from tasks.train import record_preemption, train_model
+from tasks.train import find_champion, record_preemption, train_model
 from training.config import RetrainConfig
 
 __all__ = ["retrain"]
@@ -42,12 +42,13 @@ def retrain(config: RetrainConfig = RetrainConfig()) -> str:  # noqa: B008 - pyd
         prep_state = preprocess_dataset(config, packed)
         prep = prep_state.result()
         ended.preprocess = time.time()
+        champion = find_champion(config)
         try:
             train_state = train_model.with_options(
                 retries=config.train.retry.max_retries,
                 retry_delay_seconds=backoff(config.train.retry.delay_seconds, config.train.retry.max_retries),
                 timeout_seconds=train_timeout(config.budget.max_wall_seconds),
-            )(config, packed, prep, score_champion(config, packed) if config.budget.champion_gate else None,
+            )(config, packed, prep, champion, score_champion(config, packed) if config.budget.champion_gate else None,
               return_state=True)
         except BaseException:  # a termination signal unwinding the flow: a preempted task says so
             record_preemption()

@@ -8,15 +8,16 @@ from uuid import UUID
 from prefect import runtime, task
 
 from tasks.artifacts import TrainingProgress
-from tasks.policies import TRAIN_TIMEOUT, forward_child_event, retry_only_preemptions, task_logger
+from tasks.policies import HOUR, TRAIN_TIMEOUT, forward_child_event, retried, retry_only_preemptions, task_logger
 from training.config import RetrainConfig
 from training.errors import Preempted
 from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.train_stage import train_stage
 from training.protocol.events import CheckpointSaved, ChildEvent, Started, Validated
 from training.protocol.results import TrainResult
+from training.registry.champion import Champion, champion_of
 
-__all__ = ["record_preemption", "train_model"]
+__all__ = ["find_champion", "record_preemption", "train_model"]
 
 
 @dataclass
@@ -82,8 +83,14 @@ def _where(saved: list[CheckpointSaved]) -> str:
     return f" at step {saved[0].step}: {kind} written"
 
 
+@task(name="champion", **retried(timeout_seconds=HOUR))
+def find_champion(config: RetrainConfig) -> Champion | None:
+    """The root's champion, verified file by file (None: there is none); an unusable one says why."""
+    return champion_of(config)
+
+
 @task(name="train", retry_condition_fn=retry_only_preemptions, timeout_seconds=TRAIN_TIMEOUT)
-def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
+def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult, champion: Champion | None,
                 champion_val_metric: float | None = None) -> TrainResult:
     """Train in a child process; a preemption raises Preempted, which is retried and resumes."""
     logger = task_logger()
@@ -115,7 +122,7 @@ def train_model(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 
     logger.info("starting the training process")
     try:
-        trained = train_stage(config, packed, prep, log_event, champion_val_metric)
+        trained = train_stage(config, packed, prep, champion, log_event, champion_val_metric)
     except Preempted:
         logger.warning("preempted%s; retrying resumes from it", _where(saved))
         raise

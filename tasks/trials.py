@@ -14,7 +14,7 @@ from tasks.evaluate import evaluate_model
 from tasks.policies import backoff, forward_child_event, retry_only_preemptions, task_logger
 from tasks.report import write_report as write_run_report
 from tasks.runtime import flow_run_id
-from tasks.train import train_model
+from tasks.train import find_champion, train_model
 from training.config import RetrainConfig
 from training.pipeline.handoffs import PackResult, PrepResult, StageStates
 from training.pipeline.reports.run_report import RunReport
@@ -92,7 +92,7 @@ def _through_gate(config: RetrainConfig, packed: PackResult, prep: PrepResult) -
     trained = train_model.with_options(
         retries=config.train.retry.max_retries,
         retry_delay_seconds=backoff(config.train.retry.delay_seconds, config.train.retry.max_retries),
-    )(config, packed, prep)
+    )(config, packed, prep, find_champion(config))
     evaluation = evaluate_model(config, packed, trained)
     states = StageStates(pack="Completed", preprocess="Completed", train="Completed", evaluate="Completed")
     return write_run_report(config, packed, prep, trained, evaluation, states, flow_run_id())

@@ -47,11 +47,12 @@ def _reference_sha(endpoint: str, bucket: str) -> str:
     from training.pipeline.pack_stage import pack_stage
     from training.pipeline.preprocess_stage import preprocess_stage
     from training.pipeline.train_stage import train_stage
+    from training.registry.champion import champion_of
 
     config = load_config(overrides=_overrides(endpoint, bucket, "reference"))
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
-    return train_stage(config, packed, prep).model.sha256
+    return train_stage(config, packed, prep, champion_of(config)).model.sha256
 
 
 def _run(server: PrefectServer, name: str) -> str:

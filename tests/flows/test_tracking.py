@@ -16,6 +16,7 @@ from tests.mlflow_server import MlflowServer
 from training.config import RetrainConfig, load_config
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.train_stage import run_key_for
+from training.registry.champion import champion_of
 from training.storage.root import StorageRoot
 from training.registry.tracking import TAG_RUN_KEY
 
@@ -285,7 +286,7 @@ def test_mlflow_dying_mid_run_neither_fails_nor_stops_the_run(mlflow_server: Mlf
     try:
         packed = pack_stage(config)
         prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
-        trained = train_stage(config, packed, prep)
+        trained = train_stage(config, packed, prep, champion_of(config))
         evaluation = evaluate_stage(config, packed, trained)
         paths = report_stage(config, packed, prep, trained, evaluation, StageStates())
     finally:

@@ -29,7 +29,6 @@ from training.data.prepare.drift import DriftReference, feature_drift
 from training.data.prepare.features import FeatureStats
 from training.errors import DataError
 from training.pipeline.handoffs import PackResult, TrainingDecision
-from training.storage.root import StorageRoot
 
 if TYPE_CHECKING:  # torch: loaded when a champion is checked, not when the flow is imported
     from training.model.package_meta import PackageMeta
@@ -57,11 +56,11 @@ def decide_stage(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
 
 def _decide(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
     from training.model.package_meta import PackageMeta
-    from training.registry.champion import check_champion
+    from training.registry.champion import champion_of
 
     mode, metric = config.train.retrain_when, _metric(config)
     base = TrainingDecision(train=True, reason="", mode=mode, threshold=config.train.drift_threshold, metric=metric)
-    champion = check_champion(StorageRoot.from_config(config), config.model.factory)
+    champion = champion_of(config)
     if champion is None or not champion.usable:
         return base.model_copy(update={"reason": "no usable champion to keep"})
     meta = PackageMeta.read(champion.package)

@@ -38,8 +38,8 @@ def champion_validation_metric(config: RetrainConfig, packed: PackResult) -> flo
     from training.model.evaluation import evaluate_package
     from training.model.package import package_stats
     from training.model.task_metrics import metric_for
-    from training.registry.champion import check_champion
-    champion = check_champion(StorageRoot.from_config(config), config.model.factory)
+    from training.registry.champion import champion_of
+    champion = champion_of(config)
     if champion is None or not champion.usable:
         return None
     dataset_dir = Path(packed.dataset_dir)

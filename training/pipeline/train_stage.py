@@ -94,17 +94,18 @@ def train_stage(
     config: RetrainConfig,
     packed: PackResult,
     prep: PrepResult,
+    champion: Champion | None,
     on_event: Callable[[ChildEvent], None] = log_child_event,
     champion_val_metric: float | None = None,
 ) -> TrainResult:
-    """Train the run in a child process (or find it finished); `champion_val_metric` is the
-    champion gate's bar, measured by `champion_validation_auc` before training."""
+    """Train the run in a child process (or find it finished). `champion` is `check_champion`'s
+    answer, verified before training (a damaged champion is reported in seconds, not after a
+    full run) and once per flow run, so that every attempt of the train task warm-starts from the
+    same one and resumes the same run. `champion_val_metric` is the champion gate's bar,
+    measured by `champion_validation_auc` before training."""
     from training.model.task_metrics import higher_is_better
-    from training.registry.champion import check_champion
     t0 = time.perf_counter()
     root = StorageRoot.from_config(config)
-    # Verified before training: a damaged champion is reported in seconds, not after a full run.
-    champion = check_champion(root, config.model.factory)
     job, warm_start = build_train_job(config, packed, prep, champion, champion_val_metric)
     # A finished run needs no child process (and no 3 s of torch start-up).
     try:

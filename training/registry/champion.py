@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training.config import EvalConfig, metric_name
+from training.config import EvalConfig, RetrainConfig, metric_name
 from training.errors import CheckpointError, StorageError
 from training.model.model_ref import ChampionPointer, read_pointer
 from training.model.task_metrics import higher_is_better, is_better, reaches
@@ -31,7 +31,7 @@ from training.storage.root import StorageRoot
 if TYPE_CHECKING:
     from training.model.paired import PairedDifference
 
-__all__ = ["Champion", "check_champion", "decide_promotion", "has_champion", "promote"]
+__all__ = ["Champion", "champion_of", "check_champion", "decide_promotion", "has_champion", "promote"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,11 @@ def check_champion(root: StorageRoot, trusted_factory: str | None) -> Champion |
     except (CheckpointError, StorageError, TypeError, KeyError, ValueError) as err:  # damaged content
         return _unusable(pointer, package, str(err), etag=etag)
     return Champion(pointer, package, etag=etag)
+
+
+def champion_of(config: RetrainConfig) -> Champion | None:
+    """`check_champion` on the config's root, trusting the config's own model.factory."""
+    return check_champion(StorageRoot.from_config(config), config.model.factory)
 
 
 def _unusable(pointer: ChampionPointer | None, package: Path, problem: str, recorded: bool = False,

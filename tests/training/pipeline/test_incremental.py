@@ -263,10 +263,11 @@ def _champion(config: RetrainConfig) -> None:
     from training.pipeline.evaluate_stage import evaluate_stage
     from training.pipeline.preprocess_stage import preprocess_stage
     from training.pipeline.train_stage import train_stage
+    from training.registry.champion import champion_of
 
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
-    evaluation = evaluate_stage(config, packed, train_stage(config, packed, prep))
+    evaluation = evaluate_stage(config, packed, train_stage(config, packed, prep, champion_of(config)))
     assert evaluation.promotion.promoted
 
 

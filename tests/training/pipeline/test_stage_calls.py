@@ -21,6 +21,7 @@ from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.stage_calls import champion_metric_in_child, evaluate_in_child
 from training.pipeline.train_stage import train_stage
+from training.registry.champion import champion_of
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -35,12 +36,13 @@ _WITHOUT_TORCH = textwrap.dedent("""
     from training.pipeline.report_stage import report_stage
     from training.pipeline.stage_calls import champion_metric_in_child, evaluate_in_child
     from training.pipeline.train_stage import train_stage
+    from training.registry.champion import champion_of
 
     config = load_config(overrides=json.loads(sys.argv[1]))
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     no_champion = champion_metric_in_child(config, packed)
-    trained = train_stage(config, packed, prep)
+    trained = train_stage(config, packed, prep, champion_of(config))
     evaluation = evaluate_in_child(config, packed, trained)
     gate = champion_metric_in_child(config, packed)
     report = report_stage(config, packed, prep, trained, evaluation, StageStates())
@@ -64,7 +66,7 @@ def test_the_childs_evaluation_is_the_in_process_one(small_config: RetrainConfig
     small_config.train.max_steps = 20
     packed = pack_stage(small_config)
     prep = preprocess_stage(packed.dataset_dir, small_config.preprocess, small_config.storage)
-    trained = train_stage(small_config, packed, prep)
+    trained = train_stage(small_config, packed, prep, champion_of(small_config))
     assert champion_metric_in_child(small_config, packed) is None
     there = evaluate_in_child(small_config, packed, trained)
     assert there.promotion.promoted and there.promotion.challenger_sha256 == trained.model.sha256
@@ -77,7 +79,7 @@ def test_an_error_in_the_child_is_raised_here_as_the_same_class(small_config: Re
     small_config.train.max_steps = 20
     packed = pack_stage(small_config)
     prep = preprocess_stage(packed.dataset_dir, small_config.preprocess, small_config.storage)
-    trained = train_stage(small_config, packed, prep)
+    trained = train_stage(small_config, packed, prep, champion_of(small_config))
     gone = packed.model_copy(update={"dataset_dir": str(tmp_path / "gone")})
     with pytest.raises(DataError, match="no manifest.json"):
         evaluate_in_child(small_config, gone, trained)

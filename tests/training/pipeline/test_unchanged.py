@@ -19,6 +19,7 @@ from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.handoffs import StageStates
 from training.pipeline.report_stage import report_stage
 from training.pipeline.train_stage import train_stage
+from training.registry.champion import champion_of
 from training.pipeline.unchanged import find_unchanged
 
 
@@ -28,7 +29,7 @@ def _run_all(config: RetrainConfig) -> Path:
     index = SourceIndex(Path(config.storage.root) / "datasets" / "source-index.json")
     assert packed.fingerprint in known_fingerprints(index, config.data, source.uri, source.files())
     prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
-    trained = train_stage(config, packed, prep)
+    trained = train_stage(config, packed, prep, champion_of(config))
     evaluation = evaluate_stage(config, packed, trained)
     return Path(report_stage(config, packed, prep, trained, evaluation, StageStates()).report)
 

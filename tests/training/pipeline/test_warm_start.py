@@ -17,12 +17,13 @@ from training.pipeline.evaluate_stage import evaluate_stage
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import train_stage
+from training.registry.champion import champion_of
 
 
 def _run(config: RetrainConfig) -> TrainResult:
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
-    trained = train_stage(config, packed, prep)
+    trained = train_stage(config, packed, prep, champion_of(config))
     evaluate_stage(config, packed, trained)
     return trained
 
@@ -189,7 +190,7 @@ def test_the_effective_step_budget_reaches_the_task_from_the_job(champion: tuple
     packed = pack_stage(config)
     prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
     events: list[object] = []
-    warm = train_stage(config, packed, prep, events.append)
+    warm = train_stage(config, packed, prep, champion_of(config), events.append)
     (started,) = [e for e in events if isinstance(e, Started)]
     assert warm.warm_start.used and started.max_steps == warm.steps < config.train.max_steps
 

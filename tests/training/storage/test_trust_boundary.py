@@ -26,6 +26,7 @@ from training.errors import DamagedShard, DataError, StorageError
 from training.pipeline.pack_stage import pack_stage
 from training.pipeline.preprocess_stage import preprocess_stage
 from training.pipeline.train_stage import train_stage
+from training.registry.champion import champion_of
 from training.storage.files import inside
 
 
@@ -81,7 +82,7 @@ def test_a_tampered_manifest_on_s3_cannot_write_outside_the_working_copy(
     with caplog.at_level(logging.WARNING):
         packed = pack_stage(config)  # a fresh machine: it finds the segment on S3, then reads its shards
         prep = preprocess_stage(packed.dataset_dir, config.preprocess, config.storage)
-        trained = train_stage(config, packed, prep)
+        trained = train_stage(config, packed, prep, champion_of(config))
     assert not victim.exists()
     assert "lists a shard that is not a file of the segment" in caplog.text and "packing the segment again" in caplog.text
     assert not packed.reused and packed.fingerprint == first.fingerprint
@@ -132,7 +133,7 @@ def test_a_run_folder_linked_out_of_the_root_is_refused(small_config: RetrainCon
         run_dir.mkdir(parents=True)
         (run_dir / "checkpoints").symlink_to(target)
     with pytest.raises(StorageError, match="outside the storage root .* remove the link"):
-        train_stage(small_config, packed, prep)
+        train_stage(small_config, packed, prep, champion_of(small_config))
     assert list(target.iterdir()) == []
 
 
