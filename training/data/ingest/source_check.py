@@ -145,6 +145,23 @@ class InferredColumns:
         return task + [f"data.{k}=[{', '.join(v)}]" for k, v in self.columns.items()]
 
 
+def _feature_kind(f: pa.Field, sample: pa.Table | None) -> str | None:
+    """The data.* list a column of this type belongs in (None: no feature type)."""
+    t = f.type
+    if pa.types.is_dictionary(t):
+        return "categorical"
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        return "numeric"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "text" if _free_text(sample, f.name) else "categorical"
+    if ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
+            and (pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type))):
+        return "vector"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "image"
+    return None
+
+
 def infer_columns(schema: pa.Schema, label: str, sample: pa.Table | None = None,
                   exclude: tuple[str, ...] = ()) -> InferredColumns:
     """Feature columns from the schema: numbers (and booleans) numeric, strings and dictionaries categorical
@@ -156,23 +173,14 @@ def infer_columns(schema: pa.Schema, label: str, sample: pa.Table | None = None,
     found = InferredColumns({k: [] for k in FEATURE_KEYS})
     seen: set[str] = set()
     for f in schema:
-        t = f.type
         if f.name == label or f.name in exclude or f.name in seen:
             continue  # a repeated column is the schema check's to refuse, by name
         seen.add(f.name)
-        if pa.types.is_dictionary(t):
-            found.columns["categorical"].append(f.name)
-        elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            found.columns["numeric"].append(f.name)
-        elif pa.types.is_string(t) or pa.types.is_large_string(t):
-            found.columns["text" if _free_text(sample, f.name) else "categorical"].append(f.name)
-        elif ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
-              and (pa.types.is_floating(t.value_type) or pa.types.is_integer(t.value_type))):
-            found.columns["vector"].append(f.name)
-        elif pa.types.is_binary(t) or pa.types.is_large_binary(t):
-            found.columns["image"].append(f.name)
+        kind = _feature_kind(f, sample)
+        if kind is None:
+            found.left_out[f.name] = f"type {f.type} is not a feature type"
         else:
-            found.left_out[f.name] = f"type {t} is not a feature type"
+            found.columns[kind].append(f.name)
     found.columns = {k: v for k, v in found.columns.items() if v or k in ("numeric", "categorical")}
     if not any(found.columns.values()):
         raise DataError(f"no feature column besides the label '{label}'; present: {', '.join(schema.names)}")
