@@ -355,7 +355,8 @@ def _real_batches(family: str, micro: int, *extra: str, n: int = 8) -> tuple[Any
     from training.data.prepare.features import DERIVED_DIR, FeatureStats
     from training.data.load.loader import ShardBatches
     from training.data.manifest import require_manifest
-    from training.model.network import ModelSchema, build_model
+    from training.model.network import ModelSchema
+    from training.model.spec import build_model
     from training.model.objectives import Task
 
     j = job(family, "bench", *extra)

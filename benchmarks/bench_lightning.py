@@ -86,7 +86,8 @@ def _bins(train_num: torch.Tensor) -> list[list[float]]:
 
 def _model(cardinalities: list[int], train_num: torch.Tensor) -> torch.nn.Module:
     """The project's default model, with the bins of `_bins`."""
-    from training.model.network import ModelSchema, build_model
+    from training.model.network import ModelSchema
+    from training.model.spec import build_model
 
     schema = ModelSchema("binary", 1, NUMERIC, CATEGORICAL, cardinalities, numeric_bins=_bins(train_num))
     return build_model(ModelConfig(), schema)
@@ -133,7 +134,7 @@ def _batches(data: dict[str, torch.Tensor], seed: int) -> torch.utils.data.DataL
 
 
 def _schedule(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    from training.trainer.state import lr_lambda
+    from training.model.spec import lr_lambda
 
     return torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(WARMUP, STEPS))
 

@@ -31,8 +31,9 @@ from training.data.load.loader import ShardBatches
 from training.data.manifest import require_manifest
 from training.protocol.results import TrainResult
 from training.trainer.run import train
-from training.trainer.state import lr_lambda as _lr_lambda
-from training.model.network import ModelSchema, build_model
+from training.model.spec import lr_lambda as _lr_lambda
+from training.model.network import ModelSchema
+from training.model.spec import build_model
 
 STEPS = 1500
 DEFAULT_THREADS = torch.get_num_threads()

@@ -22,7 +22,8 @@ from training.config import RetrainConfig
 from training.cost.planner import HereFigures, plan_rows
 from training.cost.step_count import StepCosts
 from training.data.prepare.features import FeatureStats
-from training.model.network import ModelSchema, build_model
+from training.model.network import ModelSchema
+from training.model.spec import build_model
 from training.model.objectives import BinaryTask
 from training.trainer.step_cost import count_step
 

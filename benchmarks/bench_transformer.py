@@ -26,7 +26,8 @@ from training.config import load_config
 from training.data.prepare.features import DERIVED_DIR, fit_feature_stats
 from training.data.load.loader import ShardBatches
 from training.data.ingest.packing import pack_local
-from training.model.network import ModelSchema, build_model
+from training.model.network import ModelSchema
+from training.model.spec import build_model
 from training.model.objectives import Task
 from training.trainer.throughput import find_micro_batch, step_memory_bytes
 

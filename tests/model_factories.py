@@ -1,11 +1,13 @@
-"""User-model factories for tests (imported by the training child through model.factory)."""
+"""User-model factories and train specs for tests (imported by the training child through model.factory)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from training.config import TrainConfig
 from training.model.network import ModelSchema
+from training.model.spec import TrainSpec
 
 
 class _WrongShape(nn.Module):
@@ -56,3 +58,18 @@ def schema_linear(schema: ModelSchema, config: object) -> nn.Module:
 def raises(schema: ModelSchema, config: object) -> nn.Module:
     """A factory with a bug of the user's: it raises while building."""
     raise ValueError("no such layer: 'Linaer'")
+
+
+def _sgd(model: nn.Module, train_config: TrainConfig, fused: bool) -> torch.optim.Optimizer:
+    return torch.optim.SGD(model.parameters(), lr=train_config.peak_lr(), momentum=0.9)
+
+
+def _constant(optimizer: torch.optim.Optimizer, train_config: TrainConfig) -> torch.optim.lr_scheduler.LRScheduler:
+    return torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0)
+
+
+# A spec that swaps every part: its own model, SGD with momentum, and a constant learning rate.
+sgd_spec = TrainSpec("schema-linear-sgd", build_model=lambda config, schema: SchemaLinear(schema),
+                     build_optimizer=_sgd, build_scheduler=_constant)
+
+not_a_model = 42  # named by model.factory: neither a function nor a TrainSpec

@@ -175,7 +175,9 @@ class ModelConfig(_Section):
     factory: str | None = Field(
         None,
         description='User model as "package.module:function" called with (schema, config) (the deprecated form '
-        "(n_numeric, cardinalities, config) still works); empty: the built-in model.", json_schema_extra=COMPUTED
+        "(n_numeric, cardinalities, config) still works), or as \"package.module:name\" of a "
+        "training.model.spec.TrainSpec that also builds the optimizer and the learning-rate schedule; empty: the "
+        "built-in model.", json_schema_extra=COMPUTED
     )
     hidden: list[int] = Field([128, 64], description="Hidden layer widths of the MLP.", json_schema_extra=COMPUTED)
     embedding_dim: int = Field(16, gt=0, description="Embedding width per categorical column.", json_schema_extra=COMPUTED)

@@ -16,7 +16,8 @@ import torch
 
 from training.config import RetrainConfig
 from training.errors import ConfigError
-from training.model.network import ModelSchema, build_model
+from training.model.network import ModelSchema
+from training.model.spec import build_model
 
 __all__ = ["available_bytes", "training_bytes", "training_need", "check_model_fits", "check_space_fits"]
 

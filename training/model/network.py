@@ -21,8 +21,8 @@ from training.data.prepare.text import TextEncoder as Tokens
 from training.errors import ConfigError
 from training.model.encoders import ImageEncoder, TextEncoder, text_length
 
-__all__ = ["to_device", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "build_model", "forward_fn",
-           "weights_sha256"]
+__all__ = ["to_device", "ColumnsNet", "Forward", "ModelSchema", "TabularMLP", "factory_model", "forward_fn",
+           "load_factory", "weights_sha256"]
 
 
 Forward = Callable[[Batch], torch.Tensor]
@@ -167,16 +167,16 @@ class TabularMLP(ColumnsNet):
         return super().forward({"num": x_num, "cat": x_cat})
 
 
-def _load_factory(spec: str) -> Callable[..., nn.Module]:
+def load_factory(spec: str) -> object:
+    """What `model.factory` names ("package.module:attribute"), imported."""
     module_name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
         raise ConfigError(f"model.factory: cannot import module '{module_name}' ({err})") from None
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"model.factory: '{module_name}' has no callable '{attr}'")
-    return fn
+    if not hasattr(module, attr):
+        raise ConfigError(f"model.factory: '{module_name}' has no attribute '{attr}'")
+    return getattr(module, attr)
 
 
 def _is_legacy_factory(fn: Callable[..., nn.Module]) -> bool:
@@ -189,14 +189,10 @@ def _is_legacy_factory(fn: Callable[..., nn.Module]) -> bool:
     return len(positional) == 3
 
 
-def build_model(config: ModelConfig, schema: ModelSchema) -> nn.Module:
-    """The configured model. A user factory is called as fn(schema, config) and its model as
-    model(batch); a factory of the older form fn(n_numeric, cardinalities, config) still
-    works, its model called as model(x_num, x_cat)."""
-    if config.factory is None:
-        return ColumnsNet(schema, config.hidden, config.embedding_dim, config.dropout, config.gradient_checkpointing,
-                          config)
-    fn = _load_factory(config.factory)
+def factory_model(fn: Callable[..., nn.Module], config: ModelConfig, schema: ModelSchema) -> nn.Module:
+    """The model a user factory builds, called as fn(schema, config), its model as model(batch);
+    a factory of the older form fn(n_numeric, cardinalities, config) still works, its model
+    called as model(x_num, x_cat)."""
     legacy = _is_legacy_factory(fn)
     if legacy and (schema.vector or schema.text or schema.image):
         raise ConfigError(f"model.factory: '{config.factory}' has the old form fn(n_numeric, cardinalities, config), "

@@ -25,7 +25,8 @@ from training.config import RetrainConfig
 from training.data.prepare.features import FeatureStats
 from training.errors import CheckpointError
 from training.model.model_ref import ModelRef
-from training.model.network import ModelSchema, build_model, weights_sha256
+from training.model.network import ModelSchema, weights_sha256
+from training.model.spec import build_model
 from training.model.package_meta import PackageMeta, ValMetric
 from training.storage.files import write_json_atomic
 

@@ -11,20 +11,20 @@ added there is saved and restored, and one left out of it is in neither.
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 
 from training.config import RetrainConfig
 from training.errors import ConfigError
 from training.model.memory_fit import check_model_fits
-from training.model.network import ModelSchema, build_model
+from training.model.network import ModelSchema
+from training.model.spec import train_spec
 from training.protocol.results import Seconds, Validation
 from training.trainer.rng import RngState, capture_rng, restore_rng
 
-__all__ = ["EarlyStopping", "Progress", "TrainState", "lr_lambda"]
+__all__ = ["EarlyStopping", "Progress", "TrainState"]
 
 
 
@@ -132,17 +132,6 @@ class _Stateful(Protocol):
     def load_state_dict(self, state: Any, /) -> Any: ...
 
 
-def lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
-    """Linear warm-up, then cosine down to 10% of the peak learning rate at `total`."""
-    def f(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
-
-
 class TrainState:
     """The model and everything the optimisation carries, as one checkpointable unit."""
 
@@ -159,17 +148,15 @@ class TrainState:
         """A fresh state for `config` (the model is initialised from the current torch RNG)."""
         tc = config.train
         check_model_fits(config, schema, device)
+        spec = train_spec(config.model)
         try:
-            model = build_model(config.model, schema).to(device)
+            model = spec.build_model(config.model, schema).to(device)
         except (MemoryError, torch.OutOfMemoryError) as err:
             raise ConfigError(f"the model does not fit in {device.type} memory ({type(err).__name__}); lower "
                               "model.hidden, model.embedding_dim or preprocess.max_vocab") from None
-        # torch implements the fused kernel for CPU and CUDA; a resumed run keeps the implementation
-        # its checkpoint's param_groups name, so its numerics do not change mid-run.
-        fused = tc.optim.fused and device.type in ("cpu", "cuda")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=tc.peak_lr(), weight_decay=tc.optim.weight_decay,
-                                      fused=fused or None)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(tc.schedule.warmup_steps, tc.max_steps))
+        # torch implements the fused kernel for CPU and CUDA.
+        optimizer = spec.build_optimizer(model, tc, tc.optim.fused and device.type in ("cpu", "cuda"))
+        scheduler = spec.build_scheduler(optimizer, tc)
         # bf16 needs no GradScaler: it has fp32's exponent range. Only fp16 can underflow.
         scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
         return cls(model, optimizer, scheduler, scaler,

@@ -17,7 +17,8 @@ from training.cost.roofline import predict_step
 from training.cost.spot_risk import spot_outlook, young_daly_seconds
 from training.cost.step_count import StepCosts, StepCount
 from training.data.prepare.features import FeatureStats
-from training.model.network import ModelSchema, build_model, forward_fn
+from training.model.network import ModelSchema, forward_fn
+from training.model.spec import build_model
 from training.model.objectives import BinaryTask
 from training.trainer.step_cost import count_step, measure_step_costs
 

@@ -81,7 +81,8 @@ def test_a_warm_start_grows_the_vocabulary_by_value_and_scores_as_the_champion_d
     from tests.conftest import small_overrides
     from training.config import load_config
     from training.data.prepare.features import FeatureStats
-    from training.model.network import ModelSchema, build_model, forward_fn
+    from training.model.network import ModelSchema, forward_fn
+    from training.model.spec import build_model
     from training.model.package import load_package, load_warm_start
     from training.registry.champion import check_champion
     from training.pipeline.train_stage import build_train_job
@@ -206,7 +207,8 @@ def test_a_warm_start_grows_the_output_layer_by_a_new_class(tmp_path: Path, demo
     from tests.conftest import small_overrides
     from training.config import load_config
     from training.data.prepare.features import FeatureStats
-    from training.model.network import ModelSchema, build_model, forward_fn
+    from training.model.network import ModelSchema, forward_fn
+    from training.model.spec import build_model
     from training.model.package import load_package, load_warm_start
     from training.registry.champion import check_champion
     from training.pipeline.train_stage import build_train_job

@@ -106,7 +106,8 @@ def test_micro_batch_search_finds_the_largest_fitting_divisor() -> None:
 
 
 def test_auto_batch_size_keeps_the_effective_batch_under_a_simulated_limit(small_config: RetrainConfig) -> None:
-    from training.model.network import ModelSchema, build_model
+    from training.model.network import ModelSchema
+    from training.model.spec import build_model
 
     small_config.train.auto_batch_size = True
     small_config.train.max_steps = 20
