@@ -99,7 +99,7 @@ def _rows(model: type[BaseModel], prefix: str, section: str) -> list[str]:
 
 
 def config_reference() -> str:
-    lines = ["# Configuration reference", "", GENERATED.format(source="training/config/schema.py").strip(), "",
+    lines = ["# Configuration reference", "", GENERATED.format(source="training/config/ (one module per section)").strip(), "",
              "Every key of the config, as `retrain --set KEY=VALUE`, a YAML file (`--config`) or the "
              "Prefect UI's form take it. *Run key* says which content addresses a key is part of: "
              "changing it makes a new dataset, preprocessing result or run; a key marked *no* changes how "
