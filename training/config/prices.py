@@ -42,7 +42,6 @@ over these.
 
 from __future__ import annotations
 
-from typing import Any
 
 __all__ = ["DEFAULT_PRICES", "DEFAULT_STORAGE_PRICES", "PRICE_SOURCE"]
 
@@ -50,7 +49,7 @@ PRICE_SOURCE = ("skypilot-catalog (read 2026-11-23): catalogs/v7/aws/vms.csv @ 0
                 "catalogs/v7/gcp/vms.csv @ 017e250, us-central1 (host + GPU rows); "
                 "catalogs/v6/azure/vms.csv @ 098741e, eastus")
 
-DEFAULT_PRICES: dict[str, dict[str, Any]] = {
+DEFAULT_PRICES: dict[str, dict[str, float | str | None]] = {
     # Your own machine: no marginal compute bill.
     "local-cpu": {"gpus": 0, "on_demand_per_hour": 0.0, "spot_per_hour": 0.0},
     # AWS CPU instances (see above).
