@@ -123,28 +123,6 @@ def test_the_server_creates_scheduled_runs_and_a_worker_completes_one(
     assert not [e for e in SCHEDULER_ERRORS if e in log], log[-3000:]
 
 
-def test_a_partial_config_override_keeps_the_deployments_other_keys(
-        deployed: PrefectServer, deployer: Deployer, start_worker: Callable[[str], Worker], tmp_path: Path,
-        demo_source: Path) -> None:
-    pool = _pool(deployed)
-    deployer.variant("retrain-partial", _small(tmp_path / "root", demo_source), pool)
-    # The README's example: only train.max_steps. Prefect alone would replace the whole config,
-    # and the run would fall back to ./.retrain and the demo data.
-    out = deployed.cli("deployment", "run", "retrain/retrain-partial", "--param",
-                       'config={"train": {"max_steps": 30}}')
-    run_id = next(line.split()[-1] for line in out.stdout.splitlines() if "UUID" in line)
-    worker = start_worker(pool)
-    _wait_final(deployed, run_id, 300, worker)
-    (report_path,) = (tmp_path / "root" / "runs").glob("*/report.json")  # the deployment's root
-    report = json.loads(report_path.read_text())
-    assert report["steps"] == 30  # the override
-    assert report["stages"]["pack"]["rows"]["train"] < 8000  # the deployment's small dataset, not the demo
-    assert report["prefect_flow_run_id"] == run_id
-    assert not list((tmp_path / "worker-0").rglob(".retrain"))
-    # Named for what it trained: the deployment's source, which the override did not name.
-    assert flow_run(deployed, run_id)["name"].startswith(f"{demo_source.stem}-"), flow_run(deployed, run_id)["name"]
-
-
 def _train_interval(server: PrefectServer, run_id: str) -> tuple[datetime, datetime]:
     with server.api() as api:
         response = api.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run_id]}}})
@@ -188,16 +166,19 @@ def _checkpoints(root: Path) -> list[Path]:
     return sorted(root.glob("runs/*/checkpoints/step-*[0-9]"))
 
 
-def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
+def test_a_sigtermed_run_of_a_partial_override_is_rescheduled_and_resumes_from_its_checkpoint(
         deployed: PrefectServer, deployer: Deployer, start_worker: Callable[[str], Worker], tmp_path: Path,
         demo_source: Path) -> None:
     pool = _pool(deployed)
     root = tmp_path / "root"
+    deployer.variant("retrain-spot", _small(root, demo_source, "train.eval_every=400", "train.checkpoint.every=40",
+                                            "train.patience=0"), pool)
+    # The README's example: a partial config naming train.max_steps alone. Prefect alone would
+    # replace the whole config, and the run would fall back to ./.retrain and the demo data.
     # 2400 steps: the SIGTERM lands a poll after step 80's checkpoint, and the run must still be
     # training then (with 400 steps, a clean-clone CI run finished training first).
-    deployer.variant("retrain-spot", _small(root, demo_source, "train.max_steps=2400", "train.eval_every=400",
-                                            "train.checkpoint.every=40", "train.patience=0"), pool)
-    run_id = _run(deployed, "retrain-spot", {})
+    out = deployed.cli("deployment", "run", "retrain/retrain-spot", "--param", 'config={"train": {"max_steps": 2400}}')
+    run_id = next(line.split()[-1] for line in out.stdout.splitlines() if "UUID" in line)
     worker = start_worker(pool)
     wait_for(lambda: len(_checkpoints(root)) >= 2, 300, "two checkpoints", 0.2)
     pid = wait_for(lambda: _flow_run_process(run_id), 60, "the flow-run process")
@@ -211,7 +192,12 @@ def test_a_sigtermed_flow_run_is_rescheduled_and_resumes_from_its_checkpoint(
     _wait_final(deployed, run_id, 420, worker)
     (report_path,) = root.glob("runs/*/report.json")
     report = json.loads(report_path.read_text())
-    assert report["steps"] == 2400
+    assert report["steps"] == 2400  # the override, kept by the rescheduled attempt too
+    assert report["stages"]["pack"]["rows"]["train"] < 8000  # the deployment's small dataset, not the demo
+    assert report["prefect_flow_run_id"] == run_id
+    assert not list((tmp_path / "worker-0").rglob(".retrain"))
+    # Named for what it trained: the deployment's source, which the override did not name.
+    assert flow_run(deployed, run_id)["name"].startswith(f"{demo_source.stem}-"), flow_run(deployed, run_id)["name"]
     assert report["preemptions"] >= 1
     assert report["resumed_from_steps"] and report["resumed_from_steps"][0] >= 80  # not from step 0
     with deployed.api() as api:
