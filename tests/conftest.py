@@ -60,6 +60,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_docs_generated.py",  # renders every page
     "test_no_work_history.py",  # reads the git history
     "test_layering.py",  # imports each layer in a fresh interpreter
+    "test_types.py",  # mypy in a child process
     "test_unchanged.py",  # the CLI's and the flow's imports, in fresh interpreters
     "test_warm_start.py",  # the train stage's training process
     "test_transform.py",  # imports in a fresh interpreter
