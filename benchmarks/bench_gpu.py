@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 import torch
 
-from training.data.batch import Batch, map_batch
+from training.data.batch import Batch
 
 QUICK = os.environ.get("GPU_CHECK_QUICK") == "1"
 CUDA = torch.cuda.is_available()
@@ -363,7 +363,7 @@ def _real_batches(family: str, micro: int, *extra: str, n: int = 8) -> tuple[Any
     stats = FeatureStats.from_json(Path(j.stats_path).read_text())
     transform = stats.transformer(Path(j.stats_path).parent / DERIVED_DIR)
     sb = ShardBatches(Path(j.dataset_dir), require_manifest(Path(j.dataset_dir)), "train", micro, transform, seed=0)
-    batches = [map_batch(sb.batch(0, i % sb.batches_per_epoch), lambda v: v.to(DEV)) for i in range(n)]
+    batches = [sb.batch(0, i % sb.batches_per_epoch).map(lambda v: v.to(DEV)) for i in range(n)]
     torch.manual_seed(0)
     model = build_model(j.config.model, ModelSchema.of(stats)).to(DEV).train()
     return model, Task.of(stats), batches
@@ -543,7 +543,7 @@ def part_autobatch() -> None:
     from training.trainer.throughput import _rows, cuda_memory_budget, find_micro_batch
 
     model, task, batches = _real_batches("text", 16 if QUICK else 256, *TRANSFORMER)
-    example = map_batch(batches[0], lambda v: v.cpu())
+    example = batches[0].map(lambda v: v.cpu())
     if CUDA:
         free, total = torch.cuda.mem_get_info(DEV)
         budget = cuda_memory_budget(free, torch.cuda.memory_reserved(DEV), total, 0.8)
@@ -551,14 +551,14 @@ def part_autobatch() -> None:
         total = budget = 2 << 30
     # One step first: cuBLAS takes its workspace from the caching allocator at the first matmul
     # of a process (64 MiB on an H200), which is not the search's to give back.
-    task.forward_loss(forward_fn(model), map_batch(batches[0], lambda v: v[:1]), DEV, BF16).backward()
+    task.forward_loss(forward_fn(model), batches[0].map(lambda v: v[:1]), DEV, BF16).backward()
     model.zero_grad(set_to_none=True)
     base = torch.cuda.memory_allocated() if CUDA else 0
     s = find_micro_batch(model, task, 1 << 16, example, DEV, BF16, budget, max_seconds=10 if QUICK else 30)
     res: dict[str, Any] = {"budget": budget, "total": total, "micro": s.micro_batch, "accum": s.grad_accum,
                            "max_fitting": s.max_fitting, "probes": s.probes, "seconds": s.seconds,
                            "leaked_bytes": (torch.cuda.memory_allocated() if CUDA else 0) - base}
-    rows = map_batch(_rows(example, s.micro_batch), lambda v: v.to(DEV))
+    rows = _rows(example, s.micro_batch).map(lambda v: v.to(DEV))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if CUDA:
         torch.cuda.empty_cache()

@@ -98,7 +98,7 @@ def _blocks(dataset: Path) -> Iterator[dict[str, np.ndarray]]:
         reader = ShardReader(shard_folder(dataset, info) / info.name)
         try:
             for key in reader.keys:
-                yield {k: np.array(v) for k, v in reader.block(key).items()}
+                yield {k: np.array(v) for k, v in reader.block(key).members()}
         finally:
             reader.close()
 
@@ -132,18 +132,21 @@ def _batched(samples: Iterator[dict[str, Any]], transform: Any) -> Iterator[dict
     shuffle of their rows, then batches of BATCH rows as tensors."""
     import torch
 
+    from training.data.stored_rows import StoredRows
+
     rng = np.random.default_rng(0)
-    group: list[dict[str, np.ndarray]] = []
+    group: list[StoredRows] = []
 
     def flush() -> Iterator[dict[str, Any]]:
         arrays = transform.shard(group, "peer")
-        perm = rng.permutation(len(arrays["label"]))
+        perm = rng.permutation(arrays.rows)
         arrays = {k: np.take(v, perm, axis=0) for k, v in arrays.items()}
         for lo in range(0, len(perm) - BATCH + 1, BATCH):
             yield {k: torch.from_numpy(v[lo:lo + BATCH]) for k, v in arrays.items()}
 
     for sample in samples:
-        group.append({k: np.asarray(sample[k]) for k in ("num", "cat", "label")})
+        group.append(StoredRows(num=np.asarray(sample["num"]), cat=np.asarray(sample["cat"]),
+                                label=np.asarray(sample["label"])))
         if len(group) == GROUP:
             yield from flush()
             group = []

@@ -36,9 +36,9 @@ def _count(config: RetrainConfig) -> StepCosts:
     model_config = config.model.model_copy(update={"text_dim": 384, "text_layers": 6, "text_heads": 6, "hidden": []})
     schema = ModelSchema(task="binary", n_outputs=1, numeric=[], categorical=[], cardinalities=[], text=["text"],
                          vocab_size=VOCAB, max_tokens=TOKENS)
-    batch: Batch = {"num": torch.zeros(BATCH, 0), "cat": torch.zeros(BATCH, 0, dtype=torch.int64),
-                    "tok": torch.randint(1, VOCAB, (BATCH, 1, TOKENS)), "ntok": torch.full((BATCH, 1), TOKENS),
-                    "label": torch.randint(0, 2, (BATCH,)).float()}
+    batch = Batch(num=torch.zeros(BATCH, 0), cat=torch.zeros(BATCH, 0, dtype=torch.int64),
+                  tok=torch.randint(1, VOCAB, (BATCH, 1, TOKENS)), ntok=torch.full((BATCH, 1), TOKENS),
+                  label=torch.randint(0, 2, (BATCH,)).float())
     count = count_step(build_model(model_config, schema), BinaryTask(FeatureStats([], [], [], [], [])), batch,
                        torch.bfloat16)
     return StepCosts(as_run=count, bf16=count, checkpointed=None)

@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 import torch
 
 from benchmarks.common import demo_parquet, outside_load, train_job
-from training.data.batch import Batch, batch_of
+from training.data.batch import Batch
 from training.protocol.results import TrainResult
 from training.trainer.run import train
 from training.model.network import forward_fn
@@ -49,8 +49,7 @@ def _bare_batches(scoring: Any, source: Path) -> Batches:
     transform = stats.transformer()
     batches = []
     for batch in table.to_batches(max_chunksize=SCORE_BATCH):
-        arrays = transform.shard([feature_arrays(validator, source, batch, 0, [])], "")
-        batches.append(batch_of({k: torch.from_numpy(v) for k, v in arrays.items()}))
+        batches.append(transform.shard([feature_arrays(validator, source, batch, 0, [])], "").map(torch.from_numpy))
     return batches
 
 

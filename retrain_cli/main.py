@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from retrain_cli.parser import build_parser
 from retrain_cli.temp_server import TemporaryServer, server_answers, server_is_up
@@ -251,7 +251,7 @@ def _summary(report: RunReport, path: str, clock: _Clock | None = None, ui: str 
     if report.stop_reason:
         lines.append(f"  stopped     {report.stop_reason}")
     if clock is not None:
-        lines.append(f"  phases      {_phases_line(report.phases, clock.marks['flow'], clock.marks['teardown'])}")
+        lines.append(f"  phases      {_phases_line(report.phases, clock.flow, clock.teardown)}")
     promo = report.promotion
     lines.append(f"  champion    {'PROMOTED' if promo.promoted else 'kept'}: {promo.reason}")
     lines.append(f"  model       {report.model.sha256[:16]}  {report.model.uri}")
@@ -264,23 +264,27 @@ def _summary(report: RunReport, path: str, clock: _Clock | None = None, ui: str 
     return "\n".join(lines)
 
 
+_Phase = Literal["config", "imports", "server", "flow", "teardown"]
+
+
 class _Clock:
-    """The CLI's own phases (see `LaunchPhases`), and the teardown after the flow returns."""
+    """The CLI's own phases (see `LaunchPhases`), and the teardown after the flow returns: the
+    seconds spent in each, summed over its marks."""
 
     def __init__(self) -> None:
         self.started = time.perf_counter()
-        self.marks: dict[str, float] = {}
         self.last = self.started
+        self.config = self.imports = self.server = self.flow = self.teardown = 0.0
 
-    def mark(self, phase: str) -> None:
+    def mark(self, phase: _Phase) -> None:
+        """The seconds since the last mark, added to `phase`."""
         now = time.perf_counter()
-        self.marks[phase] = self.marks.get(phase, 0.0) + now - self.last
+        setattr(self, phase, getattr(self, phase) + now - self.last)
         self.last = now
 
     def launch(self) -> LaunchPhases:
-        return LaunchPhases(config_seconds=self.marks.get("config", 0.0),
-                            imports_seconds=self.marks.get("imports", 0.0),
-                            server_seconds=self.marks.get("server", 0.0), flow_called_at=time.time())
+        return LaunchPhases(config_seconds=self.config, imports_seconds=self.imports, server_seconds=self.server,
+                            flow_called_at=time.time())
 
 
 def _call_flow(config: RetrainConfig, clock: _Clock, load: Callable[[], Callable[[RetrainConfig], str]],

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from training.data.stored_rows import StoredRows, UnknownMembers
 from training.errors import DamagedShard, DataError, StorageError
 
 __all__ = ["Checksum", "ShardTarWriter", "ShardReader", "WrittenShard", "encode_npy", "FIELDS", "member_bytes"]
@@ -282,8 +283,12 @@ class ShardReader:
             if name.endswith(".npy"):
                 self._array(name)
 
-    def block(self, key: str) -> dict[str, np.ndarray]:
-        return {field: self._array(f"{key}.{field}.npy") for field in self.fields}
+    def block(self, key: str) -> StoredRows:
+        """The rows of member key `key` (views into the mapped file: drop them before `close`)."""
+        try:
+            return StoredRows.from_members({field: self._array(f"{key}.{field}.npy") for field in self.fields})
+        except UnknownMembers as err:
+            raise DamagedShard(self.path, f"block {key}: {err}") from None
 
     def close(self) -> None:
         try:

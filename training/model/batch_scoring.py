@@ -30,15 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from training.config import DataConfig
-from training.data.batch import batch_of
+from training.data.batch import Columns
 from training.data.ingest.arrow_buffers import arrow_float32, arrow_float64, arrow_int8, arrow_int64
-from training.data.ingest.ragged import OFFSETS, Ragged
 from training.data.ingest.validation import FeatureValidator, feature_arrays
 from training.data.prepare.features import FeatureStats, FeatureTransform
 from training.errors import CheckpointError, ConfigError, DataError, StorageError
@@ -154,20 +152,14 @@ def _predictions(task: Task, stats: FeatureStats, output: torch.Tensor) -> dict[
 class _Chunk:
     path: Path
     table: pa.Table  # the rows as read: the key columns come from here
-    ready: dict[str, np.ndarray]  # the model's inputs, transformed
+    ready: Columns  # the model's inputs, transformed
 
 
 def _prepare(scoring: ScoringModel, transform: FeatureTransform, path: Path, table: pa.Table, first: int) -> _Chunk:
     """Validate, encode and transform one chunk exactly as packing and preprocessing do."""
     batch = table.combine_chunks().to_batches()[0]
     encoded = feature_arrays(scoring.validator, path, batch, first, scoring.stats.vector_dims, first)
-    arrays: dict[str, np.ndarray] = {}
-    for name, rows in encoded.items():  # texts and images as a shard stores them: values and offsets
-        if isinstance(rows, Ragged):
-            arrays[name], arrays[name + OFFSETS] = rows.data, rows.offsets
-        else:
-            arrays[name] = rows
-    return _Chunk(path, table, transform.shard([arrays], ""))
+    return _Chunk(path, table, transform.shard([encoded], ""))
 
 
 def _prepared(scoring: ScoringModel, files: list[Path], keys: list[str]) -> Iterator[_Chunk]:
@@ -219,7 +211,7 @@ def _score(scoring: ScoringModel, task: Task, chunk: _Chunk, keys: list[str]) ->
     forward, n = forward_fn(scoring.model), chunk.table.num_rows
     # The model sees batches of SCORE_BATCH rows from the start of the file, as evaluation does
     # from the start of the split (a row's result may depend on its batch's shape).
-    output = torch.cat([forward(batch_of({k: torch.from_numpy(v[lo:lo + SCORE_BATCH]) for k, v in chunk.ready.items()}))
+    output = torch.cat([forward(chunk.ready.slice(lo, lo + SCORE_BATCH).map(torch.from_numpy))
                         for lo in range(0, n, SCORE_BATCH)])
     table = chunk.table.select(keys)  # the key columns as read: no copy
     for name, values in _predictions(task, scoring.stats, output).items():

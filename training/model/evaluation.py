@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from training.data.batch import present
 from training.data.load.loader import ShardBatches, iter_split
 from training.data.manifest import DatasetManifest
 from training.model.network import forward_fn, to_device
@@ -40,7 +41,7 @@ def predict_split(
         with torch.autocast(device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
             output = forward(to_device(batch, device))
         preds.append(task.predict(output))
-        labels.append(batch["label"].numpy())
+        labels.append(present(batch.label, "label").numpy())
     model.train(was_training)
     return np.concatenate(preds), np.concatenate(labels)
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from training.data.batch import batch_of
+from training.data.batch import Batch
 from training.data.ingest.ragged import Ragged
 from training.data.prepare.features import FeatureStats
 from training.data.prepare.text import TextEncoder
@@ -87,9 +87,8 @@ class ExportScorer(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         """`inputs` in the order of `input_names(stats)`."""
-        named = dict(zip(self.names, inputs, strict=True))
-        batch = batch_of({**named, "num": torch.nan_to_num((named["num"] - self.mean) * self.inv_std, nan=0.0),
-                          "cat": self._lookup(named["cat"])})
+        raw = Batch.of(dict(zip(self.names, inputs, strict=True)))
+        batch = raw.replace(num=torch.nan_to_num((raw.num - self.mean) * self.inv_std, nan=0.0), cat=self._lookup(raw.cat))
         out = self.forward_model(batch).float()
         if self.task == "binary":
             return torch.sigmoid(out)

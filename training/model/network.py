@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from training.config import ModelConfig
-from training.data.batch import Batch, batch_of, columns
+from training.data.batch import Batch, Groups, present
 from training.data.prepare.features import FeatureStats
 from training.data.prepare.text import TextEncoder as Tokens
 from training.errors import ConfigError
@@ -32,11 +32,12 @@ _LEGACY = "_retrain_legacy_forward"  # set on models whose forward is (x_num, x_
 @dataclass(frozen=True)
 class ModelSchema:
     """What a model factory is told about the data: the columns by kind, their sizes, and the
-    task's outputs. Batches hold "num" (standardised numerics, float32), "cat" (vocabulary
-    indices, int64; index 0 is unknown), "vec" (the vector columns side by side, float32),
-    "tok" (token ids, uint16 or int32, (rows, texts, max_tokens); 0 is padding, each text starts
-    with [CLS]), "ntok" (tokens per text, (rows, texts)), "pix" (uint8 RGB pixels,
-    (rows, images, 3, image_size, image_size)) and "label"."""
+    task's outputs. A model is called on a `Batch` (`training.data.batch`), whose groups are
+    attributes, also readable by name: `num` (standardised numerics, float32), `cat`
+    (vocabulary indices, int64; index 0 is unknown), `vec` (the vector columns side by side,
+    float32), `tok` (token ids, uint16 or int32, (rows, texts, max_tokens); 0 is padding, each
+    text starts with [CLS]), `ntok` (tokens per text, (rows, texts)), `pix` (uint8 RGB pixels,
+    (rows, images, 3, image_size, image_size)) and `label`."""
 
     task: str
     n_outputs: int
@@ -108,18 +109,20 @@ class ColumnsNet(nn.Module):
         self.gradient_checkpointing = gradient_checkpointing
         self.uses_vectors = bool(schema.vector)
 
-    def forward(self, batch: Batch) -> torch.Tensor:
-        x_cat = batch["cat"]
-        num = batch["num"]
+    def forward(self, batch: Batch | Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if not isinstance(batch, Groups):
+            batch = Batch.of(batch)  # a plain mapping of the groups, as a caller outside training may pass
+        x_cat = batch.cat
+        num = batch.num
         if self.numeric_embedding is not None:
             num = self.numeric_embedding(num).flatten(1)
         parts = [num] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
         if self.uses_vectors:
-            parts.append(batch["vec"])
+            parts.append(present(batch.vec, "vec"))
         if self.text_encoder is not None:
-            parts.append(self.text_encoder(batch["tok"], batch["ntok"]))
+            parts.append(self.text_encoder(present(batch.tok, "tok"), present(batch.ntok, "ntok")))
         if self.image_encoder is not None:
-            parts.append(self.image_encoder(batch["pix"]))
+            parts.append(self.image_encoder(present(batch.pix, "pix")))
         x = torch.cat(parts, dim=1)
         for i, block in enumerate(self.blocks):
             # Recompute every other block in backward: about half the activation memory for
@@ -164,7 +167,7 @@ class TabularMLP(ColumnsNet):
         setattr(self, _LEGACY, True)
 
     def forward(self, x_num: torch.Tensor, x_cat: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return super().forward({"num": x_num, "cat": x_cat})
+        return super().forward(Batch(num=x_num, cat=x_cat))
 
 
 def load_factory(spec: str) -> object:
@@ -215,16 +218,16 @@ def to_device(batch: Batch, device: torch.device, non_blocking: bool = False, cu
     (`text_length`), where the lengths already are: the text encoder then learns the length
     without a device-to-host sync, and fewer bytes cross to the device. `cut_text=False` for a
     compiled model, which keeps one shape."""
-    if cut_text and "tok" in batch and batch["tok"].device.type == "cpu":
-        batch = {**batch, "tok": batch["tok"][..., :text_length(batch["ntok"])]}
-    return batch_of({k: v.to(device, non_blocking=non_blocking) for k, v in columns(batch).items()})
+    if cut_text and batch.tok is not None and batch.tok.device.type == "cpu":
+        batch = batch.replace(tok=batch.tok[..., :text_length(present(batch.ntok, "ntok"))])
+    return batch.map(lambda v: v.to(device, non_blocking=non_blocking))
 
 
 def forward_fn(module: nn.Module, like: nn.Module | None = None) -> Forward:
     """`module` called on a batch, in the calling convention of the model it wraps (`like`:
     DDP and torch.compile wrappers do not carry the model's attributes)."""
     if getattr(like if like is not None else module, _LEGACY, False):
-        return lambda batch: module(batch["num"], batch["cat"])
+        return lambda batch: module(batch.num, batch.cat)
     return module
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from training.data.prepare.features import FeatureStats
-from training.data.batch import Batch
+from training.data.batch import Batch, present
 from training.model.network import Forward
 from training.model.target_transform import LabelTransform
 from training.model.task_metrics import DEFAULT_METRIC, METRICS, Metric
@@ -55,10 +55,10 @@ class Task:
         """The forward pass in the run's precision (no autocast context at all in fp32: nothing
         to enter every step), then the loss in fp32."""
         if dtype is None:
-            return self.loss(forward(batch), batch["label"])
+            return self.loss(forward(batch), present(batch.label, "label"))
         with torch.autocast(device.type, dtype=dtype):
             output = forward(batch)
-        return self.loss(output, batch["label"])
+        return self.loss(output, present(batch.label, "label"))
 
     def evaluate(self, y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
         return {name: m.fn(y, pred) for name, m in self.metrics.items()}

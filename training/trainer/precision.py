@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from training.data.batch import map_batch
 from training.protocol.numerics import device_for, precision_for
 
 if TYPE_CHECKING:
@@ -43,10 +42,10 @@ def measure_fp32_slowdown(model: torch.nn.Module, task: Task, batch: Batch, devi
     so the fp32 copy at that size can run out of memory after training has finished: the timing
     then halves the rows until it fits, and with not even one row fitting it reports no slowdown
     (1.0) rather than fail a finished run."""
-    rows = int(batch["label"].shape[0])
+    rows = batch.rows
     while rows >= 1:
         try:
-            return _fp32_slowdown(_first_rows(batch, rows), model, task, device, precision, steps)
+            return _fp32_slowdown(batch.slice(0, rows), model, task, device, precision, steps)
         except torch.cuda.OutOfMemoryError:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -56,17 +55,13 @@ def measure_fp32_slowdown(model: torch.nn.Module, task: Task, batch: Batch, devi
     return 1.0
 
 
-def _first_rows(batch: Batch, rows: int) -> Batch:
-    return map_batch(batch, lambda v: v[:rows])
-
-
 def _fp32_slowdown(batch: Batch, model: torch.nn.Module, task: Task, device: torch.device, precision: str,
                    steps: int) -> float:
     import copy
 
     from training.model.network import forward_fn
 
-    rows = map_batch(batch, lambda v: v.to(device))
+    rows = batch.map(lambda v: v.to(device))
 
     def timed(dtype: torch.dtype | None) -> float:
         m = copy.deepcopy(model).train()

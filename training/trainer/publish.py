@@ -9,7 +9,8 @@ flight and their uploads first: a result never names a model or a rung that is n
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, TypedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -79,7 +80,7 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
     package = export_model_package(trainer.run_dir / "model", best, trainer.config, trainer.stats, job.run_key,
                                    stopper.best_step, trainer.metric, stopper.best)
     result = _result(trainer, status, package, fp32_slowdown)
-    result = result.model_copy(update=_step_counts(trainer))
+    result = result.model_copy(update=vars(_step_counts(trainer)))
     write_json_atomic(trainer.run_dir / "result.json", result.to_json())
     root, rel, key = trainer.book.root, job.run_rel, job.run_key
     if root is not None:
@@ -89,12 +90,13 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
     return result
 
 
-class _StepCounts(TypedDict, total=False):
+@dataclass(frozen=True)
+class _StepCounts:
     """TrainResult's fields that count a step (see there)."""
 
-    step_count: StepCount
-    step_costs: StepCosts
-    cpu_scaling: CpuScaling
+    step_count: StepCount | None = None
+    step_costs: StepCosts | None = None
+    cpu_scaling: CpuScaling | None = None
 
 
 def _step_counts(trainer: Trainer) -> _StepCounts:
@@ -106,17 +108,16 @@ def _step_counts(trainer: Trainer) -> _StepCounts:
     try:
         if trainer.job.count_variants:
             costs = measure_step_costs(trainer.state.model, trainer.task, batch, precision)
-            counts: _StepCounts = {"step_costs": costs, "step_count": costs.as_run}
-            if trainer.device.type == "cpu" and trainer.threads is not None:
-                counts["cpu_scaling"] = measure_cpu_scaling(trainer.state.model, trainer.task, batch,
-                                                            trainer.threads.threads, trainer.threads.usable_cpus)
-            return counts
+            threads = trainer.threads if trainer.device.type == "cpu" else None
+            scaling = None if threads is None else measure_cpu_scaling(trainer.state.model, trainer.task, batch,
+                                                                       threads.threads, threads.usable_cpus)
+            return _StepCounts(step_count=costs.as_run, step_costs=costs, cpu_scaling=scaling)
         dtype = None if precision == "fp32" else torch.bfloat16
-        return {"step_count": count_step(trainer.state.model, trainer.task, batch, dtype)}
+        return _StepCounts(step_count=count_step(trainer.state.model, trainer.task, batch, dtype))
     except Exception as err:  # noqa: BLE001 - a user model the count cannot follow: the trained model matters more
         log.warning("could not count one training step (%s: %s); the report has no predicted step time",
                     type(err).__name__, str(err).splitlines()[0] if str(err) else "")
-        return {}
+        return _StepCounts()
 
 
 def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: float | None) -> TrainResult:

@@ -24,7 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from training.cost.cpu_step import CpuScaling
 from training.cost.step_count import StepCosts, StepCount
-from training.data.batch import Batch, columns, map_batch
+from training.data.batch import Batch
 from training.model.network import forward_fn
 from training.model.objectives import Task
 
@@ -102,7 +102,7 @@ def count_step(model: torch.nn.Module, task: Task, batch: Batch, dtype: torch.dt
     for module in probe.modules():
         if isinstance(getattr(module, "attention", None), str):
             module.attention = "auto"  # type: ignore[assignment]  # so the math kernel below applies
-    rows = map_batch(batch, lambda v: v.to("cpu"))
+    rows = batch.map(lambda v: v.to("cpu"))
     saved: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -120,7 +120,7 @@ def count_step(model: torch.nn.Module, task: Task, batch: Batch, dtype: torch.dt
     params = [p for p in probe.parameters() if p.requires_grad]
     n = sum(p.numel() for p in params)
     return StepCount(
-        micro_batch=int(batch["label"].shape[0]), precision="fp32" if dtype is None else "bf16",
+        micro_batch=batch.rows, precision="fp32" if dtype is None else "bf16",
         gradient_checkpointing=checkpointing, flops=float(flops.get_total_flops()),
         matmul_bytes=traffic.matmul_bytes, other_bytes=traffic.other_bytes,
         kernels=traffic.kernels + ADAMW_KERNELS, parameters=n,
@@ -135,7 +135,7 @@ def _transient_bytes(saved: dict[int, int], peak: int, rows: Batch, params: list
     backward's temporaries, but loses a tensor whose Python object died before its storage),
     plus the batch. Within 15 % of the measured peak RSS of a CPU step in the tests."""
     grads = sum(p.numel() * p.element_size() for p in params)
-    return max(sum(saved.values()), peak - grads) + sum(v.nbytes for v in columns(rows).values())
+    return max(sum(saved.values()), peak - grads) + sum(v.nbytes for v in rows.values())
 
 
 def measure_step_costs(model: torch.nn.Module, task: Task, batch: Batch, configured_precision: str) -> StepCosts:
@@ -164,7 +164,7 @@ def measure_cpu_scaling(model: torch.nn.Module, task: Task, batch: Batch, thread
     if compare < 2:
         return CpuScaling(threads=threads)
     probe = copy.deepcopy(model).to("cpu").train()
-    rows = map_batch(batch, lambda v: v.to("cpu"))
+    rows = batch.map(lambda v: v.to("cpu"))
     forward = forward_fn(probe, model)
     before = torch.get_num_threads()
 

@@ -19,7 +19,7 @@ import torch
 from training.config import TrainConfig
 from training.cost.utilization import AcceleratorStats
 from training.errors import ConfigError
-from training.data.batch import Batch, columns, map_batch
+from training.data.batch import Batch
 from training.model.network import forward_fn
 from training.model.objectives import Task
 from training.protocol.results import AutoBatch, WorkersProbe
@@ -35,14 +35,14 @@ MAX_WORKERS = 8
 
 def _fwd_bwd(model: torch.nn.Module, task: Task, batch: Batch, dtype: torch.dtype | None,
              device: torch.device) -> None:
-    task.forward_loss(forward_fn(model), map_batch(batch, lambda v: v.to(device)), device, dtype).backward()
+    task.forward_loss(forward_fn(model), batch.map(lambda v: v.to(device)), device, dtype).backward()
 
 
 def _rows(example: Batch, n: int) -> Batch:
     """`n` rows made of the example batch's rows, repeated: real shapes and dtypes, any size."""
-    have = int(example["label"].shape[0])
+    have = example.rows
     index = torch.arange(n) % have
-    return map_batch(example, lambda v: v.index_select(0, index))
+    return example.map(lambda v: v.index_select(0, index))
 
 
 def _rng_untouched(device: torch.device) -> Any:
@@ -135,8 +135,8 @@ def _step_memory_bytes(model: torch.nn.Module, task: Task, batch: int, example: 
     moments, plus every tensor autograd saves for backward, counted as they are saved."""
     probe = copy.deepcopy(model).to(device).train()
     params = sum(p.numel() * p.element_size() for p in probe.parameters())
-    rows = map_batch(_rows(example, batch), lambda v: v.to(device))
-    input_bytes = sum(v.nbytes for v in columns(rows).values())
+    rows = _rows(example, batch).map(lambda v: v.to(device))
+    input_bytes = sum(v.nbytes for v in rows.values())
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)

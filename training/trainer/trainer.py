@@ -40,7 +40,7 @@ from training.data.manifest import require_manifest
 from training.data.prepare.features import DERIVED_DIR, FeatureStats
 from training.errors import Preempted, RetrainError
 from training.model.evaluation import predict_split
-from training.data.batch import Batch, map_batch
+from training.data.batch import Batch
 from training.model.network import ModelSchema, forward_fn, to_device
 from training.model.objectives import Task
 from training.model.package import load_warm_start
@@ -332,7 +332,7 @@ class Trainer:
         are left as they were: a compiled run computes what an uncompiled one does."""
         model = self.state.model
         buffers = {name: b.clone() for name, b in model.named_buffers()}
-        rows = map_batch(self.train_batches.batch(0, 0), lambda v: v.to(self.device))
+        rows = self.train_batches.batch(0, 0).map(lambda v: v.to(self.device))
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             self.task.forward_loss(forward_fn(compiled, model), rows, self.device, self.dtype).backward()
         model.zero_grad(set_to_none=True)
@@ -388,7 +388,7 @@ class Trainer:
                 batch = to_device(batch, device, non_blocking=True, cut_text=not self.tc.compile)
             t_compute = now()
             seconds.data_wait += t_compute - t_wait
-            self.rows_seen += int(batch["label"].shape[0])
+            self.rows_seen += batch.rows
             # Under DDP only the last micro-batch all-reduces: the others accumulate locally.
             sync = ddp.no_sync() if ddp is not None and micro < grad_accum - 1 else contextlib.nullcontext()
             with sync:

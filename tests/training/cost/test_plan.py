@@ -21,6 +21,7 @@ from training.model.network import ModelSchema, forward_fn
 from training.model.spec import build_model
 from training.model.objectives import BinaryTask
 from training.trainer.step_cost import count_step, measure_step_costs
+from training.data.batch import Batch
 
 B, N_NUM, HIDDEN = 32, 5, [16, 8]
 
@@ -33,9 +34,9 @@ def _mlp(checkpointing: bool = False) -> torch.nn.Module:
     return build_model(config, schema)
 
 
-def _batch() -> dict[str, torch.Tensor]:
-    return {"num": torch.randn(B, N_NUM), "cat": torch.zeros(B, 0, dtype=torch.int64),
-            "label": torch.randint(0, 2, (B,)).float()}
+def _batch() -> Batch:
+    return Batch(num=torch.randn(B, N_NUM), cat=torch.zeros(B, 0, dtype=torch.int64),
+                 label=torch.randint(0, 2, (B,)).float())
 
 
 TASK = BinaryTask(FeatureStats([], [], [], [], []))
@@ -158,9 +159,9 @@ def test_every_shipped_gpu_instance_names_a_sourced_gpu() -> None:
         RetrainConfig.model_validate({"cost": {"prices": {"x": {"gpus": 1, "on_demand_per_hour": 1.0, "gpu": "K80"}}}})
 
 
-def _task_batch(**columns: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {"num": torch.zeros(B, 0), "cat": torch.zeros(B, 0, dtype=torch.int64),
-            "label": torch.randint(0, 2, (B,)).float(), **columns}
+def _task_batch(**columns: torch.Tensor) -> Batch:
+    return Batch(num=torch.zeros(B, 0), cat=torch.zeros(B, 0, dtype=torch.int64),
+                 label=torch.randint(0, 2, (B,)).float()).replace(**columns)
 
 
 def test_the_transformers_flops_are_the_hand_count() -> None:
@@ -198,8 +199,8 @@ def _wide_mlp(rows: int, width: int) -> tuple[torch.nn.Module, dict[str, torch.T
                                                       "dropout": 0.0})
     schema = ModelSchema(task="binary", n_outputs=1, numeric=[f"x{i}" for i in range(64)], categorical=[],
                          cardinalities=[])
-    batch = {"num": torch.randn(rows, 64), "cat": torch.zeros(rows, 0, dtype=torch.int64),
-             "label": torch.randint(0, 2, (rows,)).float()}
+    batch = Batch(num=torch.randn(rows, 64), cat=torch.zeros(rows, 0, dtype=torch.int64),
+                  label=torch.randint(0, 2, (rows,)).float())
     return build_model(config, schema), batch
 
 

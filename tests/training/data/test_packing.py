@@ -54,8 +54,8 @@ def test_shards_hold_micro_batches_with_fixed_metadata(small_config: RetrainConf
     assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in members)
     reader = ShardReader(shard)
     block = reader.block(reader.keys[0])
-    assert block["num"].shape == (256, len(small_config.data.numeric))
-    assert block["cat"].shape == (256, len(small_config.data.categorical))
+    assert block.num.shape == (256, len(small_config.data.numeric))
+    assert block.cat.shape == (256, len(small_config.data.categorical))
     reader.close()
     assert sum(manifest.rows.values()) == 8000
     for info in manifest.shards:

@@ -21,8 +21,9 @@ from training.config import RetrainConfig, load_config
 from training.data.ingest.demo import ensure_reviews_demo
 from training.data.prepare.features import DERIVED_DIR, FeatureStats, fit_feature_stats, preprocess_key
 from training.data.load.loader import ShardBatches, iter_split
-from training.data.manifest import require_manifest, shard_folder
+from training.data.manifest import fields_of, require_manifest, shard_folder
 from training.data.ingest.ragged import Ragged
+from training.data.stored_rows import StoredRows, UnknownMembers
 from training.data.prepare.text import fit_tokenizer
 from training.model.encoders import ImageEncoder, TextEncoder
 from training.errors import ConfigError, DataError
@@ -65,6 +66,22 @@ def test_ragged_values_survive_take_slice_and_concat() -> None:
     assert taken.texts() == ["xyz", "", "héllo"]
     joined = Ragged.concat([taken[1:], values[:1], Ragged.from_arrow(pa.array(["q"], pa.large_string()))])
     assert joined.texts() == ["", "héllo", "", "q"]
+
+
+def test_stored_rows_keep_the_member_order_and_refuse_a_member_the_format_has_not() -> None:
+    texts = Ragged.from_arrow(pa.array(["ab", "", "cde"]))
+    rows = StoredRows(num=np.arange(6, dtype=np.float32).reshape(3, 2), cat=np.zeros((3, 1), np.int64),
+                      label=np.array([0.0, 1.0, 0.0], np.float32), texts=(texts,), images=(texts,),
+                      row=np.arange(3))
+    assert [name for name, _ in rows.members()] == list(fields_of([], ["t"], ["i"]))
+    stored = {name: v.data if isinstance(v, Ragged) else v for name, v in rows.members()}
+    stored |= {f"{name}_offsets": v.offsets for name, v in rows.members() if isinstance(v, Ragged)}
+    again = StoredRows.from_members(stored)
+    assert again.texts[0].texts() == ["ab", "", "cde"] and np.array_equal(again.num, rows.num)
+    both = StoredRows.concat([again.take(np.array([2, 0])), again.slice(1, 2)])
+    assert both.texts[0].texts() == ["cde", "ab", ""] and both.label.tolist() == [0.0, 0.0, 1.0]
+    with pytest.raises(UnknownMembers, match="'extra'"):
+        StoredRows.from_members({**stored, "extra": np.zeros(3)})
 
 
 def test_text_and_image_shards_pack_identically_in_segments_and_read_with_webdataset(
@@ -141,8 +158,8 @@ def _split_texts(dataset_dir: str, split: str) -> tuple[list[str], np.ndarray]:
         reader = ShardReader(shard_folder(Path(dataset_dir), shard) / shard.name)
         for key in reader.keys:
             block = reader.block(key)
-            texts += Ragged(block["text0"], block["text0_offsets"]).texts()
-            labels.append(np.array(block["label"]))
+            texts += block.texts[0].texts()
+            labels.append(np.array(block.label))
     return texts, np.concatenate(labels)
 
 

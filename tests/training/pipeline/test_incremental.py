@@ -50,7 +50,7 @@ def _ids_by_split(dataset_dir: Path, config: RetrainConfig) -> dict[str, set[int
     out: dict[str, set[int]] = {}
     for shard in manifest.shards:
         reader = ShardReader(shard_folder(dataset_dir, shard) / shard.name)
-        ids = {int(v) for key in reader.keys for v in reader.block(key)["num"][:, j]}
+        ids = {int(v) for key in reader.keys for v in reader.block(key).num[:, j]}
         reader.close()
         out.setdefault(shard.split, set()).update(ids)
     return out

@@ -15,6 +15,7 @@ from training.trainer.precision import measure_fp32_slowdown, resolve_precision
 from training.trainer.rng import capture_rng, restore_rng
 from training.trainer.stopping import agree_across_ranks
 from training.trainer.throughput import cuda_memory_budget
+from training.data.batch import Batch
 
 
 class _Reduced(Exception):
@@ -82,18 +83,18 @@ class _OutOfMemoryAbove:
         self.rows, self.tried = rows, []  # type: ignore[var-annotated]
 
     def forward_loss(self, forward, batch, device, dtype):  # type: ignore[no-untyped-def]
-        n = int(batch["label"].shape[0])
+        n = batch.rows
         self.tried.append(n)
         if n > self.rows:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return forward(batch["num"]).float().mean()
+        return forward(batch.num).float().mean()
 
 
 def test_the_fp32_retiming_after_training_never_fails_the_run_for_memory() -> None:
     """A bf16 micro-batch sized to fill the GPU does not fit in fp32: the re-timing halves its
     rows until it fits, and reports no slowdown when nothing fits."""
     model = torch.nn.Linear(4, 1)
-    batch = {"num": torch.randn(64, 4), "label": torch.zeros(64)}
+    batch = Batch(num=torch.randn(64, 4), cat=torch.zeros(64, 0, dtype=torch.int64), label=torch.zeros(64))
     task = _OutOfMemoryAbove(16)
     ratio = measure_fp32_slowdown(model, task, batch, torch.device("cpu"), "bf16", steps=1)  # type: ignore[arg-type]
     assert ratio > 0 and task.tried[:3] == [64, 32, 16]
@@ -112,6 +113,7 @@ def test_text_tokens_are_cut_on_the_host_before_they_reach_the_device() -> None:
     """The encoder would otherwise read the batch's longest length from the GPU every step."""
     tok = torch.zeros(4, 2, 64, dtype=torch.int32)
     ntok = torch.tensor([[3, 10], [1, 1], [17, 2], [5, 5]])
-    batch = {"tok": tok, "ntok": ntok, "label": torch.zeros(4)}
-    assert to_device(batch, torch.device("meta"))["tok"].shape == (4, 2, 32)
-    assert to_device(batch, torch.device("meta"), cut_text=False)["tok"].shape == (4, 2, 64)
+    batch = Batch(num=torch.zeros(4, 0), cat=torch.zeros(4, 0, dtype=torch.int64), tok=tok, ntok=ntok,
+                  label=torch.zeros(4))
+    assert to_device(batch, torch.device("meta")).tok.shape == (4, 2, 32)
+    assert to_device(batch, torch.device("meta"), cut_text=False).tok.shape == (4, 2, 64)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from tests.training.helpers import make_job
+from training.data.batch import Batch
 from training.config import RetrainConfig
 from training.trainer.run import train
 from training.trainer.trainer import Trainer
@@ -28,8 +29,8 @@ def _model() -> TabularMLP:
     return TabularMLP(6, [41, 4, 61, 301], [32, 16])
 
 
-def _batch(n: int = 64) -> dict[str, torch.Tensor]:
-    return {"num": torch.randn(n, 6), "cat": torch.zeros(n, 4, dtype=torch.long), "label": torch.zeros(n)}
+def _batch(n: int = 64) -> Batch:
+    return Batch(num=torch.randn(n, 6), cat=torch.zeros(n, 4, dtype=torch.long), label=torch.zeros(n))
 
 
 def test_workers_follow_the_stall() -> None:
@@ -202,7 +203,7 @@ def test_gradient_checkpointing_saves_memory_and_changes_no_gradient() -> None:
     recomputed = TabularMLP(6, [41, 4, 61, 301], [256, 256, 128, 64], dropout=0.2, gradient_checkpointing=True)
     recomputed.load_state_dict(plain.state_dict())
     batch = _batch(256)
-    x_num, x_cat, y = batch["num"], batch["cat"], batch["label"]
+    x_num, x_cat, y = batch.num, batch.cat, batch.label
     grads = []
     for model in (plain, recomputed):
         torch.manual_seed(1)

@@ -9,11 +9,12 @@ reads both as plain arrays.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["OFFSETS", "Ragged", "Rows", "take_rows", "concat_rows"]
 
@@ -37,6 +38,10 @@ class Ragged:
     @classmethod
     def from_arrow(cls, col: pa.Array | pa.ChunkedArray) -> Ragged:
         """A string or binary column's values (a null is empty; the caller checks nulls first)."""
+        # Imported here: a shard's reader (and the CLI, through the manifest) never loads pyarrow.
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks()
         if col.null_count:

@@ -128,10 +128,11 @@ def stats_damage(a: dict[str, np.ndarray], categorical: int | None = None, regre
     missing = [k for k in needed if k not in a]
     if missing:
         return f"array {missing[0]} is missing"
-    if a["rows"].size != 1 or int(a["rows"].reshape(-1)[0]) < 0:
+    rows = a["rows"]
+    if rows.size != 1 or int(rows.reshape(-1)[0]) < 0:
         return "its row count is not one non-negative number"
-    if train_rows is not None and int(a["rows"].reshape(-1)[0]) != train_rows:
-        return f"it counts {int(a['rows'].reshape(-1)[0])} train rows where segment.json has {train_rows}"
+    if train_rows is not None and int(rows.reshape(-1)[0]) != train_rows:
+        return f"it counts {int(rows.reshape(-1)[0])} train rows where segment.json has {train_rows}"
     for prefix in ("num", "label", "label_log1p") if regression else ("num",):
         problem = _moments_damage(a, prefix)
         if problem is not None:

@@ -32,7 +32,6 @@ from pydantic import BaseModel, ConfigDict
 from training.config import DataConfig, fingerprint, fingerprinted
 from training.data.ingest.labels import SegmentClasses
 from training.data.ingest.parquet_reader import ParquetRanges
-from training.data.ingest.ragged import take_rows
 from training.data.ingest.segment_stats import (
     SegmentStats,
     SegmentStatsBuilder,
@@ -44,6 +43,7 @@ from training.data.ingest.sources import Source, SourceFile
 from training.data.ingest.split_writer import SplitWriter
 from training.data.ingest.splits import group_seed, split_of_keys, split_of_rows
 from training.data.ingest.validation import FeatureValidator, category_hash, feature_arrays
+from training.data.batch import present
 from training.data.manifest import SPLITS, ShardInfo, is_segment_key
 from training.data.shards import ShardReader
 from training.errors import DataError, RetrainError, StorageError
@@ -183,24 +183,24 @@ class _SegmentPacker:
             label = self.classes.encode(self.where, self.config.label, label_col, file_row)
         else:
             label = self.validator.label(self.where, label_col, file_row, [])
-        arrays = {"label": label, **feature_arrays(self.validator, self.where, batch, file_row, self.vector_dims,
-                                                    file_row)}
+        arrays = feature_arrays(self.validator, self.where, batch, file_row, self.vector_dims, file_row).with_label(label)
         if self.config.time_column is not None:
             self._time(batch.column(self.config.time_column))
         # One stable gather groups the rows by split, keeping their order within each.
         order = np.argsort(split, kind="stable")
         bounds = np.concatenate(([0], np.cumsum(np.bincount(split, minlength=len(SPLITS)))))
-        arrays = {k: take_rows(v, order) for k, v in arrays.items()}
+        arrays = arrays.take(order)
+        labels = present(arrays.label, "label")
         for code, name in enumerate(SPLITS):
             a, b = int(bounds[code]), int(bounds[code + 1])
             if a == b:
                 continue
-            rows = {key: v[a:b] for key, v in arrays.items()}
+            rows = arrays.slice(a, b)
             self.writers[name].add(rows)
             if name == "train":
-                self.stats.add(rows["num"], rows["cat"], rows["label"])  # type: ignore[arg-type]
+                self.stats.add(rows.num, rows.cat, labels[a:b])
                 if self.classes is not None:
-                    self.train_codes.update(np.unique(rows["label"]).tolist())  # type: ignore[arg-type]
+                    self.train_codes.update(np.unique(labels[a:b]).tolist())
 
     def _time(self, col: pa.Array) -> None:
         found = self.validator.time_range(self.where, col)

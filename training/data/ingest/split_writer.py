@@ -8,9 +8,11 @@ from pathlib import Path
 
 from training.config import DataConfig
 from training.data.ingest.labels import LABELS
-from training.data.ingest.ragged import OFFSETS, Ragged, Rows, concat_rows
+from training.data.batch import present
+from training.data.ingest.ragged import OFFSETS, Ragged
 from training.data.manifest import ShardInfo, fields_of
 from training.data.shards import ShardTarWriter, WrittenShard, encode_npy, member_bytes
+from training.data.stored_rows import StoredRows
 
 __all__ = ["SplitWriter"]
 
@@ -25,7 +27,7 @@ class SplitWriter:
         self.target_bytes = int(config.shard_size_mb * 1_000_000)
         self.fields = fields_of(config.vector, config.text, config.image)
         self.count_positives = LABELS[config.task].counts_positives()
-        self.buffers: dict[str, list[Rows]] = {k: [] for k in self.fields}
+        self.buffers: list[StoredRows] = []
         self.buffered = 0
         self.shards: list[ShardInfo] = []
         self.member_index = 0
@@ -36,27 +38,27 @@ class SplitWriter:
         self.rows = 0
         self.positives = 0
 
-    def add(self, arrays: dict[str, Rows]) -> None:
-        for k in self.fields:
-            self.buffers[k].append(arrays[k])
-        self.buffered += len(arrays["label"])
+    def add(self, rows: StoredRows) -> None:
+        self.buffers.append(rows)
+        self.buffered += rows.rows
         while self.buffered >= self.rows_per_member:
             self._emit(self.rows_per_member)
 
-    def _take(self, n: int) -> dict[str, Rows]:
-        merged = {k: concat_rows(v) for k, v in self.buffers.items()}
-        head = {k: v[:n] for k, v in merged.items()}
-        rest = {k: v[n:] for k, v in merged.items()}
-        self.buffers = {k: [v] if len(v) else [] for k, v in rest.items()}
+    def _take(self, n: int) -> StoredRows:
+        merged = StoredRows.concat(self.buffers)
+        rest = merged.slice(n, merged.rows)
+        self.buffers = [rest] if rest.rows else []
         self.buffered -= n
-        return head
+        return merged.slice(0, n)
 
     def _emit(self, n: int) -> None:
         block = self._take(n)
         key = f"b{self.member_index:08d}"
         payloads = []
-        for k in self.fields:
-            values = block[k]
+        members = list(block.members())
+        if [name for name, _ in members] != list(self.fields):  # the format's order, which readers rely on
+            raise AssertionError(f"rows with members {[name for name, _ in members]}, the split's are {self.fields}")
+        for k, values in members:
             if isinstance(values, Ragged):
                 payloads += [(f"{key}.{k}.npy", encode_npy(values.data)),
                              (f"{key}.{k}{OFFSETS}.npy", encode_npy(values.offsets))]
@@ -74,7 +76,7 @@ class SplitWriter:
         self._rows_in_shard += n
         self.rows += n
         if self.count_positives:
-            self.positives += int(block["label"].sum())  # type: ignore[union-attr]
+            self.positives += int(present(block.label, "label").sum())
 
     def _open_shard(self) -> None:
         name = f"{self.split}-{len(self.shards) + len(self._closing):06d}.tar"

@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 from training.config import DataConfig
 from training.data.ingest.arrow_buffers import float32_values, int64_values, null_mask, one_chunk, validity
 from training.data.ingest.labels import LABELS, Classes, MulticlassLabels
-from training.data.ingest.ragged import Ragged, Rows
+from training.data.ingest.ragged import Ragged
+from training.data.stored_rows import StoredRows
 from training.errors import DataError
 
 __all__ = ["MISSING_CATEGORY", "FeatureValidator", "category_hash", "feature_arrays"]
@@ -169,26 +170,22 @@ def _is_float(v: str) -> bool:
 
 
 def feature_arrays(validator: FeatureValidator, path: str | Path, batch: pa.RecordBatch, first: int, vector_dims: list[int],
-                   global_first: int = 0) -> dict[str, Rows]:
+                   global_first: int = 0) -> StoredRows:
     """The feature columns of a record batch validated and encoded as packing stores them (so
-    scoring new data reads them exactly as training did): num, cat, vec, text<j>, image<j>."""
+    scoring new data reads them exactly as training did); no label."""
     config, n = validator.config, batch.num_rows
     num = np.empty((n, len(config.numeric)), dtype=np.float32)
-    arrays: dict[str, Rows] = {"num": num}
     for j, name in enumerate(config.numeric):
         num[:, j] = validator.numeric(path, name, batch.column(name), first)
     cat = np.empty((n, len(config.categorical)), dtype=np.int64)
-    arrays["cat"] = cat
     for j, name in enumerate(config.categorical):
         cat[:, j] = category_hash(batch.column(name))
+    vec = None
     if config.vector:
-        arrays["vec"] = np.concatenate(
-            [validator.vector(path, name, batch.column(name), first, dim)
-             for name, dim in zip(config.vector, vector_dims, strict=True)], axis=1)
-    for j, name in enumerate(config.text):
-        arrays[f"text{j}"] = Ragged.from_arrow(batch.column(name))  # a null text is empty
-    for j, name in enumerate(config.image):
-        arrays[f"image{j}"] = validator.image(path, name, batch.column(name), first)
-    if config.image:
-        arrays["row"] = np.arange(global_first, global_first + n, dtype=np.int64)
-    return arrays
+        vec = np.concatenate([validator.vector(path, name, batch.column(name), first, dim)
+                              for name, dim in zip(config.vector, vector_dims, strict=True)], axis=1)
+    return StoredRows(
+        num=num, cat=cat, vec=vec,
+        texts=tuple(Ragged.from_arrow(batch.column(name)) for name in config.text),  # a null text is empty
+        images=tuple(validator.image(path, name, batch.column(name), first) for name in config.image),
+        row=np.arange(global_first, global_first + n, dtype=np.int64) if config.image else None)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from training.data.batch import Arrays, Batch, batch_of, columns
+from training.data.batch import Batch, Columns, present
 from training.data.load.shard_cache import local_shard
 from training.data.manifest import DatasetManifest, shard_folder
 from training.data.prepare.features import FeatureTransform
@@ -46,7 +46,7 @@ MAX_BLOCK_BATCHES = 64
 class _Kept:
     """A transformed shard held for later epochs."""
 
-    arrays: Arrays
+    arrays: Columns
     # With rows in the order of the epoch it was loaded for: file row r is at row inverse[r].
     # None: in file order (an unshuffled split).
     inverse: np.ndarray | None = None
@@ -98,14 +98,14 @@ class ShardBatches:
         self.cache_bytes = cache_bytes
         self._base: OrderedDict[int, _Kept] = OrderedDict()  # transformed shards, LRU
         self._base_bytes = 0
-        self._epoch: OrderedDict[tuple[int, int], Arrays] = OrderedDict()  # (epoch, shard): rows in that epoch's order
+        self._epoch: OrderedDict[tuple[int, int], Columns] = OrderedDict()  # (epoch, shard): rows in that epoch's order
         self._verified: set[int] = set()
         self._epoch_order: tuple[int, np.ndarray, np.ndarray] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.prefetch_shards = max(1, prefetch_shards)
-        self._pending: dict[tuple[int, int], Future[tuple[_Kept | None, Arrays]]] = {}
+        self._pending: dict[tuple[int, int], Future[tuple[_Kept | None, Columns]]] = {}
         self._orders: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._current: tuple[int, int, int, Arrays] | None = None
+        self._current: tuple[int, int, int, Columns] | None = None
         # Each prefetch thread's buffers for a shard in file order, before it is put in an
         # epoch's order: reused from shard to shard (see `_prepare`).
         self._thread_buffers = threading.local()
@@ -136,7 +136,7 @@ class ShardBatches:
             _, old = self._base.popitem(last=False)
             self._base_bytes -= old.nbytes
 
-    def _shard_arrays(self, i: int) -> Arrays:
+    def _shard_arrays(self, i: int) -> Columns:
         """Shard `i` transformed, rows in file order (for unshuffled reading)."""
         kept = self._base.get(i)
         if kept is not None:
@@ -148,7 +148,7 @@ class ShardBatches:
         self._keep(i, _Kept(arrays))
         return arrays
 
-    def _epoch_arrays(self, epoch: int, i: int) -> Arrays:
+    def _epoch_arrays(self, epoch: int, i: int) -> Columns:
         """Shard `i` with its rows in `epoch`'s order, so that every batch is a contiguous slice.
 
         One gather per shard and epoch instead of one per batch: a batch's random-row gather
@@ -175,7 +175,7 @@ class ShardBatches:
     def _permutation(self, epoch: int, i: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch, 1, i]).permutation(self.shards[i].rows)
 
-    def _prepare(self, epoch: int, i: int, kept: _Kept | None) -> tuple[_Kept | None, Arrays]:
+    def _prepare(self, epoch: int, i: int, kept: _Kept | None) -> tuple[_Kept | None, Columns]:
         """On a prefetch thread: (the shard to keep if it had to be loaded, its rows in
         `epoch`'s order).
 
@@ -196,7 +196,7 @@ class ShardBatches:
             perm = kept.inverse[perm].astype(np.intp)  # np.take converts an int32 index itself, more slowly
         return None, _take(kept.arrays, perm)
 
-    def _load_shard(self, i: int, buffers: Arrays | None = None) -> Arrays:
+    def _load_shard(self, i: int, buffers: dict[str, np.ndarray] | None = None) -> Columns:
         """Shard `i`, verified and transformed (into `buffers`, see `FeatureTransform.shard`).
         Runs on the prefetch threads too, so it only reads this object's state; the caller
         records the result."""
@@ -206,13 +206,13 @@ class ShardBatches:
         reader = ShardReader(path, None if downloaded or i in self._verified else info.checksum)
         try:
             blocks = [reader.block(key) for key in reader.keys]
-            rows = sum(len(block["label"]) for block in blocks)
+            rows = sum(block.rows for block in blocks)
             if rows != info.rows or not blocks:
                 raise DataError(f"shard {path}: holds {rows} rows, manifest says {info.rows}")
             out = self.transform.shard(blocks, info.key, buffers)
             label_map = self.label_maps[i]
             if label_map is not None:
-                out["label"] = label_map[out["label"]]
+                out = out.replace(label=label_map[present(out.label, "label")])
         finally:
             blocks = []  # the views go before the mapping is closed
             reader.close()
@@ -295,9 +295,9 @@ class ShardBatches:
         if current is not None and current[0] == epoch and current[1] <= lo and hi <= current[2]:
             # The common case, a batch inside the shard the last one came from: a slice each.
             a, b = lo - current[1], hi - current[1]
-            return batch_of({k: torch.from_numpy(v[a:b]) for k, v in current[3].items()})
+            return current[3].slice(a, b).map(torch.from_numpy)
         order, starts = self._order(epoch)
-        parts: list[Arrays] = []
+        parts: list[Columns] = []
         k = int(np.searchsorted(starts, lo, side="right") - 1)
         # This shard and the next few go to the prefetch threads together: at a cold start (or
         # a resume) the shards after it are prepared while it is, not only once it is done.
@@ -307,14 +307,14 @@ class ShardBatches:
             take_hi = min(hi, int(starts[k + 1]))
             arrays = self._epoch_arrays(epoch, shard)
             a, b = lo - int(starts[k]), take_hi - int(starts[k])
-            parts.append({name: v[a:b] for name, v in arrays.items()})
+            parts.append(arrays.slice(a, b))
             lo = take_hi
             k += 1
         if len(parts) == 1:
             # The next shards are on their way: later batches of this one take the fast path above.
             self._current = (epoch, int(starts[k - 1]), int(starts[k]), arrays)
-            return batch_of({name: torch.from_numpy(v) for name, v in parts[0].items()})
-        return batch_of({name: torch.from_numpy(np.concatenate([p[name] for p in parts])) for name in parts[0]})
+            return parts[0].map(torch.from_numpy)
+        return Columns.of({name: np.concatenate([p[name] for p in parts]) for name in parts[0]}).map(torch.from_numpy)
 
 
 class MixedBatches:
@@ -359,8 +359,7 @@ class MixedBatches:
     def batch(self, epoch: int, index: int) -> Batch:
         new = self.new.batch(*divmod(epoch * self.batches_per_epoch + index, self.new.batches_per_epoch))
         old = self.old.batch(epoch, index)
-        newer, older = columns(new), columns(old)
-        return batch_of({k: torch.cat([newer[k], older[k]]) for k in older})
+        return Batch.of({k: torch.cat([new[k], old[k]]) for k in old})
 
     def release(self) -> None:
         self.old.release()
@@ -443,15 +442,14 @@ class BlockStream(IterableDataset):
         while True:
             first = self.stream.first + b * self.block
             batches = [self.stream.global_batch(g)[2] for g in range(first, first + self.block)]
-            groups = [columns(batch) for batch in batches]
-            shapes = [{k: tuple(v.shape) for k, v in batch.items()} for batch in groups]
-            flat = {k: _concat_shared([batch[k] for batch in groups]) for k in groups[0]}
+            shapes = [{k: tuple(v.shape) for k, v in batch.items()} for batch in batches]
+            flat = {k: _concat_shared([batch[k] for batch in batches]) for k in batches[0]}
             yield first, shapes, flat
             b += workers
 
 
-def _take(arrays: Arrays, index: np.ndarray) -> Arrays:
-    return {name: np.take(values, index, axis=0) for name, values in arrays.items()}
+def _take(arrays: Columns, index: np.ndarray) -> Columns:
+    return arrays.map(lambda values: np.take(values, index, axis=0))
 
 
 def _concat_shared(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -482,7 +480,7 @@ class _Unblocked:
                     n = int(np.prod(dims))
                     batch[k] = flat[k][offsets[k]:offsets[k] + n].view(dims)
                     offsets[k] += n
-                self._ready.append((*divmod(first + i, self._per_epoch), batch_of(batch)))
+                self._ready.append((*divmod(first + i, self._per_epoch), Batch.of(batch)))
             self._ready.reverse()
         return self._ready.pop()
 
@@ -505,7 +503,7 @@ class WorkerStream:
         # Every worker must use the same block size (the order depends on it): from one batch's bytes.
         one = stream.batches.batch(0, 0)
         stream.batches.release()  # the workers get a copy of the stream: without this shard
-        per_batch = max(1, sum(v.numel() * v.element_size() for v in columns(one).values()))
+        per_batch = max(1, sum(v.numel() * v.element_size() for v in one.values()))
         self.block = max(1, min(MAX_BLOCK_BATCHES, block_bytes // per_batch))
         self.loader = DataLoader(
             BlockStream(stream, self.block),

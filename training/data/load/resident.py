@@ -21,7 +21,7 @@ import logging
 import numpy as np
 import torch
 
-from training.data.batch import Batch, batch_of
+from training.data.batch import Batch
 from training.data.load.loader import ShardBatches
 from training.errors import DataError
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 def resident_bytes(batches: ShardBatches) -> int:
     """What the split takes transformed, from its first shard's bytes per row (one shard read)."""
     first = batches._load_shard(0)
-    per_row = sum(a.nbytes for a in first.values()) / max(1, len(first["label"]))
+    per_row = sum(a.nbytes for a in first.values()) / max(1, first.rows)
     return int(per_row * batches.rows) + 8 * batches.rows  # and an epoch's int64 index
 
 
@@ -73,7 +73,7 @@ class ResidentBatches:
     def batch(self, epoch: int, index: int) -> Batch:
         lo = index * self.batch_size
         rows = self._epoch_index(epoch)[lo:min(lo + self.batch_size, self.rows)]
-        return batch_of({k: t.index_select(0, rows) for k, t in self.tensors.items()})
+        return Batch.of({k: t.index_select(0, rows) for k, t in self.tensors.items()})
 
     def release(self) -> None:
         """Nothing to drop: the split is the point of holding it."""

@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from training.config import PreprocessConfig, fingerprint, fingerprinted
-from training.data.batch import Arrays
+from training.data.batch import Columns, present
 from training.data.ingest.arrow_buffers import arrow_int64, int32_values, validity
-from training.data.ingest.ragged import OFFSETS, Ragged
+from training.data.ingest.ragged import Ragged
 from training.data.ingest.segment_stats import SegmentStats, SegmentStatsBuilder, merge_stats
 from training.data.ingest.segments import load_segment, read_stats
 from training.data.load.shard_cache import local_shard
@@ -40,6 +40,7 @@ from training.data.prepare.images import AUTO_SIZE_CAP, UndecodableImage, decode
 from training.data.prepare.target import weighted_quantiles
 from training.data.prepare.text import TextEncoder, fit_tokenizer, tokenizers_version
 from training.data.shards import ShardReader, encode_npy
+from training.data.stored_rows import StoredRows
 from training.errors import DataError
 from training.storage.files import read_json, sha256_file, write_atomic, write_json_atomic
 
@@ -114,6 +115,22 @@ class FeatureStats:
         return FeatureTransform(self, derived_dir)
 
 
+@dataclass(frozen=True)
+class Derived:
+    """A shard's token ids and pixels, derived from its text and image members by
+    preprocessing (stored as `<shard>.npz`, one member per group) or on the fly."""
+
+    NAMES = ("tok", "ntok", "pix")
+
+    tok: np.ndarray | None = None
+    ntok: np.ndarray | None = None
+    pix: np.ndarray | None = None
+
+    def groups(self) -> dict[str, np.ndarray]:
+        """The groups it has, by name: the batch groups they become, the npz members they are stored as."""
+        return {name: value for name in self.NAMES if (value := getattr(self, name)) is not None}
+
+
 class FeatureTransform:
     """Vectorised transform of rows (a micro-batch or a whole shard); picklable for DataLoader workers."""
 
@@ -127,7 +144,7 @@ class FeatureTransform:
         self.derived_dir = derived_dir
         self._derived_index: dict[str, list[Any]] | None = None
 
-    def shard(self, blocks: list[Arrays], shard_name: str, buffers: Arrays | None = None) -> Arrays:
+    def shard(self, blocks: list[StoredRows], shard_name: str, buffers: dict[str, np.ndarray] | None = None) -> Columns:
         """A whole shard's micro-batches transformed, rows in file order: num, cat, label, vec,
         and tok/ntok (token ids and lengths, per text column) and pix (per image column).
 
@@ -140,25 +157,27 @@ class FeatureTransform:
         a caller that copies the rows elsewhere anyway (the loader puts them in an epoch's order),
         this saves a shard's worth of new memory per call, whose first touch cost about as much
         as the numeric transform itself (6 of 13 ms a shard, 262k rows, on the 2-core VM)."""
-        rows = sum(len(block["num"]) for block in blocks)  # data being scored has no label
-        out = {k: _buffer(buffers, k, (rows, *v.shape[1:]), np.float32 if k == "num" else v.dtype)
-               for k, v in blocks[0].items() if k in ("num", "cat", "label", "vec")}
+        rows = sum(block.rows for block in blocks)
+        first = blocks[0].prepared()
+        out = Columns.of({k: _buffer(buffers, k, (rows, *v.shape[1:]), np.float32 if k == "num" else v.dtype)
+                          for k, v in first.items()})
         lo = 0
         for start in range(0, len(blocks), _CHUNK_MEMBERS):
-            chunk = blocks[start : start + _CHUNK_MEMBERS]
-            hi = lo + sum(len(block["num"]) for block in chunk)
+            chunk = [block.prepared() for block in blocks[start : start + _CHUNK_MEMBERS]]
+            hi = lo + sum(block.rows for block in chunk)
             num, cat = (np.concatenate([block[k] for block in chunk],
-                                       out=_buffer(buffers, f"chunk.{k}", (hi - lo, *blocks[0][k].shape[1:]), blocks[0][k].dtype))
+                                       out=_buffer(buffers, f"chunk.{k}", (hi - lo, *first[k].shape[1:]), first[k].dtype))
                         for k in ("num", "cat"))
-            self(num, cat, out["num"][lo:hi], out["cat"][lo:hi])
-            for k in out.keys() - {"num", "cat"}:  # stored ready for the model: copied as they are
-                np.concatenate([block[k] for block in chunk], out=out[k][lo:hi])
+            self(num, cat, out.num[lo:hi], out.cat[lo:hi])
+            for k, held in out.items():
+                if k not in ("num", "cat"):  # stored ready for the model: copied as they are
+                    np.concatenate([block[k] for block in chunk], out=held[lo:hi])
             lo = hi
         if self.text or self.image:
-            out.update(self.derived(blocks, shard_name))
+            out = out.replace(**self.derived(blocks, shard_name).groups())
         return out
 
-    def derived(self, blocks: list[Arrays], shard_name: str) -> Arrays:
+    def derived(self, blocks: list[StoredRows], shard_name: str) -> Derived:
         """Token ids and pixels of a shard: preprocessing's stored arrays when there are any."""
         if self.derived_dir is not None:
             stored = self._stored(shard_name)
@@ -166,25 +185,25 @@ class FeatureTransform:
                 return stored
         return self.derive(blocks)
 
-    def derive(self, blocks: list[Arrays]) -> Arrays:
+    def derive(self, blocks: list[StoredRows]) -> Derived:
         """tok (rows, texts, max_tokens), ntok (rows, texts), pix (rows, images, 3, size, size)."""
-        out: Arrays = {}
+        tok = ntok = pix = None
         if self.text_encoder is not None:
-            encoded = [self.text_encoder.encode(_ragged(blocks, f"text{j}")) for j in range(len(self.text))]
-            out["tok"] = np.stack([ids for ids, _ in encoded], axis=1)
-            out["ntok"] = np.stack([n for _, n in encoded], axis=1)
+            encoded = [self.text_encoder.encode(Ragged.concat([b.texts[j] for b in blocks])) for j in range(len(self.text))]
+            tok = np.stack([ids for ids, _ in encoded], axis=1)
+            ntok = np.stack([n for _, n in encoded], axis=1)
         if self.image:
-            pix = []
+            images = []
             for j, name in enumerate(self.image):
                 try:
-                    pix.append(decode_images(_ragged(blocks, f"image{j}"), self.image_size))
+                    images.append(decode_images(Ragged.concat([b.images[j] for b in blocks]), self.image_size))
                 except UndecodableImage as err:
-                    row = int(np.concatenate([b["row"] for b in blocks])[err.index])
+                    row = int(np.concatenate([present(b.row, "row") for b in blocks])[err.index])
                     raise UndecodableRow(name, row, str(err)) from None
-            out["pix"] = np.stack(pix, axis=1)
-        return out
+            pix = np.stack(images, axis=1)
+        return Derived(tok, ntok, pix)
 
-    def _stored(self, shard_name: str) -> Arrays | None:
+    def _stored(self, shard_name: str) -> Derived | None:
         assert self.derived_dir is not None
         if self._derived_index is None:
             self._derived_index = read_json(self.derived_dir / DERIVED_INDEX) or {}
@@ -198,7 +217,11 @@ class FeatureTransform:
             raise DataError(f"{path}: sha256 does not match {DERIVED_INDEX} (corrupt); delete "
                             f"{self.derived_dir.parent} and rerun: preprocessing writes it again")
         with np.load(path) as stored:
-            return {k: stored[k] for k in stored.files}
+            unknown = set(stored.files) - set(Derived.NAMES)
+            if unknown:
+                raise DataError(f"{path}: holds arrays {sorted(unknown)}, not derived ones; delete "
+                                f"{self.derived_dir.parent} and rerun: preprocessing writes it again")
+            return Derived(**{k: stored[k] for k in stored.files})
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_value_sets": None}  # rebuilt on first use in the worker
@@ -227,7 +250,7 @@ class FeatureTransform:
         return x, out
 
 
-def _buffer(buffers: Arrays | None, key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+def _buffer(buffers: dict[str, np.ndarray] | None, key: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     """An array of `shape`: new, or the first rows of buffers[key] (replaced when too small)."""
     if buffers is None:
         return np.empty(shape, dtype=dtype)
@@ -241,10 +264,6 @@ class UndecodableRow(DataError):
     def __init__(self, column: str, row: int, reason: str) -> None:
         super().__init__(f"image column '{column}' cannot be decoded at source row {row} ({reason})")
         self.column, self.row, self.reason = column, row, reason
-
-
-def _ragged(blocks: list[Arrays], field_name: str) -> Ragged:
-    return Ragged.concat([Ragged(b[field_name], b[field_name + OFFSETS].astype(np.int64)) for b in blocks])
 
 
 DERIVED_DIR = "arrays"
@@ -343,7 +362,7 @@ def _auto_image_size(dataset_dir: Path, manifest: DatasetManifest, sample: int =
     side, seen = 0, 0
     with contextlib.closing(_train_blocks(dataset_dir, manifest)) as blocks:
         for block in blocks:
-            columns = [_ragged([block], f"image{j}") for j in range(len(manifest.image))]
+            columns = list(block.images)
             side = max(side, *(largest_side(images, sample - seen) for images in columns))
             seen += len(columns[0])
             if seen >= sample:
@@ -351,7 +370,7 @@ def _auto_image_size(dataset_dir: Path, manifest: DatasetManifest, sample: int =
     return min(AUTO_SIZE_CAP, side) if side else AUTO_SIZE_CAP
 
 
-def _train_blocks(dataset_dir: Path, manifest: DatasetManifest, split: str = "train") -> Generator[Arrays, None, None]:
+def _train_blocks(dataset_dir: Path, manifest: DatasetManifest, split: str = "train") -> Generator[StoredRows, None, None]:
     """Every micro-batch of a split's shards, in order (views into the mapped shard: use them
     before asking for the next)."""
     for shard in manifest.shards_of(split):
@@ -379,7 +398,7 @@ def dataset_stats(dataset_dir: Path, manifest: DatasetManifest) -> SegmentStats:
         return merge_stats(parts)
     builder = SegmentStatsBuilder(len(manifest.numeric), len(manifest.categorical), regression, manifest.train_rows)
     for block in _train_blocks(dataset_dir, manifest):
-        builder.add(block["num"], block["cat"], block["label"])
+        builder.add(block.num, block.cat, present(block.label, "label"))
         del block  # drop the views into the mmap before it is closed
     return builder.finish()
 
@@ -447,7 +466,7 @@ def _fit_text(dataset_dir: Path, manifest: DatasetManifest, vocab_size: int) -> 
     def texts() -> Iterator[str]:
         for block in _train_blocks(dataset_dir, manifest):
             for j in range(len(manifest.text)):
-                values = Ragged(block[f"text{j}"], block[f"text{j}{OFFSETS}"])
+                values = block.texts[j]
                 non_empty[j] += int(np.count_nonzero(np.diff(values.offsets)))
                 yield from values.texts()
 
@@ -481,15 +500,15 @@ def write_derived_arrays(dataset_dir: Path, manifest: DatasetManifest, stats: Fe
         finally:
             blocks = []
             reader.close()
-        if "pix" in derived and shard.split == "train":
-            per_channel = derived["pix"].transpose(2, 0, 1, 3, 4).reshape(3, -1).astype(np.float64)
+        if derived.pix is not None and shard.split == "train":
+            per_channel = derived.pix.transpose(2, 0, 1, 3, 4).reshape(3, -1).astype(np.float64)
             total += per_channel.sum(axis=1)
             total_sq += (per_channel * per_channel).sum(axis=1)
             pixels += per_channel.shape[1]
         path = out_dir / _derived_name(shard.key)
         buf = io.BytesIO()
         with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as archive:  # np.load reads it as an .npz
-            for name, values in derived.items():
+            for name, values in derived.groups().items():
                 # A fixed date: np.savez stamps the time, and the same input should give the same bytes.
                 archive.writestr(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), encode_npy(values))
         payload = buf.getvalue()  # one copy of the shard's arrays, not one per use
