@@ -20,6 +20,7 @@ from training.errors import Preempted
 from training.registry.step_times import resolve_planned_instance
 from training.storage.lease import hold_root, hold_s3_root
 from training.storage.root import StorageRoot, local_dir_for
+from tasks.root_slot import root_slot
 
 __all__ = ["check_restarts", "effective_config", "flow_run_id", "flow_run_name", "one_writer_per_root", "writer_limit_name",
            "TEMPORARY_SERVER_ENV"]
@@ -282,20 +283,6 @@ def _ensure_limit(name: str) -> None:
                                   "runs on one storage root cannot overlap", name, existing.limit)
 
 
-def _slot_holders(name: str) -> int:
-    from prefect.client.orchestration import get_client
-
-    with get_client(sync_client=True) as client:
-        return int(client.read_global_concurrency_limit_by_name(name).active_slots or 0)
-
-
-# A holder renews its lease every 45 s. One that dies (SIGKILL, a lost machine) frees the slot
-# when the lease runs out, noticed by the server's repossessor within 15 s more. strict: fail
-# closed if the limit cannot be read. A renewal that fails once (an API blip) must not kill hours
-# of training, so it only logs.
-_LEASE_SECONDS = 60.0
-
-
 def _server_is_shared() -> bool:
     """False for a temporary server of a lone CLI run (Prefect's in-process one, or the one
     `retrain run` starts): it runs no lease reaper, so a slot held by a killed run would never
@@ -323,8 +310,6 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
     - For an S3 root, whatever server and machine: a lease object written with S3's conditional
       writes, renewed while held; a dead holder's lease expires (training.storage.lease).
     """
-    from prefect.concurrency.sync import concurrency
-
     log = task_logger()
     with ExitStack() as held:
         # An s3:// root is held by its S3 lease alone: it spans machines and servers, and a new
@@ -333,20 +318,7 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
         if not storage.is_s3 and _server_is_shared():
             name = writer_limit_name(storage)
             _ensure_limit(name)
-            def slot() -> Any:
-                return concurrency(name, occupy=1, strict=True, lease_duration=_LEASE_SECONDS,
-                                   raise_on_lease_renewal_failure=False)
-
-            # Asked without a client timeout: a timeout that fires while the server grants the
-            # slot leaves it held by a lease nobody renews, and every later attempt then waits
-            # out that lease on a root nobody uses. So whether to say "waiting" is read first.
-            busy = _slot_holders(name)
-            if busy:
-                log.warning("storage root %s is in use by another run (concurrency limit %s); waiting for it. A "
-                            "run that died frees it within %.0f s", storage.root, name, _LEASE_SECONDS + 15)
-            held.enter_context(slot())
-            if busy:
-                log.info("storage root %s is free: going on", storage.root)
+            held.enter_context(root_slot(name, storage.root))
         if storage.is_s3:
             remote = StorageRoot(storage).remote
             assert remote is not None

@@ -275,6 +275,9 @@ def test_a_sigkilled_process_run_is_rescheduled_by_the_shipped_automation_and_fi
     assert "CRASHED" in states and states[-1] == "COMPLETED", states
     assert flow_run(deployed, run_id)["run_count"] == 2, states  # rescheduled once: one attempt after the kill
     assert any("changed since this flow run began" in log["message"] for log in logs)
+    # The killed attempt's root slot was released by the next attempt, not waited out.
+    assert any("released the storage root slot this flow run's last attempt held" in log["message"] for log in logs)
+    assert not any("is in use by another run" in log["message"] for log in logs)
     trains = [t for t in tasks if t["task_key"].startswith("train")]
     assert "RUNNING" not in {t["state"]["type"] for t in trains}, [t["state"] for t in trains]
 
