@@ -67,7 +67,7 @@ class Groups(Mapping[str, T], Generic[T]):
         """The groups of a mapping by name (keys among `GROUPS`: a shard's stored arrays)."""
         unknown = groups.keys() - set(GROUPS)
         if unknown:
-            raise MissingGroup(f"not a batch group: {sorted(unknown)}")
+            raise KeyError(f"not a batch group: {sorted(unknown)}")
         return cls(**groups)
 
     @property

@@ -198,7 +198,8 @@ class FeatureTransform:
                 try:
                     images.append(decode_images(Ragged.concat([b.images[j] for b in blocks]), self.image_size))
                 except UndecodableImage as err:
-                    row = int(np.concatenate([present(b.row, "row") for b in blocks])[err.index])
+                    # Rows with image members carry their source rows (`row`): packing stores both.
+                    row = int(np.concatenate([b.row for b in blocks if b.row is not None])[err.index])
                     raise UndecodableRow(name, row, str(err)) from None
             pix = np.stack(images, axis=1)
         return Derived(tok, ntok, pix)
