@@ -304,7 +304,7 @@ def one_writer_per_root(storage: StorageConfig) -> Iterator[None]:
 
     - Across machines and deployments on a shared Prefect server, for a local root (a shared
       filesystem): the global concurrency limit named after the root (a dead holder frees it
-      when its lease lapses).
+      when its lease lapses, or its flow run's next attempt at once: tasks.root_slot).
     - On this machine, for a local root, whatever server: an fcntl lock in the root, which a
       dead holder frees at once (training.storage.lease).
     - For an S3 root, whatever server and machine: a lease object written with S3's conditional

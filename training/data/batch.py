@@ -76,7 +76,8 @@ class Groups(Mapping[str, T], Generic[T]):
 
     def map(self, fn: Callable[[T], U]) -> Groups[U]:
         """`fn` applied to every group (to a device, a slice of rows, a gather, numpy to torch)."""
-        return Groups(**{name: fn(value) for name, value in self.items()})
+        # Once per batch in the loader: the fields read directly, not through Mapping's views.
+        return Groups(**{name: fn(value) for name in GROUPS if (value := getattr(self, name)) is not None})
 
     def slice(self, start: int, stop: int) -> Groups[T]:
         """Rows `start` to `stop` of every group (views, not copies)."""
