@@ -135,7 +135,8 @@ def test_spot_notice_poller_checkpoints_and_exits(long_config: RetrainConfig) ->
 
 
 @pytest.mark.slow
-def test_an_attempt_killed_during_start_up_still_counts(long_config: RetrainConfig) -> None:
+def test_an_attempt_killed_during_start_up_still_counts(long_config: RetrainConfig,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     job = make_job(long_config)
     on_start, _ = _signal_at_step(job, 30, signal.SIGKILL)
     with pytest.raises(Preempted):
@@ -144,8 +145,12 @@ def test_an_attempt_killed_during_start_up_still_counts(long_config: RetrainConf
     def kill_at_once(proc: subprocess.Popen) -> None:
         proc.kill()  # in its start-up, before any checkpoint is read
 
-    with pytest.raises(Preempted):
-        run_training_process(job, on_start=kill_at_once)
+    # A fresh process, not one forked from the zygote: a forked child has its imports done and
+    # can resume in the moment before the kill lands; a fresh one is still starting Python.
+    with monkeypatch.context() as fresh:
+        fresh.setenv("RETRAIN_NO_ZYGOTE", "1")
+        with pytest.raises(Preempted):
+            run_training_process(job, on_start=kill_at_once)
     final = run_training_process(job)
     assert final.preemptions == 2
     assert len(final.resumed_from_steps) == 1  # only one attempt got as far as resuming
