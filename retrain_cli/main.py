@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 from retrain_cli.parser import build_parser
 from retrain_cli.temp_server import TemporaryServer, server_answers, server_is_up
@@ -23,6 +23,9 @@ from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preemp
 from training.pipeline.handoffs import LaunchPhases
 from training.pipeline.reports.markdown import savings
 from training.pipeline.reports.run_report import KeptReport, Phases, RunReport, read_report
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["main"]
 
@@ -50,7 +53,12 @@ def _choose_server(config: RetrainConfig) -> tuple[str | None, TemporaryServer |
 
     settings = get_current_settings()
     if settings.api.url:
-        if not server_answers(settings.api.url):
+        answer = server_answers(settings.api.url)
+        if answer == "slow":
+            raise ConfigError(f"PREFECT_API_URL is {settings.api.url}: a server there took the connection but did not "
+                              "answer its health check within 5 s (busy, or its database is): check it, then run the "
+                              "same command again")
+        if answer == "no":
             raise ConfigError(f"PREFECT_API_URL is {settings.api.url}, but no Prefect server answers there: start it "
                               "(`prefect server start`), or unset PREFECT_API_URL and retrain starts a temporary "
                               "server for the run")
@@ -293,6 +301,7 @@ def _call_flow(config: RetrainConfig, clock: _Clock, load: Callable[[], Callable
     interrupted (Ctrl-C, SIGTERM)."""
     _say("loading Prefect and the pipeline")
     clock.mark("config")
+    import httpx
     from prefect.exceptions import TerminationSignal
 
     api_url, server = None, None
@@ -315,12 +324,47 @@ def _call_flow(config: RetrainConfig, clock: _Clock, load: Callable[[], Callable
             return flow(config)
     except (KeyboardInterrupt, _Terminated, TerminationSignal) as err:  # the last: Prefect's, inside the flow run
         return _interrupted(config, err)
+    except httpx.HTTPError as err:
+        raise RetrainError(_server_failure(err, api_url, server)) from None
     finally:
         os.environ.pop(LaunchPhases.ENV, None)
         clock.mark("flow")
         _drain_logs()
         if server is not None:
             server.stop()
+
+
+def _server_failure(err: httpx.HTTPError, api_url: str | None, server: TemporaryServer | None) -> str:
+    """The Prefect server failed the run (a timeout, a refused connection, an error status):
+    what happened, in one line, and what to do. A temporary server's own log says why it failed
+    (its database is under the storage root: a full disk there fails the server too)."""
+    import httpx
+
+    from prefect.settings import get_current_settings
+
+    where = api_url or get_current_settings().api.url or "the Prefect server"
+    if isinstance(err, httpx.HTTPStatusError):
+        what = f"answered HTTP {err.response.status_code} to {err.request.method} {err.request.url.path}"
+    elif isinstance(err, httpx.TimeoutException):
+        what = f"did not answer in time ({type(err).__name__}): it is up but too busy"
+    else:
+        what = f"could not be reached ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else 'no detail'})"
+    if server is not None:
+        lines = [line.strip() for line in _log_tail(server.log_path).splitlines() if line.strip()]
+        why = f"; its log {server.log_path} ends: {lines[-1][:300]}" if lines else f"; its log is {server.log_path}"
+        return (f"the temporary Prefect server at {where} {what}{why}. Its database is under the storage root: "
+                "check that disk has room, then run the same command again (it resumes)")
+    return (f"the Prefect server at {where} {what}; check the server (its log, its database, its disk), then run "
+            "the same command again (the run resumes from its last checkpoint)")
+
+
+def _log_tail(path: Path, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as log:
+            log.seek(max(0, path.stat().st_size - size))
+            return log.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _config_path(path: Path | None) -> Path | None:

@@ -26,6 +26,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Literal
 
 from training.errors import RetrainError
 
@@ -41,18 +42,23 @@ def server_is_up(api_url: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def server_answers(api_url: str, timeout: float = 5.0) -> bool:
+def server_answers(api_url: str, timeout: float = 5.0) -> Literal["yes", "slow", "no"]:
     """Whether anything answers HTTP at `api_url` (a refusal such as 401 counts: a Prefect Cloud
-    workspace wants its key, which the client sends and this probe does not)."""
+    workspace wants its key, which the client sends and this probe does not); "slow" when it
+    took the connection but did not answer within `timeout` (a busy server, not a missing one)."""
     import urllib.error
 
     try:
         with urllib.request.urlopen(f"{api_url.rstrip('/')}/health", timeout=timeout):  # noqa: S310 - the user's URL
-            return True
+            return "yes"
     except urllib.error.HTTPError:
-        return True
-    except (OSError, ValueError):  # refused, unreachable, timed out, or not a URL at all
-        return False
+        return "yes"
+    except urllib.error.URLError as err:
+        return "slow" if isinstance(err.reason, TimeoutError) else "no"
+    except TimeoutError:  # connected, then no answer in time
+        return "slow"
+    except (OSError, ValueError):  # refused, unreachable, or not a URL at all
+        return "no"
 
 
 def free_port() -> int:
@@ -184,6 +190,7 @@ class TemporaryServer:
         self.port = free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         self._proc: subprocess.Popen[bytes] | None = None
+        self._exit_code: int | None = None
         self.seeded_from: Path | None = None  # the empty database copy this one started as
 
     def start(self, timeout: float = 120.0) -> None:
@@ -236,15 +243,16 @@ class TemporaryServer:
             )
         deadline = time.monotonic() + timeout
         while not server_is_up(self.api_url):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
+            self._exit_code = self._proc.poll()
+            if self._exit_code is not None or time.monotonic() > deadline:
                 with open(self.log_path, "rb") as log:
                     log.seek(start)
                     written = log.read().decode(errors="replace")  # by this launch
                 self.stop()
                 if "address already in use" in written:
                     raise _PortTaken()
-                tail = written[-2000:]
-                raise RetrainError(f"the temporary Prefect server did not start (log {self.log_path}): {tail.strip()}")
+                raise RetrainError(f"the temporary Prefect server did not start (log {self.log_path}): "
+                                   f"{_start_failure(written, self._exit_code, timeout)}")
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -257,3 +265,17 @@ class TemporaryServer:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def _start_failure(written: str, exit_code: int | None, timeout: float) -> str:
+    """Why the server did not start, in one line: the last line its log got, or, where it wrote
+    nothing (a machine too busy to import Prefect in time), what happened and what to do."""
+    lines = [line.strip() for line in written.splitlines() if line.strip()]
+    if lines:
+        return lines[-1][:500]
+    if exit_code is not None:
+        return (f"it exited with code {exit_code} before writing anything; run the same command again, or start one "
+                "with `prefect server start` in another terminal")
+    return (f"it did not answer within {timeout:.0f} s and wrote nothing (the machine is busy, or Prefect's first "
+            "import after an install is slow); run the same command again, or start one with `prefect server start` "
+            "in another terminal and keep it running")

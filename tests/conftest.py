@@ -52,6 +52,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_warm_children.py",  # warm training children
     "test_forks.py",  # training children forked from the zygote
     "test_stage_calls.py",  # evaluation in a child process
+    "test_sealed_job.py",  # a training child refusing a swapped job
     "test_disk_full.py",  # a training process on a small filesystem
     "test_root_lock.py",  # competing processes
     "test_s3_lease.py",  # competing processes on S3

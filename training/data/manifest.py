@@ -14,6 +14,7 @@ it is joined to a folder: a shard name is a plain `.tar` file name, a segment a 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -24,7 +25,7 @@ import numpy as np
 
 from training.data.load.shard_cache import is_remote_dataset, segment_is_remote
 from training.data.shards import FIELDS, Checksum
-from training.errors import DataError
+from training.errors import DataError, StorageError
 from training.storage.files import is_plain_name
 
 __all__ = ["SPLITS", "Classes", "DatasetManifest", "SegmentRef", "ShardInfo", "fields_of", "is_ragged", "is_segment_key",
@@ -213,8 +214,10 @@ def is_ragged(field_name: str) -> bool:
     return field_name.startswith(("text", "image"))
 
 
-def load_manifest(dataset_dir: Path) -> DatasetManifest | None:
-    """The manifest of a complete dataset, or None when the dataset is absent or incomplete."""
+def load_manifest(dataset_dir: Path, sha256: str | None = None) -> DatasetManifest | None:
+    """The manifest of a complete dataset, or None when the dataset is absent or incomplete.
+    With `sha256`, the manifest's bytes must have it (the one its parent read: a training job's
+    `manifest_sha256`), or a StorageError says it changed."""
     path = dataset_dir / "manifest.json"
     if not path.exists():
         return None
@@ -222,6 +225,10 @@ def load_manifest(dataset_dir: Path) -> DatasetManifest | None:
         text = path.read_bytes()
     except OSError as err:
         raise DataError(f"{path} is unreadable ({err.strerror or err}); delete {dataset_dir} to pack it again") from None
+    if sha256 is not None and hashlib.sha256(text).hexdigest() != sha256:
+        raise StorageError(f"the dataset's manifest {path} changed after the parent read it (its sha256 is not the "
+                           "one the training job carries): another writer of this storage root replaced it. Run "
+                           "the same command again, and keep the root writable only by the pipeline's own runs")
     manifest = DatasetManifest.from_json(text, str(path))
     remote = is_remote_dataset(dataset_dir)
     for shard in manifest.shards:
@@ -237,9 +244,9 @@ def load_manifest(dataset_dir: Path) -> DatasetManifest | None:
     return manifest
 
 
-def require_manifest(dataset_dir: Path) -> DatasetManifest:
+def require_manifest(dataset_dir: Path, sha256: str | None = None) -> DatasetManifest:
     """The manifest of a complete dataset, or the one error every stage gives for a missing one."""
-    manifest = load_manifest(dataset_dir)
+    manifest = load_manifest(dataset_dir, sha256)
     if manifest is None:
         raise DataError(f"dataset {dataset_dir} is incomplete (no manifest.json); rerun the pack stage")
     return manifest

@@ -8,7 +8,8 @@ Where the machine has no GPU driver, the child is forked from the zygote that tr
 children come from (`training.launch.forks`), with torch and torch._dynamo (which torch.export
 needs) already imported; elsewhere it is a fresh process.
 
-Protocol: `python -m MODULE REQUEST.json ERROR.json PARENT_PID RESULT.json`. The child writes
+Protocol: `python -m MODULE REQUEST.json#sha256=HEX ERROR.json PARENT_PID RESULT.json`: the request
+sealed (`training.protocol.sealed`), in a folder of this process only. The child writes
 its result to RESULT.json and exits 0. A RetrainError goes to ERROR.json, and on stdout as an
 `error` event, with exit code EXIT_USER_ERROR; warnings come on stdout as `log` events. The
 parent rebuilds the error as the same class of its own hierarchy, so a task's retry policy
@@ -30,6 +31,7 @@ from training.errors import EXIT_USER_ERROR, Preempted
 from training.launch.child import Child
 from training.launch.process import child_env, log_child_event, rebuild_error
 from training.protocol.events import ChildEvent, ErrorReport, read_event
+from training.protocol.sealed import seal_private
 
 __all__ = ["call_in_child"]
 
@@ -41,11 +43,9 @@ def call_in_child(module: str, request: BaseModel, what: str,
     """Run `module`'s `main` on `request` in a child process; the text of its result. `what`
     names the work in errors ("the evaluation"). The child's events go to `on_event`."""
     with tempfile.TemporaryDirectory(prefix="retrain-call-") as folder:
-        request_path, error_path, result_path = (Path(folder) / name for name in ("request.json", "error.json",
-                                                                                   "result.json"))
-        request_path.write_text(request.model_dump_json())
-        command = [sys.executable, "-m", module, str(request_path), str(error_path), str(os.getpid()),
-                   str(result_path)]
+        error_path, result_path = Path(folder) / "error.json", Path(folder) / "result.json"
+        sealed = seal_private(Path(folder), "request.json", request.model_dump_json().encode())
+        command = [sys.executable, "-m", module, sealed.arg(), str(error_path), str(os.getpid()), str(result_path)]
         reported: list[ErrorReport] = []
 
         def on_line(line: str) -> None:

@@ -11,7 +11,8 @@ checkpoint and seeds every generator, so which child ran it changes nothing (tes
 
 Protocol (single-process jobs only; torchrun children are never kept): a child started with
 `--hold` writes `{"event": "idle"}` after a job that ended with exit code 0 and waits on stdin
-for one JSON line `{"job": path, "error": path, "spawn_time": t}`; end of file, SIGTERM or its
+for one JSON line `{"job": "PATH#sha256=HEX", "error": path, "spawn_time": t}` (the job sealed, as on a
+command line: `training.protocol.sealed`); end of file, SIGTERM or its
 parent's death ends it. Any other ending (preempted, a user error, a crash) exits the process, as without `--hold`.
 """
 
@@ -29,6 +30,7 @@ from typing import Any, Callable
 from training.launch.forks import start_child
 from training.protocol.entries import HOLD_FLAG
 from training.protocol.events import Idle, JobOrder, read_event
+from training.protocol.sealed import Sealed
 
 __all__ = ["Child", "WarmPool"]
 
@@ -67,10 +69,11 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def hand(self, job_path: Path, error_path: Path) -> bool:
-        """Give a warm child its next job; False if it is gone (then start a fresh one)."""
+    def hand(self, job: Sealed, error_path: Path) -> bool:
+        """Give a warm child its next job (its seal, on the child's stdin); False if it is gone
+        (then start a fresh one)."""
         assert self.hold and self.proc.stdin is not None
-        order = JobOrder(job=str(job_path), error=str(error_path), spawn_time=time.time())
+        order = JobOrder(job=job.arg(), error=str(error_path), spawn_time=time.time())
         try:
             self.proc.stdin.write(order.model_dump_json() + "\n")
             self.proc.stdin.flush()

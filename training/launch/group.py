@@ -3,12 +3,14 @@
 With `train.distributed.nnodes` above 1 the train task is the job's launcher, not one of its
 nodes:
 
-1. It freezes the job it built (config, dataset, statistics, run key) into
-   `runs/<key>/node-job.json` on the storage root (`publish_frozen_job`).
-2. It starts `nnodes` copies of `python -m training.worker.node RUN_KEY REL` as one
+1. It freezes the job it built (config, dataset, statistics, run key, and the digests of the
+   root's files it names) into `runs/<key>/node-job.json` on the storage root
+   (`publish_frozen_job`).
+2. It starts `nnodes` copies of `python -m training.worker.node RUN_KEY REL --job-sha256 HEX` as one
    TorchX app on `train.distributed.scheduler`: processes on this machine (`local_cwd`), or one
    Volcano job on Kubernetes, gang-scheduled (`kubernetes`). Each node downloads the frozen
-   job, refuses one under another run key, and runs its ranks under torchrun at the c10d
+   job, refuses one whose bytes are not the ones the launcher published (the digest comes on its
+   command line, from TorchX's app, never from the root), and runs its ranks under torchrun at the c10d
    rendezvous on the first node (`--rdzv-id` = the run key, `--nnodes` min:max,
    `join_timeout`, `--max-restarts`). No node lists the source, packs, fits or writes the
    root's shared files; global rank 0 writes the run's own files, as on one node.
@@ -46,7 +48,8 @@ from training.protocol.events import ChildEvent, ErrorReport, LogLine, NodeJoine
 from training.protocol.job import TrainJob
 from training.protocol.results import TrainResult
 from training.protocol.runs import count_attempt, fetch_finished_run
-from training.storage.files import process_alive, write_json_atomic
+from training.protocol.sealed import seal
+from training.storage.files import process_alive
 from training.storage.root import RUN, StorageRoot
 
 if TYPE_CHECKING:
@@ -79,14 +82,16 @@ class FrozenJob(BaseModel):
     job: TrainJob
 
 
-def publish_frozen_job(job: TrainJob) -> str:
-    """Write the job under its run key on the root (uploaded, on S3); its root-relative path."""
+def publish_frozen_job(job: TrainJob) -> tuple[str, str]:
+    """Write the job under its run key on the root (uploaded, on S3): its root-relative path,
+    and the sha256 of its bytes, which each node gets on its command line and checks."""
     root = StorageRoot.from_config(job.config)
     rel = f"{job.run_rel or Path(job.run_dir).relative_to(root.local).as_posix()}/{FROZEN_JOB}"
+    job.pin_inputs()
     frozen = FrozenJob(run_key=job.run_key, local_root=str(root.local), job=job)
-    write_json_atomic(root.path(rel), frozen.model_dump(mode="json"))
+    sealed = seal(root.path(rel), frozen.model_dump_json(indent=1).encode())
     root.publish(rel, RUN, job.run_key)
-    return rel
+    return rel, sealed.sha256
 
 
 def _torchx() -> None:
@@ -97,9 +102,10 @@ def _torchx() -> None:
                           "pip install -c constraints.txt -e '.[scale-out]'") from None
 
 
-def node_app(job: TrainJob, rel: str, port: int, pid_dir: Path | None = None) -> AppDef:
+def node_app(job: TrainJob, rel: str, port: int, job_sha256: str, pid_dir: Path | None = None) -> AppDef:
     """The TorchX app of the job's nodes: one role of `nnodes` replicas (the first
-    `min_nnodes` required), each running the node entry point on the frozen job."""
+    `min_nnodes` required), each running the node entry point on the frozen job at `rel`,
+    whose sha256 it must have."""
     from torchx import specs
 
     d = job.config.train.distributed
@@ -118,7 +124,7 @@ def node_app(job: TrainJob, rel: str, port: int, pid_dir: Path | None = None) ->
         name=ROLE,
         image=os.getcwd() if local else str(k8s.image),
         entrypoint=sys.executable if local else "python",
-        args=["-m", NODE_MODULE, job.run_key, rel, "--node", specs.macros.replica_id,
+        args=["-m", NODE_MODULE, job.run_key, rel, "--job-sha256", job_sha256, "--node", specs.macros.replica_id,
               "--rank0-env", specs.macros.rank0_env, "--port", str(port)],
         env=env,
         num_replicas=d.nnodes,
@@ -246,12 +252,12 @@ def run_group(job: TrainJob, on_event: Callable[[ChildEvent], None] = log_child_
     d = job.config.train.distributed
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    rel = publish_frozen_job(job)
+    rel, job_sha256 = publish_frozen_job(job)
     port = free_loopback_port() if d.scheduler == "local_cwd" else d.rdzv_port
     log_dir = run_dir / "nodes" / uuid.uuid4().hex[:8] if d.scheduler == "local_cwd" else None
     count_attempt(run_dir)
     with get_runner() as runner:
-        handle = runner.run(node_app(job, rel, port, log_dir), scheduler=d.scheduler, cfg=scheduler_cfg(job, log_dir))
+        handle = runner.run(node_app(job, rel, port, job_sha256, log_dir), scheduler=d.scheduler, cfg=scheduler_cfg(job, log_dir))
         least = d.min_nnodes or d.nnodes
         on_event(_info(f"started {d.nnodes} nodes of run {job.run_key[:12]} on {d.scheduler} ({handle}): waiting for "
                        f"{f'{least} to {d.nnodes}' if least < d.nnodes else f'all {d.nnodes}'} at the c10d rendezvous "

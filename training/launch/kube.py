@@ -17,9 +17,10 @@ from training.config import RetrainConfig
 from training.launch.group import FROZEN_JOB, _torchx, node_app, scheduler_cfg
 from training.protocol.job import TrainJob
 
-__all__ = ["LAUNCHER", "PREVIEW_KEY", "launcher_rbac", "volcano_job"]
+__all__ = ["LAUNCHER", "PREVIEW_KEY", "PREVIEW_SHA256", "launcher_rbac", "volcano_job"]
 
 PREVIEW_KEY = "0123456789abcdef"  # stands in for the run key, which a run gets when it starts
+PREVIEW_SHA256 = "0" * 64  # ... and for the frozen job's sha256, known once the run has published it
 LAUNCHER = "retrain-launcher"  # the flow-run pod's service account, Role and RoleBinding
 
 
@@ -33,7 +34,7 @@ def volcano_job(config: RetrainConfig, run_key: str = PREVIEW_KEY) -> dict[str, 
     rel = f"runs/{run_key}"
     job = TrainJob(run_key=run_key, run_dir=rel, dataset_dir="", stats_path="", config=config, run_rel=rel)
     with get_runner() as runner:
-        info = runner.dryrun(node_app(job, f"{rel}/{FROZEN_JOB}", config.train.distributed.rdzv_port), "kubernetes",
+        info = runner.dryrun(node_app(job, f"{rel}/{FROZEN_JOB}", config.train.distributed.rdzv_port, PREVIEW_SHA256), "kubernetes",
                              cfg={**scheduler_cfg(job), "validate_spec": False})
     resource: dict[str, Any] = ApiClient().sanitize_for_serialization(info.request.resource)
     return resource

@@ -34,6 +34,7 @@ from training.protocol.events import ChildEvent, ErrorReport, LogLine, read_even
 from training.protocol.job import TrainJob
 from training.protocol.results import RungResult, TrainResult
 from training.protocol.runs import count_attempt, rung_file
+from training.protocol.sealed import Sealed
 
 __all__ = ["run_training_process", "run_rung_process", "worker_command", "child_env", "error_class", "free_loopback_port",
            "log_child_event", "rank_errors", "rebuild_error", "with_parent_death_signal"]
@@ -57,9 +58,10 @@ def free_loopback_port() -> int:
         return int(s.getsockname()[1])
 
 
-def worker_command(job: TrainJob, job_path: Path, error_path: Path) -> list[str]:
-    """The child of a one-node job: the worker, or torchrun with one worker per process."""
-    worker = ["-m", WORKER_MODULE, str(job_path), str(error_path), str(os.getpid())]
+def worker_command(job: TrainJob, sealed: Sealed, error_path: Path) -> list[str]:
+    """The child of a one-node job: the worker, or torchrun with one worker per process; the
+    job's seal on its command line."""
+    worker = ["-m", WORKER_MODULE, sealed.arg(), str(error_path), str(os.getpid())]
     tc = job.config.train
     nproc = tc.distributed.nproc_per_node
     if tc.distributed.nnodes > 1:
@@ -163,18 +165,20 @@ def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
     and its child goes back to the pool afterwards."""
     run_dir = Path(job.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    job_path = run_dir / "job.json"
     error_path = run_dir / f"error-{os.getpid()}.json"
     error_path.unlink(missing_ok=True)
-    job.save(job_path)
+    # In the run's folder, where it records what the run began with; sealed, so that the child
+    # trains this job and no other, whoever writes the root meanwhile.
+    job.pin_inputs()
+    sealed = job.seal(run_dir / "job.json")
     count_attempt(run_dir)
     for stale in error_path.parent.glob(error_path.name + ".rank*"):
         stale.unlink(missing_ok=True)
-    command = worker_command(job, job_path, error_path)
+    command = worker_command(job, sealed, error_path)
     distributed = command[1] == "-c"
     keep = pool if pool is not None and not distributed else None
     child = keep.take() if keep is not None else None
-    if child is not None and not child.hand(job_path, error_path):
+    if child is not None and not child.hand(sealed, error_path):
         child.close()  # it died while idle
         child = None
     if child is None:
@@ -215,7 +219,14 @@ def _launch(job: TrainJob, on_event: Callable[[ChildEvent], None],
 def _outcome(job: TrainJob, rc: int, error_path: Path, reported: list[ErrorReport], distributed: bool) -> TrainResult:
     """The finished child's result, or the error its exit code and error reports say."""
     if rc == 0:
-        return TrainResult.model_validate_json((Path(job.run_dir) / "result.json").read_text())
+        path = Path(job.run_dir) / "result.json"
+        try:
+            return TrainResult.model_validate_json(path.read_bytes())
+        except (OSError, ValueError):
+            # Written by the child just now, but the root is shared: removed or replaced since.
+            # The run is complete on its checkpoints; the retry writes the record again from them.
+            raise Preempted(f"training process for run {job.run_key} finished, but its {path} is missing or "
+                            "damaged (another writer of the storage root?); the retry writes it again") from None
     if rc == EXIT_PREEMPTED:
         raise Preempted(f"training process for run {job.run_key} was preempted and checkpointed")
     if rc < 0:

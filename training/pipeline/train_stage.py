@@ -15,6 +15,7 @@ from training.data.manifest import require_manifest
 from training.data.prepare.features import (
     derived_rels,
     preprocess_key,
+    verified_feature_stats,
 )
 from training.errors import DamagedShard, DataError
 from training.launch.group import run_group
@@ -85,6 +86,11 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         pre_train_seconds=packed.seconds + prep.seconds,
         champion_val_metric=champion_val_metric if config.budget.champion_gate else None,
     )
+    if warm is None and verified_feature_stats(stats_path) is None:
+        raise DataError(f"feature statistics {stats_path} no longer match their checksum since the preprocess stage "
+                        "fitted them (another writer of the storage root changed them); run the same command again: "
+                        "preprocessing fits them again")
+    job.pin_inputs()  # what the child trains on is what was checked here
     warm_start = WarmStart(requested=config.train.init_from == "champion", used=warm is not None,
                            reason=warm_reason, champion_sha256=init_sha)
     return job, warm_start

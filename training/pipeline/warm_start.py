@@ -22,7 +22,7 @@ from training.data.prepare.features import (
 from training.model.package_meta import PackageMeta
 from training.pipeline.handoffs import PackResult
 from training.pipeline.step_budget import for_warm_start
-from training.storage.files import write_json_atomic
+from training.storage.files import write_atomic
 from training.storage.root import StorageRoot
 
 if TYPE_CHECKING:
@@ -112,8 +112,11 @@ def start_warm(config: RetrainConfig, warm: WarmStartPlan, packed: PackResult, m
         stats = grown_for_warm_start(stats, Path(packed.dataset_dir), manifest, config.preprocess)
     # Per dataset: the vocabularies, token ids and pixels depend on it.
     stats_path = root.path(f"preprocess/champion-{warm.sha256[:16]}-{packed.fingerprint[:16]}/feature_stats.json")
-    if not stats_path.exists():
-        write_json_atomic(stats_path, json.loads(stats.to_json()))
+    # Derived from the champion and this dataset, so computed every time and compared: a file
+    # already there (written by whoever can write the root) is used only when it holds this.
+    data = (json.dumps(json.loads(stats.to_json()), indent=1, sort_keys=True) + "\n").encode()
+    if not stats_path.is_file() or stats_path.read_bytes() != data:
+        write_atomic(stats_path, data)
     _derive_for(Path(packed.dataset_dir), manifest, stats, stats_path.parent)
     return StartedWarm(config=config, stats_path=stats_path, new_segments=new_segments, init_classes=init_classes)
 

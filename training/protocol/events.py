@@ -137,7 +137,7 @@ def read_event(line: str) -> ChildEvent | None:
 class JobOrder(BaseModel):
     """The other direction: the parent hands a warm child its next job, one JSON line on stdin."""
 
-    job: str
+    job: str  # the job's seal, PATH#sha256=HEX (training.protocol.sealed)
     error: str
     spawn_time: float  # the job's start-up is billed from the hand-over
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import statistics
 import time
 
@@ -148,16 +149,36 @@ def store_choice(config: RetrainConfig, row: PlanRow) -> None:
     root.publish(CHOICE, RUN)
 
 
-def _check_memory_variant(config: RetrainConfig, choice: PlanChoice, shown: str) -> None:
-    """A plan's memory variant splits the configured batch into at most MAX_ACCUMULATION
-    micro-batches and never changes the effective batch (`training.cost.planner.variants`): a
-    stored pick that does otherwise was not written by a plan."""
+_INTEGER = re.compile(r"[1-9][0-9]{0,8}")  # a plan writes str(int): never a sign, a point or an exponent
+_PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+
+
+def _plan_values(config: RetrainConfig, choice: PlanChoice, shown: str) -> dict[str, str | int | bool]:
+    """The stored pick's settings, each parsed as strictly as a plan writes it (an integer is
+    digits, never "8.0"; a flag is "true" or "false"), then bounded: a plan's memory variant
+    splits the configured batch into at most MAX_ACCUMULATION micro-batches and never changes
+    the effective batch (`training.cost.planner.variants`). A pick that does otherwise was not
+    written by a plan."""
+    values: dict[str, str | int | bool] = {}
+    for key, text in choice.set.items():
+        if key in ("train.batch_size", "train.grad_accum"):
+            if not _INTEGER.fullmatch(text):
+                raise ConfigError(f"{shown}: {key}={text!r} is not a whole number as a plan writes it (digits only); "
+                                  "run `retrain plan` again to replace the file")
+            values[key] = int(text)
+        elif key == "model.gradient_checkpointing":
+            if text not in ("true", "false"):
+                raise ConfigError(f"{shown}: {key}={text!r} is not true or false; run `retrain plan` again to replace "
+                                  "the file")
+            values[key] = text == "true"
+        elif key == "train.precision":
+            if text not in _PRECISIONS:
+                raise ConfigError(f"{shown}: {key}={text!r} is not one of {', '.join(_PRECISIONS)}; run `retrain plan` "
+                                  "again to replace the file")
+            values[key] = text
     train = config.train
-    try:
-        batch = int(choice.set.get("train.batch_size", train.batch_size))
-        accumulation = int(choice.set.get("train.grad_accum", train.grad_accum))
-    except ValueError:
-        return  # not a number: the config's validation names the key
+    batch = int(values.get("train.batch_size", train.batch_size))
+    accumulation = int(values.get("train.grad_accum", train.grad_accum))
     if not 1 <= accumulation <= max(MAX_ACCUMULATION, train.grad_accum):
         raise ConfigError(f"{shown}: train.grad_accum={accumulation} is not one a plan picks (1 to "
                           f"{MAX_ACCUMULATION}); run `retrain plan` again to replace the file")
@@ -165,6 +186,7 @@ def _check_memory_variant(config: RetrainConfig, choice: PlanChoice, shown: str)
         raise ConfigError(f"{shown}: train.batch_size x train.grad_accum = {batch} x {accumulation} is not the "
                           f"configured effective batch {train.batch_size} x {train.grad_accum}; a plan keeps it. "
                           "Run `retrain plan` again to replace the file")
+    return values
 
 
 def resolve_planned_instance(config: RetrainConfig) -> RetrainConfig:
@@ -192,6 +214,6 @@ def resolve_planned_instance(config: RetrainConfig) -> RetrainConfig:
     if refused:
         raise ConfigError(f"{shown}: a plan may set only {', '.join(sorted(PLAN_KEYS))}, not {refused[0]!r}; "
                           "run `retrain plan` again to replace the file")
-    _check_memory_variant(config, choice, shown)
-    values = {"cost.instance_type": choice.instance_type, "cost.market": choice.market, **choice.set}
-    return config.with_values(values, f"the plan in {shown}")  # validation parses "true", "64"
+    values = {"cost.instance_type": choice.instance_type, "cost.market": choice.market,
+              **_plan_values(config, choice, shown)}
+    return config.with_values(values, f"the plan in {shown}")

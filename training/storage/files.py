@@ -14,7 +14,7 @@ from typing import Any
 from training.errors import StorageError
 
 __all__ = ["write_atomic", "write_json_atomic", "fsync_dir", "read_json", "HashingWriter", "sha256_file",
-           "is_plain_name", "inside", "process_alive"]
+           "is_plain_name", "inside", "process_alive", "read_pinned"]
 
 
 def is_plain_name(name: object) -> bool:
@@ -40,6 +40,24 @@ def inside(base: Path, rel: str, what: str = "storage root") -> Path:
         raise StorageError(f"{path} leads to {resolved}, outside the {what} {real_base} (a symbolic link); "
                            "remove the link: files under the root are never written through one")
     return path
+
+
+def read_pinned(path: Path, sha256: str | None, what: str, verb: str = "read") -> bytes:
+    """The bytes of `path`, refused unless their sha256 is `sha256` (unchecked when None: a job
+    built by hand, in a test or a benchmark). For a file of the storage root that a parent read
+    and pinned by its digest before it handed the job over (a dataset's manifest, the feature
+    statistics)."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise StorageError(f"{what} {path} cannot be read ({err.strerror or err}): it was removed after the parent "
+                           f"{verb} it; run the same command again") from None
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise StorageError(f"{what} {path} changed after the parent {verb} it (its sha256 is not the one the parent "
+                           "handed over): another writer of this storage root replaced it. Nothing was read from "
+                           "it; run the same command again, and keep the root writable only by the pipeline's own "
+                           "runs")
+    return data
 
 
 def sha256_file(path: Path) -> str:

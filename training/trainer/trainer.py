@@ -50,6 +50,7 @@ from training.protocol.job import TrainJob, train_fingerprint
 from training.protocol.results import Validation
 from training.protocol.runs import AttemptRecord, append_attempt
 from training.protocol.threads import CpuClock, apply_thread_policy
+from training.storage.files import read_pinned
 from training.trainer.checkpoint import (
     AsyncCheckpointer,
     CheckpointManifest,
@@ -114,13 +115,14 @@ class Trainer:
         seed_everything(self.tc.seed)
         configure_determinism(self.tc.deterministic, self.device)
         self.dataset_dir = Path(job.dataset_dir)
-        self.manifest = require_manifest(self.dataset_dir)
+        self.manifest = require_manifest(self.dataset_dir, job.manifest_sha256)
         # `auto` validation settings follow this dataset's train split (train.eval_every, train.patience).
         self.config = self.config.for_train_rows(self.manifest.train_rows)
         self.tc = self.config.train
-        self.stats = FeatureStats.from_json(Path(job.stats_path).read_text())
+        self.stats = FeatureStats.from_json(read_pinned(Path(job.stats_path), job.stats_sha256,
+                                                        "the feature statistics").decode())
         # Token ids and pixels stored by preprocessing beside the statistics (see features.py).
-        self.transform = self.stats.transformer(Path(job.stats_path).parent / DERIVED_DIR)
+        self.transform = self.stats.transformer(Path(job.stats_path).parent / DERIVED_DIR, job.derived_sha256)
         self.task = Task.of(self.stats)
         self.metric = metric_for(self.stats.task, self.config.eval.metric)
         higher = higher_is_better(self.stats.task, self.metric)

@@ -54,7 +54,7 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     key = study_key(config, packed.fingerprint)
     rel = f"{study_rel(key)}/calibration.json"
     path = root.fetch(rel) or root.path(rel)
-    calibration = read_calibration(path)
+    calibration = read_calibration(path, min(config.tune.calibration_steps, config.train.max_steps))
     fresh = calibration is None
     if calibration is None:
         calibration = calibrate(config, packed, prep, key, on_event)

@@ -57,15 +57,22 @@ class _Refused(ValueError):
     """A line breaks a rule; the message names the key."""
 
 
+# The real ranges of what a study records: a study is bounded by its budget, and no budget buys
+# ten years of machine time or a trillion steps. Finite is not a range: 1e300 seconds is finite.
+MAX_SECONDS = 10 * 366 * 86_400.0
+MAX_COUNT = 10**12
+
+
 def _count(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Refused(f"must be a whole number >= 0, not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_COUNT:
+        raise _Refused(f"must be a whole number from 0 to {MAX_COUNT:.0e}, not {value!r}")
     return value
 
 
 def _seconds(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise _Refused(f"must be a finite number of seconds >= 0, not {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 <= value <= MAX_SECONDS):
+        raise _Refused(f"must be a number of seconds from 0 to {MAX_SECONDS:.0f} (ten years), not {value!r}")
     return float(value)
 
 

@@ -8,11 +8,12 @@ is answered from disk without starting anything.
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from training.config import RetrainConfig, TuneConfig
 from training.launch.child import WarmPool
@@ -26,6 +27,8 @@ from training.protocol.runs import finished_result, paused_result
 from training.registry.champion import check_champion
 from training.storage.root import StorageRoot
 from training.tune.study import STUDY_DIR, RungCost
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Calibration", "calibrate", "rung_stage", "TRIAL_CHILDREN"]
 
@@ -53,16 +56,22 @@ def rung_stage(config: RetrainConfig, packed: PackResult, prep: PrepResult, step
     return run_rung_process(job, on_event, pool=TRIAL_CHILDREN)
 
 
+# What a calibration can have measured: no calibration runs for ten years or a trillion steps.
+_SECONDS = Field(ge=0, le=10 * 366 * 86_400, allow_inf_nan=False)
+
+
 class Calibration(BaseModel):
-    """calibration.json: the short run that prices every rung until real rungs are measured."""
+    """calibration.json: the short run that prices every rung until real rungs are measured.
+    Input from whoever can write the root: only its own keys, each in its range, and its steps
+    those of the study's calibration (`read_calibration`); otherwise it is measured again."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    steps: int
-    billed_seconds: float  # what the calibration itself cost
-    startup_seconds: float
-    seconds_per_step: float
-    device: str | None = None  # where it trained (None: a calibration.json written before this was kept)
+    steps: int = Field(ge=1, le=10**12, strict=True)
+    billed_seconds: float = _SECONDS  # what the calibration itself cost
+    startup_seconds: float = _SECONDS
+    seconds_per_step: float = Field(ge=1e-6, le=86_400, allow_inf_nan=False)  # no step takes under a microsecond
+    device: str | None = Field(None, pattern=r"^[a-z]{1,16}$")  # where it trained (None: a calibration.json written before this was kept)
 
     @property
     def cost(self) -> RungCost:
@@ -92,8 +101,18 @@ def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study
                        seconds_per_step=per_step, device=result.device)
 
 
-def read_calibration(path: Path) -> Calibration | None:
+def read_calibration(path: Path, steps: int | None = None) -> Calibration | None:
+    """The stored calibration, when it is one this study's calibration writes (`steps`: its
+    step count); else None, and it is measured again (with a warning when a file was there)."""
     try:
-        return Calibration.model_validate_json(path.read_bytes())
-    except (FileNotFoundError, ValueError):  # ValueError: pydantic's ValidationError too
+        found = Calibration.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError) as err:  # ValueError: pydantic's ValidationError too
+        log.warning("%s is not a calibration this study writes (%s): calibrating again", path,
+                    str(err).splitlines()[0])
+        return None
+    if steps is not None and found.steps != steps:
+        log.warning("%s is of %d steps, not this study's %d: calibrating again", path, found.steps, steps)
+        return None
+    return found

@@ -1,9 +1,10 @@
-"""One node of a multi-node job: `python -m training.worker.node RUN_KEY REL --node K
---rank0-env NAME --port P`, as TorchX starts it on every node (see training.launch.group).
+"""One node of a multi-node job: `python -m training.worker.node RUN_KEY REL --job-sha256 HEX
+--node K --rank0-env NAME --port P`, as TorchX starts it on every node (see training.launch.group).
 
 It reads the frozen job the train task published at REL on the storage root (the storage
-section comes in `RETRAIN_NODE_STORAGE`), refuses a job under another run key than the one it
-was started for, brings down what the job reads (the dataset's manifest and segment markers,
+section comes in `RETRAIN_NODE_STORAGE`), refuses one whose bytes do not have the sha256 on its
+command line (the launcher's: the root is written by others) or whose settings do not make the
+run key it was started for, brings down what the job reads (the dataset's manifest and segment markers,
 the feature statistics; shards come on demand) and replaces itself with torchrun at the c10d
 rendezvous on the first node. It never lists the source, packs, fits, or writes the root:
 global rank 0 writes the run's own files, as on one node.
@@ -35,6 +36,7 @@ from training.pipeline.train_stage import run_key_for
 from training.protocol.entries import WORKER_MODULE
 from training.protocol.events import ErrorReport, NodeJoined
 from training.protocol.job import TrainJob
+from training.protocol.sealed import Sealed
 from training.storage.root import StorageRoot
 
 __all__ = ["main", "node_job", "torchrun_command"]
@@ -65,17 +67,18 @@ def _rebased(path: str, frozen_root: Path, root: StorageRoot) -> str:
     return str(root.path(str(rel)))
 
 
-def node_job(run_key: str, rel: str, storage: StorageConfig) -> TrainJob:
-    """The frozen job at `rel`, checked to be run `run_key`'s, with its paths on this node and
-    what it reads brought down from the root."""
+def node_job(run_key: str, rel: str, storage: StorageConfig, job_sha256: str) -> TrainJob:
+    """The frozen job at `rel`, checked to be the bytes the launcher published (`job_sha256`)
+    and run `run_key`'s, with its paths on this node and what it reads brought down from the root."""
     root = StorageRoot(storage)
     where = root.display(rel)
     path = root.fetch(rel, fresh=True)
     if path is None:
         raise ConfigError(f"the frozen job {where} is not on the storage root; the train task publishes it before it "
                           "starts the nodes: run it again")
+    data = Sealed(path, job_sha256).read("the frozen job")
     try:
-        frozen = FrozenJob.model_validate_json(path.read_bytes())
+        frozen = FrozenJob.model_validate_json(data)
         job = frozen.job
     except ValidationError as err:
         raise ConfigError(f"{where} is not a frozen training job: {str(err).splitlines()[0]}") from None
@@ -123,7 +126,7 @@ def _bring_down(job: TrainJob, root: StorageRoot, base: Path) -> None:
         raise DataError(f"the warm start's weights {job.init_weights} are not on the storage root; run the flow again")
 
 
-def torchrun_command(job: TrainJob, job_path: Path, error_path: Path, host: str, port: int) -> list[str]:
+def torchrun_command(job: TrainJob, sealed: Sealed, error_path: Path, host: str, port: int) -> list[str]:
     """This node's ranks under torchrun at the c10d rendezvous on `host:port`, under the run key."""
     d = job.config.train.distributed
     nodes = f"{d.min_nnodes}:{d.nnodes}" if d.min_nnodes and d.min_nnodes < d.nnodes else str(d.nnodes)
@@ -131,33 +134,33 @@ def torchrun_command(job: TrainJob, job_path: Path, error_path: Path, host: str,
         sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={d.nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={job.run_key}",
         f"--rdzv-conf=join_timeout={int(d.join_timeout_s)}", f"--max-restarts={d.max_restarts}",
-        "--monitor-interval=0.5", "-m", WORKER_MODULE, str(job_path), str(error_path)])
+        "--monitor-interval=0.5", "-m", WORKER_MODULE, sealed.arg(), str(error_path)])
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.worker.node")
     parser.add_argument("run_key")
     parser.add_argument("rel")
+    parser.add_argument("--job-sha256", required=True)
     parser.add_argument("--node", type=int, default=0)
     parser.add_argument("--rank0-env", default="TORCHX_RANK0_HOST")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
     try:
-        job = node_job(args.run_key, args.rel, _storage())
+        job = node_job(args.run_key, args.rel, _storage(), args.job_sha256)
     except RetrainError as err:
         _say(ErrorReport(type=type(err).__name__, message=f"node {args.node}: {err}",
                          transient=getattr(err, "transient", False)))
         return EXIT_USER_ERROR
     # This node's own files stay off the root: the job as rebased here, the ranks' error files.
     own = Path(tempfile.mkdtemp(prefix=f"retrain-node-{args.node}-"))
-    job_path = own / "job.json"
-    job.save(job_path)
+    sealed = job.seal(own / "job.json")
     pid_dir = os.environ.get(PID_DIR_ENV)
     if pid_dir:  # the launcher on this machine waits for this process (torchrun, after the exec) to end
         (Path(pid_dir) / f"node-{args.node}.pid").write_text(str(os.getpid()))
     host = os.environ.get(args.rank0_env) or "localhost"
     _say(NodeJoined(node=args.node, host=socket.gethostname(), endpoint=f"{host}:{args.port}"))
-    command = torchrun_command(job, job_path, own / "error.json", host, args.port)
+    command = torchrun_command(job, sealed, own / "error.json", host, args.port)
     os.execv(command[0], command)  # torchrun gets this process's signals (TorchX stops a node with SIGTERM)
 
 

@@ -1,4 +1,4 @@
-"""The stage child: `python -m training.worker.stage REQUEST.json ERROR.json PARENT_PID RESULT.json`
+"""The stage child: `python -m training.worker.stage REQUEST.json#sha256=HEX ERROR.json PARENT_PID RESULT.json`
 answers one request of `training.pipeline.stage_calls` (evaluation, promotion, the champion
 gate's metric, a comparison). Exit codes: 0 done, EXIT_USER_ERROR with the error in ERROR.json;
 warnings go to the parent as `log` events, as the training worker's do.
@@ -13,6 +13,7 @@ from pathlib import Path
 from training.errors import EXIT_USER_ERROR, RetrainError, StorageError
 from training.pipeline.stage_calls import DIFFERENCE, METRIC, REQUEST, ChampionMetricRequest, CompareRequest, EvaluateRequest
 from training.protocol.events import ErrorReport
+from training.protocol.sealed import Sealed
 from training.storage.files import write_atomic
 from training.worker.io import die_with_parent, forward_logs, report_error
 
@@ -36,13 +37,13 @@ def _report(error_path: Path, report: ErrorReport) -> int:
 
 
 def main(argv: list[str]) -> int:
-    request_path, error_path, parent, result_path = Path(argv[0]), Path(argv[1]), int(argv[2]), Path(argv[3])
+    request_arg, error_path, parent, result_path = argv[0], Path(argv[1]), int(argv[2]), Path(argv[3])
     forward_logs()
     die_with_parent()  # the work is idempotent: the parent's retry does it again
     if os.getppid() != parent:
         return 1  # the parent went before this process could watch for it
     try:
-        result = _run(REQUEST.validate_json(request_path.read_text()))
+        result = _run(REQUEST.validate_json(Sealed.parse(request_arg).read("the stage's request")))
     except StorageError as err:
         return _report(error_path, ErrorReport(type=type(err).__name__, message=str(err), transient=err.transient))
     except RetrainError as err:

@@ -1,4 +1,7 @@
-"""Entry point of the training child process: `python -m training.worker.train JOB.json ERROR.json`.
+"""Entry point of the training child process: `python -m training.worker.train JOB.json#sha256=HEX ERROR.json`.
+
+The job is sealed by its parent (`training.protocol.sealed`): a job file that is not the one
+the parent wrote is refused before anything in it is used.
 
 Exit codes: 0 done, EXIT_PREEMPTED after an emergency checkpoint, EXIT_USER_ERROR with the
 error written to ERROR.json. Progress events go to stdout as JSON lines, warnings and errors as `log` events among them;
@@ -27,6 +30,7 @@ from training.protocol.entries import HOLD_FLAG
 from training.protocol.events import Done, ErrorReport, Idle, JobOrder
 from training.protocol.job import TrainJob
 from training.protocol.results import RungResult
+from training.protocol.sealed import Sealed
 from training.trainer.run import StopFlag, train
 from training.trainer.spot import start_spot_notice_poller
 from training.worker.io import die_with_parent, emit, forward_logs, report_error
@@ -116,7 +120,7 @@ def _same_job_everywhere(job: TrainJob, rank: int, world: int) -> None:
 
 def main(argv: list[str]) -> int:
     _configure_logging()
-    job_path, error_path = Path(argv[0]), Path(argv[1])
+    job_arg, error_path = argv[0], Path(argv[1])
     parent = int(argv[2]) if len(argv) > 2 and argv[2] != HOLD_FLAG else None
     hold = HOLD_FLAG in argv
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
@@ -128,7 +132,12 @@ def main(argv: list[str]) -> int:
         stop.request("parent process died")
     polling = False
     while True:
-        job = TrainJob.load(job_path)
+        try:
+            job = TrainJob.unseal(Sealed.parse(job_arg))
+        except RetrainError as err:
+            report_error(error_path, ErrorReport(type=type(err).__name__, message=str(err),
+                                                 transient=getattr(err, "transient", False)))
+            return EXIT_USER_ERROR
         poll = job.config.train.checkpoint.spot_notice_url
         if poll and not polling:
             start_spot_notice_poller(poll, job.config.train.checkpoint.spot_poll_seconds, stop)
@@ -140,10 +149,10 @@ def main(argv: list[str]) -> int:
         order = _next_order(stop, parent)
         if order is None:
             return 0
-        job_path, error_path = order
+        job_arg, error_path = order
 
 
-def _next_order(stop: StopFlag, parent: int | None) -> tuple[Path, Path] | None:
+def _next_order(stop: StopFlag, parent: int | None) -> tuple[str, Path] | None:
     """A warm child's next job (see training.launch.child), or None when it should end: end of file
     on stdin, SIGTERM, or its parent gone."""
     while not stop.requested and (parent is None or os.getppid() == parent):
@@ -156,7 +165,7 @@ def _next_order(stop: StopFlag, parent: int | None) -> tuple[Path, Path] | None:
         order = JobOrder.model_validate_json(line)
         # The job's start-up is billed from the hand-over, as a fresh child's is from its spawn.
         os.environ["RETRAIN_SPAWN_TIME"] = repr(order.spawn_time)
-        return Path(order.job), Path(order.error)
+        return order.job, Path(order.error)
     return None
 
 

@@ -340,6 +340,16 @@ def test_an_auto_run_takes_the_planned_instance_and_its_memory_variant(tmp_path)
     {"set": {"train.grad_accum": "100000000"}},
     {"set": {"train.batch_size": "8", "train.grad_accum": "2"}},
     {"set": {"train.batch_size": "1", "train.grad_accum": "512"}},
+    # Decimal strings parse as the config's integers, but a plan writes digits: "8.0" would skip
+    # the bound and train an 8x larger effective batch, "1e8" reopen the hang the bound is for.
+    {"set": {"train.grad_accum": "8.0"}},
+    {"set": {"train.grad_accum": "100000000.0"}},
+    {"set": {"train.batch_size": "1024.0"}},
+    {"set": {"train.grad_accum": "1e8"}},
+    {"set": {"train.grad_accum": " 2"}},
+    {"set": {"train.grad_accum": "+2"}},
+    {"set": {"model.gradient_checkpointing": "1"}},
+    {"set": {"train.precision": "int8"}},
     {"instance_type": "auto"},
     {"instance_type": "no-such-instance"},
     {"market": "free"},

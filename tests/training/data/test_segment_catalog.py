@@ -88,3 +88,59 @@ def test_a_second_writer_of_a_dataset_leaves_the_first_ones_manifest_and_catalog
 
     after = {o["Key"]: o["ETag"] for o in s3.list_objects_v2(Bucket=s3_bucket)["Contents"] if o["Key"] in objects}
     assert after == objects
+
+
+def _dataset_object(s3, bucket: str, name: str) -> str:
+    (key,) = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket)["Contents"]
+              if o["Key"].endswith("/" + name) and "/segments/" not in o["Key"]]
+    return key
+
+
+def test_a_planted_catalog_entry_loses_to_the_segments_own_record_and_is_replaced(
+        s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path, caplog) -> None:
+    """A well-formed, newer catalog that gives an untouched segment's shard another sha256: the
+    catalog is a fast path, so the segment's own segment.json wins, and the next write of the
+    dataset replaces the catalog (over the version it read)."""
+    _packed_on_machine_a(s3_bucket, s3_server, demo_source, tmp_path)
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    listed = _dataset_object(s3, s3_bucket, CATALOG)
+    genuine = s3.get_object(Bucket=s3_bucket, Key=listed)["Body"].read()
+    catalog = json.loads(genuine)
+    target = catalog["segments"][0]
+    real_sha = target["shards"][0]["sha256"]
+    target["shards"][0]["sha256"] = "0" * 64
+    s3.put_object(Bucket=s3_bucket, Key=listed, Body=json.dumps(catalog).encode())
+
+    config = _config(s3_bucket, s3_server, tmp_path / "machine-b", demo_source)
+    store = DatasetStore(StorageRoot(config.storage))
+    plan, _ = plan_pack(demo_source, config.data, store, config.storage)
+    used = {s.key: s for s in plan.ready}[target["key"]]
+    assert used.shards[0].sha256 == real_sha and "reading the segment's own" in caplog.text
+
+    pack_serially(plan, config.data, store, config.storage)
+    assert s3.get_object(Bucket=s3_bucket, Key=listed)["Body"].read() == genuine
+
+
+def test_a_tampered_dataset_manifest_on_s3_is_replaced_and_a_fresh_machine_then_trains(
+        s3_bucket: str, s3_server: str, demo_source: Path, tmp_path: Path) -> None:
+    """A manifest rewritten on S3 to drop a segment is not what packing writes under that
+    fingerprint: the next pack (from a fresh machine) replaces it over the version it read, and
+    a node on another fresh machine, which reads the dataset from S3 alone, gets it whole."""
+    _packed_on_machine_a(s3_bucket, s3_server, demo_source, tmp_path)
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    listed = _dataset_object(s3, s3_bucket, "manifest.json")
+    genuine = s3.get_object(Bucket=s3_bucket, Key=listed)["Body"].read()
+    manifest = json.loads(genuine)
+    dropped = manifest["segments"].pop()["key"]
+    manifest["shards"] = [s for s in manifest["shards"] if s["segment"] != dropped]
+    s3.put_object(Bucket=s3_bucket, Key=listed, Body=json.dumps(manifest).encode())
+
+    config = _config(s3_bucket, s3_server, tmp_path / "machine-b", demo_source)
+    store = DatasetStore(StorageRoot(config.storage))
+    plan, _ = plan_pack(demo_source, config.data, store, config.storage)
+    packed, _ = pack_serially(plan, config.data, store, config.storage)
+    assert s3.get_object(Bucket=s3_bucket, Key=listed)["Body"].read() == genuine
+
+    node = DatasetStore(StorageRoot(_config(s3_bucket, s3_server, tmp_path / "machine-c", demo_source).storage))
+    folder = node.fetch_dataset(packed.fingerprint)
+    assert folder is not None and (folder / "manifest.json").read_bytes() == genuine

@@ -306,3 +306,24 @@ def require_rows(dataset_dir: Path) -> dict[str, int]:
     manifest = load_manifest(dataset_dir)
     assert manifest is not None
     return dict(manifest.rows)
+
+
+@pytest.mark.parametrize("target", ["secret", "table"])
+def test_a_link_in_a_source_folder_that_leads_out_of_it_is_refused_without_quoting_it(
+        target: str, demo_source: Path, tmp_path: Path) -> None:
+    """A source folder is shared with whoever drops files in it: a link named like a table that
+    leads to a secret (its first line would be quoted by a parse error) or to another team's
+    Parquet file is one line naming the link, and nothing is read through it."""
+    from training.data.ingest.sources import open_source
+
+    folder = tmp_path / "incoming"
+    folder.mkdir()
+    (folder / "day-00.parquet").write_bytes(demo_source.read_bytes())
+    secret = tmp_path / "elsewhere" / "passwd"
+    secret.parent.mkdir()
+    secret.write_text("root:x:0:0:the first line of a secret\n")
+    (folder / "day-01.csv").symlink_to(secret if target == "secret" else demo_source)
+    (folder / "day-02.parquet").symlink_to(folder / "day-00.parquet")  # inside the folder: fine alone
+    with pytest.raises(DataError, match=r"day-01.csv is a symbolic link to a file outside the folder") as err:
+        open_source(folder).files()
+    assert "root:x" not in str(err.value) and str(secret) not in str(err.value)

@@ -94,6 +94,7 @@ def test_an_unknown_trial_attribute_refuses_the_trial_and_a_bad_spend_is_ignored
     _append(_journal(tmp_path),
             {"op_code": 8, "trial_id": 0, "user_attr": {"billed_seconds": -100.0}},
             {"op_code": 2, "study_id": 0, "user_attr": {"setup_seconds": -1e9}},
+            {"op_code": 2, "study_id": 0, "user_attr": {"setup_seconds": 1e300}},  # finite, but no study's
             {"op_code": 2, "study_id": 0, "user_attr": {"storage.root": "/elsewhere"}})
     study = _study(tmp_path)
     assert study.gate.refused_trials.keys() == {0}
@@ -177,3 +178,20 @@ def test_tpes_own_lines_pass_the_gate_once_it_samples_from_the_trials(tmp_path: 
     _drive(study)
     assert study.complete() and study.gate.refusals == []
     assert any(k.startswith("tpe:relative_params") for t in study.trials() for k in t.system_attrs)
+
+
+@pytest.mark.parametrize("planted", [{"seconds_per_step": 1e-300}, {"billed_seconds": 1e300}, {"steps": 7},
+                                     {"steps": "20"}, {"extra": 1}, {"startup_seconds": float("nan")}])
+def test_a_planted_calibration_is_measured_again(tmp_path: Path, planted: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """calibration.json prices every rung until rungs are measured: one that is not what this
+    study's calibration writes (free steps, a spend no study has, another step count, a key
+    of its own) is not used."""
+    from training.tune.trial import Calibration, read_calibration
+
+    path = tmp_path / "calibration.json"
+    genuine = {"steps": 20, "billed_seconds": 3.0, "startup_seconds": 1.5, "seconds_per_step": 0.01, "device": "cpu"}
+    path.write_text(json.dumps(genuine))
+    assert read_calibration(path, 20) == Calibration(**genuine)
+    path.write_text(json.dumps({**genuine, **planted}))
+    assert read_calibration(path, 20) is None
+    assert "calibrating again" in caplog.text

@@ -22,6 +22,7 @@ datasets it packed itself.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import random
 import shutil
@@ -74,6 +75,7 @@ class DatasetStore:
     def __init__(self, root: StorageRoot) -> None:
         self.root = root
         self._remote_listing: dict[str, int] | None = None  # rel -> size under datasets/segments/
+        self._remote_etags: dict[str, str] = {}  # rel -> ETag under datasets/segments/, from the same listing
         self._listing_lock = threading.Lock()  # planning asks from several threads
         self._remote_datasets: dict[str, float] | None = None  # rel of each dataset manifest -> modified
         self.uploaded_bytes = 0
@@ -157,6 +159,8 @@ class DatasetStore:
             strip = len(SEGMENTS) + 1
             self._remote_listing = {rel[strip:]: size for rel, (size, _, _) in found.items()
                                     if rel.startswith(SEGMENTS + "/")}
+            self._remote_etags = {rel[strip:]: etag for rel, (_, etag, _) in found.items()
+                                  if rel.startswith(SEGMENTS + "/")}
             self._remote_datasets = {rel: modified for rel, (_, _, modified) in found.items()
                                      if not rel.startswith(SEGMENTS + "/") and rel.count("/") == 2
                                      and rel.endswith("/manifest.json")}
@@ -191,7 +195,7 @@ class DatasetStore:
         rel = f"{SEGMENTS}/{key}"
         if f"{key}/{MANIFEST}" not in listing:
             return None
-        manifest = known or self._catalog.get(key)
+        manifest = known or self._catalog_entry(key)
         if manifest is None:
             data = self.root.remote.get_bytes(f"{rel}/{MANIFEST}")  # type: ignore[union-attr]
             if data is None:
@@ -211,6 +215,23 @@ class DatasetStore:
         self._mark_remote(folder, rel)
         write_atomic(folder / MANIFEST, manifest.to_bytes())  # last, as on S3
         return manifest
+
+    def _catalog_entry(self, key: str) -> SegmentManifest | None:
+        """The catalog's record of segment `key`, only where it is byte for byte the segment's
+        own segment.json. The catalog is a fast path, never the truth: S3's listing gives each
+        segment.json's ETag (the MD5 of its bytes, for an object put in one part without KMS),
+        so agreement costs no request. Where they differ (a planted catalog, or an ETag that is
+        not an MD5) the segment's own record is read instead, and the dataset's next write
+        replaces the catalog (`write_dataset`)."""
+        entry = self._catalog.get(key)
+        if entry is None:
+            return None
+        etag = self._remote_etags.get(f"{key}/{MANIFEST}")
+        if etag is not None and hashlib.md5(entry.to_bytes(), usedforsecurity=False).hexdigest() == etag:
+            return entry
+        log.warning("the catalog's record of segment %s is not its segment.json on %s (damaged, tampered with, or "
+                    "an ETag that is not an MD5): reading the segment's own", key[:12], self.root.display(SEGMENTS))
+        return None
 
     def stats_path(self, key: str) -> Path:
         """The local path of a segment's statistics, fetched from S3 when they are only there."""
@@ -262,9 +283,8 @@ class DatasetStore:
 
     def write_dataset(self, manifest: DatasetManifest, segments: list[SegmentManifest] | None = None) -> Path:
         """`datasets/<fingerprint>/manifest.json` and its catalog of `segments`, here and then on
-        S3. Both are written only where absent (`If-None-Match`): the fingerprint addresses the
-        dataset's content, so of several writers racing the first one's stands and none is lost,
-        and the manifest goes last, after the catalog it vouches for."""
+        S3 (`_put_dataset_file`: created where absent, replaced where S3 holds other bytes), the
+        manifest last, after the catalog it vouches for."""
         folder = self.local_root() / manifest.fingerprint
         folder.mkdir(parents=True, exist_ok=True)
         data = manifest.to_json().encode()
@@ -275,12 +295,39 @@ class DatasetStore:
         remote = self.root.remote
         if remote is not None:
             rel = f"datasets/{manifest.fingerprint}"
-            if remote.head(f"{rel}/manifest.json") is None:
-                if catalog is not None:
-                    remote.put_bytes(f"{rel}/{CATALOG}", catalog, self.root.tags(SHARD_CACHE), if_absent=True)
-                if remote.put_bytes(f"{rel}/manifest.json", data, self.root.tags(SHARD_CACHE), if_absent=True):
-                    self.uploaded_bytes += len(data) + len(catalog or b"")
+            for name, content in ((CATALOG, catalog), ("manifest.json", data)):
+                if content is not None and self._put_dataset_file(f"{rel}/{name}", content):
+                    self.uploaded_bytes += len(content)
         return folder
+
+    def _put_dataset_file(self, rel: str, content: bytes) -> bool:
+        """One file of a dataset on S3, as this packer computed it: created where absent
+        (`If-None-Match`: of racing writers the first stands), and where S3 holds other bytes,
+        replaced, but only over the version read (`If-Match`). The fingerprint addresses the
+        manifest's content, so other bytes under it were not written by a packer: left in place,
+        a tampered manifest would fail every fresh machine for good. A catalog lists the segments
+        its packer knew, which another packer may know otherwise: one whose every record is its
+        segment's own segment.json stands. Whether it sent anything."""
+        remote = self.root.remote
+        assert remote is not None
+        got = remote.get_versioned(rel)
+        if got is None:
+            return remote.put_bytes(rel, content, self.root.tags(SHARD_CACHE), if_absent=True)
+        if got[0] == content or (rel.endswith(CATALOG) and self._catalog_agrees(got[0])):
+            return False
+        log.warning("%s is not what packing this dataset writes (damaged, or written by another hand): replacing it",
+                    remote.uri(rel))
+        return remote.put_bytes(rel, content, self.root.tags(SHARD_CACHE), if_match=got[1])
+
+    def _catalog_agrees(self, data: bytes) -> bool:
+        """Whether a catalog's every entry is byte for byte its segment's segment.json on S3."""
+        try:
+            found = SegmentCatalog.model_validate_json(data).segments
+        except ValueError:
+            return False
+        self._listing()
+        return all(self._remote_etags.get(f"{segment.key}/{MANIFEST}")
+                   == hashlib.md5(segment.to_bytes(), usedforsecurity=False).hexdigest() for segment in found)
 
     def prime_catalog(self, fingerprint: str | None = None) -> int:
         """Know the segments of dataset `fingerprint`'s catalog (or of the newest dataset on the

@@ -80,10 +80,23 @@ def source_files(source: Path, setting: str = "data.source") -> list[Path]:
         files = sorted(p for p in source.rglob("*") if p.is_file() and is_source_file(p.name))
         if not files:
             raise DataError(f"{setting} {source} is a folder with no .parquet or .csv files in it")
+        _refuse_links_out(source, files, setting)
         return files
     if not source.exists():
         raise DataError(f"{setting} {source} does not exist")
     return [source]
+
+
+def _refuse_links_out(source: Path, files: list[Path], setting: str) -> None:
+    """A folder's files must be in the folder: a symbolic link in it that leads elsewhere (to
+    `/etc/passwd` named `x.csv`, to another team's table) is refused, naming the link and never
+    quoting what it points at, since an error would show its first line."""
+    base = source.resolve()
+    for path in files:
+        resolved = path.resolve()
+        if base not in resolved.parents:
+            raise DataError(f"{setting} {source}: {path.relative_to(source)} is a symbolic link to a file outside the "
+                            "folder; a source folder's files must lie inside it: copy the file in, or remove the link")
 
 
 class LocalSource:

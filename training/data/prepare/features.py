@@ -42,7 +42,7 @@ from training.data.prepare.text import TextEncoder, fit_tokenizer, tokenizers_ve
 from training.data.shards import ShardReader, encode_npy
 from training.data.stored_rows import StoredRows
 from training.errors import DataError
-from training.storage.files import read_json, sha256_file, write_atomic, write_json_atomic
+from training.storage.files import read_json, read_pinned, sha256_file, write_atomic, write_json_atomic
 
 __all__ = ["PREPROCESS_VERSION", "FeatureStats", "FeatureTransform", "fit_feature_stats", "preprocess_key",
            "verified_feature_stats", "checksum_path", "derived_rels", "write_derived_arrays", "DERIVED_DIR",
@@ -108,11 +108,12 @@ class FeatureStats:
     def from_json(cls, text: str) -> FeatureStats:
         return cls(**json.loads(text))
 
-    def transformer(self, derived_dir: Path | None = None) -> FeatureTransform:
+    def transformer(self, derived_dir: Path | None = None, index_sha256: str | None = None) -> FeatureTransform:
         """The transform; with `derived_dir` (preprocessing's arrays for these statistics) it reads
         token ids and pixels from there, and otherwise computes them (an evaluation pass over
-        another dataset, with a champion's statistics)."""
-        return FeatureTransform(self, derived_dir)
+        another dataset, with a champion's statistics). With `index_sha256`, the arrays' index
+        must have that digest (a training job's `derived_sha256`)."""
+        return FeatureTransform(self, derived_dir, index_sha256)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class Derived:
 class FeatureTransform:
     """Vectorised transform of rows (a micro-batch or a whole shard); picklable for DataLoader workers."""
 
-    def __init__(self, stats: FeatureStats, derived_dir: Path | None = None) -> None:
+    def __init__(self, stats: FeatureStats, derived_dir: Path | None = None, index_sha256: str | None = None) -> None:
         self.mean = np.asarray(stats.mean, dtype=np.float32)
         self.inv_std = (1.0 / np.asarray(stats.std, dtype=np.float64)).astype(np.float32)
         self.vocab = [np.asarray(hashes, dtype=np.int64) for hashes in stats.vocab]
@@ -142,6 +143,7 @@ class FeatureTransform:
         self.text_encoder = TextEncoder(stats.tokenizer, stats.max_tokens) if stats.text else None
         self.text, self.image, self.image_size = list(stats.text), list(stats.image), stats.image_size
         self.derived_dir = derived_dir
+        self.index_sha256 = index_sha256
         self._derived_index: dict[str, list[Any]] | None = None
 
     def shard(self, blocks: list[StoredRows], shard_name: str, buffers: dict[str, np.ndarray] | None = None) -> Columns:
@@ -207,7 +209,12 @@ class FeatureTransform:
     def _stored(self, shard_name: str) -> Derived | None:
         assert self.derived_dir is not None
         if self._derived_index is None:
-            self._derived_index = read_json(self.derived_dir / DERIVED_INDEX) or {}
+            index = self.derived_dir / DERIVED_INDEX
+            if self.index_sha256 is not None:
+                # Pinned by the parent, which read it before it handed the job over.
+                self._derived_index = json.loads(read_pinned(index, self.index_sha256, "the derived arrays' index"))
+            else:
+                self._derived_index = read_json(index) or {}
         entry = self._derived_index.get(shard_name)
         if entry is None:
             return None
