@@ -14,7 +14,10 @@ Parts:
 - precision: the shipped defaults in bf16 against fp32 (loss curves and validation metric);
 - resume: SIGKILL twice and resume, against an uninterrupted run, on the GPU;
 - perf: bf16 against fp32 step time and peak memory, the MLP and the text transformer;
-- busy: the share of the training loop's wall time the GPU spends in kernels;
+- graph: the captured step replayed against the eager step under deterministic kernels;
+- busy: the GPU's busy share of the training steps' own span, steps a second and dollars per
+  100k steps, for the default MLP, the shipped text model and the 6x384 transformer, eager and
+  with the step captured (and what train.step auto picked);
 - plan: `retrain plan`'s predicted H100 step time against the one measured here, with the
   priors of the run and with the priors shipped now (fitted to an earlier run of this part);
 - compile: torch.compile's speed-up, and the graphs compiled after the first step;
@@ -46,7 +49,7 @@ CUDA = torch.cuda.is_available()
 DEV = torch.device("cuda" if CUDA else "cpu")
 BF16 = torch.bfloat16 if CUDA else None
 # Seconds each part may take on an H100 (the rehearsal on a CPU gets GPU_CHECK_SCALE times more).
-BUDGETS = {"probes": 40, "prep": 60, "precision": 60, "resume": 90, "perf": 45, "busy": 150, "plan": 90,
+BUDGETS = {"probes": 40, "prep": 60, "precision": 60, "resume": 90, "graph": 45, "perf": 45, "busy": 200, "plan": 90,
            "compile": 120, "autobatch": 50}
 # The parts whose figures are timings: they wait until the GPU is otherwise idle (see run).
 TIMED = ("perf", "busy", "plan", "compile", "autobatch")
@@ -139,16 +142,41 @@ def headlines(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "compile_seconds": get(f"compile_{name}", "warmup_compile_s"),
                 "graphs_added_after_step_1": get(f"compile_{name}", "graphs_added_after_step_1")}
 
+    def busy_row(name: str) -> dict[str, Any]:
+        feeds = ("", "_streamed") if name == "mlp" else ("",)
+        rows = {}
+        for feed in feeds:
+            for step in ("eager", "graph", "auto"):
+                key = f"busy_{name}{feed}_{step}"
+                rows[f"{(feed.strip('_') + ' ') if feed else ''}{step}"] = {
+                    "busy_fraction_of_steps": get(key, "busy_fraction"), "steps_per_second": get(key, "steps_per_second"),
+                    "dollars_per_100k_steps": get(key, "dollars_per_100k_steps"),
+                    "ran_as": get(key, "step_mode", "step"), "precision": get(key, "precision")}
+        return rows
+
+    def auto_row(name: str) -> dict[str, Any]:
+        """What train.step, precision and compile auto picked, against the fastest measured."""
+        measured = {step: get(f"busy_{name}_{step}", "steps_per_second") for step in ("eager", "graph")}
+        fastest = max((s for s in measured if measured[s]), key=lambda s: measured[s], default=None)
+        return {"auto_ran_as": get(f"busy_{name}_auto", "step_mode", "step"),
+                "auto_precision": get(f"busy_{name}_auto", "precision"),
+                "auto_compiled": get(f"busy_{name}_auto", "compiled"), "fastest_step": fastest,
+                "auto_over_fastest_steps_per_second": (get(f"busy_{name}_auto", "steps_per_second") or 0)
+                / measured[fastest] if fastest else None}
+
     return {
         "device": get("env", "device"),
+        "torch": get("env", "torch"),
         "auto_precision": get("env", "auto_precision"),
         "bf16_vs_fp32_loss_max_relative_difference": get("precision", "loss_rel_max"),
         "bf16_vs_fp32_validation_metric_gap": get("precision", "metric_gap"),
         "sigkill_resume_bit_identical": get("resume", "bit_identical"),
-        "gpu_busy_fraction_tabular": get("busy_tabular", "busy_fraction"),
-        "gpu_busy_fraction_text": get("busy_text", "busy_fraction"),
-        "gpu_busy_fraction_tabular_streamed": get("busy_tabular_streamed", "busy_fraction"),
-        "gpu_busy_fraction_text_streamed": get("busy_text_streamed", "busy_fraction"),
+        "graph_bit_identical_to_eager": get("graph", "bit_identical"),
+        "gpu_busy_fraction_of_steps_mlp_graph": get("busy_mlp_graph", "busy_fraction"),
+        "gpu_busy_fraction_of_steps_text_graph": get("busy_text_graph", "busy_fraction"),
+        "gpu_busy_fraction_of_steps_transformer_graph": get("busy_transformer_graph", "busy_fraction"),
+        "mlp_dollars_per_100k_steps_graph": get("busy_mlp_graph", "dollars_per_100k_steps"),
+        "mlp_dollars_per_100k_steps_eager": get("busy_mlp_eager", "dollars_per_100k_steps"),
         "auto_batch_micro_batch": get("autobatch", "micro"),
         "auto_batch_real_steps_peak_bytes": get("autobatch", "real_steps_peak_bytes"),
         "auto_batch_fp32_retiming": get("autobatch", "fp32_slowdown_at_auto_batch"),
@@ -157,6 +185,8 @@ def headlines(parts: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "bf16_against_fp32": {name: precision_row(name) for name in ("mlp", "transformer")},
         "plan_against_measured": {family: plan_row(family) for family in FAMILY},
         "torch_compile": {name: compile_row(name) for name in ("transformer", "mlp")},
+        "busy_by_model": {name: busy_row(name) for name in MODELS},
+        "auto_against_fastest": {name: auto_row(name) for name in MODELS},
         "detail": parts,
     }
 
@@ -410,58 +440,123 @@ def part_perf() -> None:
         record(f"perf_{name}", ok=True, **res)
 
 
-def _device_spans(prof: Any) -> list[tuple[float, float]]:
-    """(start, end) in microseconds of every kernel, copy and set the GPU ran while profiled.
-    Kineto's own events first: building the profiler's FunctionEvents for some 50,000 kernels
-    took most of a 45-second budget on an H200."""
-    cuda = torch.autograd.DeviceType.CUDA
+def _kineto(prof: Any) -> list[Any]:
     try:
-        return sorted((e.start_ns() / 1e3, e.end_ns() / 1e3) for e in prof.profiler.kineto_results.events()
-                      if e.device_type() == cuda)
+        return list(prof.profiler.kineto_results.events())
     except AttributeError:  # another torch's names
-        return sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda)
+        return []
 
 
-def _kernel_busy(prof: Any) -> dict[str, Any]:
-    """Union of the GPU's activity intervals over the span from the first to the last."""
-    spans = _device_spans(prof)
-    if not spans:
-        return {"busy_fraction": None, "kernels": 0}
+def _union(spans: list[tuple[float, float]]) -> float:
     busy, (start, end) = 0.0, spans[0]
-    first = start
     for s, e in spans[1:]:
         if s > end:
             busy += end - start
             start, end = s, e
         else:
             end = max(end, e)
-    busy += end - start
-    return {"busy_fraction": busy / (end - first), "kernel_seconds": busy / 1e6, "span_seconds": (end - first) / 1e6,
-            "kernels": len(spans)}
+    return busy + end - start
+
+
+def _step_busy(prof: Any, skip: int = 5) -> dict[str, Any]:
+    """The GPU's busy share of the training steps' own span: the kernels, copies and graphs
+    launched inside the trainer's `retrain.steps` ranges (its blocks of steps; validation,
+    checkpoints and set-up are outside them), after the first `skip` blocks (warm-up, capture),
+    as the union of their device intervals over the span from the first to the last."""
+    events = _kineto(prof)
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    ranges = sorted((e.start_ns(), e.end_ns()) for e in events if e.device_type() == cpu and e.name() == "retrain.steps")
+    ranges = ranges[skip:]
+    if not ranges:
+        return {"busy_fraction": None, "kernels": 0, "blocks": 0}
+    launched = {}
+    for e in events:  # the runtime calls that launched the device's work, by correlation id
+        if e.device_type() == cpu and e.name().startswith(("cudaLaunch", "cudaGraphLaunch", "cudaMemcpy", "cudaMemset")):
+            launched[e.correlation_id()] = e.start_ns()
+    import bisect
+
+    starts = [r[0] for r in ranges]
+
+    def in_steps(t: int) -> bool:
+        i = bisect.bisect_right(starts, t) - 1
+        return i >= 0 and t <= ranges[i][1]
+
+    spans = sorted((e.start_ns() / 1e3, e.end_ns() / 1e3) for e in events if e.device_type() == cuda
+                   and in_steps(launched.get(e.correlation_id(), -1)))
+    if not spans:
+        return {"busy_fraction": None, "kernels": 0, "blocks": len(ranges)}
+    span = spans[-1][1] - spans[0][0]
+    busy = _union(spans)
+    return {"busy_fraction": busy / span, "kernel_seconds": busy / 1e6, "span_seconds": span / 1e6,
+            "kernels": len(spans), "blocks": len(ranges)}
+
+
+def _gpu_hour() -> tuple[float | None, str | None]:
+    """Spot dollars per GPU-hour of the price table's one-GPU row for this GPU, or of its
+    closest: the H100's, per GPU of its row, for a GPU the table does not list (the H200)."""
+    from training.config import RetrainConfig
+
+    prices = RetrainConfig().cost.prices
+    name = torch.cuda.get_device_name() if CUDA else ""
+    rows = [(k, p) for k, p in prices.items() if p.gpu and p.gpu.split("-")[0] in name and p.spot_per_hour]
+    rows = rows or [(k, p) for k, p in prices.items() if p.gpu == "H100" and p.spot_per_hour]
+    if not rows:
+        return None, None
+    key, price = min(rows, key=lambda kp: (kp[1].gpus, kp[1].spot_per_hour or 0))
+    assert price.spot_per_hour is not None
+    return price.spot_per_hour / price.gpus, key
+
+
+MODELS = {"mlp": ("tabular", []), "text": ("text", []), "transformer": ("text", TRANSFORMER)}
 
 
 def part_busy() -> None:
-    """The training loop as a run runs it (loader, validation, checkpoints), under the profiler:
-    how much of the time the GPU has work."""
+    """The training loop as a run runs it, under the profiler: the GPU's busy share of the
+    training steps' own span, steps a second and dollars per 100k steps at the one-GPU spot
+    price, for the default MLP at 512, the shipped text model and the 6x384 transformer; each
+    eager and with the step captured (train.step graph: on a CPU, the capturable step as it is),
+    on the split held on the device, and the MLP also streamed; and what train.step auto picked."""
     from torch.profiler import ProfilerActivity, profile
 
+    rate, priced_as = _gpu_hour() if CUDA else (None, None)  # no GPU, no GPU price
+    for name, (family, extra) in MODELS.items():
+        feeds = (("", "auto"), ("_streamed", "false")) if name == "mlp" else (("", "auto"),)
+        for feed, setting in feeds:
+            for step in ("eager", "graph", "auto"):
+                quick = ["train.max_steps=30", "train.batch_size=16"] if QUICK else ["train.max_steps=400"]
+                j = job(family, f"busy-{name}{feed}-{step}", *quick, f"train.loader.resident={setting}",
+                        f"train.step={step}", "train.eval_every=10" if QUICK else "train.eval_every=400",
+                        "train.checkpoint.every=10" if QUICK else "train.checkpoint.every=400", *extra)
+                reset_determinism()
+                activities = [ProfilerActivity.CUDA, ProfilerActivity.CPU] if CUDA else [ProfilerActivity.CPU]
+                with profile(activities=activities) as prof:
+                    r = trained(j)
+                res = _step_busy(prof) if CUDA else {"busy_fraction": None}
+                per_s = r.steps / r.seconds.train if r.seconds.train else None
+                record(f"busy_{name}{feed}_{step}", ok=res["busy_fraction"] is not None or not CUDA, steps=r.steps,
+                       train_seconds=r.seconds.train, resident=r.num_workers.resident, steps_per_second=per_s,
+                       steady_step_ms=ms_of(r.steady_step_seconds), step_mode=r.step_mode.model_dump(),
+                       precision=r.precision, compiled=r.compile_seconds is not None,
+                       dollars_per_100k_steps=rate * 1e5 / per_s / 3600 if rate and per_s else None,
+                       priced_as=priced_as, nvml_utilization=r.accelerator.utilization_percent, **res)
 
-    # Each model twice: as a run feeds it by default (the split held on the GPU when it fits,
-    # train.loader.resident auto) and streamed from pinned host memory, as before that path.
-    for family, extra in (("tabular", []), ("text", TRANSFORMER)):
-        for feed, setting in (("", "auto"), ("_streamed", "false")):
-            quick = ["train.max_steps=20", "train.batch_size=16"] if QUICK else ["train.max_steps=300"]
-            j = job(family, f"busy{feed}", *quick, "train.eval_every=100", f"train.loader.resident={setting}", *extra)
-            reset_determinism()
-            activities = [ProfilerActivity.CUDA] if CUDA else [ProfilerActivity.CPU]
-            with profile(activities=activities) as prof:
-                r = trained(j)
-            res = _kernel_busy(prof) if CUDA else {"busy_fraction": None}
-            record(f"busy_{family}{feed}", ok=res["busy_fraction"] is not None or not CUDA, steps=r.steps,
-                   train_seconds=r.seconds.train, eval_seconds=r.seconds.eval, resident=r.num_workers.resident,
-                   steps_per_second=r.steps / r.seconds.train if r.seconds.train else None,
-                   kernel_share_of_train=res.get("kernel_seconds", 0) / r.seconds.train if CUDA else None,
-                   nvml_utilization=r.accelerator.utilization_percent, **res)
+
+def ms_of(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def part_graph() -> None:
+    """Deterministic kernels: the captured step replayed against the eager step, 100 steps of
+    the default MLP with dropout on the split held on the device: the same weights, bit for bit."""
+    n = ["train.max_steps=30", "train.batch_size=16"] if QUICK else ["train.max_steps=100"]
+    out = {}
+    for step in ("eager", "graph"):
+        reset_determinism()
+        r = trained(job("tabular", f"graph-identity-{step}", *n, f"train.step={step}", "model.dropout=0.1",
+                        "train.loader.resident=true"))
+        out[step] = {"sha256": r.model.sha256, "step_mode": r.step_mode.model_dump(), "history": history(r)}
+    same = out["eager"]["sha256"] == out["graph"]["sha256"]
+    record("graph", ok=same, bit_identical=same, **out)
 
 
 def part_plan() -> None:
@@ -483,14 +578,17 @@ def part_plan() -> None:
         row, c = plan.rows[0], plan.calibration
         model, task, batches = _real_batches(family, c.micro_batch)
         reset_determinism()
-        measured = _step_time(model, task, batches, BF16, 3 if QUICK else 40)["step_s"]
         count = c.step_costs.as_run
         peak, runs_in = peak_flops(GPUS["H100"], "auto")
+        # Measured in the precision the prediction is for, not another.
+        dtype = {"bf16": BF16, "fp16": torch.float16 if CUDA else None}.get(runs_in)
+        measured = _step_time(model, task, batches, dtype, 3 if QUICK else 40)["step_s"]
         _, terms = _seconds(count, GPUS["H100"], 1, peak, PRIORS[1], 25.0, runs_in == "fp16")
         mid = row.step_seconds[1] if row.step_seconds else None
         record(f"plan_{family}", ok=mid is not None, micro_batch=c.micro_batch, predicted_s=row.step_seconds,
                source=row.step_source, measured_s=measured, loop_s=c.here.seconds_per_step,
                measured_over_predicted=measured / mid if mid else None, terms_mid=terms, runs_in=runs_in,
+               measured_in=runs_in if dtype is not None else "fp32",
                count=count.model_dump())
 
 
@@ -591,7 +689,7 @@ def part_autobatch() -> None:
 
 PARTS: dict[str, Callable[[], None]] = {
     "probes": part_probes, "prep": part_prep, "precision": part_precision, "resume": part_resume, "perf": part_perf,
-    "busy": part_busy, "plan": part_plan, "compile": part_compile, "autobatch": part_autobatch}
+    "graph": part_graph, "busy": part_busy, "plan": part_plan, "compile": part_compile, "autobatch": part_autobatch}
 
 
 def main(part: str) -> None:

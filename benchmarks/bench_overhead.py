@@ -216,6 +216,36 @@ def _per_step_work(work: Path, base: list[str], rounds: int) -> dict[str, Any]:
             "per_step_work_beyond_bare_us": round(statistics.median(extra), 1)}
 
 
+# The loop's host work per step, by how many steps a block holds: one (every step pays the
+# timing, heartbeat, budget and stop decisions), fifty (they run once per fifty steps), and fifty
+# with the capturable step (train.step graph: on a CPU it runs as it is, no CUDA graph).
+_BLOCKS = {"eager_1_step_blocks": ["train.steps_per_block=1", "train.step=eager"],
+           "eager_50_step_blocks": ["train.steps_per_block=50", "train.step=eager"],
+           "capturable_50_step_blocks": ["train.steps_per_block=50", "train.step=graph"]}
+
+
+def _block_host_time(work: Path, base: list[str], rounds: int) -> dict[str, Any]:
+    """Per-step time of the tiny model's loop (so what is measured is mostly the loop's own
+    host work), by block length, in one run: the contestants' order rotates each round, and
+    each figure is the loop's time on one clock (its train, validation and checkpoint
+    seconds), the same for every side."""
+    tiny = base + _TINY_MODEL + [f"train.eval_every={STEPS}", f"train.checkpoint.every={STEPS}"]
+    names = list(_BLOCKS)
+    for name in names:
+        _project_loop(work, f"blocks-warmup-{name}", tiny + _BLOCKS[name])
+    per_step: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            seconds = _project_loop(work, f"blocks-{name}-{r}", tiny + _BLOCKS[name])["seconds"]
+            per_step[name].append(seconds / STEPS * 1e6)
+    out: dict[str, Any] = {f"tiny_model_step_us_{n}_per_round": [round(x, 1) for x in v] for n, v in per_step.items()}
+    out.update({f"tiny_model_step_us_{n}": round(statistics.median(v), 1) for n, v in per_step.items()})
+    ratios = [b / a for a, b in zip(per_step["eager_1_step_blocks"], per_step["eager_50_step_blocks"], strict=True)]
+    out["fifty_step_blocks_over_one_step_blocks_per_round"] = [round(x, 3) for x in ratios]
+    out["fifty_step_blocks_over_one_step_blocks"] = round(statistics.median(ratios), 3)
+    return out
+
+
 def run(work: Path, rounds: int = 9) -> dict[str, Any]:
     """The loop overhead at default settings, on an idle machine and beside a CPU burner; the
     bare loop runs with torch's default thread count (as a hand-written loop would) and with the
@@ -230,6 +260,7 @@ def run(work: Path, rounds: int = 9) -> dict[str, Any]:
     out.update(_loop_rounds(work, job, base, rounds, load=False))
     out.update(_loop_rounds(work, job, base, rounds, load=True))
     out.update(_per_step_work(work, base, rounds))
+    out.update(_block_host_time(work, base, rounds))
     # That work as a share of a default-model step at the project's threads, idle and loaded.
     for tag in ("idle", "loaded"):
         step_us = statistics.median(out[f"bare_loop_seconds_same_threads_{tag}"]) / STEPS * 1e6

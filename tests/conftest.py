@@ -62,6 +62,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_no_work_history.py",  # reads the git history
     "test_layering.py",  # imports each layer in a fresh interpreter
     "test_types.py",  # mypy in a child process
+    "test_gpu_check_rehearsal.py",  # the GPU check's every part, in child processes
     "test_unchanged.py",  # the CLI's and the flow's imports, in fresh interpreters
     "test_warm_start.py",  # the train stage's training process
     "test_transform.py",  # imports in a fresh interpreter

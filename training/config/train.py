@@ -269,8 +269,24 @@ class TrainConfig(_Section):
     simulated_memory_mb: float | None = Field(
         None, gt=0, description="Accelerator memory to plan for where there is none to measure (CPU runs, tests).",
         json_schema_extra=OPERATIONAL)
-    compile: bool = Field(False, description="Run the model through torch.compile (one-time warm-up kept out of the "
-                          "timings).", json_schema_extra=OPERATIONAL)
+    compile: bool | Literal["auto"] = Field(
+        "auto", description="Run the model through torch.compile (its one-time warm-up kept out of the timings). auto: "
+        "on a CUDA device, when the steps left could pay the compile back (at the most a compile was measured to "
+        "save, a fifth of an eager step, against the compile time: measured before on this machine, else 30 s), and "
+        "kept only where the compiled step is then measured faster; never on a CPU, where it saved nothing on the "
+        "default model.", json_schema_extra=OPERATIONAL)
+    step: Literal["auto", "eager", "graph"] = Field(
+        "auto", description="How a training step runs. graph: the whole step (forward, backward, clipping, the AdamW "
+        "update) on tensors at fixed addresses, captured once as a CUDA graph and replayed (on a CPU it runs as is). "
+        "eager: op by op, as PyTorch runs a model. auto: graph on CUDA where the step can be captured (the built-in "
+        "optimizer and schedule, one process, not fp16), else eager, saying why in one line.",
+        json_schema_extra=OPERATIONAL)
+    steps_per_block: int | Literal["auto"] = Field(
+        "auto", description="Optimizer steps the loop runs back to back before its host work (timing, the heartbeat, "
+        "budgets and stop decisions, the ranks' agreement); validation and step-counted checkpoints still land on "
+        "their steps, so it must divide train.eval_every and a step-counted train.checkpoint.every. auto: the "
+        "fewest at which that work costs under 2 % of the block's steps, at most half a second of them (a stop "
+        "lands at the next block's end).", json_schema_extra=OPERATIONAL)
     profile: bool = Field(False, description="Record a short torch.profiler trace into the run folder; top ops in the "
                           "report.", json_schema_extra=OPERATIONAL)
     measure_fp32: bool = Field(
@@ -315,6 +331,16 @@ class TrainConfig(_Section):
         if d.nnodes > 1 and d.scheduler == "kubernetes" and d.kubernetes.gpu > 0 and self.precision == "auto":
             raise ValueError("train.precision auto cannot be resolved for nodes on Kubernetes from the launcher (it "
                              "has no GPU to ask): name it (bf16 on A100, L4, H100 and later; fp16 on T4 and V100)")
+        block = self.steps_per_block
+        if block != "auto" and (isinstance(block, bool) or block < 1):
+            raise ValueError(f"train.steps_per_block must be an integer >= 1 or auto (got {block!r})")
+        if block != "auto" and self.eval_every != "auto" and self.eval_every % block:
+            raise ValueError(f"train.steps_per_block {block} must divide train.eval_every {self.eval_every}: "
+                             "validation runs between blocks; set steps_per_block to a divisor, or auto")
+        mode, every = self.checkpoint.interval()
+        if block != "auto" and mode == "steps" and int(every) % block:
+            raise ValueError(f"train.steps_per_block {block} must divide train.checkpoint.every {int(every)}: "
+                             "checkpoints are written between blocks; set steps_per_block to a divisor, or auto")
         for nodes in range(d.min_nnodes or d.nnodes, d.nnodes + 1):
             if self.batch_size % (nodes * d.nproc_per_node):
                 raise ValueError(f"train.batch_size {self.batch_size} must be divisible by nproc_per_node x nodes = "

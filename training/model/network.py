@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
+import itertools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -77,6 +79,11 @@ class ColumnsNet(nn.Module):
         super().__init__()
         config = config or ModelConfig()
         self.embeddings = nn.ModuleList(nn.Embedding(c, embedding_dim) for c in schema.cardinalities)
+        # Where each column's rows start in the tables stacked as one: every categorical column
+        # is looked up in one kernel (`_embed`). Not persistent: derived from the tables, so the
+        # state dict (and every package and checkpoint before it) keeps one table per column.
+        starts = [0, *itertools.accumulate(schema.cardinalities)][:-1]
+        self.register_buffer("_embedding_starts", torch.tensor(starts, dtype=torch.long), persistent=False)
         self.numeric_embedding: nn.Module | None = None
         numeric_width = len(schema.numeric)
         if config.numeric_embedding == "periodic" and schema.numeric:
@@ -109,6 +116,15 @@ class ColumnsNet(nn.Module):
         self.gradient_checkpointing = gradient_checkpointing
         self.uses_vectors = bool(schema.vector)
 
+    def _embed(self, x_cat: torch.Tensor) -> torch.Tensor:
+        """Every categorical column's embedding, side by side: one lookup in the column tables
+        stacked as one, at each column's offset, instead of a lookup (and a backward) per
+        column; the same rows, in the same order, as looking each column up in its own table."""
+        tables = [cast(torch.Tensor, emb.weight) for emb in self.embeddings]
+        table = tables[0] if len(tables) == 1 else torch.cat(tables)
+        starts = cast(torch.Tensor, self._embedding_starts)
+        return F.embedding(x_cat + starts, table).flatten(1)
+
     def forward(self, batch: Batch | Mapping[str, torch.Tensor]) -> torch.Tensor:
         if not isinstance(batch, Groups):
             batch = Batch.of(batch)  # a plain mapping of the groups, as a caller outside training may pass
@@ -116,7 +132,7 @@ class ColumnsNet(nn.Module):
         num = batch.num
         if self.numeric_embedding is not None:
             num = self.numeric_embedding(num).flatten(1)
-        parts = [num] + [emb(x_cat[:, j]) for j, emb in enumerate(self.embeddings)]
+        parts = [num, self._embed(x_cat)] if len(self.embeddings) else [num]
         if self.uses_vectors:
             parts.append(present(batch.vec, "vec"))
         if self.text_encoder is not None:

@@ -51,12 +51,13 @@ class Task:
         raise NotImplementedError
 
     def forward_loss(self, forward: Forward, batch: Batch, device: torch.device,
-                     dtype: torch.dtype | None) -> torch.Tensor:
+                     dtype: torch.dtype | None, cache: bool = True) -> torch.Tensor:
         """The forward pass in the run's precision (no autocast context at all in fp32: nothing
-        to enter every step), then the loss in fp32."""
+        to enter every step), then the loss in fp32. `cache=False` under CUDA-graph capture:
+        autocast's cache of cast weights would be an address the graph keeps."""
         if dtype is None:
             return self.loss(forward(batch), present(batch.label, "label"))
-        with torch.autocast(device.type, dtype=dtype):
+        with torch.autocast(device.type, dtype=dtype, cache_enabled=cache):
             output = forward(batch)
         return self.loss(output, present(batch.label, "label"))
 

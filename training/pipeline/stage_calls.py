@@ -15,14 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from training.config import RetrainConfig
 from training.launch.calls import call_in_child
 from training.launch.process import log_child_event
-from training.pipeline.handoffs import Evaluation, PackResult
+from training.pipeline.handoffs import Evaluation, PackResult, PrepResult
 from training.protocol.entries import STAGE_CHILD_MODULE
 from training.protocol.events import ChildEvent
+from training.protocol.numerics import PrecisionPick
 from training.protocol.results import TrainResult
 from training.model.paired import PairedDifference
 
-__all__ = ["DIFFERENCE", "METRIC", "REQUEST", "ChampionMetricRequest", "CompareRequest", "EvaluateRequest", "champion_metric_in_child",
-           "compare_in_child", "evaluate_in_child"]
+__all__ = ["DIFFERENCE", "METRIC", "REQUEST", "ChampionMetricRequest", "CompareRequest", "EvaluateRequest",
+           "PrecisionRequest", "StageRequest", "champion_metric_in_child", "compare_in_child", "evaluate_in_child",
+           "precision_in_child"]
 
 
 class _Request(BaseModel):
@@ -41,14 +43,19 @@ class ChampionMetricRequest(_Request):
     call: Literal["champion_metric"] = "champion_metric"
 
 
+class PrecisionRequest(_Request):
+    call: Literal["precision"] = "precision"
+    prep: PrepResult
+
+
 class CompareRequest(_Request):
     call: Literal["compare"] = "compare"
     challenger: str  # model package folders
     base: str
 
 
-REQUEST: TypeAdapter[EvaluateRequest | ChampionMetricRequest | CompareRequest] = TypeAdapter(
-    Annotated[Union[EvaluateRequest, ChampionMetricRequest, CompareRequest], Field(discriminator="call")])
+StageRequest = Union[EvaluateRequest, ChampionMetricRequest, CompareRequest, PrecisionRequest]
+REQUEST: TypeAdapter[StageRequest] = TypeAdapter(Annotated[StageRequest, Field(discriminator="call")])
 METRIC: TypeAdapter[float | None] = TypeAdapter(float | None)
 DIFFERENCE: TypeAdapter[PairedDifference] = TypeAdapter(PairedDifference)
 
@@ -77,3 +84,11 @@ def compare_in_child(config: RetrainConfig, packed: PackResult, challenger: Path
     return DIFFERENCE.validate_json(text)
 
 
+
+
+def precision_in_child(config: RetrainConfig, packed: PackResult, prep: PrepResult,
+                       on_event: Callable[[ChildEvent], None] = log_child_event) -> PrecisionPick:
+    """`measure_precision` (train.precision auto on a GPU), run in a child process."""
+    text = call_in_child(STAGE_CHILD_MODULE, PrecisionRequest(config=config, packed=packed, prep=prep),
+                         "the precision measurement", on_event)
+    return PrecisionPick.model_validate_json(text)

@@ -21,6 +21,7 @@ from training.errors import DamagedShard, DataError
 from training.launch.group import run_group
 from training.launch.process import log_child_event, run_training_process
 from training.pipeline.handoffs import PackResult, PrepResult
+from training.pipeline.precision_pick import auto_precision
 from training.pipeline.warm_start import start_warm, warm_start_plan
 from training.protocol.events import ChildEvent, Validated
 from training.protocol.job import TrainJob, train_fingerprint
@@ -72,13 +73,20 @@ def build_train_job(config: RetrainConfig, packed: PackResult, prep: PrepResult,
     elif manifest.text or manifest.image:  # preprocessing's token ids and pixels, on this machine
         for rel in derived_rels(str(Path(prep.stats_rel).parent), manifest):
             root.fetch(rel)
-    run_key = run_key_for(config, packed.fingerprint, init_sha)
+    numerics = job_numerics(config)
+    tc = config.train
+    if numerics == ("cuda", "bf16") and tc.precision == "auto" and tc.distributed.nnodes == 1:
+        # auto on a GPU with native bf16: what is measured faster for this model (see
+        # training.pipeline.precision_pick), decided once under the key the run has with auto.
+        numerics = ("cuda", auto_precision(config, packed, prep,
+                                           run_key_for(config, packed.fingerprint, init_sha, ("cuda", "auto"))))
+    run_key = run_key_for(config, packed.fingerprint, init_sha, numerics)
     rate, gpus = config.cost.rate()
     rel = run_rel(run_key)
     for sub in RUN_FOLDERS:  # links out of the root are refused before anything is written there
         root.path(f"{rel}/{sub}")
     job = TrainJob(
-        run_key=run_key, run_dir=str(root.path(rel)), run_rel=rel, numerics=list(job_numerics(config)),
+        run_key=run_key, run_dir=str(root.path(rel)), run_rel=rel, numerics=list(numerics),
         dataset_dir=packed.dataset_dir, stats_path=str(stats_path), config=config,
         init_weights=warm.weights if warm else None, init_sha256=init_sha, new_segments=new_segments,
         init_classes=init_classes,

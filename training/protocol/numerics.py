@@ -7,11 +7,18 @@ training process checks its own numerics against the key, and the trainer applie
 from __future__ import annotations
 
 import os
+import shutil
+import statistics
+import subprocess
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from training.config import RetrainConfig
 from training.errors import ConfigError
 
-__all__ = ["device_for", "gpu_driver_present", "job_numerics", "precision_for", "resolved_numerics"]
+__all__ = ["PrecisionPick", "device_for", "gpu_driver_present", "gpu_name", "job_numerics", "pick_precision",
+           "precision_for", "resolved_numerics"]
 
 # An NVIDIA driver (CUDA) or AMD's kernel driver (ROCm, which torch also calls cuda): without
 # either, torch sees no GPU.
@@ -72,3 +79,43 @@ def job_numerics(config: RetrainConfig) -> tuple[str, str]:
             return "cpu", "fp32" if tc.precision == "auto" else tc.precision
         return "cuda", tc.precision
     return resolved_numerics(tc.device, tc.precision)
+
+
+class PrecisionPick(BaseModel):
+    """What `train.precision: auto` measured on a GPU, and chose. Stored under the storage root
+    (`training.pipeline.precision_pick`), where others write: only these keys, each checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    precision: Literal["fp32", "bf16"]
+    gpu: str = Field(max_length=200)
+    fp32_seconds: list[float] = Field(min_length=1, max_length=20)  # per step, one figure a round
+    bf16_seconds: list[float] = Field(min_length=1, max_length=20)
+
+
+# bf16 must beat fp32 by this much at least, and by more than fp32's own spread over rounds:
+# fp32's numerics are the simpler ones, so it is the default a measurement has to overturn.
+MIN_GAIN = 0.05
+
+
+def pick_precision(times: dict[str, list[float]], gpu: str) -> PrecisionPick:
+    """fp32 unless bf16 is faster beyond the noise of the measurement (see MIN_GAIN)."""
+    fp32, bf16 = times["fp32"], times["bf16"]
+    m32, m16 = statistics.median(fp32), statistics.median(bf16)
+    noise = (max(fp32) - min(fp32)) / m32 if m32 > 0 else 1.0
+    faster = m16 < m32 * (1 - max(MIN_GAIN, noise))
+    return PrecisionPick(precision="bf16" if faster else "fp32", gpu=gpu, fp32_seconds=fp32, bf16_seconds=bf16)
+
+
+def gpu_name() -> str:
+    """The first GPU's name, from nvidia-smi (never by starting CUDA in this process); "unknown"
+    where it cannot say."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "unknown"
+    try:
+        out = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (out.strip().splitlines() or ["unknown"])[0][:200]

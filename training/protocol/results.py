@@ -18,7 +18,7 @@ from training.model.model_ref import ModelRef
 from training.protocol.record import Record
 from training.protocol.threads import ThreadPolicy
 
-__all__ = ["AutoBatch", "BatchLayout", "ChampionCheck", "CheckpointInterval", "CheckpointUpload", "LoaderWorkers",
+__all__ = ["AutoBatch", "BatchLayout", "ChampionCheck", "CheckpointInterval", "CheckpointUpload", "LoaderWorkers", "StepMode",
            "ProfileSummary", "RungResult", "Seconds", "TopOp", "TrainResult", "Validation", "WarmStart", "WorkersProbe"]
 
 
@@ -108,6 +108,15 @@ class LoaderWorkers(Record):
     used: int = 0
     probe: WorkersProbe | None = None
     resident: bool = False  # the train split held on the device, batches gathered there (train.loader.resident)
+
+
+class StepMode(Record):
+    """How the run's steps ran (train.step, train.steps_per_block)."""
+
+    step: str = "eager"  # eager, capturable (the capturable step run as it is), graph (captured, replayed)
+    reason: str | None = None  # why not graph, where graph was asked for or auto
+    steps_per_block: int = 1  # at the end of the run
+    boundary_seconds: float | None = None  # a block's host work, averaged
 
 
 class AutoBatch(Record):
@@ -217,6 +226,7 @@ class TrainResult(Record):
     num_workers: LoaderWorkers = LoaderWorkers()
     threads: ThreadPolicy | None = None  # result.json written before the thread policy: None
     compile_seconds: float | None = None
+    step_mode: StepMode = StepMode()
     world_size: int = 1
     checkpoint_upload: CheckpointUpload | None = None
     # Added by the train stage (not in result.json).

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from training.data.batch import Batch
     from training.model.objectives import Task
 
-__all__ = ["resolve_device", "resolve_precision", "autocast_dtype", "measure_fp32_slowdown"]
+__all__ = ["autocast_dtype", "measure_fp32_slowdown", "resolve_device", "resolve_precision", "time_precisions"]
 
 log = logging.getLogger(__name__)
 
@@ -79,3 +79,42 @@ def _fp32_slowdown(batch: Batch, model: torch.nn.Module, task: Task, device: tor
         return time.perf_counter() - t0
 
     return timed(None) / timed(autocast_dtype(precision))
+
+
+def time_precisions(model: torch.nn.Module, task: Task, batch: Batch, device: torch.device,
+                    precisions: tuple[str, ...] = ("fp32", "bf16"), steps: int = 8,
+                    rounds: int = 3) -> dict[str, list[float]]:
+    """Seconds per forward and backward of `batch` in each precision, on a copy of the model:
+    `rounds` timings of `steps` steps each, the precisions interleaved round by round (so a
+    change in the machine's load falls on both), after warm-up steps. `train.precision: auto`
+    on a GPU picks by these (`training.pipeline.precision_pick`): bf16 runs fewer bytes
+    through the tensor cores, but autocast adds a cast kernel per weight, which a small model
+    bound by kernel launches pays for in full (the default MLP ran 1.27x faster in fp32 on an
+    H200)."""
+    import copy
+
+    from training.model.network import forward_fn
+
+    rows = batch.map(lambda v: v.to(device))
+    m = copy.deepcopy(model).train()
+    forward = forward_fn(m)
+
+    def run(precision: str, n: int) -> float:
+        dtype = autocast_dtype(precision)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            m.zero_grad(set_to_none=True)
+            task.forward_loss(forward, rows, device, dtype).backward()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - t0) / n
+
+    for precision in precisions:
+        run(precision, 3)  # warm-up: kernels chosen, allocator settled
+    times: dict[str, list[float]] = {p: [] for p in precisions}
+    for r in range(rounds):
+        for precision in (precisions if r % 2 == 0 else precisions[::-1]):
+            times[precision].append(run(precision, steps))
+    return times

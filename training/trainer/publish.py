@@ -19,7 +19,7 @@ from training.cost.step_count import StepCosts, StepCount
 from training.model.model_ref import ModelRef
 from training.model.package import export_model_package
 from training.protocol.events import Paused
-from training.protocol.results import AutoBatch, BatchLayout, CheckpointUpload, LoaderWorkers, RungResult, TrainResult
+from training.protocol.results import AutoBatch, BatchLayout, CheckpointUpload, LoaderWorkers, RungResult, StepMode, TrainResult
 from training.protocol.runs import AttemptRecord, append_attempt, rung_file, step_dir_name
 from training.storage.files import write_json_atomic
 from training.storage.root import MODEL, RUN
@@ -149,4 +149,7 @@ def _result(trainer: Trainer, status: str, package: ModelRef, fp32_slowdown: flo
         num_workers=LoaderWorkers(used=trainer.num_workers, probe=trainer.workers_probe, resident=trainer.resident),
         threads=trainer.threads,
         compile_seconds=trainer.compile_seconds, world_size=trainer.world_size, checkpoint_upload=upload,
+        step_mode=StepMode(step="graph" if trainer.graphed is not None else "capturable" if trainer.capturable
+                           else "eager", reason=trainer.step_reason, steps_per_block=trainer.k,
+                           boundary_seconds=trainer.boundary_seconds),
     )

@@ -53,6 +53,7 @@ class Progress:
     auto_batch: dict[str, Any] | None = None  # AutoBatch as JSON: a checkpoint holds plain values only
     num_workers: int | None = None  # what num_workers="auto" chose at the first start
     torch_threads: int | None = None  # what torch_threads="auto" chose at the first start
+    compile_seconds: float | None = None  # the last attempt's torch.compile (train.compile auto prices the next)
 
     def billed_seconds(self) -> float:
         """Every second the machine was held for this run, lost work and restarts included."""

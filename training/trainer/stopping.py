@@ -122,17 +122,18 @@ class StopPolicy:
 
 
 def agree_across_ranks(stop_requested: bool, status: str, save_now: bool, rank: int,
-                       device: torch.device) -> tuple[bool, str, bool]:
-    """(stop requested anywhere, rank 0's status, rank 0's save decision) on every rank.
+                       device: torch.device, k: int = 1) -> tuple[bool, str, bool, int]:
+    """(stop requested anywhere, rank 0's status, rank 0's save decision, rank 0's steps for
+    the next block) on every rank.
 
-    Rank 0 decides (validation, budgets and time-based schedules are its alone); every rank
-    contributes its stop request. One tiny all-reduce per step keeps them in step. The flags
-    live on the training device: nccl all-reduces CUDA tensors only, gloo either."""
+    Rank 0 decides (validation, budgets, time-based schedules and the block length are its
+    alone); every rank contributes its stop request. One tiny all-reduce per block keeps them in
+    step. The flags live on the training device: nccl all-reduces CUDA tensors only, gloo either."""
     import torch.distributed as dist
 
     leader = rank == 0
-    flags = torch.tensor([int(stop_requested), STATUSES.index(status) if leader else 0, int(save_now and leader)],
-                         dtype=torch.int64, device=device)
+    flags = torch.tensor([int(stop_requested), STATUSES.index(status) if leader else 0, int(save_now and leader),
+                          k if leader else 0], dtype=torch.int64, device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    stop, agreed, save = flags.tolist()  # one device-to-host copy, not three
-    return bool(stop), STATUSES[int(agreed)], bool(save)
+    stop, agreed, save, block = flags.tolist()  # one device-to-host copy, not four
+    return bool(stop), STATUSES[int(agreed)], bool(save), int(block)

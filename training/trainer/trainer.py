@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -38,12 +39,13 @@ from training.data.load.loader import (
 )
 from training.data.manifest import require_manifest
 from training.data.prepare.features import DERIVED_DIR, FeatureStats
-from training.errors import Preempted, RetrainError
+from training.errors import ConfigError, Preempted, RetrainError
 from training.model.evaluation import predict_split
 from training.data.batch import Batch
 from training.model.network import ModelSchema, forward_fn, to_device
 from training.model.objectives import Task
 from training.model.package import load_warm_start
+from training.model.spec import adamw, train_spec, warmup_cosine
 from training.model.task_metrics import TIEBREAK_METRIC, higher_is_better, metric_for
 from training.protocol.events import CheckpointSaved, ChildEvent, RankDone, Resumed, Started, Validated
 from training.protocol.job import TrainJob, train_fingerprint
@@ -60,6 +62,18 @@ from training.trainer.precision import autocast_dtype, resolve_device, resolve_p
 from training.trainer.resume import ResumeBook
 from training.trainer.rng import RngState, capture_rng, configure_determinism, seed_everything
 from training.trainer.state import TrainState
+from training.trainer.step import (
+    CapturableStep,
+    GraphedStep,
+    ResidentInputs,
+    StaticInputs,
+    block_length,
+    choose_k,
+    clip_gradients,
+    lr_table,
+    step_support,
+    sync_schedule,
+)
 from training.trainer.stopping import CONTINUE, StopFlag, StopPolicy, agree_across_ranks
 from training.trainer.throughput import (
     auto_batch_layout,
@@ -75,6 +89,10 @@ EVAL_BATCH_SIZE = 8192
 # error near 90 % is 1 point at 1,000 rows): said once, and ties are broken by the loss.
 SMALL_VALIDATION_ROWS = 1000
 STEP_DURATIONS = 2048  # enough for a steady per-step figure (plan's calibration, the report)
+# train.compile auto: the most a compile was measured to save (the 6x384 transformer's 1.27x on
+# an H200 is a fifth of its eager step), and what a compile costs before one was timed here.
+COMPILE_GAIN = 0.2
+COMPILE_SECONDS = 30.0
 Emit = Callable[[ChildEvent], None]
 
 
@@ -109,7 +127,9 @@ class Trainer:
         # _build_loader once the loader is known.
         self.threads = apply_thread_policy(self.tc.loader.torch_threads, 0)
         self.device = resolve_device(self.tc.device)
-        self.precision = resolve_precision(self.tc.precision, self.device)
+        # The job's numerics are the parent's decision, made once for the run key (auto on a GPU
+        # is measured: training.pipeline.precision_pick); a job built by hand resolves its own.
+        self.precision = job.numerics[1] if job.numerics else resolve_precision(self.tc.precision, self.device)
         self.dtype = autocast_dtype(self.precision)
         self.fingerprint = train_fingerprint(self.config, self.device.type, self.precision)
         seed_everything(self.tc.seed)
@@ -141,6 +161,7 @@ class Trainer:
         self._decide_layout()
         self._build_loader()
         self._compile()
+        self._build_step()
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)  # the peak reported is the loop's, not the probes'
         self.policy = StopPolicy(self.config, job.rate_per_hour, job.gpus, job.champion_val_metric, self.metric, higher)
@@ -308,23 +329,77 @@ class Trainer:
             progress.torch_threads = self.threads.threads
 
     def _compile(self) -> None:
-        """torch.compile (warmed up now, outside the step timings) and DDP around the model."""
+        """torch.compile (warmed up now, outside the step timings) where train.compile asks or,
+        with auto, pays; then DDP around the model."""
         model = self.state.model
         self.compile_seconds = None
         compiled: torch.nn.Module = model
-        if self.tc.compile:
+        if self._compile_pays():
             t0 = time.perf_counter()
-            compiled = torch.compile(model)  # type: ignore[assignment]
-            self._warm_up(compiled)
+            candidate = cast(torch.nn.Module, torch.compile(model))
+            self._warm_up(candidate)
+            self.compile_seconds = self.state.progress.compile_seconds = time.perf_counter() - t0
+            compiled = candidate
+            if self.tc.compile == "auto":
+                eager_s, compiled_s = self._passes_seconds(model), self._passes_seconds(candidate)
+                if compiled_s >= eager_s:
+                    log.info("train.compile auto: the compiled step took %.2f ms against %.2f ms eager: running eagerly",
+                             1e3 * compiled_s, 1e3 * eager_s)
+                    compiled = model
             if self.num_workers:
                 self.train_batches.release()
-            self.compile_seconds = time.perf_counter() - t0
+        self.compiled = compiled is not model
         self.ddp = None
         if self.world_size > 1:
             # After the resume: every rank loaded the same checkpoint, and DDP checks it by
             # broadcasting rank 0's parameters. Gradients are averaged in buckets during backward.
             self.ddp = torch.nn.parallel.DistributedDataParallel(compiled, bucket_cap_mb=self.tc.distributed.bucket_mb)
         self.forward = forward_fn(self.ddp if self.ddp is not None else compiled, model)
+
+    def _compile_pays(self) -> bool:
+        """train.compile auto: on a CUDA device, when the steps left at the most a compile was
+        measured to save (COMPILE_GAIN of an eager step: the transformer's 1.27x on an H200; the
+        default MLP's was 0.99x) outweigh the compile's seconds (this run's last attempt's, kept
+        in its checkpoint, else COMPILE_SECONDS)."""
+        setting = self.tc.compile
+        if setting != "auto":
+            return bool(setting)
+        if self.device.type != "cuda":
+            return False
+        left = self.tc.max_steps - self.state.progress.step
+        batches = self.train_batches
+        _, eager = data_and_compute_seconds(self.state.model, self.task,
+                                            lambda i: batches.batch(0, i % batches.batches_per_epoch), self.device,
+                                            self.dtype, probes=3)
+        cost = self.state.progress.compile_seconds or COMPILE_SECONDS
+        pays = left * eager * COMPILE_GAIN > cost
+        log.info("train.compile auto: %d steps left at %.2f ms would save at most %.0f s against about %.0f s of "
+                 "compiling: %s", left, 1e3 * eager, left * eager * COMPILE_GAIN, cost,
+                 "compiling" if pays else "not compiling")
+        return pays
+
+    def _passes_seconds(self, module: torch.nn.Module, passes: int = 5) -> float:
+        """Seconds per forward and backward of `module` on a micro-batch, the model's state (its
+        gradients, buffers and the RNG streams) left as it was."""
+        model = self.state.model
+        buffers = {name: b.clone() for name, b in model.named_buffers()}
+        rows = self.train_batches.batch(0, 0).map(lambda v: v.to(self.device))
+        forward = forward_fn(module, model)
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            self.task.forward_loss(forward, rows, self.device, self.dtype).backward()  # warm
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            for _ in range(passes):
+                self.task.forward_loss(forward, rows, self.device, self.dtype).backward()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            seconds = (time.perf_counter() - t0) / passes
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+        return seconds
 
     def _warm_up(self, compiled: torch.nn.Module) -> None:
         """One forward and backward of the compiled model as the loop runs them (grad mode,
@@ -342,6 +417,53 @@ class Trainer:
             for name, b in model.named_buffers():
                 b.copy_(buffers[name])
 
+    def _block_period(self) -> int:
+        """The steps a block must never step over: validations and step-counted checkpoints."""
+        mode, every = self.tc.checkpoint.interval()
+        return math.gcd(self.tc.validate_every, int(every)) if mode == "steps" else self.tc.validate_every
+
+    def _build_step(self) -> None:
+        """Which step runs (train.step: see training.trainer.step), and how many steps a block
+        holds to start with (train.steps_per_block; auto adapts it as steps are timed)."""
+        tc, progress = self.tc, self.state.progress
+        self.period = self._block_period()
+        self.k = 1 if tc.steps_per_block == "auto" else tc.steps_per_block
+        if self.period % self.k:
+            raise ConfigError(f"train.steps_per_block {self.k} must divide train.eval_every {tc.validate_every} (and a "
+                              "step-counted train.checkpoint.every): set it to a divisor, or auto")
+        self.boundary_seconds: float | None = None  # a block's host work, averaged
+        self.agree_seconds = 0.0  # the ranks' last agreement
+        self.capturable: CapturableStep | None = None
+        self.graphed: GraphedStep | None = None
+        self.graph_warmup = 0
+        self.step_reason: str | None = None
+        if tc.step == "eager" or (tc.step == "auto" and self.device.type != "cuda"):
+            self.step_reason = "train.step eager" if tc.step == "eager" else f"no CUDA graphs on {self.device.type}"
+            return
+        spec = train_spec(self.config.model)
+        built_in = spec.build_optimizer is adamw and spec.build_scheduler is warmup_cosine
+        why = step_support(self.state.optimizer, self.state.scheduler, built_in, self.precision, self.world_size)
+        if why is not None:
+            (log.warning if tc.step == "graph" else log.info)("train.step %s: the step runs eagerly: %s", tc.step, why)
+            self.step_reason = why
+            return
+        assert progress.micro_batch is not None
+        inputs: ResidentInputs | StaticInputs = StaticInputs(self.grad_accum)
+        if self.resident:
+            inputs = ResidentInputs(self.train_batches.tensors, self.grad_accum,  # type: ignore[attr-defined]
+                                    progress.micro_batch, min(self.period, 256), self.device)
+        table = lr_table(tc, float(self.state.scheduler.base_lrs[0]), self.device)
+        self.capturable = CapturableStep(self.state.model, self.forward, self.task, self.state.optimizer, table, tc,
+                                         self.grad_accum, self.device, self.dtype, inputs)
+        self.capturable.sync(progress.step)
+        if self.device.type == "cuda":
+            self.graphed, self.graph_warmup = GraphedStep(self.capturable), 2
+            log.info("train.step %s: the step is captured as a CUDA graph after %d warm-up steps", tc.step,
+                     self.graph_warmup)
+        else:
+            log.info("train.step graph: %s has no CUDA graphs; the capturable step runs as it is", self.device.type)
+            self.step_reason = f"no CUDA graphs on {self.device.type}"
+
     # -- the loop -------------------------------------------------------------------------
 
     def fit(self) -> str:
@@ -351,7 +473,8 @@ class Trainer:
         the end (the package, result.json, the rung record) is `training.trainer.publish`'s."""
         progress, max_steps = self.state.progress, self.tc.max_steps
         self.emit(Started(step=progress.step, max_steps=max_steps, validate_every=self.tc.validate_every))
-        batches = iter(self.loader)
+        # A captured step on the resident split gathers its own rows: no stream to iterate.
+        batches: Iterator[Any] = iter(()) if self._gathers_in_step() else iter(self.loader)
         self.state.model.train()
         status = progress.stopped or "completed"
         self._last = self.now()
@@ -361,13 +484,14 @@ class Trainer:
                 self._stop_at_rung(batches)  # a tuning rung: the study decides whether to go on
                 return "paused"
             # One process decides alone; under DDP every rank acts on the flag they agreed on at
-            # the end of the last step, so all of them stop at the same step.
+            # the end of the last block, so all of them stop at the same step.
             if self.stop_agreed if self.world_size > 1 else self.stop.requested:
                 self._preempt(batches)
             if self.checkpointer.failed:
                 self.checkpointer.wait()  # raises the save's error: steps past a failed save would be lost
-            loss = self.train_step(batches)
-            status = self._after_step(loss)
+            k = block_length(progress.step, self.k, [max_steps, pause_at or 0])
+            loss = self._run_block(batches, k)
+            status = self._after_block(loss)
             if status != "completed":
                 log.info("stopping at step %d: %s", progress.step, progress.stop_reason)
                 break
@@ -387,7 +511,7 @@ class Trainer:
             t_wait = now()
             epoch, index, batch = next(batches)
             if device.type != "cpu":
-                batch = to_device(batch, device, non_blocking=True, cut_text=not self.tc.compile)
+                batch = to_device(batch, device, non_blocking=True, cut_text=not self.compiled)
             t_compute = now()
             seconds.data_wait += t_compute - t_wait
             self.rows_seen += batch.rows
@@ -402,33 +526,114 @@ class Trainer:
         progress.epoch, progress.batch = divmod(epoch * self.per_epoch + index + 1, self.per_epoch)
         if self.tc.optim.grad_clip > 0:
             state.scaler.unscale_(state.optimizer)
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.tc.optim.grad_clip)
+            clip_gradients([p.grad for p in state.model.parameters() if p.grad is not None], self.tc.optim.grad_clip)
         state.scaler.step(state.optimizer)
         state.scaler.update()
         state.scheduler.step()
         progress.step += 1
-        t_end = now()
-        seconds.train += t_end - self._last
-        if len(self.step_durations) < STEP_DURATIONS:
-            self.step_durations.append(t_end - self._last)
+        return loss_sum
+
+    def _gathers_in_step(self) -> bool:
+        return self.capturable is not None and isinstance(self.capturable.inputs, ResidentInputs)
+
+    def _run_block(self, batches: Iterator[Any], k: int) -> torch.Tensor:
+        """`k` steps back to back, then the block's timing and heartbeat; the last step's loss."""
+        progress = self.state.progress
+        if self.capturable is not None and isinstance(self.capturable.inputs, ResidentInputs):
+            first = progress.epoch * self.per_epoch + progress.batch
+            self.capturable.inputs.start_block(
+                self.train_batches.positions(first, k * self.grad_accum, self.per_epoch))  # type: ignore[attr-defined]
+        loss: torch.Tensor | None = None
+        # A range a profile names: the GPU check measures the GPU's busy share of the steps' own
+        # span (validation, checkpoints and set-up are outside it). Next to free unprofiled.
+        with torch.profiler.record_function("retrain.steps"):
+            for _ in range(k):
+                loss = self.train_step(batches) if self.capturable is None else self._capturable_step(batches)
+                if self.profiler is not None:
+                    self.profiler.step()
+        assert loss is not None  # k >= 1
+        if self.capturable is not None:
+            sync_schedule(self.state.scheduler, self.state.optimizer, progress.step)
+        self._end_block(k)
+        return loss
+
+    def _capturable_step(self, batches: Iterator[Any]) -> torch.Tensor:
+        """One step of the capturable kind: its batches into the static buffers (streamed) or
+        its position advanced (resident: the rows are gathered inside the step), then the step,
+        captured, replayed or eager."""
+        progress, step = self.state.progress, self.capturable
+        assert step is not None
+        if isinstance(step.inputs, StaticInputs):
+            micro = []
+            for _ in range(self.grad_accum):
+                t_wait = self.now()
+                epoch, index, batch = next(batches)
+                if self.device.type != "cpu":
+                    batch = to_device(batch, self.device, non_blocking=True, cut_text=False)  # one shape: no cut
+                progress.seconds.data_wait += self.now() - t_wait
+                self.rows_seen += batch.rows
+                micro.append(batch)
+            step.inputs.load(micro, copy=self.graphed is not None and self.graphed.graph is not None)
+            progress.epoch, progress.batch = divmod(epoch * self.per_epoch + index + 1, self.per_epoch)
+        else:
+            assert progress.micro_batch is not None
+            self.rows_seen += progress.micro_batch * self.grad_accum
+            progress.epoch, progress.batch = divmod(progress.epoch * self.per_epoch + progress.batch + self.grad_accum,
+                                                    self.per_epoch)
+        t_compute = self.now()
+        loss = self._graph_or_eager()
+        progress.seconds.compute += self.now() - t_compute
+        progress.step += 1
+        return loss
+
+    def _graph_or_eager(self) -> torch.Tensor:
+        """The captured step's replay; before it, its warm-up steps, then its capture (which
+        records the step without running it, so the step is then replayed); eager where there is
+        no graph, or its capture failed."""
+        graphed, step = self.graphed, self.capturable
+        assert step is not None
+        if graphed is None:
+            return step()
+        if graphed.graph is None:
+            if self.graph_warmup > 0:
+                self.graph_warmup -= 1
+                return graphed.warm_up()
+            try:
+                graphed.capture()
+            except RuntimeError as err:  # an op in the step that a graph cannot hold: say which, go on eagerly
+                log.warning("train.step %s: capturing the step as a CUDA graph failed (%s); it runs eagerly",
+                            self.tc.step, str(err).splitlines()[0] if str(err) else type(err).__name__)
+                self.graphed, step.autocast_cache = None, True
+                self.step_reason = f"capture failed: {str(err).splitlines()[0][:200] if str(err) else type(err).__name__}"
+                return step()
+        return graphed()
+
+    def _end_block(self, k: int) -> None:
+        """The block's time (spread evenly over its steps), the heartbeat, the first step's latency."""
+        progress, seconds = self.state.progress, self.state.progress.seconds
+        t_end = self.now()
+        span = t_end - self._last
+        seconds.train += span
+        room = STEP_DURATIONS - len(self.step_durations)
+        if room > 0:
+            self.step_durations.extend([span / k] * min(k, room))
         self._last = t_end
         self.book.heartbeat.write(progress.step, seconds.train)
-        if self.profiler is not None:
-            self.profiler.step()
         if self.first_step_latency is None:
             self.first_step_latency = time.time() - self.spawn_time
             if self.book.resumed_step is not None:
                 progress.restart_to_first_step_seconds.append(self.first_step_latency)
-        return loss_sum
 
     def _loss(self, batch: Batch) -> torch.Tensor:
         # Divided by the accumulation steps, so the summed gradient is a mean.
         loss = self.task.forward_loss(self.forward, batch, self.device, self.dtype)
         return loss / self.grad_accum if self.grad_accum > 1 else loss
 
-    def _after_step(self, loss_sum: torch.Tensor) -> str:
-        """Validate when due, decide whether to stop, agree across ranks, checkpoint when due."""
+    def _after_block(self, loss_sum: torch.Tensor) -> str:
+        """Validate when due, decide whether to stop, agree across ranks, checkpoint when due;
+        then choose the next block's length from what this block's host work cost."""
         progress, tc, leader = self.state.progress, self.tc, self.rank == 0
+        t0, timed_before = self.now(), progress.seconds.eval + progress.seconds.checkpoint
         improved = False
         validated = progress.step % tc.validate_every == 0 or progress.step == tc.max_steps
         if validated and self.world_size > 1:
@@ -442,15 +647,31 @@ class Trainer:
         if decision.reason is not None:
             progress.stop_reason = decision.reason
         save_now = self.schedule.due(progress) or improved or status != "completed" or progress.step == tc.max_steps
+        k = self._next_k(self.now() - t0 - (progress.seconds.eval + progress.seconds.checkpoint - timed_before)
+                         + self.agree_seconds)
         if self.world_size > 1:
-            self.stop_agreed, status, save_now = agree_across_ranks(self.stop.requested, status, save_now,
-                                                                    self.rank, self.device)
+            t_agree = self.now()
+            self.stop_agreed, status, save_now, k = agree_across_ranks(self.stop.requested, status, save_now,
+                                                                       self.rank, self.device, k)
+            self.agree_seconds = self.now() - t_agree  # counted in the next block's host work
+        self.k = k
         if status != "completed":
             progress.stopped = status  # in the final checkpoint: a run finished again from it stops at once
         if save_now:
             self.save()
         self._last = self.now()  # checkpoint and eval time are accounted separately
         return status
+
+    def _next_k(self, boundary: float) -> int:
+        """train.steps_per_block auto: the fewest steps a block at which its host work (measured
+        now, averaged) costs under 2 % of its steps (`choose_k`); a number: that number."""
+        if self.tc.steps_per_block != "auto":
+            return self.k
+        before = self.boundary_seconds
+        self.boundary_seconds = boundary if before is None else 0.8 * before + 0.2 * boundary
+        recent = self.step_durations[-32:]
+        step_seconds = sum(recent) / len(recent) if recent else 0.0
+        return choose_k(self.boundary_seconds, step_seconds, self.period)
 
     def validate(self, train_loss: float) -> bool:
         """Every validation metric of the task at this step into the history (`val_<metric>`);

@@ -11,7 +11,15 @@ import sys
 from pathlib import Path
 
 from training.errors import EXIT_USER_ERROR, RetrainError, StorageError
-from training.pipeline.stage_calls import DIFFERENCE, METRIC, REQUEST, ChampionMetricRequest, CompareRequest, EvaluateRequest
+from training.pipeline.stage_calls import (
+    DIFFERENCE,
+    METRIC,
+    REQUEST,
+    CompareRequest,
+    EvaluateRequest,
+    PrecisionRequest,
+    StageRequest,
+)
 from training.protocol.events import ErrorReport
 from training.protocol.sealed import Sealed
 from training.storage.files import write_atomic
@@ -20,9 +28,12 @@ from training.worker.io import die_with_parent, forward_logs, report_error
 __all__ = ["main"]
 
 
-def _run(request: EvaluateRequest | ChampionMetricRequest | CompareRequest) -> str:
+def _run(request: StageRequest) -> str:
     from training.pipeline.evaluate_stage import champion_validation_metric, compare_on_validation, evaluate_stage
+    from training.pipeline.precision_pick import measure_precision
 
+    if isinstance(request, PrecisionRequest):
+        return measure_precision(request.config, request.packed, request.prep).model_dump_json()
     if isinstance(request, EvaluateRequest):
         return evaluate_stage(request.config, request.packed, request.trained).model_dump_json()
     if isinstance(request, CompareRequest):

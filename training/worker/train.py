@@ -88,6 +88,8 @@ def _numerics_as_keyed(job: TrainJob) -> None:
 
     tc = job.config.train
     here = list(resolved_numerics(tc.device, tc.precision))
+    if tc.precision == "auto" and here[0] == job.numerics[0] and job.numerics[1] in ("fp32", here[1]):
+        return  # auto measured on this kind of GPU (training.pipeline.precision_pick): fp32, or the native bf16
     if here != job.numerics:
         raise ConfigError(f"run {job.run_key[:12]} was keyed for {job.numerics[1]} on {job.numerics[0]}, but this "
                           f"machine resolves train.device {tc.device} and train.precision {tc.precision} to {here[1]} on "

@@ -38,8 +38,8 @@ def test_the_stop_agreement_flags_live_on_the_training_device(monkeypatch: pytes
 
 def test_the_stop_agreement_returns_rank_zeros_decision(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda tensor, op=None: None)
-    assert agree_across_ranks(True, "early_stopped", True, 0, torch.device("cpu")) == (True, "early_stopped", True)
-    assert agree_across_ranks(False, "early_stopped", True, 1, torch.device("cpu")) == (False, "completed", False)
+    assert agree_across_ranks(True, "early_stopped", True, 0, torch.device("cpu"), 4) == (True, "early_stopped", True, 4)
+    assert agree_across_ranks(False, "early_stopped", True, 1, torch.device("cpu"), 8) == (False, "completed", False, 0)
 
 
 def test_a_checkpoint_from_more_gpus_restores_on_fewer(monkeypatch: pytest.MonkeyPatch) -> None:

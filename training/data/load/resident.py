@@ -51,9 +51,16 @@ class ResidentBatches:
             if set(part) != keys or any(part[k].shape[1:] != parts[0][k].shape[1:] for k in keys):
                 raise DataError(f"shard {source.shards[i].name} of split '{source.split}' holds other fields or "
                                 "widths than the first: it cannot be held as one tensor per field")
-        self.tensors = {k: torch.from_numpy(np.concatenate([p[k] for p in parts])).to(device) for k in sorted(keys)}
+        arrays = {k: np.concatenate([p[k] for p in parts]) for k in sorted(keys)}
+        if "tok" in arrays and "ntok" in arrays:
+            # Token ids cut once to the split's own longest text: a static shape for the run (a
+            # captured step needs one), never max_tokens of padding when no row is that long.
+            # The encoder masks padding, so a longer pad changes no row's encoding.
+            longest = max(1, int(arrays["ntok"].max(initial=1)))
+            arrays["tok"] = np.ascontiguousarray(arrays["tok"][..., :longest])
+        self.tensors = {k: torch.from_numpy(a).to(device) for k, a in arrays.items()}
         self.offsets = np.concatenate(([0], np.cumsum([s.rows for s in source.shards])))[:-1]
-        self._index: tuple[int, torch.Tensor] | None = None
+        self._index: dict[int, torch.Tensor] = {}  # the last two epochs' orders: a block may span both
 
     @property
     def nbytes(self) -> int:
@@ -61,19 +68,31 @@ class ResidentBatches:
 
     def _epoch_index(self, epoch: int) -> torch.Tensor:
         """Every row's place in `epoch`'s order, as `ShardBatches` orders it, on the device."""
-        if self._index is None or self._index[0] != epoch:
+        if epoch not in self._index:
             src = self.source
             order = src._shard_order(epoch)
             rows = [self.offsets[i] + (src._permutation(epoch, int(i)) if src.shuffle else np.arange(src.shards[i].rows))
                     for i in order]
             index = torch.from_numpy(np.concatenate(rows).astype(np.int64)).to(self.device)
-            self._index = (epoch, index)
-        return self._index[1]
+            self._index = {e: t for e, t in self._index.items() if e == epoch - 1}
+            self._index[epoch] = index
+        return self._index[epoch]
 
     def batch(self, epoch: int, index: int) -> Batch:
         lo = index * self.batch_size
         rows = self._epoch_index(epoch)[lo:min(lo + self.batch_size, self.rows)]
         return Batch.of({k: t.index_select(0, rows) for k, t in self.tensors.items()})
+
+    def positions(self, first: int, count: int, per_epoch: int) -> torch.Tensor:
+        """The rows of global micro-batches first..first+count-1 (`per_epoch` a epoch), one row
+        of the result each, as `batch` gathers them: what a captured step's block reads
+        (`training.trainer.step.ResidentInputs`). Device slices, stacked by one kernel."""
+        slices = []
+        for g in range(first, first + count):
+            epoch, index = divmod(g, per_epoch)
+            lo = index * self.batch_size
+            slices.append(self._epoch_index(epoch)[lo:lo + self.batch_size])
+        return torch.stack(slices)
 
     def release(self) -> None:
         """Nothing to drop: the split is the point of holding it."""
