@@ -189,7 +189,7 @@ def _plan(args: argparse.Namespace) -> int:
           f"~{c.estimated_run_hours_here * 3600:.0f} s; one step at micro-batch {count.micro_batch}: "
           f"{count.flops / 1e9:.3g} GFLOP, {(count.matmul_bytes + count.other_bytes) / 1e6:.3g} MB moved, "
           f"{count.kernels} kernels, {count.parameters:,} parameters")
-    for line in plan_table(plan.rows):
+    for line in plan_table(plan.rows, wide=args.wide):
         print(line)
     for refused in dict.fromkeys(f"{r.instance_type}: {r.refused}" for r in plan.rows if r.refused):
         print(f"refused {refused}")
@@ -204,12 +204,14 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if plan.cheapest is not None else 1
 
 
-def plan_table(rows: list[Any]) -> list[str]:
-    """The ranked table a person reads (`PlanRow.cells`), each column as wide as its widest
-    cell and two spaces apart, so no two cells ever run together."""
-    cells = [row.cells() for row in rows]
-    keys = list(cells[0]) if cells else ["instance", "market", "variant", "ms/step", "fits", "hours", "cost $",
-                                         "P(deadline)", "interruptions", "step time"]
+def plan_table(rows: list[Any], wide: bool = False) -> list[str]:
+    """The ranked table a person reads, each column as wide as its widest cell and two spaces
+    apart, so no two cells ever run together: at most 100 characters (`PlanRow.brief`), or every
+    column with `wide` (`PlanRow.cells`)."""
+    cells = [row.cells() if wide else row.brief() for row in rows]
+    keys = list(cells[0]) if cells else (["instance", "market", "variant", "ms/step", "fits", "hours", "cost $",
+                                          "P(deadline)", "interruptions", "step time"] if wide else
+                                         ["instance", "market", "ms/step", "hours", "$", "why"])
     widths = {k: max([len(k), *(len(c.get(k, "")) for c in cells)]) for k in keys}
     line = lambda values: "  ".join(f"{values.get(k, ''):<{widths[k]}}" for k in keys).rstrip()  # noqa: E731
     return [line({k: k for k in keys}), *(line(c) for c in cells)]

@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--deadline-hours", type=float, default=None, metavar="H", help="the run must finish within this")
     plan.add_argument("--calibration-steps", type=int, default=50, metavar="N",
                       help="optimizer steps to time (default: 50)")
+    plan.add_argument("--wide", action="store_true",
+                      help="every column of the table (variant, fit, ranges, deadline, interruptions)")
     plan.add_argument("--json", action="store_true",
                       help="print the plan as one JSON object (the pick, every row, why) instead of the table")
 

@@ -49,7 +49,7 @@ def test_the_plan_table_never_runs_two_columns_together() -> None:
                     "launch-bound"),
             PlanRow(instance_type="tiny", market="on_demand", rate_per_hour=0.01, fits=False,
                     refused="needs 30 GB, has 16 GB")]
-    header, *lines = plan_table(rows)
+    header, *lines = plan_table(rows, wide=True)
     starts = [header.index(name) for name in ("instance", "interruptions", "step time")]
     for line in lines:
         for start in starts[1:]:

@@ -86,3 +86,15 @@ def test_the_text_and_image_encoders_train_on_cuda(tmp_path: Path, digits_source
     config = _on_cuda(_config(tmp_path, digits_source, [*IMAGE, "data.text=[note]", *TEXT[4:9]]), max_steps=60)
     result = _trained(config, "text-image")
     assert result.best_val_metric is not None
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_the_captured_step_replays_the_eager_steps_numbers(resident: bool, small_config: RetrainConfig) -> None:
+    """train.step graph on CUDA captures the step (no silent fallback: the report says graph)
+    and, under deterministic kernels, ends with the eager run's weights bit for bit."""
+    small_config.train.loader.resident = resident
+    small_config.model.dropout = 0.1
+    eager = _trained(_on_cuda(small_config.model_copy(deep=True), step="eager"), f"eager-{resident}")
+    graph = _trained(_on_cuda(small_config.model_copy(deep=True), step="graph"), f"graph-{resident}")
+    assert graph.step_mode.step == "graph", graph.step_mode
+    assert graph.model.sha256 == eager.model.sha256

@@ -477,21 +477,23 @@ def test_a_run_takes_the_plans_pick_and_its_step_time_calibrates_the_next_plan(s
     auto.cost.instance_type = "auto"
     with pytest.raises(ConfigError, match="no plan is stored"):
         resolve_planned_instance(auto)
-    first = plan_run(small_config, ["local-cpu"], deadline_hours=1.0, calibration_steps=10)
-    assert first.cheapest is not None and first.cheapest.instance_type == "local-cpu"
+    first = plan_run(small_config, ["local-cpu", "c6i.large"], deadline_hours=1.0, calibration_steps=10)
+    # This machine is shown, never the instance to rent.
+    assert first.cheapest is not None and first.cheapest.instance_type == "c6i.large"
+    assert [r.market for r in first.rows if r.instance_type == "local-cpu"] == ["this machine"]
     assert first.calibration.here.load_seconds_per_batch is not None  # the host limit was measured
-    assert first.cheapest.step_source.startswith("measured here")
+    assert "CPU time" in first.cheapest.step_source
 
     report = _report(retrain(auto))
-    assert report["cost"]["instance_type"] == "local-cpu" and report["cost"]["market"] == "on_demand"
+    assert report["cost"]["instance_type"] == "c6i.large" and report["cost"]["market"] == first.cheapest.market
     step_time = report["step_time"]
     assert step_time["recorded"] and step_time["device"] == "cpu" and step_time["actual_seconds"] > 0
     assert step_time["predicted_seconds"] is None  # no GPU figures for a CPU instance: nothing predicted
     book = StepTimeBook.load(StorageRoot.from_config(small_config))
     assert [r.run_key for r in book.records] == [report["run_key"]]
 
-    again = plan_run(small_config, ["local-cpu"], deadline_hours=1.0, calibration_steps=10)
-    row = next(r for r in again.rows if r.market == "on_demand")
+    again = plan_run(small_config, ["c6i.large"], deadline_hours=1.0, calibration_steps=10)
+    row = next(r for r in again.rows if r.market == first.cheapest.market)
     assert row.step_source == "measured on the instance by an earlier run"
     assert row.step_seconds == (step_time["actual_seconds"],) * 3
 
@@ -499,14 +501,14 @@ def test_a_run_takes_the_plans_pick_and_its_step_time_calibrates_the_next_plan(s
 def test_the_plan_flow_puts_its_ranked_table_in_the_ui(small_config: RetrainConfig) -> None:
     from flows.plan import plan
 
-    state = plan(["local-cpu", "g5.xlarge", "g4dn.xlarge"], 1.0, 5, small_config, return_state=True)
-    assert state.result() == "local-cpu"  # free, and this small run ends in time anywhere
+    state = plan(["local-cpu", "c6i.large", "g5.xlarge", "g4dn.xlarge"], 1.0, 5, small_config, return_state=True)
+    assert state.result() == "c6i.large"  # a small model: a CPU instance; this machine is never the pick
     artifacts = _artifacts(state.state_details.flow_run_id)
     table = json.loads(artifacts["plan-instances"].data)
-    assert [(r["instance"], r["market"]) for r in table][0] == ("local-cpu", "on_demand")
+    assert table[0]["instance"] == "c6i.large" and table[-1]["market"] == "this machine"
     gpu = next(r for r in table if r["instance"] == "g5.xlarge" and r["market"] == "spot")
     assert gpu["fits"] == "yes" and gpu["step time"].startswith("predicted: A10G") and "(" in gpu["ms/step"]
-    assert "local-cpu (on_demand" in artifacts["plan-recommendation"].data
+    assert "c6i.large (" in artifacts["plan-recommendation"].data
 
 
 def test_a_budget_stop_is_in_the_flow_runs_state_message(small_config: RetrainConfig) -> None:

@@ -1,8 +1,11 @@
 """A cloud CPU instance's step time, from the step measured where `retrain plan` runs.
 
-The calibration measures one step here, after warm-up, at the intra-op threads the run used, and
-times one forward and backward at one thread and at two or more (`CpuScaling`). Amdahl's law
-with the parallel share those two times imply carries the step to the instance's cores:
+The calibration times a whole step (forward, backward, the AdamW update) of the real model on
+a micro-batch: its CPU time at one thread, t(1), and its wall time at one thread and at two or
+more (`CpuScaling`), each the least of interleaved rounds. t(1) is CPU time, so another
+process's load does not change it: a busy machine slows the wall clock, not the work, and a plan
+on a busy CI runner prices the same step as on a quiet laptop. Amdahl's law with the parallel
+share the two wall times imply carries the step to the instance's cores:
 
     t(c) = t(1) * ((1 - p) + p / c)
 
@@ -32,8 +35,9 @@ class CpuScaling(BaseModel):
 
     threads: int  # the intra-op threads of the calibration's steps
     compare_threads: int | None = None  # the threads timed against one; None: not measured
-    one_thread_seconds: float | None = None
+    one_thread_seconds: float | None = None  # wall, for the parallel share
     compare_seconds: float | None = None
+    one_thread_cpu_seconds: float | None = None  # CPU time of a step at one thread: the load-free t(1)
 
 
 class CpuStep(BaseModel):
@@ -45,6 +49,7 @@ class CpuStep(BaseModel):
     cores: int  # physical cores the instance gives intra-op threads
     share: float  # the parallel share used at the middle estimate
     measured_share: bool
+    from_cpu_time: bool = False  # t(1) is the step's CPU time (else this machine's wall time)
 
 
 def parallel_share(scaling: CpuScaling | None) -> tuple[float, bool]:
@@ -67,14 +72,18 @@ def _amdahl(share: float, cores: int) -> float:
     return (1 - share) + share / max(1, cores)
 
 
-def predict_cpu_step(here_seconds: float, scaling: CpuScaling | None, vcpus: int, relative_speed: float) -> CpuStep:
-    """The step time on an instance with `vcpus`, from `here_seconds` per step measured here."""
+def predict_cpu_step(here_seconds: float, scaling: CpuScaling | None, vcpus: int, relative_speed: float,
+                     micro_batches: int = 1) -> CpuStep:
+    """The step time on an instance with `vcpus`: from the one-thread CPU time of a step where
+    it was measured, else (an older calibration) from `here_seconds` per step, the wall time
+    measured here. `micro_batches`: a step's (the CPU time is of one)."""
     share, measured = parallel_share(scaling)
     here_threads = scaling.threads if scaling is not None else 1
     cores = cores_for_training(vcpus)
+    cpu_time = scaling.one_thread_cpu_seconds if scaling is not None else None
 
     def at(p: float, speed: float) -> float:
-        one_thread = here_seconds / _amdahl(p, here_threads)
+        one_thread = cpu_time * micro_batches if cpu_time else here_seconds / _amdahl(p, here_threads)
         return one_thread * _amdahl(p, cores) / (relative_speed * speed)
 
     # More cores than here: a larger share is the optimistic end; fewer: the pessimistic one.
@@ -83,4 +92,4 @@ def predict_cpu_step(here_seconds: float, scaling: CpuScaling | None, vcpus: int
     low = at(hi_share if more else lo_share, 1 + CORE_SPEED_SPREAD)
     high = at(lo_share if more else hi_share, 1 - CORE_SPEED_SPREAD)
     return CpuStep(low=min(low, high), mid=at(share, 1.0), high=max(low, high), cores=cores, share=share,
-                   measured_share=measured)
+                   measured_share=measured, from_cpu_time=bool(cpu_time))

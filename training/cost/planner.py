@@ -17,7 +17,8 @@ from training.cost.roofline import StepPrediction, predict_step, training_bytes
 from training.cost.spot_risk import spot_outlook
 from training.cost.step_count import StepCosts, StepCount
 
-__all__ = ["DEADLINE_CONFIDENCE", "Calibrated", "HereFigures", "PlanRow", "Variant", "plan_rows", "variants"]
+__all__ = ["DEADLINE_CONFIDENCE", "THIS_MACHINE", "Calibrated", "HereFigures", "PlanRow", "Variant", "plan_rows",
+           "recommended", "variants"]
 
 # The recommendation must end by the deadline with at least this probability.
 DEADLINE_CONFIDENCE = 0.9
@@ -80,6 +81,18 @@ class PlanRow(BaseModel):
     checkpoint_every_seconds: float | None = None
     p_deadline: float | None = None
     meets_deadline: bool = True
+    here: bool = False  # this machine (a price with neither gpu nor vcpus): shown, never an instance to rent
+
+    def brief(self) -> dict[str, str]:
+        """The row in at most 100 characters: instance, market, step, hours, dollars, and why
+        (what bounds the step, or why the row is refused)."""
+        if not self.fits:
+            return {"instance": self.instance_type, "market": self.market, "ms/step": "-", "hours": "-", "$": "-",
+                    "why": f"refused: {self.refused or ''}"[:34]}
+        mid = (self.step_seconds or (0.0, 0.0, 0.0))[1]
+        why = self.step_source.removeprefix("predicted: ").removeprefix("measured ")
+        return {"instance": self.instance_type[:22], "market": self.market, "ms/step": f"{mid * 1000:.3g}",
+                "hours": f"{self.hours[1]:.3g}", "$": f"{self.cost_usd[1]:.3g}", "why": why[:34]}
 
     def cells(self) -> dict[str, str]:
         """The row as a person reads it: step times are predictions (with their range) unless
@@ -150,10 +163,11 @@ def _step_for(name: str, price: InstancePrice, variant: Variant, config: Retrain
         return _measured(calibrated.measured[name], "measured on the instance by an earlier run")
     if price.gpu is None and price.vcpus is not None:
         cpu = predict_cpu_step(here.seconds_per_step * variant.accumulation, here.cpu_scaling, price.vcpus,
-                               price.relative_speed)
+                               price.relative_speed, config.train.grad_accum * variant.accumulation)
         how = "measured" if cpu.measured_share else "assumed"
+        base = "CPU time" if cpu.from_cpu_time else "wall time"
         return (StepPrediction(low=cpu.low, mid=cpu.mid, high=cpu.high, precision="fp32", bound="cpu"),
-                f"predicted: this machine's step on {cpu.cores} core(s), parallel share {cpu.share:.2f} ({how})")
+                f"predicted: {cpu.cores} core(s) x this machine's step ({base}), share {cpu.share:.2f} ({how})")
     if price.gpu is None:
         return _measured(here.seconds_per_step / price.relative_speed,
                          f"measured here / relative_speed {price.relative_speed:g}")
@@ -237,13 +251,19 @@ def _precision_alternative(price: InstancePrice, variant: Variant, config: Retra
 
 
 def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_batch: int,
-              here: HereFigures, deadline: float | None, calibrated: Calibrated | None = None) -> list[PlanRow]:
-    """Every (instance, market) row; fitting rows that meet the deadline first, cheapest first."""
+              figures: HereFigures, deadline: float | None, calibrated: Calibrated | None = None) -> list[PlanRow]:
+    """Every (instance, market) row; fitting rows that meet the deadline first, cheapest first,
+    and this machine's row last (it is not an instance to rent: `recommended`)."""
     rows = []
     for name in names:
         price = config.cost.prices[name]
         variant, need, why = _fitting(price, variants(costs, config.train.precision, micro_batch))
-        for market, rate in (("on_demand", price.on_demand_per_hour), ("spot", price.spot_per_hour)):
+        # This machine (`local-cpu`): no GPU and no vCPU count to carry a step to, and nothing an
+        # hour: no market to rent it on, and never a recommendation.
+        here = price.gpu is None and price.vcpus is None and not price.on_demand_per_hour
+        markets = [(THIS_MACHINE, price.on_demand_per_hour)] if here else [("on_demand", price.on_demand_per_hour),
+                                                                           ("spot", price.spot_per_hour)]
+        for market, rate in markets:
             if rate is None:
                 continue
             if variant is None:
@@ -251,13 +271,22 @@ def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_b
                                     refused=why, hours=(math.inf,) * 3, cost_usd=(math.inf,) * 3,
                                     meets_deadline=False))
                 continue
-            row = _row(name, market, rate, price, variant, config, here, deadline, calibrated or Calibrated())
-            row = row.model_copy(update={"need_gb": need})
+            row = _row(name, market, rate, price, variant, config, figures, deadline, calibrated or Calibrated())
+            row = row.model_copy(update={"need_gb": need, "here": here})
             alternative = _precision_alternative(price, variant, config, costs, micro_batch)
             if alternative is not None:
                 other, other_need = alternative
-                other_row = _row(name, market, rate, price, other, config, here, deadline,
+                other_row = _row(name, market, rate, price, other, config, figures, deadline,
                                  calibrated or Calibrated()).model_copy(update={"need_gb": other_need})
                 row = min(row, other_row, key=lambda r: r.cost_usd[1])
             rows.append(row)
-    return sorted(rows, key=lambda r: (not r.fits, not r.meets_deadline, r.cost_usd[1]))
+    return sorted(rows, key=lambda r: (r.here, not r.fits, not r.meets_deadline, r.cost_usd[1]))
+
+
+THIS_MACHINE = "this machine"
+
+
+def recommended(rows: list[PlanRow]) -> PlanRow | None:
+    """The cheapest instance to rent that fits and meets the deadline: never this machine, which
+    costs nothing a plan could compare and cannot be rented."""
+    return next((r for r in rows if r.fits and r.meets_deadline and not r.here), None)

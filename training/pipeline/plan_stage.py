@@ -9,7 +9,7 @@ import time
 from pydantic import BaseModel
 
 from training.config import RetrainConfig
-from training.cost.planner import DEADLINE_CONFIDENCE, Calibrated, HereFigures, PlanRow, plan_rows
+from training.cost.planner import DEADLINE_CONFIDENCE, Calibrated, HereFigures, PlanRow, plan_rows, recommended
 from training.cost.step_count import StepCosts
 from training.errors import ConfigError
 from training.launch.process import run_training_process
@@ -68,17 +68,20 @@ def _calibrate(config: RetrainConfig, steps: int, dataset_dir: str, stats_path: 
 
 
 def _why(best: PlanRow | None, rows: list[PlanRow], deadline: float | None) -> str:
+    if best is None and rows and all(r.here for r in rows):
+        return "no instance to rent among the candidates: this machine is shown for comparison, never recommended"
     if best is None:
         return ("no candidate fits and ends by the deadline with "
                 f"{DEADLINE_CONFIDENCE:.0%} probability" if deadline is not None else "no candidate fits")
-    beaten = [r for r in rows if r is not best and r.fits and r.meets_deadline]
+    beaten = [r for r in rows if r is not best and r.fits and r.meets_deadline and not r.here]
     text = (f"{best.instance_type} ({best.market}, {best.variant}): expected ${best.cost_usd[1]:.4f} "
             f"in {best.hours[1]:.3f} h")
     if best.p_deadline is not None:
         text += f", {best.p_deadline:.0%} likely to end within {deadline:g} h"
     if beaten:
         text += f"; the next, {beaten[0].instance_type} ({beaten[0].market}), expects ${beaten[0].cost_usd[1]:.4f}"
-    slower_cheaper_rate = [r for r in rows if r.fits and r.rate_per_hour < best.rate_per_hour and not r.meets_deadline]
+    slower_cheaper_rate = [r for r in rows if r.fits and r.rate_per_hour < best.rate_per_hour and not r.meets_deadline
+                           and not r.here]
     if slower_cheaper_rate:
         r = slower_cheaper_rate[0]
         text += f"; {r.instance_type} ({r.market}) has a lower rate but misses the deadline"
@@ -114,7 +117,7 @@ def plan_run(config: RetrainConfig, instance_types: list[str], deadline_hours: f
     book = StepTimeBook.load(StorageRoot.from_config(config))
     calibrated = book.calibration(family_of(config), signature_of(result.step_costs.as_run))
     rows = plan_rows(config, instance_types, result.step_costs, micro_batch, here, deadline_hours, calibrated)
-    cheapest = next((r for r in rows if r.fits and r.meets_deadline), None)
+    cheapest = recommended(rows)
     if cheapest is not None:
         store_choice(config, cheapest)  # what `cost.instance_type: auto` runs take
     here_hours = (here.data_seconds + here.startup_seconds + here.seconds_per_step * here.steps

@@ -13,8 +13,9 @@ variants `retrain plan` prices when a model would not fit.
 from __future__ import annotations
 
 import copy
+import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -153,37 +154,51 @@ def measure_step_costs(model: torch.nn.Module, task: Task, batch: Batch, configu
 
 
 def measure_cpu_scaling(model: torch.nn.Module, task: Task, batch: Batch, threads: int, usable_cpus: float,
-                        budget_seconds: float = 1.0) -> CpuScaling:
-    """One forward and backward of a copy of `model` on `batch`, timed on the CPU at one thread
+                        budget_seconds: float = 1.0, wall: Callable[[], float] = time.perf_counter,
+                        cpu: Callable[[], float] = time.thread_time, rounds: int = 3) -> CpuScaling:
+    """A whole training step (forward, backward and the AdamW update) of a copy of `model` on
+    `batch`, on the CPU: its CPU time at one thread, which other processes' load does not
+    change (a busy machine slows the wall clock, not the work), and its wall time at one thread
     and at `compare` threads (the run's, at least two, at most the usable cores), for the
-    parallel share `training.cost.cpu_step` carries to other machines' cores. Not timed on one
-    core, nor when one step takes longer than `budget_seconds` (the share is then a prior)."""
-    import time
-
+    parallel share `training.cost.cpu_step` carries to other machines' cores. Each is the least
+    of `rounds` interleaved timings: a round that another process slowed is left out. Nothing
+    is timed where one step takes longer than `budget_seconds` (the figures are then a prior)."""
     compare = min(max(2, threads), int(usable_cpus))
-    if compare < 2:
-        return CpuScaling(threads=threads)
     probe = copy.deepcopy(model).to("cpu").train()
     rows = batch.map(lambda v: v.to("cpu"))
     forward = forward_fn(probe, model)
+    optimizer = torch.optim.AdamW(probe.parameters(), lr=1e-6, fused=True)
     before = torch.get_num_threads()
 
-    def timed(n: int, reps: int) -> float:
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        task.forward_loss(forward, rows, torch.device("cpu"), None).backward()
+        optimizer.step()
+
+    def timed(n: int, reps: int) -> tuple[float, float]:
+        """(wall, CPU) seconds a step at `n` threads."""
         torch.set_num_threads(n)
-        task.forward_loss(forward, rows, torch.device("cpu"), None).backward()  # warm-up at this count
-        t0 = time.perf_counter()
+        step()  # warm-up at this count
+        w0, c0 = wall(), cpu()
         for _ in range(reps):
-            probe.zero_grad(set_to_none=True)
-            task.forward_loss(forward, rows, torch.device("cpu"), None).backward()
-        return (time.perf_counter() - t0) / reps
+            step()
+        return (wall() - w0) / reps, (cpu() - c0) / reps
 
     try:
         with torch.random.fork_rng():
-            first = timed(compare, 1)
+            first, _ = timed(1, 1)
             if first > budget_seconds:
                 return CpuScaling(threads=threads)
             reps = max(1, min(8, int(budget_seconds / 4 / max(first, 1e-6))))
-            many, one = timed(compare, reps), timed(1, reps)
+            ones, manys = [], []
+            for _ in range(rounds):
+                ones.append(timed(1, reps))
+                if compare >= 2:
+                    manys.append(timed(compare, reps)[0])
     finally:
         torch.set_num_threads(before)
-    return CpuScaling(threads=threads, compare_threads=compare, one_thread_seconds=one, compare_seconds=many)
+    one_cpu = min(c for _, c in ones)
+    if compare < 2:
+        return CpuScaling(threads=threads, one_thread_cpu_seconds=one_cpu)
+    return CpuScaling(threads=threads, compare_threads=compare, one_thread_seconds=min(w for w, _ in ones),
+                      compare_seconds=min(manys), one_thread_cpu_seconds=one_cpu)

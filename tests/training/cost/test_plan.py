@@ -449,6 +449,89 @@ def test_a_cpu_instances_step_is_this_machines_carried_to_its_cores_by_the_measu
     assert not prior.measured_share and prior.share == 0.5
 
 
+def test_a_cpu_instances_step_comes_from_cpu_time_whatever_the_load_here() -> None:
+    """A busy machine slows the wall clock, not the work: the same step measured quiet and under
+    load (every wall time tripled, the one-thread CPU time the same) predicts the same instance
+    step, and so the same pick."""
+    from training.cost.cpu_step import CpuScaling, predict_cpu_step
+
+    quiet = CpuScaling(threads=2, compare_threads=2, one_thread_seconds=0.0040, compare_seconds=0.0032,
+                       one_thread_cpu_seconds=0.0038)
+    busy = quiet.model_copy(update={"one_thread_seconds": 0.0120, "compare_seconds": 0.0096})
+    for vcpus in (2, 8, 32):
+        a = predict_cpu_step(0.0040, quiet, vcpus, 1.0)
+        b = predict_cpu_step(0.0120 * 2, busy, vcpus, 1.0)  # the loop's wall step here, also slowed
+        assert (a.low, a.mid, a.high) == pytest.approx((b.low, b.mid, b.high)) and a.from_cpu_time
+    assert predict_cpu_step(0.004, quiet, 2, 1.0, micro_batches=4).mid == pytest.approx(4 * 0.0038)
+
+
+def test_the_scaling_probe_times_the_step_on_the_clocks_it_is_given() -> None:
+    """CPU time from the CPU clock, the share from the wall clock: a fake wall clock that runs
+    three times fast (a load of two more processes per core) leaves the CPU figure and the
+    share where they are."""
+    from training.trainer.step_cost import measure_cpu_scaling
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    task = BinaryTask(FeatureStats([], [], [], [], []))
+    batch = Batch(num=torch.randn(32, 8), cat=torch.zeros(32, 0, dtype=torch.int64), label=torch.ones(32))
+
+    def forward_of(m: torch.nn.Module):  # type: ignore[no-untyped-def]
+        return lambda b: m(b.num).squeeze(-1)
+
+    import training.trainer.step_cost as step_cost
+
+    original = step_cost.forward_fn
+    step_cost.forward_fn = lambda module, like=None: forward_of(module)  # type: ignore[assignment]
+    try:
+        ticks = {"cpu": 0.0, "wall": 0.0, "threads": 1}
+
+        def cpu() -> float:  # one "millisecond" of CPU a reading, at any thread count
+            ticks["cpu"] += 1e-3
+            return ticks["cpu"]
+
+        def wall(factor: float) -> float:
+            ticks["wall"] += factor * 1e-3 / torch.get_num_threads() ** 0.5
+            return ticks["wall"]
+
+        calm = measure_cpu_scaling(model, task, batch, 2, 2.0, wall=lambda: wall(1.0), cpu=cpu)
+        loaded = measure_cpu_scaling(model, task, batch, 2, 2.0, wall=lambda: wall(3.0), cpu=cpu)
+    finally:
+        step_cost.forward_fn = original  # type: ignore[assignment]
+    assert calm.one_thread_cpu_seconds == pytest.approx(loaded.one_thread_cpu_seconds)
+    from training.cost.cpu_step import parallel_share
+
+    assert parallel_share(calm) == pytest.approx(parallel_share(loaded))
+
+
+def test_this_machine_is_shown_but_never_recommended_for_renting() -> None:
+    from training.cost.planner import THIS_MACHINE, recommended
+
+    config = RetrainConfig()
+    small = _count(1.2e8, 50_000, 2e6)
+    rows = plan_rows(config, ["local-cpu", "c6i.large"], StepCosts(as_run=small, bf16=small, checkpointed=None), 512,
+                     _here(0.004), None)
+    mine = [r for r in rows if r.instance_type == "local-cpu"]
+    assert [r.market for r in mine] == [THIS_MACHINE] and mine[0].here and rows[-1] is mine[0]  # no spot row
+    best = recommended(rows)
+    assert best is not None and best.instance_type == "c6i.large"
+    assert recommended(mine) is None
+
+
+def test_the_plan_table_fits_in_100_characters_unless_asked_wide() -> None:
+    from retrain_cli.main import plan_table
+    from training.cost.planner import PlanRow
+
+    rows = [PlanRow(instance_type="Standard_NC4as_T4_v3", market="on_demand", rate_per_hour=0.526,
+                    step_seconds=(0.0012, 0.0023, 0.004), hours=(0.1, 0.2, 0.3), cost_usd=(0.05, 0.1, 0.2),
+                    step_source="predicted: T4 fp16, launch-bound, x1.2 from 3 measured run(s)", interruptions=0.5,
+                    lost_hours=0.1, interruption_band="15-20%"),
+            PlanRow(instance_type="tiny", market="spot", rate_per_hour=0.01, fits=False,
+                    refused="training needs about 30.0 GB a GPU as configured and at least 20 GB in any variant")]
+    assert max(len(line) for line in plan_table(rows)) <= 100
+    assert max(len(line) for line in plan_table(rows, wide=True)) > 100
+
+
 def test_plan_picks_a_cloud_cpu_for_a_small_model_and_a_gpu_for_a_heavy_one() -> None:
     """The shipped table's CPU types against its GPUs: a small tabular step that a core runs in
     milliseconds is cheapest on a c6i; a step that takes a core seconds but a GPU milliseconds
