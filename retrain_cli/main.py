@@ -406,6 +406,8 @@ def _checked(args: argparse.Namespace) -> RetrainConfig:
              + " ".join(f"--set {o}" for o in inferred.overrides()))
         for column, why in inferred.left_out.items():
             _say(f"left out column '{column}': {why}")
+        for note in inferred.notes:
+            _say(note)
     return config
 
 

@@ -164,6 +164,8 @@ def checked_columns(config: RetrainConfig) -> RetrainConfig:
                            " ".join(inferred.overrides()))
         for column, why in inferred.left_out.items():
             task_logger().info("left out column '%s': %s", column, why)
+        for note in inferred.notes:
+            task_logger().info("%s", note)
     return checked
 
 

@@ -23,7 +23,7 @@ from training.config.loading import apply_overrides, load_config, merge_over, va
 from training.config.marks import (COMPUTED, COMPUTED_SINCE, FLAT_COMPUTED, OPERATIONAL, computed_before,
                                    fingerprint, fingerprinted, is_computed)
 from training.config.billing import BudgetConfig, CostConfig, InstancePrice
-from training.config.data import DataConfig, PreprocessConfig, WindowConfig
+from training.config.data import DATE_PARTS, DataConfig, PreprocessConfig, WindowConfig, date_part
 from training.config.evaluation import EvalConfig
 from training.config.model import ModelConfig
 from training.config.schema import RetrainConfig
@@ -38,6 +38,6 @@ __all__ = [
     "DEMO_CATEGORICAL", "DEMO_NUMERIC", "MAX_TUNE_SEEDS", "TASK_METRICS", "metric_name",
     "BudgetConfig", "CostConfig", "DataConfig", "EvalConfig", "InstancePrice", "LifecycleConfig", "ModelConfig",
     "PreprocessConfig", "RetrainConfig", "StorageConfig", "TrackingConfig", "TrainConfig", "TuneConfig",
-    "WindowConfig", "_Section",
+    "WindowConfig", "_Section", "DATE_PARTS", "date_part",
     "apply_overrides", "load_config", "merge_over", "validate_config",
 ]

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from training.config.marks import COMPUTED, COMPUTED_SINCE, OPERATIONAL
 from training.config.section import DEMO_CATEGORICAL, DEMO_NUMERIC, _Section
 
-__all__ = ["DataConfig", "PreprocessConfig", "WindowConfig"]
+__all__ = ["DATE_PARTS", "DataConfig", "PreprocessConfig", "WindowConfig", "date_part"]
 
 
 class WindowConfig(_Section):
@@ -35,10 +35,24 @@ class DataConfig(_Section):
         "values of the train split); regression: a float label, standardised on the train split.",
         json_schema_extra=COMPUTED_SINCE)
     label: str = Field("clicked", description="Label column (its values: see data.task).", json_schema_extra=COMPUTED)
+    positive: str | int | None = Field(
+        None, description="data.task binary over a label of two values other than 0/1 (\"yes\"/\"no\", "
+        "\"churned\"/\"stayed\", 1/2): the value that is the positive class. Empty: the rarer of the two, chosen "
+        "when the task is inferred and printed with it.", json_schema_extra=COMPUTED_SINCE)
+    negative: str | int | None = Field(
+        None, description="The other value of such a label: set with data.positive when the task is inferred; a "
+        "third value is then an error, never a new class.", json_schema_extra=COMPUTED_SINCE)
     drop_null_labels: bool = Field(
         False, description="Leave out rows whose label is null (their count is logged); off: a null label is an "
         "error naming its row.", json_schema_extra=COMPUTED_SINCE)
-    numeric: list[str] = Field(list(DEMO_NUMERIC), description="Numeric feature columns.", json_schema_extra=COMPUTED)
+    numeric: list[str] = Field(list(DEMO_NUMERIC), description="Numeric feature columns; `column:part` (part one "
+                               "of year, month, day, dayofweek, dayofyear, hour) is that part of a date column.",
+                               json_schema_extra=COMPUTED)
+    dates: list[str] = Field(
+        [], description="Date and timestamp columns (any unit and time zone; local time where the zone is set), each "
+        "fed as its year, month, day of month, day of week, day of year and hour, numeric features named "
+        "`column:part`. Inferred for every temporal column when no feature column is given; [] leaves them out.",
+        json_schema_extra=COMPUTED_SINCE)
     categorical: list[str] = Field(
         list(DEMO_CATEGORICAL), description="Categorical feature columns (any type).", json_schema_extra=COMPUTED
     )
@@ -90,7 +104,7 @@ class DataConfig(_Section):
             # list; named in a list the config gives, it is listed twice (below).
             if key not in self.model_fields_set and self.label in getattr(self, key):
                 object.__setattr__(self, key, [c for c in getattr(self, key) if c != self.label])
-        columns = [self.label, *self.numeric, *self.categorical, *self.vector, *self.text, *self.image]
+        columns = [self.label, *self.numeric, *self.dates, *self.categorical, *self.vector, *self.text, *self.image]
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         if repeated:
             raise ValueError(f"columns listed twice across label/numeric/categorical/vector/text/image: {repeated}")
@@ -99,7 +113,34 @@ class DataConfig(_Section):
                              "and/or data.image")
         if self.window.last_days is not None and self.time_column is None:
             raise ValueError("data.window.last_days needs data.time_column: set it to a timestamp or date column")
+        if self.negative is not None and self.positive is None:
+            raise ValueError("data.negative needs data.positive: name the positive class")
+        if self.positive is not None and self.task != "binary":
+            raise ValueError(f"data.positive is for data.task binary, not {self.task}: unset it, or set data.task: binary")
+        if self.positive is not None and self.positive == self.negative:
+            raise ValueError(f"data.positive and data.negative are both {self.positive!r}: they name a label's two values")
         return self
+
+
+    @property
+    def numeric_features(self) -> list[str]:
+        """The numeric features, in the order the shards store them: data.numeric, then every
+        part of every data.dates column."""
+        return [*self.numeric, *(f"{d}:{part}" for d in self.dates for part in DATE_PARTS)]
+
+    @property
+    def numeric_columns(self) -> list[str]:
+        """The source columns the numeric features read (a date part reads its date column)."""
+        return list(dict.fromkeys((date_part(n) or (n, ""))[0] for n in self.numeric_features))
+
+
+DATE_PARTS = ("year", "month", "day", "dayofweek", "dayofyear", "hour")
+
+
+def date_part(name: str) -> tuple[str, str] | None:
+    """(the date column, the part) of a numeric feature named `column:part`; None for a column."""
+    base, sep, part = name.rpartition(":")
+    return (base, part) if sep and base and part in DATE_PARTS else None
 
 
 class PreprocessConfig(_Section):

@@ -78,7 +78,7 @@ class ScoringModel:
     @property
     def columns(self) -> list[str]:
         s = self.stats
-        return [*s.numeric, *s.categorical, *s.vector, *s.text, *s.image]
+        return [*self.validator.config.numeric_columns, *s.categorical, *s.vector, *s.text, *s.image]
 
 
 def load_scoring_model(package_dir: Path, trusted_factory: str | None, expected_meta_sha256: str | None = None,

@@ -55,7 +55,7 @@ def warm_start_plan(config: RetrainConfig, champion: Champion | None,
     if meta.architecture != config.model.model_dump(mode="json"):
         return None, "the champion's model config differs from model.*: fresh start"
     stats = meta.stats()
-    if stats.numeric != config.data.numeric or stats.categorical != config.data.categorical or (
+    if stats.numeric != config.data.numeric_features or stats.categorical != config.data.categorical or (
             manifest is not None and not compatible(stats, manifest)):
         return None, "the champion's feature columns differ from this run's data.* columns: fresh start"
     other = other_target(stats, manifest) if manifest is not None else None

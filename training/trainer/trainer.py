@@ -203,12 +203,13 @@ class Trainer:
         metric, tiebreak = metric_name(self.metric), metric_name(TIEBREAK_METRIC[self.task.name])
         if self.task.name == "regression" or metric == tiebreak:  # a continuous metric: noisy, not coarse
             log.warning("the validation split holds %d rows: validation %s is noisy there, and the step early "
-                        "stopping keeps may not be the best model. More rows (data.split) make the choice firmer",
+                        "stopping keeps may not be the best model. More rows, or a larger data.validation_fraction, "
+                        "make the choice firmer",
                         rows, metric)
         else:
             log.warning("the validation split holds %d rows: validation %s is coarse and noisy there, so early "
                         "stopping keeps, among equal %s values, the step with the lowest validation %s. More rows "
-                        "(data.split) make the choice firmer", rows, metric, metric, tiebreak)
+                        "or a larger data.validation_fraction, make the choice firmer", rows, metric, metric, tiebreak)
 
     def _continue_past_a_budget(self) -> None:
         """A run resumed from the checkpoint its budget stopped it at trains on when the budget

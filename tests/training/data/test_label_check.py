@@ -3,6 +3,7 @@ when data.task is not given, and a label that cannot be learned is one line nami
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -88,3 +89,108 @@ def test_rows_with_a_null_label_are_left_out_of_the_packed_data(tmp_path: Path) 
                                     "data.numeric=[x1]", "data.categorical=[]", "data.drop_null_labels=true"])
     packed = pack_stage(config)
     assert sum(packed.rows.values()) == 3000 - 300
+
+
+def test_the_task_is_read_from_the_whole_folder_not_its_first_file(tmp_path: Path) -> None:
+    """Daily files, the first days quiet: the first files hold one class of a 0/1 label, the
+    folder both. Binary, not an error about the first file."""
+    folder = tmp_path / "daily"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for day in range(10):
+        y = np.zeros(200, dtype=np.int64) if day < 6 else rng.integers(0, 2, size=200)
+        pq.write_table(pa.table({"x1": rng.normal(size=200), "y": y}), folder / f"day-{day:02d}.parquet")
+    config, inferred = _checked(folder)
+    assert config.data.task == "binary" and inferred is not None and inferred.task == "binary"
+
+
+def test_a_label_of_numbers_in_one_file_and_words_in_another_is_one_line_before_packing(tmp_path: Path) -> None:
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    pq.write_table(pa.table({"x1": [0.1, 0.2], "y": [0, 1]}), folder / "a.parquet")
+    pq.write_table(pa.table({"x1": [0.1, 0.2], "y": ["no", "yes"]}), folder / "b.parquet")
+    with pytest.raises(DataError, match=r"label column 'y' holds numbers in .*a.parquet and strings in .*b.parquet"):
+        _checked(folder)
+
+
+def test_a_file_with_no_rows_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "empty.parquet"
+    pq.write_table(pa.table({"x1": pa.array([], pa.float64()), "y": pa.array([], pa.int64())}), path)
+    with pytest.raises(DataError, match=r"empty.parquet: the file has no rows"):
+        _checked(path)
+
+
+@pytest.mark.parametrize(("values", "positive"), [(["benign"] * 150 + ["malignant"] * 50, "malignant"),
+                                                    (["no"] * 100 + ["yes"] * 100, "yes"),  # a tie: the later
+                                                    ([1] * 60 + [2] * 140, 1)])
+def test_two_values_of_any_type_are_binary_with_the_rarer_positive(tmp_path: Path, values: list,
+                                                                   positive: object) -> None:
+    config, inferred = _checked(_source(tmp_path, values))
+    assert config.data.task == "binary" and config.data.positive == positive
+    assert inferred is not None and repr(positive) in inferred.task_why
+    named, _ = _checked(_source(tmp_path, values), "y", f"data.positive={json.dumps(values[0])}")
+    assert named.data.positive == values[0] and named.data.negative != values[0]
+    with pytest.raises(DataError, match=r"data.positive 'maybe' is not one of label 'y''s two values"):
+        _checked(_source(tmp_path, values), "y", "data.positive=maybe")
+
+
+def test_a_yes_no_label_trains_binary_with_auc_and_a_stray_is_an_error(tmp_path: Path) -> None:
+    """Packed and trained: the positive class is stored as 1, the model has AUC; a third value
+    in the data is one error naming its row, never a third class."""
+    from tests.conftest import small_overrides
+    from tests.training.helpers import make_job
+    from training.trainer.run import train
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=4000)
+    y = np.where(x + rng.normal(scale=0.5, size=4000) > 0.8, "churned", "stayed")
+    path = tmp_path / "churn.parquet"
+    pq.write_table(pa.table({"x1": x, "y": y}), path)
+    config, _ = checked_source(load_config(overrides=[*small_overrides(tmp_path / "root", path), "data.label=y"]))
+    assert (config.data.task, config.data.positive, config.data.negative) == ("binary", "churned", "stayed")
+    result = train(make_job(config))
+    assert "auc" in result.history[-1].metrics and result.best_val_metric is not None
+    assert result.metric == "auc" and result.best_val_metric > 0.85
+
+    y[1234] = "maybe"
+    stray = tmp_path / "stray.parquet"
+    pq.write_table(pa.table({"x1": x, "y": y}), stray)
+    from training.pipeline.pack_stage import pack_stage
+
+    with pytest.raises(DataError, match=r"label column 'y' has 'maybe' at row 1234, neither of its two classes"):
+        pack_stage(config.with_values({"data.source": str(stray)}, "test"))
+
+
+def test_a_date_feeds_its_parts_and_learns_what_its_weekday_column_would(tmp_path: Path) -> None:
+    """The label depends on the weekday alone. Inferred from the schema, the timestamp column
+    becomes data.dates and trains as well as the same table with the weekday given as a number;
+    data.dates=[] leaves it out (and then nothing can be learned)."""
+    from tests.conftest import small_overrides
+    from tests.training.helpers import make_job
+    from training.trainer.run import train
+
+    rng = np.random.default_rng(3)
+    n = 6000
+    when = np.datetime64("2024-01-01T00:00", "s") + rng.integers(0, 730 * 86400, size=n).astype("timedelta64[s]")
+    weekday = ((when.astype("datetime64[D]").astype(np.int64) + 3) % 7)  # 1970-01-01 was a Thursday
+    y = ((weekday >= 5) ^ (rng.random(n) < 0.05)).astype(np.int64)
+    noise = rng.normal(size=n)
+    dated = tmp_path / "dated.parquet"
+    pq.write_table(pa.table({"noise": noise, "when": pa.array(when, pa.timestamp("s", tz="UTC")), "y": y}), dated)
+    numbered = tmp_path / "numbered.parquet"
+    pq.write_table(pa.table({"noise": noise, "weekday": weekday.astype(np.float64), "y": y}), numbered)
+
+    def trained(path: Path, *extra: str) -> float:
+        config, inferred = checked_source(load_config(overrides=[
+            *small_overrides(tmp_path / f"root-{path.stem}-{len(extra)}", path), "data.label=y", "train.max_steps=150",
+            *extra]))
+        if path == dated and not extra:
+            assert config.data.dates == ["when"] and inferred is not None and "data.dates=[when]" in " ".join(
+                inferred.overrides()) and inferred.notes
+        return float(train(make_job(config)).best_val_metric)
+
+    with_date, with_weekday = trained(dated), trained(numbered)
+    assert with_weekday > 0.9 and with_date >= with_weekday - 0.02
+    config, _ = checked_source(load_config(overrides=[*small_overrides(tmp_path / "root-none", dated), "data.label=y",
+                                                      "data.dates=[]", "data.numeric=[noise]"]))
+    assert config.data.dates == [] and config.data.numeric_features == ["noise"]

@@ -4,11 +4,14 @@ a second rather than a failure minutes into packing.
 
 The task, as AutoGluon's `TabularPredictor(label=...)` infers it:
 
-    booleans, or numbers that are all 0 or 1     binary
+    booleans, or exactly two values of any type  binary (the positive class: the rarer, or data.positive)
     strings, or at most MAX_CLASSES integers     multiclass
     other floats, or more distinct integers      regression
 
-Only the first file's label column is read (one column chunk per row group).
+The label column is read from the source as a whole, not from its first file: a folder of daily
+files whose first days hold one class is still binary. Up to SAMPLED_FILES files are read, evenly
+spread over the source's order (the first and the last among them), one column chunk per row
+group each.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ import pyarrow.compute as pc
 from training.data.ingest.parquet_reader import ParquetRanges
 from training.errors import DataError
 
-__all__ = ["LabelProfile", "MAX_CLASSES", "check_label", "infer_task", "profile_label"]
+__all__ = ["LabelProfile", "MAX_CLASSES", "SAMPLED_FILES", "check_label", "infer_task", "merge_profiles",
+           "positive_class", "profile_label"]
 
 MAX_CLASSES = 20  # integer labels with more distinct values are a quantity, not classes
+SAMPLED_FILES = 8  # files of a source whose label column the check reads (see the module docstring)
 _SHOWN = 1000  # distinct values collected at most
 
 
@@ -38,6 +43,7 @@ class LabelProfile:
     distinct: list[object]  # sorted, at most _SHOWN
     many: bool  # more distinct values than `distinct` holds
     integral: bool  # numbers that are all whole
+    counts: tuple[int, ...] = ()  # rows of each of `distinct`, where not `many`
 
     @property
     def numeric(self) -> bool:
@@ -58,14 +64,72 @@ def profile_label(ranges: ParquetRanges, name: str) -> LabelProfile:
     nulls = column.null_count
     first_null = int(pc.index(column.is_null(), True).as_py()) if nulls else None
     present = column.drop_null()
-    unique = pc.unique(present)
-    many = len(unique) > _SHOWN
-    values = sorted(unique.slice(0, _SHOWN).to_pylist(), key=lambda v: (str(type(v)), v))
+    tally = pc.value_counts(present)
+    many = len(tally) > _SHOWN
+    pairs = sorted(zip(tally.field("values").to_pylist(), tally.field("counts").to_pylist(), strict=True),
+                   key=lambda vc: (str(type(vc[0])), vc[0]))[:_SHOWN]
     integral = False
     if (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)) and len(present):
         floats = pc.cast(present, pa.float64())
         integral = bool(pc.all(pc.equal(floats, pc.floor(floats))).as_py())
-    return LabelProfile(ranges.where, name, column.type, len(column), nulls, first_null, values, many, integral)
+    if not len(column):
+        raise DataError(f"{ranges.where}: the file has no rows")
+    return LabelProfile(ranges.where, name, column.type, len(column), nulls, first_null, [v for v, _ in pairs], many,
+                        integral, () if many else tuple(int(c) for _, c in pairs))
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_boolean(t):
+        return "booleans"
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return "numbers"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_dictionary(t):
+        return "strings"
+    return str(t)
+
+
+def merge_profiles(where: str, profiles: list[LabelProfile]) -> LabelProfile:
+    """One profile of the label over several files of a source (`where`): rows, nulls and
+    values summed; a label that holds numbers in one file and strings in another is one error
+    naming both, before anything is packed."""
+    first = profiles[0]
+    for other in profiles[1:]:
+        if _kind(other.type) != _kind(first.type):
+            raise DataError(f"{where}: label column '{first.name}' holds {_kind(first.type)} in {first.where} and "
+                            f"{_kind(other.type)} in {other.where}; a label holds one kind of value in every file")
+    if len(profiles) == 1:
+        return first
+    counts: dict[object, int] = {}
+    many = any(p.many for p in profiles)
+    for p in profiles:
+        for i, value in enumerate(p.distinct):
+            counts[value] = counts.get(value, 0) + (p.counts[i] if p.counts else 0)
+    values = sorted(counts, key=lambda v: (str(type(v)), v))
+    many = many or len(values) > _SHOWN
+    values = values[:_SHOWN]
+    nulls = sum(p.nulls for p in profiles)
+    at = next((p for p in profiles if p.first_null is not None), None)
+    wide = next((p.type for p in profiles if pa.types.is_floating(p.type)), first.type)
+    return LabelProfile(where if at is None else at.where, first.name, wide, sum(p.rows for p in profiles), nulls,
+                        None if at is None or at.first_null is None else at.first_null, values, many,
+                        all(p.integral for p in profiles if p.rows - p.nulls),
+                        () if many else tuple(counts[v] for v in values))
+
+
+def positive_class(label: LabelProfile, named: object = None) -> tuple[object, object]:
+    """(positive, negative) of a label with two values: `named` (data.positive) where given,
+    else the rarer of the two (the one a model is usually asked to find: churned, fraud,
+    malignant); a tie goes to the one that sorts last ("yes" over "no")."""
+    a, b = label.distinct
+    if named is not None:
+        if named not in (a, b):
+            raise DataError(f"{label.where}: data.positive {named!r} is not one of label '{label.name}''s two "
+                            f"values, {a!r} and {b!r}; name one of them (quote a word YAML reads as a boolean: "
+                            f"--set data.positive='\"yes\"')")
+        return named, b if named == a else a
+    count_a, count_b = label.counts if len(label.counts) == 2 else (0, 0)
+    positive = a if count_a < count_b else b
+    return positive, b if positive == a else a
 
 
 def infer_task(label: LabelProfile) -> tuple[str, str]:
@@ -75,6 +139,10 @@ def infer_task(label: LabelProfile) -> tuple[str, str]:
         return "binary", "its values are booleans"
     if label.numeric and not label.many and set(label.distinct) <= {0, 1} and len(label.distinct) == 2:
         return "binary", "its values are 0 and 1"
+    if not label.many and len(label.distinct) == 2 and (label.text or label.integral):
+        positive, negative = positive_class(label)
+        return "binary", (f"it holds two values; the positive class is {positive!r}, the rarer (set "
+                          f"data.positive to choose {negative!r})")
     if label.text:
         return "multiclass", f"it holds text ({n} distinct values)"
     if pa.types.is_integer(label.type) and not label.many and len(label.distinct) <= MAX_CLASSES:
@@ -86,8 +154,9 @@ def infer_task(label: LabelProfile) -> tuple[str, str]:
                     "booleans or strings")
 
 
-def check_label(label: LabelProfile, task: str, drop_null_labels: bool) -> None:
-    """One DataError when the label cannot be learned as `task`."""
+def check_label(label: LabelProfile, task: str, drop_null_labels: bool, positive: object = None) -> None:
+    """One DataError when the label cannot be learned as `task` (binary with `positive`, its
+    two values named)."""
     where, name = label.where, label.name
     if label.rows and label.nulls == label.rows:
         raise DataError(f"{where}: label column '{name}' is null in every row ({label.rows}); choose another "
@@ -97,7 +166,13 @@ def check_label(label: LabelProfile, task: str, drop_null_labels: bool) -> None:
                         f"row {label.first_null}; fill them, or leave those rows out with --set data.drop_null_labels=true")
     other = infer_task(label)[0]
     hint = f" (its values suggest --set data.task={other})" if other != task else ""
-    if task == "binary":
+    if task == "binary" and positive is not None:
+        if label.many or len(label.distinct) > 2:
+            extra = [v for v in label.distinct if v != positive][1:2]
+            raise DataError(f"{where}: label column '{name}' holds more than two values for data.task binary "
+                            f"(positive {positive!r}; another: {extra[0] if extra else 'many'!r}); fix the rows, or "
+                            "set data.task: multiclass")
+    elif task == "binary":
         if not (label.numeric or pa.types.is_boolean(label.type)):
             raise DataError(f"{where}: label column '{name}' has type {label.type}; a binary label is 0/1{hint}")
         bad = [v for v in label.distinct if v not in (0, 1)]

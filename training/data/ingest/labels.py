@@ -4,7 +4,8 @@ shards, and what every split must hold.
 One small class per task (`data.task`), found in `LABELS`; a new task is a new entry here and
 one in `training.model.objectives` (its loss, predictions and metrics), not a branch through the packer.
 
-    binary       0/1 (integer, float or boolean)   stored as float32 0.0/1.0
+    binary       0/1 (integer, float or boolean),  stored as float32 0.0/1.0
+                 or two values named by data.positive and data.negative
     multiclass   integers or strings               stored as int64 index into `classes`
     regression   any finite number                 stored as float32 in the label's own units
 
@@ -44,7 +45,10 @@ class LabelCodec:
     task: ClassVar[str]
     dtype: ClassVar[type]
 
-    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes,
+               two: tuple[Any, Any] | None = None) -> np.ndarray:
+        """The column's labels as stored; `two`: (positive, negative) of a binary label of two
+        values other than 0/1."""
         raise NotImplementedError
 
     def check_splits(self, source: Path, name: str, rows: dict[str, int], positives: dict[str, int],
@@ -58,7 +62,10 @@ class LabelCodec:
 class BinaryLabels(LabelCodec):
     task, dtype = "binary", np.float32
 
-    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes,
+               two: tuple[Any, Any] | None = None) -> np.ndarray:
+        if two is not None:
+            return _two_values(path, name, col, first_row, two)
         if not _is_number(col):
             raise DataError(f"{path}: label column '{name}' has type {col.type}, expected 0/1 integers "
                             "(for other labels set data.task: multiclass or regression)")
@@ -95,7 +102,8 @@ class MulticlassLabels(LabelCodec):
             raise DataError(f"{path}: label column '{name}' has type {col_type}; a multiclass label holds integers "
                             "or strings")
 
-    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes,
+               two: tuple[Any, Any] | None = None) -> np.ndarray:
         self.check_type(path, name, col.type)
         _first_null(path, name, col, first_row)
         if pa.types.is_dictionary(col.type):
@@ -118,7 +126,8 @@ class MulticlassLabels(LabelCodec):
 class RegressionLabels(LabelCodec):
     task, dtype = "regression", np.float32
 
-    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
+    def encode(self, path: str | Path, name: str, col: pa.Array, first_row: int, classes: Classes,
+               two: tuple[Any, Any] | None = None) -> np.ndarray:
         if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)):
             raise DataError(f"{path}: label column '{name}' has type {col.type}; a regression label must be numeric")
         _first_null(path, name, col, first_row)
@@ -129,6 +138,26 @@ class RegressionLabels(LabelCodec):
             raise DataError(f"{path}: label column '{name}' has {float(values[i])!r} at row {first_row + i}; "
                             "a regression label must be finite")
         return values.astype(np.float32)
+
+
+def _two_values(path: str | Path, name: str, col: pa.Array, first_row: int, two: tuple[Any, Any]) -> np.ndarray:
+    """1.0 where the label is the positive class, 0.0 where it is the negative; a third value
+    is an error naming its row (a stray, never a new class)."""
+    _first_null(path, name, col, first_row)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    positive, negative = two
+    values = col.to_pylist()
+    if pa.types.is_floating(col.type) or pa.types.is_integer(col.type):
+        values = [int(v) if float(v).is_integer() else v for v in values]
+    is_positive = np.fromiter((v == positive for v in values), dtype=bool, count=len(values))
+    stray = ~is_positive & ~np.fromiter((v == negative for v in values), dtype=bool, count=len(values))
+    if stray.any():
+        i = int(np.flatnonzero(stray)[0])
+        raise DataError(f"{path}: label column '{name}' has {values[i]!r} at row {first_row + i}, neither of its two "
+                        f"classes {positive!r} (data.positive) and {negative!r} (data.negative); fix or drop the "
+                        "row, or set data.task: multiclass")
+    return is_positive.astype(np.float32)
 
 
 LABELS: dict[str, LabelCodec] = {c.task: c for c in (BinaryLabels(), MulticlassLabels(), RegressionLabels())}

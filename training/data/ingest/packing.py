@@ -257,7 +257,7 @@ def _manifest(source: str, segments: list[SegmentManifest], files: list[SourceFi
     for seg in segments:  # one pass: a source of thousands of files is common
         keys_of.setdefault(seg.source, []).append(seg.key)
     manifest = DatasetManifest(
-        fingerprint=fp, format_version=SEGMENT_FORMAT, label=config.label, numeric=list(config.numeric),
+        fingerprint=fp, format_version=SEGMENT_FORMAT, label=config.label, numeric=list(config.numeric_features),
         categorical=list(config.categorical), rows=rows, positives=positives,
         shards=[ShardInfo(sh.name, sh.split, sh.rows, sh.bytes, sh.sha256, sh.xxh3_128, seg.key)
                 for seg in segments for sh in seg.shards],

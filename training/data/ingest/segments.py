@@ -119,7 +119,7 @@ class PackedSegment(BaseModel):
 
 def segment_columns(config: DataConfig) -> list[str]:
     """The source columns packing reads."""
-    columns = [config.label, *config.numeric, *config.categorical, *config.vector, *config.text, *config.image]
+    columns = [config.label, *config.numeric_columns, *config.categorical, *config.vector, *config.text, *config.image]
     return columns + [c for c in (config.split_key, config.time_column) if c is not None and c not in columns]
 
 
@@ -150,7 +150,7 @@ class _SegmentPacker:
         self.config, self.plan, self.where = config, plan, where
         self.validator = FeatureValidator(config)
         self.writers = {s: SplitWriter(s, work_dir, config) for s in SPLITS}
-        self.stats = SegmentStatsBuilder(len(config.numeric), len(config.categorical), config.task == "regression",
+        self.stats = SegmentStatsBuilder(len(config.numeric_features), len(config.categorical), config.task == "regression",
                                          plan.rows)
         self.classes = SegmentClasses() if config.task == "multiclass" else None
         self.train_codes: set[int] = set()
@@ -286,7 +286,7 @@ def _finish(packer: _SegmentPacker, plan: SegmentPlan, config: DataConfig, range
         log.warning("%s: data.split_key '%s' is null in %d of %d rows: they share one key, so all of them went "
                     "to the %s split", packer.where, config.split_key, packer.null_keys, plan.rows, to)
     if packer.dropped_null_labels:
-        log.info("%s: %d of %d rows left out: their label '%s' is null (data.drop_null_labels)", packer.where,
+        log.warning("%s: %d of %d rows left out: their label '%s' is null (data.drop_null_labels)", packer.where,
                  packer.dropped_null_labels, plan.rows, config.label)
     view = fingerprinted(config)
     view.pop("window", None)  # a window chooses segments; it does not change them

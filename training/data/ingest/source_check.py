@@ -6,13 +6,22 @@ defaults (the demo's columns) are not in the file, the columns inferred from the
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from training.config import DataConfig, RetrainConfig, StorageConfig
+from training.config import DataConfig, RetrainConfig, StorageConfig, date_part
 from training.data.ingest.demo import DEMOS
-from training.data.ingest.label_check import check_label, infer_task, profile_label
+from training.data.ingest.label_check import (
+    SAMPLED_FILES,
+    LabelProfile,
+    check_label,
+    infer_task,
+    merge_profiles,
+    positive_class,
+    profile_label,
+)
 from training.data.ingest.number_columns import check_number_columns, looks_numeric
 from training.data.ingest.parquet_reader import ParquetRanges
 from training.data.ingest.sources import open_source
@@ -22,14 +31,15 @@ from training.errors import DataError
 __all__ = ["InferredColumns", "check_source_columns", "checked_source", "infer_columns", "source_schema"]
 
 LONG_TEXT_CHARS = 40  # strings longer than this on average are free text, not categories
-FEATURE_KEYS = ("numeric", "categorical", "vector", "text", "image")
+FEATURE_KEYS = ("numeric", "dates", "categorical", "vector", "text", "image")
 
 
 def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumns | None]:
     """The config with its feature columns inferred from the source's schema when none of
     data.numeric/categorical/vector/text/image was given, its task from the label's values when
     data.task was not given, and the source checked against it (a demo source is the project's
-    own: nothing to check). Reads a listing, one footer and the first file's label column."""
+    own: nothing to check). Reads a listing, one footer, and the label column of a few files
+    spread over the source (`training.data.ingest.label_check`)."""
     spec = config.data.source
     if spec is None:
         return config, None
@@ -41,10 +51,10 @@ def checked_source(config: RetrainConfig) -> tuple[RetrainConfig, InferredColumn
     _check_named(ranges.where, ranges.schema, config.data.label, "data.label")
     task_given = "task" in config.data.model_fields_set  # before any key is set below: that sets them all
     config, inferred, candidates = _feature_columns(config, ranges)
-    config, inferred = _label_task(config, ranges, inferred, task_given)
+    config, inferred = _label_task(config, ranges, inferred, task_given, _source_label(spec, config, ranges))
     check_source_columns(ranges.where, ranges.schema, config.data)
     FeatureValidator(config.data).check_schema(ranges.where, ranges.schema)  # repeated columns, types
-    declared = [c for c in config.data.numeric if _is_text(ranges.schema.field(c).type)]
+    declared = [c for c in config.data.numeric if date_part(c) is None and _is_text(ranges.schema.field(c).type)]
     check_number_columns(ranges, declared, candidates)
     return config, inferred
 
@@ -79,18 +89,42 @@ def _feature_columns(config: RetrainConfig, ranges: ParquetRanges
     return config, inferred, candidates
 
 
-def _label_task(config: RetrainConfig, ranges: ParquetRanges, inferred: InferredColumns | None, task_given: bool
-                ) -> tuple[RetrainConfig, InferredColumns | None]:
-    """data.task from the label's values when the config does not give it; the label checked
-    against the task either way."""
-    label = profile_label(ranges, config.data.label)
+def _source_label(spec: str, config: RetrainConfig, first: ParquetRanges) -> LabelProfile:
+    """The label's profile over the source: its first file and up to SAMPLED_FILES - 1 more,
+    evenly spread over the source's order, the last among them."""
+    source = open_source(spec, config.storage)
+    files = source.files()
+    picks = sorted({round(i * (len(files) - 1) / max(1, SAMPLED_FILES - 1)) for i in range(SAMPLED_FILES)})
+    profiles = [profile_label(first, config.data.label)]
+    profiles += [profile_label(ParquetRanges(source, files[i]), config.data.label) for i in picks if i > 0]
+    return merge_profiles(source.uri, profiles)
+
+
+def _label_task(config: RetrainConfig, ranges: ParquetRanges, inferred: InferredColumns | None, task_given: bool,
+                label: LabelProfile) -> tuple[RetrainConfig, InferredColumns | None]:
+    """data.task from the label's values (over the source) when the config does not give it;
+    a binary label of two values other than 0/1 gets its positive and negative classes; the
+    label checked against the task either way."""
+    data = config.data
     if not task_given:
         task, why = infer_task(label)
         config = config.with_values({"data.task": task}, f"(the task inferred from label '{label.name}')")
         inferred = inferred or InferredColumns()
         inferred.task, inferred.task_why = task, why
-    check_label(label, config.data.task, config.data.drop_null_labels)
+    if config.data.task == "binary" and _two_values(label) and data.negative is None:
+        positive, negative = positive_class(label, data.positive)
+        config = config.with_values({"data.positive": positive, "data.negative": negative},
+                                    f"(the classes of label '{label.name}')")
+        if inferred is not None:
+            inferred.positive = positive
+    check_label(label, config.data.task, config.data.drop_null_labels, config.data.positive)
     return config, inferred
+
+
+def _two_values(label: LabelProfile) -> bool:
+    """A label whose two values are not already binary's own (booleans, or 0 and 1)."""
+    return (not label.many and len(label.distinct) == 2 and not pa.types.is_boolean(label.type)
+            and set(label.distinct) != {0, 1})
 
 
 def _is_text(t: pa.DataType) -> bool:
@@ -116,6 +150,7 @@ def check_source_columns(where: str, schema: pa.Schema, config: DataConfig) -> N
     """Every column the config names is in the schema; a missing one is one DataError naming
     the closest present column and the config key that named it."""
     named = {"data.label": [config.label], **{f"data.{k}": list(getattr(config, k)) for k in FEATURE_KEYS},
+             "data.numeric": [(date_part(n) or (n, ""))[0] for n in config.numeric],
              "data.split_key": [config.split_key] if config.split_key else [],
              "data.time_column": [config.time_column] if config.time_column else []}
     for key, columns in named.items():
@@ -136,12 +171,16 @@ class InferredColumns:
 
     columns: dict[str, list[str]] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what the inference did that a user should know
     task: str | None = None  # inferred from the label's values, when data.task was not given
     task_why: str = ""
+    positive: object = None  # a binary label of two values: the positive class chosen
 
     def overrides(self) -> list[str]:
         """As `--set` overrides a user can copy into a config."""
         task = [f"data.task={self.task}"] if self.task else []
+        if self.positive is not None:
+            task.append(f"data.positive={json.dumps(self.positive)}")
         return task + [f"data.{k}=[{', '.join(v)}]" for k, v in self.columns.items()]
 
 
@@ -159,6 +198,8 @@ def _feature_kind(f: pa.Field, sample: pa.Table | None) -> str | None:
         return "vector"
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return "image"
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        return "dates"
     return None
 
 
@@ -182,6 +223,9 @@ def infer_columns(schema: pa.Schema, label: str, sample: pa.Table | None = None,
         else:
             found.columns[kind].append(f.name)
     found.columns = {k: v for k, v in found.columns.items() if v or k in ("numeric", "categorical")}
+    if found.columns.get("dates"):
+        found.notes.append(f"date columns {found.columns['dates']} feed their year, month, day, day of week, day of "
+                           "year and hour as numeric features (--set data.dates=[] leaves them out)")
     if not any(found.columns.values()):
         raise DataError(f"no feature column besides the label '{label}'; present: {', '.join(schema.names)}")
     return found

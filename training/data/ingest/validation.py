@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from training.config import DataConfig
+from training.config import DataConfig, date_part
 from training.data.ingest.arrow_buffers import float32_values, int64_values, null_mask, one_chunk, validity
 from training.data.ingest.labels import LABELS, Classes, MulticlassLabels
 from training.data.ingest.ragged import Ragged
@@ -59,7 +59,8 @@ class FeatureValidator:
 
     def check_schema(self, path: str | Path, schema: pa.Schema, with_label: bool = True) -> None:
         c = self.config
-        wanted = [*([c.label] if with_label else []), *c.numeric, *c.categorical, *c.vector, *c.text, *c.image]
+        wanted = [*([c.label] if with_label else []), *c.numeric_columns, *c.categorical, *c.vector, *c.text,
+                  *c.image]
         if with_label:  # packing reads these too; scoring does not
             wanted += [n for n in (c.split_key, c.time_column) if n is not None and n not in wanted]
         missing = [n for n in wanted if n not in schema.names]
@@ -71,6 +72,10 @@ class FeatureValidator:
                             "file's schema; give each column a distinct name")
         if with_label and c.task == "multiclass":
             MulticlassLabels.check_type(path, c.label, schema.field(c.label).type)
+        for name in dict.fromkeys(found[0] for n in c.numeric_features if (found := date_part(n)) is not None):
+            t = schema.field(name).type
+            if not (pa.types.is_timestamp(t) or pa.types.is_date(t)):
+                raise DataError(f"{path}: date column '{name}' has type {t}, expected a date or a timestamp")
         for name in c.vector:
             t = schema.field(name).type
             if not ((pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t))
@@ -109,6 +114,17 @@ class FeatureValidator:
             raise DataError(f"{path}: data.time_column '{name}' holds an infinite value; give each row a finite "
                             "time (or null)")
         return seconds
+
+    def date_part(self, path: str | Path, name: str, col: pa.Array, part: str) -> np.ndarray:
+        """A part of a date or timestamp column as float32, nulls NaN (imputed like any
+        numeric's): local time where the timestamp has a zone, as Arrow extracts it."""
+        if pa.types.is_date(col.type):
+            col = pc.cast(pc.cast(col, pa.date32()), pa.timestamp("s"))
+        elif not pa.types.is_timestamp(col.type):
+            raise DataError(f"{path}: date column '{name}' has type {col.type}, expected a date or a timestamp")
+        extract = {"year": pc.year, "month": pc.month, "day": pc.day, "dayofweek": pc.day_of_week,
+                   "dayofyear": pc.day_of_year, "hour": pc.hour}[part]
+        return float32_values(pc.cast(extract(col), pa.float64()))
 
     def image(self, path: str | Path, name: str, col: pa.Array, first_row: int) -> Ragged:
         """The encoded images as they are (decoded by preprocessing); a null one is an error."""
@@ -158,7 +174,9 @@ class FeatureValidator:
         return values
 
     def label(self, path: str | Path, col: pa.Array, first_row: int, classes: Classes) -> np.ndarray:
-        return LABELS[self.config.task].encode(path, self.config.label, col, first_row, classes)
+        c = self.config
+        two = (c.positive, c.negative) if c.task == "binary" and c.positive is not None else None
+        return LABELS[c.task].encode(path, c.label, col, first_row, classes, two)
 
 
 def _is_float(v: str) -> bool:
@@ -174,9 +192,12 @@ def feature_arrays(validator: FeatureValidator, path: str | Path, batch: pa.Reco
     """The feature columns of a record batch validated and encoded as packing stores them (so
     scoring new data reads them exactly as training did); no label."""
     config, n = validator.config, batch.num_rows
-    num = np.empty((n, len(config.numeric)), dtype=np.float32)
-    for j, name in enumerate(config.numeric):
-        num[:, j] = validator.numeric(path, name, batch.column(name), first)
+    numeric = config.numeric_features
+    num = np.empty((n, len(numeric)), dtype=np.float32)
+    for j, name in enumerate(numeric):
+        part = date_part(name)
+        num[:, j] = (validator.numeric(path, name, batch.column(name), first) if part is None
+                     else validator.date_part(path, part[0], batch.column(part[0]), part[1]))
     cat = np.empty((n, len(config.categorical)), dtype=np.int64)
     for j, name in enumerate(config.categorical):
         cat[:, j] = category_hash(batch.column(name))
