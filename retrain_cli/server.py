@@ -30,7 +30,7 @@ from typing import Callable
 
 from training.errors import ConfigError
 
-__all__ = ["LIGHT_QUEUE", "TRAINING_QUEUE", "serve"]
+__all__ = ["LIGHT_QUEUE", "SERVER_SETTINGS", "TRAINING_QUEUE", "serve"]
 
 TRAINING_QUEUE, LIGHT_QUEUE = "training", "light"
 _USER, _DATABASE = "prefect", "prefect"
@@ -156,6 +156,13 @@ def make_work_pool(api: str, pool: str, slots: int) -> None:
                 client.create_work_queue(name=name, work_pool_name=pool, priority=priority, concurrency_limit=limit)
 
 
+# What the pipeline needs of a Prefect server beyond its defaults. Concurrency leases (a storage
+# root's slot is one) live in the server's memory by default, so a restart forgets the lease of a
+# run that was holding the slot and the limit stays taken for good; on disk beside the server's
+# data, a restarted server finds each lease and frees it when it lapses.
+SERVER_SETTINGS = {"PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE": "prefect.server.concurrency.lease_storage.filesystem"}
+
+
 def serve(folder: Path, host: str, port: int, pool: str | None, slots: int, say: Callable[[str], None]) -> int:
     """Run the server until Ctrl-C or SIGTERM; its exit status."""
     cluster = _Cluster(folder)
@@ -163,7 +170,9 @@ def serve(folder: Path, host: str, port: int, pool: str | None, slots: int, say:
     cluster.start()
     api = f"http://{host}:{port}/api"
     env = {**os.environ, "PREFECT_SERVER_DATABASE_CONNECTION_URL": cluster.url(), "PREFECT_UI_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+           "PREFECT_UI_URL": f"http://{host}:{port}", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           # The leases under the data folder, with the database: they survive a restart.
+           "PREFECT_HOME": str(folder / "prefect-home"), **SERVER_SETTINGS}
     env.pop("PREFECT_API_URL", None)
     proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", host, "--port", str(port)],
                             env=env, start_new_session=True)

@@ -143,6 +143,10 @@ def announce_run_completed(report: RunReport, report_path: str) -> None:
     if not in_run():
         return
     promotion = report.promotion
+    value = report.metrics.get(report.metric)
+    storage = report.storage
+    # Where a reader opens it: the S3 object on an s3:// root (a worker's local copy is not theirs).
+    where = f"{storage.run_uri.rstrip('/')}/report.json" if storage.remote and storage.run_uri else report_path
     emit_event(
         event=RUN_COMPLETED_EVENT,
         # The status as a label too: an automation can match labels, not payloads
@@ -150,10 +154,13 @@ def announce_run_completed(report: RunReport, report_path: str) -> None:
         resource={"prefect.resource.id": f"retrain.run.{report.run_key}", "prefect.resource.name": report.run_key,
                   "retrain.run.status": report.status},
         payload={"run_key": report.run_key, "status": report.status, "stop_reason": report.stop_reason,
-                 "report": report_path, "metric": report.metric,
-                 "value": report.metrics.get(report.metric), "model_sha256": report.model.sha256,
+                 "report": where, "metric": report.metric,
+                 "value": value, "model_sha256": report.model.sha256,
+                 "metric_text": f"model's test {report.metric} is {value:.4f}" if value is not None else "",
+                 "cost_text": f"${report.cost.compute.usd:.4f} of compute", "steps": report.steps,
                  "promoted": promotion.promoted,
-                 "champion_sha256": promotion.challenger_sha256 if promotion.promoted else promotion.champion_sha256},
+                 "champion_sha256": promotion.challenger_sha256 if promotion.promoted else promotion.champion_sha256,
+                 **_flow_run_facts()},
     )
 
 

@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 class PrefectServer:
     def __init__(self, home: Path, port: int, database_url: str) -> None:
-        self.port = port
+        self.port, self.home, self.database_url = port, home, database_url
         self.log_path = home / "server.log"
         self.api_url = f"http://127.0.0.1:{port}/api"
         self.ui_url = f"http://127.0.0.1:{port}"
@@ -92,17 +92,21 @@ def _repeatable(request: httpx.Request) -> bool:
 
 
 @contextlib.contextmanager
-def running_server(home: Path, postgres: PostgresCluster) -> Iterator[PrefectServer]:
-    """`prefect server start` with its own home and a new database of `postgres`, until the block
-    ends."""
-    server = PrefectServer(home, _free_port(), postgres.new_database())
-    log = open(home / "server.log", "w")
+def running_server(home: Path, postgres: PostgresCluster, database_url: str | None = None,
+                   port: int | None = None) -> Iterator[PrefectServer]:
+    """`prefect server start` with its own home and a new database of `postgres` (or
+    `database_url`, on `port`: the same server started again), with the settings `retrain server`
+    gives its server, until the block ends."""
+    from retrain_cli.server import SERVER_SETTINGS
+
+    server = PrefectServer(home, port or _free_port(), database_url or postgres.new_database())
+    log = open(home / "server.log", "a")
     proc = subprocess.Popen(
         [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(server.port)],
         # The scheduler's loop every 5 s instead of 60: the scheduled-runs test waits for it,
         # and only its interval, not what it does, would make that test slower.
-        env={**server.env, **postgres.SERVER_ENV, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}, stdout=log,
-        stderr=subprocess.STDOUT, start_new_session=True,
+        env={**server.env, **postgres.SERVER_ENV, **SERVER_SETTINGS, "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"},
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     try:
         deadline = time.time() + 120

@@ -86,17 +86,22 @@ def test_the_notifying_automations_send_their_messages(prefect_server: PrefectSe
                                 "with tags('retrain'):\n"
                                 "    fails(return_state=True)\n")
         failed = _arrived(received, "failed", "data.source /nowhere does not exist")
-        assert "retrain: flow run" in failed
+        assert "retrain: flow run" in failed and "of no deployment (retrain-notify-check)" in failed
 
         _python(prefect_server, "from prefect.events import emit_event\n"  # what tasks/artifacts.py emits
                                 "emit_event(event='retrain.run.completed', resource={'prefect.resource.id': "
                                 "'retrain.run.abc123', 'prefect.resource.name': 'abc123', 'retrain.run.status': "
                                 "'budget_stopped'}, payload={'run_key': 'abc123', 'status': 'budget_stopped', "
-                                "'stop_reason': 'budget.max_usd=1.0 would be exceeded', 'report': '/r/report.json'})\n"
+                                "'stop_reason': 'budget.max_usd=1.0 would be exceeded', 'report': 's3://b/runs/abc123/report.json', "
+                                "'steps': 420, 'cost_text': '$0.8123 of compute', 'metric_text': \"model's test auc is "
+                                "0.8712\", 'flow_run_name': 'daily-0300-cd', 'deployment': 'retrain', "
+                                "'flow_run_url': 'http://ui/runs/flow-run/cd'})\n"
                                 "emit_event(event='retrain.run.completed', resource={'prefect.resource.id': "
                                 "'retrain.run.def456', 'retrain.run.status': 'completed'}, payload={'run_key': 'def456'})")
         budget = _arrived(received, "abc123", "stopped at its budget")
-        assert "budget.max_usd=1.0 would be exceeded" in budget and "/r/report.json" in budget
+        assert "budget.max_usd=1.0 would be exceeded" in budget and "s3://b/runs/abc123/report.json" in budget
+        assert "flow run daily-0300-cd (retrain) stopped at its budget" in budget and "http://ui/runs/flow-run/cd" in budget
+        assert "after 420 steps and $0.8123 of compute" in budget and "test auc is 0.8712" in budget
 
         with prefect_server.api() as api:
             flow_id = api.post("/flows/", json={"name": "retrain-crash-check"}).json()["id"]

@@ -1,5 +1,6 @@
 """`retrain server`: a Prefect server on PostgreSQL in one command, with the shipped work pool and
-its queues; stopped by a signal, with its database; started again on the same data."""
+its queues; stopped by a signal, with its database; started again on the same data, where a
+storage root's slot that a run held across the restart is freed once its lease lapses."""
 
 from __future__ import annotations
 
@@ -64,11 +65,27 @@ def _up_and_down(data: Path, log: Path) -> None:
         assert pool["type"] == "process" and pool["concurrency_limit"] == 3
         assert "PostgreSQL" in log.read_text() and (data / "postgres" / "PG_VERSION").exists()
         assert oct((data / "database.json").stat().st_mode & 0o777) == "0o600"
+        # A run holds a storage root's slot (as tasks/root_slot.py takes it) when the server stops.
+        httpx.post(f"{api}/v2/concurrency_limits/", json={"name": ROOT_LIMIT, "limit": 1}, timeout=10)
+        held = httpx.post(f"{api}/v2/concurrency_limits/increment-with-lease", timeout=10,
+                          json={"names": [ROOT_LIMIT], "slots": 1, "mode": "concurrency", "lease_duration": 60})
+        assert held.status_code == 200, held.text
+        assert _slots(api) == 1
     finally:
         _stopped(proc, data)
     again = _start(data, port, log)  # the same data: the cluster and the pool are kept, not made twice
     try:
         wait_for(lambda: _said(again, log, 2), 300, "the server to come up again")
         assert httpx.get(f"{api}/work_pools/retrain-process", timeout=10).json()["concurrency_limit"] == 3
+        # Nobody renews that lease now: the restarted server still knows it (its leases are on
+        # disk, not in the memory of the server that stopped) and frees the slot when it lapses.
+        wait_for(lambda: _slots(api) == 0, 240, "the dead run's root slot to be freed after the restart")
     finally:
         _stopped(again, data)
+
+
+ROOT_LIMIT = "retrain-root-restart-check"
+
+
+def _slots(api: str) -> int:
+    return int(httpx.get(f"{api}/v2/concurrency_limits/{ROOT_LIMIT}", timeout=10).json()["active_slots"])

@@ -98,12 +98,14 @@ def scoring_threads(config: RetrainConfig) -> Iterator[int]:
 def nothing_to_score(source: str) -> str | None:
     """Why a local input holds nothing to score yet (None: it holds Parquet files, or it is on
     S3, where listing it is the stage's work). A deployment triggered after every retrain meets
-    an input folder before its first file lands: that is a skip, not a failure."""
+    an input folder before its first file lands: that is a skip, not a failure. An input that
+    does not exist at all is a mistake in the run's parameters: a DataError, so the run fails."""
     if source.startswith("s3://"):
         return None
     path = Path(source).expanduser()
     if not path.exists():
-        return f"the input {path} does not exist yet"
+        raise DataError(f"the input {path} does not exist (--input / the predict deployment's `input`); name a "
+                        "Parquet or CSV file or a folder of them")
     if path.is_dir() and not any(p.is_file() and is_source_file(p.name) for p in path.rglob("*")):
         return f"the input folder {path} holds no .parquet or .csv file yet"
     return None

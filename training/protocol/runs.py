@@ -48,8 +48,9 @@ def step_of(name: str) -> int | None:
 
 class AttemptRecord(BaseModel):
     """One line of attempts.jsonl: a process that started training (what it resumed from, what
-    the attempt before it lost), a planned pause at a tuning rung (`paused_at`), or a stop the
-    user asked for (`interrupted_at`: Ctrl-C, not a spot reclaim)."""
+    the attempt before it lost), a planned pause at a tuning rung (`paused_at`), a stop the
+    user asked for (`interrupted_at`: Ctrl-C, not a spot reclaim), or a budget's stop
+    (`budget_stopped_at`: a larger budget continues the run, which is no preemption either)."""
 
     resumed_from: int | None = None
     steps_lost: int = 0
@@ -57,6 +58,12 @@ class AttemptRecord(BaseModel):
     startup_seconds: float = 0.0
     paused_at: int | None = None
     interrupted_at: int | None = None
+    budget_stopped_at: int | None = None
+
+    @property
+    def planned_stop(self) -> bool:
+        """A stop that was no preemption: a rung, the user's, or a budget's."""
+        return self.paused_at is not None or self.interrupted_at is not None or self.budget_stopped_at is not None
 
 
 def append_attempt(path: Path, entry: AttemptRecord) -> list[AttemptRecord]:

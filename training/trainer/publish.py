@@ -81,6 +81,8 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
                                    stopper.best_step, trainer.metric, stopper.best)
     result = _result(trainer, status, package, fp32_slowdown)
     result = result.model_copy(update=vars(_step_counts(trainer)))
+    if status == "budget_stopped" and trainer.rank == 0:
+        append_attempt(trainer.run_dir / "attempts.jsonl", AttemptRecord(budget_stopped_at=trainer.state.progress.step))
     write_json_atomic(trainer.run_dir / "result.json", result.to_json())
     root, rel, key = trainer.book.root, job.run_rel, job.run_key
     if root is not None:

@@ -116,10 +116,11 @@ class ResumeBook:
         entry = AttemptRecord(resumed_from=self.resumed_step, steps_lost=steps_lost, seconds_lost=seconds_lost,
                               startup_seconds=time.time() - self.spawn_time)
         records = append_attempt(self.run_dir / "attempts.jsonl", entry) if self.rank == 0 else [entry]
-        # A tuning trial's pauses at its rungs are planned stops, and a user's interrupts are
-        # their own: neither is a preemption, nor a cost of running on spot.
-        pauses = sum(1 for e in records if e.paused_at is not None or e.interrupted_at is not None)
-        entries = [e for e in records if e.paused_at is None and e.interrupted_at is None]
+        # A tuning trial's pauses at its rungs are planned stops, a user's interrupts are their
+        # own, and a budget's stop is continued by a larger budget: none is a preemption, nor a
+        # cost of running on spot.
+        pauses = sum(1 for e in records if e.planned_stop)
+        entries = [e for e in records if not e.planned_stop]
         progress.resumed_from_steps = [e.resumed_from for e in entries if e.resumed_from is not None]
         progress.steps_lost = sum(e.steps_lost for e in entries)
         progress.seconds.lost = sum(e.seconds_lost for e in entries)

@@ -126,3 +126,4 @@ def test_a_budget_stopped_run_continues_from_its_checkpoint_with_a_larger_budget
     assert not more.already_complete and more.status == "budget_stopped" and more.steps > first.steps
     assert first.steps in more.resumed_from_steps  # from its checkpoint, not from scratch
     assert "budget.max_wall_seconds=40" in (more.stop_reason or "")
+    assert first.preemptions == more.preemptions == 0  # a budget's stop is no preemption
