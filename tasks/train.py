@@ -15,7 +15,7 @@ from training.pipeline.handoffs import PackResult, PrepResult
 from training.pipeline.train_stage import train_stage
 from training.protocol.events import CheckpointSaved, ChildEvent, Started, Validated
 from training.protocol.results import TrainResult
-from training.registry.champion import Champion, champion_of
+from training.registry.champion import Champion
 
 __all__ = ["find_champion", "record_preemption", "train_model"]
 
@@ -85,8 +85,11 @@ def _where(saved: list[CheckpointSaved]) -> str:
 
 @task(name="champion", **retried(timeout_seconds=HOUR))
 def find_champion(config: RetrainConfig) -> Champion | None:
-    """The root's champion, verified file by file (None: there is none); an unusable one says why."""
-    return champion_of(config)
+    """The root's champion, verified file by file and loaded in the stage child (None: there is
+    none); an unusable one says why."""
+    from training.pipeline.stage_calls import champion_in_child
+
+    return champion_in_child(config)
 
 
 @task(name="train", retry_condition_fn=retry_only_preemptions, timeout_seconds=TRAIN_TIMEOUT)

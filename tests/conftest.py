@@ -73,6 +73,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_plan.py::test_the_memory_estimate_matches_a_measured_cpu_step",  # a measuring child
     "test_incremental.py::test_retrain_when_drift",  # the train stage's training process
     "test_threads.py::test_a_real_burner_is_counted",  # a CPU-burning process
+    "test_numerics.py::test_with_a_gpu_driver_nvidia_smi",  # a stand-in nvidia-smi process
     "test_loader.py::test_workers_deliver_the_single_process_order",  # DataLoader worker processes
     "test_loop.py::test_workers_change_nothing_but_speed",  # DataLoader worker processes
     "test_throughput.py::test_the_worker_probe_measures_real_workers",  # DataLoader worker processes

@@ -82,3 +82,33 @@ def test_a_wrong_deployment_is_one_line(deployment: str, says: str, capsys: pyte
     assert main(["manifests", "--deployment", deployment]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("retrain: error: ") and says in err and "\n" not in err
+
+
+# The Kubernetes client's methods TorchX's scheduler may call, as (resource, verb) a Role grants.
+_CALLS = {
+    "create_namespaced_custom_object": ("jobs", "create"), "get_namespaced_custom_object": ("jobs", "get"),
+    "list_namespaced_custom_object": ("jobs", "list"), "delete_namespaced_custom_object": ("jobs", "delete"),
+    "patch_namespaced_custom_object": ("jobs", "patch"), "replace_namespaced_custom_object": ("jobs", "update"),
+    "get_namespaced_custom_object_status": ("jobs/status", "get"),
+    "replace_namespaced_custom_object_status": ("jobs/status", "update"),
+    "patch_namespaced_custom_object_status": ("jobs/status", "patch"),
+    "read_namespaced_pod": ("pods", "get"), "list_namespaced_pod": ("pods", "list"),
+    "read_namespaced_pod_log": ("pods/log", "get"),
+}
+
+
+def test_the_launchers_role_grants_every_call_torchxs_kubernetes_scheduler_makes() -> None:
+    """Read from TorchX's own source: a call it makes that the Role does not grant would fail
+    the launcher in a cluster (following the job, cancelling it) and nowhere here."""
+    import re
+
+    import torchx.schedulers.kubernetes_scheduler as scheduler
+
+    called = set(re.findall(r"\.(\w+_namespaced_\w+)\(", Path(scheduler.__file__).read_text()))
+    unknown = called - set(_CALLS)
+    assert not unknown, f"TorchX calls {sorted(unknown)}: add them to _CALLS with the verb they need"
+    (role,) = [o for o in _manifests() if o["kind"] == "Role"]
+    granted = {(resource, verb) for rule in role["rules"] for resource in rule["resources"] for verb in rule["verbs"]}
+    missing = sorted(_CALLS[c] for c in called if _CALLS[c] not in granted)
+    assert missing == [], f"the Role lacks {missing}"
+    assert ("jobs/status", "update") in granted  # cancel: a job marked Aborted

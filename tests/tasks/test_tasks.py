@@ -47,14 +47,19 @@ def test_storage_errors_are_retried_only_when_transient() -> None:
 
 def test_the_score_task_skips_an_input_that_holds_nothing_yet(small_config: RetrainConfig, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """The shipped predict deployment runs after every retrain; before the first file lands in
-    its input folder, that is a skip with a clear line, not a failed run with a traceback."""
-    from tasks.score import score_parquet
+    its input folder, that is a skip with a clear line, not a failed run with a traceback. An
+    input that does not exist at all is a mistake in the parameters: the run fails, in one line."""
+    import pytest
 
-    for missing in (tmp_path / "incoming", tmp_path / "empty"):
-        if missing.name == "empty":
-            missing.mkdir()
-        result = score_parquet.fn(small_config, str(missing), str(tmp_path / "scores.parquet"), "champion", None)
-        assert result.skipped and result.rows == 0 and not (tmp_path / "scores.parquet").exists()
+    from tasks.score import score_parquet
+    from training.errors import DataError
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = score_parquet.fn(small_config, str(empty), str(tmp_path / "scores.parquet"), "champion", None)
+    assert result.skipped and result.rows == 0 and not (tmp_path / "scores.parquet").exists()
+    with pytest.raises(DataError, match="incoming does not exist"):
+        score_parquet.fn(small_config, str(tmp_path / "incoming"), str(tmp_path / "scores.parquet"), "champion", None)
 
 
 def test_a_run_is_named_from_its_merged_config_and_keeps_its_name_when_rescheduled() -> None:

@@ -44,7 +44,7 @@ import training
 from training.errors import ConfigError, Preempted
 from training.launch.process import error_class, free_loopback_port, log_child_event, rebuild_error
 from training.protocol.entries import NODE_MODULE
-from training.protocol.events import ChildEvent, ErrorReport, LogLine, NodeJoined, read_event
+from training.protocol.events import ChildEvent, Done, ErrorReport, InGroup, LogLine, NodeJoined, read_event
 from training.protocol.job import TrainJob
 from training.protocol.results import TrainResult
 from training.protocol.runs import count_attempt, fetch_finished_run
@@ -70,6 +70,9 @@ ROLE = "node"
 PASSED_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG", "AWS_REGION", "AWS_DEFAULT_REGION")
 _POLL_SECONDS = 0.5
 _TERM_GRACE_SECONDS = 60.0  # for a node's ranks to write the emergency checkpoint after SIGTERM
+# Beyond train.distributed.join_timeout_s, for a node's process to start torchrun (imports, the
+# frozen job and its data's markers brought down) before the rendezvous's own clock starts.
+START_GRACE_SECONDS = 60.0
 
 
 class FrozenJob(BaseModel):
@@ -162,8 +165,10 @@ class _Watch:
     def __init__(self, runner: Runner, handle: str, job: TrainJob, on_event: Callable[[ChildEvent], None]) -> None:
         self.runner, self.handle, self.job, self.on_event = runner, handle, job, on_event
         self.reported: list[ErrorReport] = []
-        self.joined: set[int] = set()
+        self.started: set[int] = set()  # nodes whose torchrun started
+        self.in_group: set[int] = set()  # nodes the rendezvous admitted (their first rank is in the group)
         self.failed = threading.Event()  # a rank reported a user error or a bug: stop the others now
+        self.done = threading.Event()  # rank 0 finished the run
         self._lock = threading.Lock()
         # Each thread runs in a copy of this context: `on_event` logs to the task run, whose
         # Prefect settings (the server's address) live in context variables.
@@ -194,16 +199,22 @@ class _Watch:
                 sys.stderr.write(line if line.endswith("\n") else line + "\n")
             return
         with self._lock:
+            n = self.job.config.train.distributed.nnodes
             if isinstance(event, NodeJoined):
-                self.joined.add(event.node)
-                n = self.job.config.train.distributed.nnodes
-                self.on_event(_info(f"node {event.node} ({event.host}) is at the rendezvous {event.endpoint}: "
-                                    f"{len(self.joined)} of {n} nodes"))
+                self.started.add(event.node)
+                self.on_event(_info(f"node {event.node} ({event.host}) started torchrun, joining the rendezvous at "
+                                    f"{event.endpoint}"))
+            elif isinstance(event, InGroup):
+                self.in_group.add(event.node)
+                self.on_event(_info(f"node {event.node} is in the group (rank {event.rank} of {event.world_size}): "
+                                    f"{len(self.in_group)} of {n} nodes"))
             elif isinstance(event, ErrorReport):
                 self.reported.append(event)
                 if event.type == "Bug" or error_class(event) is not Preempted:
                     self.failed.set()
             else:
+                if isinstance(event, Done):
+                    self.done.set()
                 self.on_event(event)
 
     def join(self, timeout: float) -> None:
@@ -221,11 +232,21 @@ def _wait_for_nodes(pid_dir: Path, grace: float = _TERM_GRACE_SECONDS) -> None:
             pids.append(int(path.read_text()))
     deadline = time.monotonic() + grace
     while pids and time.monotonic() < deadline:
+        for pid in [p for p in pids if _stopped(p)]:  # SIGSTOPped: it cannot act on SIGTERM, nor write anything
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
         pids = [pid for pid in pids if _alive(pid)]
         time.sleep(_POLL_SECONDS)
     for pid in pids:
         with contextlib.suppress(OSError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def _stopped(pid: int) -> bool:
+    """A node process stopped by a signal (SIGSTOP, a debugger): state T in /proc."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1].startswith(("T", "t"))
+    return False
 
 
 def _alive(pid: int) -> bool:
@@ -263,44 +284,100 @@ def run_group(job: TrainJob, on_event: Callable[[ChildEvent], None] = log_child_
                        f"{f'{least} to {d.nnodes}' if least < d.nnodes else f'all {d.nnodes}'} at the c10d rendezvous "
                        f"on port {port} (up to {int(d.join_timeout_s)} s)"))
         watch = _Watch(runner, handle, job, on_event)
-        state = "UNKNOWN"
+        state, why = "UNKNOWN", ""
         try:
-            while True:
-                status = runner.status(handle)
-                if status is not None and status.is_terminal():
-                    state = status.state.name
-                    break
-                if watch.failed.is_set():
-                    state = "STOPPED"  # a rank's own error: the others would wait out the rendezvous
-                    break
-                time.sleep(_POLL_SECONDS)
+            state, why = _follow(runner, handle, watch, least, time.monotonic() + d.join_timeout_s + START_GRACE_SECONDS)
         finally:
             if state != "SUCCEEDED":
                 # SIGTERM to every node (pods deleted on Kubernetes): their ranks write the
                 # emergency checkpoint. Nodes on this machine are waited for, so that a retry
-                # never meets this attempt's ranks still writing.
+                # never meets this attempt's ranks still writing; a stopped node is killed.
                 runner.cancel(handle)
                 if log_dir is not None:
                     _wait_for_nodes(log_dir)
             watch.join(timeout=30.0)
-    return _outcome(job, state, watch.reported, log_dir)
+            if d.scheduler == "kubernetes":
+                # TorchX's cancel marks a Volcano job Aborted and leaves it: one would pile up per attempt.
+                with contextlib.suppress(Exception):
+                    runner.delete(handle)
+            if log_dir is not None:
+                _remove_node_homes(log_dir)
+    return _outcome(job, state, watch.reported, log_dir, why)
 
 
-def _outcome(job: TrainJob, state: str, reported: list[ErrorReport], log_dir: Path | None) -> TrainResult:
-    where = f"; each node's output is in {log_dir}" if log_dir is not None else ""
-    if state == "SUCCEEDED":
-        root = StorageRoot.from_config(job.config)
-        if root.is_remote:
+def _follow(runner: Runner, handle: str, watch: _Watch, least: int, join_deadline: float) -> tuple[str, str]:
+    """Follow the app until it ends, a rank reports its own error, rank 0 finishes (a node that
+    never joined may still hold its process), or the group cannot form: a node's process ended
+    before the fewest nodes were in the group, or they were not in by `join_deadline`. (The
+    state, and why the attempt ends when it is not the app's own end.)"""
+    while True:
+        status = runner.status(handle)
+        if status is not None and status.is_terminal():
+            return status.state.name, ""
+        if watch.failed.is_set():
+            return "STOPPED", ""  # a rank's own error: the others would wait out the rendezvous
+        if watch.done.is_set():
+            return "FINISHED", ""  # the run is complete on the nodes that trained it
+        if len(watch.in_group) < least:
+            ended = sorted(r.id for role in (status.roles if status is not None else []) for r in role.replicas
+                           if r.state.name in ("FAILED", "CANCELLED", "SUCCEEDED"))
+            every = set(range(watch.job.config.train.distributed.nnodes))
+            # The culprits: nodes that never started torchrun, else those the rendezvous never admitted.
+            missing = sorted(every - watch.started) or sorted(every - watch.in_group)
+            if ended:
+                return "LOST", (f"node {ended[0]} ended before {least} nodes were in the group; not in it: "
+                                f"{_nodes(missing)} (stopped or lost?)")
+            if time.monotonic() > join_deadline:
+                return "LOST", (f"{_nodes(missing)} did not come to the rendezvous within "
+                                f"{watch.job.config.train.distributed.join_timeout_s:.0f} s of its start (stopped, "
+                                "unschedulable or lost?)")
+        time.sleep(_POLL_SECONDS)
+
+
+def _nodes(nodes: list[int]) -> str:
+    return ("node " if len(nodes) == 1 else "nodes ") + ", ".join(str(n) for n in nodes)
+
+
+def _remove_node_homes(pid_dir: Path) -> None:
+    """The working folders the nodes on this machine made for themselves (training.worker.node)."""
+    import shutil
+
+    for path in pid_dir.glob("node-*.home"):
+        with contextlib.suppress(OSError, ValueError):
+            home = Path(path.read_text().strip())
+            if home.name.startswith("retrain-node-"):
+                shutil.rmtree(home, ignore_errors=True)
+
+
+def _finished(job: TrainJob) -> TrainResult | None:
+    """The run's result when the nodes finished it (whatever TorchX says of a node that never
+    joined), else None."""
+    root = StorageRoot.from_config(job.config)
+    if root.is_remote:
+        with contextlib.suppress(Exception):
             fetch_finished_run(root, job.run_rel)
-        path = Path(job.run_dir) / "result.json"
-        if not path.exists():
-            raise Preempted(f"the nodes of run {job.run_key} ended without its result.json{where}; retrying")
-        return TrainResult.model_validate_json(path.read_text())
+    path = Path(job.run_dir) / "result.json"
+    try:
+        result = TrainResult.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return result if result.run_key == job.run_key else None
+
+
+def _outcome(job: TrainJob, state: str, reported: list[ErrorReport], log_dir: Path | None, why: str = "") -> TrainResult:
+    where = f"; each node's output is in {log_dir}" if log_dir is not None else ""
+    if state in ("SUCCEEDED", "FINISHED") or not any(r.type == "Bug" or error_class(r) is not Preempted
+                                                      for r in reported):
+        done = _finished(job)
+        if done is not None:
+            return done  # complete, even where a node that never joined made the app look lost
+    if state in ("SUCCEEDED", "FINISHED"):
+        raise Preempted(f"the nodes of run {job.run_key} ended without its result.json{where}; retrying")
     for report in reported:
         if report.type == "Bug":
             raise RuntimeError(f"training job {job.run_key} failed on a node: {report.message}{where}")
     for report in reported:
         if error_class(report) is not Preempted:
             raise rebuild_error(report)
-    raise Preempted(f"training job {job.run_key} lost a node (TorchX state {state}); every node starts again on "
-                    f"retry{where}")
+    cause = f": {why}" if why else f" (TorchX state {state})"
+    raise Preempted(f"training job {job.run_key} lost a node{cause}; every node starts again on retry{where}")

@@ -45,9 +45,13 @@ def launcher_rbac(namespace: str, service_account: str = LAUNCHER) -> list[dict[
     meta = {"name": LAUNCHER, "namespace": namespace}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": service_account, "namespace": namespace}},
+        # What TorchX's Kubernetes scheduler calls (tests/test_k8s_manifests.py reads its source):
+        # it submits, reads, lists and deletes Volcano jobs, reads their status (describe) and
+        # replaces it (cancel marks a job Aborted), reads pods and streams their logs.
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": [
             {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs"],
              "verbs": ["create", "get", "list", "watch", "delete"]},
+            {"apiGroups": ["batch.volcano.sh"], "resources": ["jobs/status"], "verbs": ["get", "update", "patch"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
             {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
         ]},

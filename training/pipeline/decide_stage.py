@@ -56,11 +56,11 @@ def decide_stage(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
 
 def _decide(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
     from training.model.package_meta import PackageMeta
-    from training.registry.champion import champion_of
+    from training.pipeline.stage_calls import champion_in_child
 
     mode, metric = config.train.retrain_when, _metric(config)
     base = TrainingDecision(train=True, reason="", mode=mode, threshold=config.train.drift_threshold, metric=metric)
-    champion = champion_of(config)
+    champion = champion_in_child(config)  # verified and loaded in the stage child: torch
     if champion is None or not champion.usable:
         return base.model_copy(update={"reason": "no usable champion to keep"})
     meta = PackageMeta.read(champion.package)
@@ -116,17 +116,26 @@ def _drift(stats: FeatureStats, manifest: DatasetManifest, packed: PackResult,
 
 def _champion_scores(config: RetrainConfig, champion: Champion, manifest: DatasetManifest, packed: PackResult,
                      keys: list[str]) -> tuple[float | None, float | None]:
-    """(the champion's recorded test metric, its metric on every row of the new segments)."""
-    from training.model.evaluation import evaluate_package
+    """(the champion's recorded test metric, its metric on every row of the new segments),
+    scored in the stage child: the flow's process never imports torch."""
+    from training.pipeline.stage_calls import champion_scores_in_child
 
     metric = _metric(config)
     recorded = (champion.pointer.metrics or {}).get(metric) if champion.pointer is not None else None
-    view = manifest.restricted_to(set(keys))
-    scores = evaluate_package(champion.package, Path(packed.dataset_dir), view, config.model.factory,
-                              split=("train", "validation", "test"), expected_meta_sha256=champion.meta_sha256)
+    scores = champion_scores_in_child(config, packed, str(champion.package), champion.meta_sha256, keys)
     now = scores.get(metric)
     return (float(recorded) if recorded is not None else None,
             float(now) if now is not None and math.isfinite(now) else None)
+
+
+def champion_scores(config: RetrainConfig, packed: PackResult, package: Path, meta_sha256: str | None,
+                    keys: list[str]) -> dict[str, float]:
+    """The champion's metrics on every row of the segments `keys` (in the stage child)."""
+    from training.model.evaluation import evaluate_package
+
+    view = require_manifest(Path(packed.dataset_dir)).restricted_to(set(keys))
+    return evaluate_package(package, Path(packed.dataset_dir), view, config.model.factory,
+                            split=("train", "validation", "test"), expected_meta_sha256=meta_sha256)
 
 
 def _degraded(config: RetrainConfig, recorded: float | None, now: float | None) -> bool | None:

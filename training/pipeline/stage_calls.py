@@ -8,7 +8,7 @@ the request they write.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Callable, Literal, Union
+from typing import Annotated, Callable, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -21,10 +21,12 @@ from training.protocol.events import ChildEvent
 from training.protocol.numerics import PrecisionPick
 from training.protocol.results import TrainResult
 from training.model.paired import PairedDifference
+from training.registry.champion import Champion
 
 __all__ = ["DIFFERENCE", "METRIC", "REQUEST", "ChampionMetricRequest", "CompareRequest", "EvaluateRequest",
-           "PrecisionRequest", "StageRequest", "champion_metric_in_child", "compare_in_child", "evaluate_in_child",
-           "precision_in_child"]
+           "ChampionScoresRequest", "PrecisionRequest", "SCORES", "SpaceFitRequest", "StageRequest",
+           "CHAMPION", "ChampionRequest", "champion_in_child", "champion_metric_in_child", "champion_scores_in_child", "compare_in_child", "evaluate_in_child",
+           "precision_in_child", "space_fit_in_child"]
 
 
 class _Request(BaseModel):
@@ -48,15 +50,37 @@ class PrecisionRequest(_Request):
     prep: PrepResult
 
 
+class ChampionScoresRequest(_Request):
+    call: Literal["champion_scores"] = "champion_scores"
+    package: str  # the champion's package folder
+    meta_sha256: str | None  # its model.json's, from the champion pointer
+    keys: list[str]  # the segments to score it on
+
+
+class ChampionRequest(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    call: Literal["champion"] = "champion"
+    config: RetrainConfig
+
+
+class SpaceFitRequest(_Request):
+    call: Literal["space_fit"] = "space_fit"
+    prep: PrepResult
+
+
 class CompareRequest(_Request):
     call: Literal["compare"] = "compare"
     challenger: str  # model package folders
     base: str
 
 
-StageRequest = Union[EvaluateRequest, ChampionMetricRequest, CompareRequest, PrecisionRequest]
+StageRequest = Union[EvaluateRequest, ChampionMetricRequest, CompareRequest, PrecisionRequest, ChampionScoresRequest,
+                     SpaceFitRequest, ChampionRequest]
 REQUEST: TypeAdapter[StageRequest] = TypeAdapter(Annotated[StageRequest, Field(discriminator="call")])
 METRIC: TypeAdapter[float | None] = TypeAdapter(float | None)
+SCORES: TypeAdapter[dict[str, float]] = TypeAdapter(dict[str, float])
+CHAMPION: TypeAdapter[Champion | None] = TypeAdapter(Optional[Champion])
 DIFFERENCE: TypeAdapter[PairedDifference] = TypeAdapter(PairedDifference)
 
 
@@ -92,3 +116,30 @@ def precision_in_child(config: RetrainConfig, packed: PackResult, prep: PrepResu
     text = call_in_child(STAGE_CHILD_MODULE, PrecisionRequest(config=config, packed=packed, prep=prep),
                          "the precision measurement", on_event)
     return PrecisionPick.model_validate_json(text)
+
+
+def champion_scores_in_child(config: RetrainConfig, packed: PackResult, package: str, meta_sha256: str | None,
+                             keys: list[str], on_event: Callable[[ChildEvent], None] = log_child_event
+                             ) -> dict[str, float]:
+    """`decide_stage.champion_scores` (train.retrain_when: drift or degraded), in a child process."""
+    text = call_in_child(STAGE_CHILD_MODULE, ChampionScoresRequest(config=config, packed=packed, package=package,
+                                                                   meta_sha256=meta_sha256, keys=keys),
+                         "the champion's scoring on the new rows", on_event)
+    return SCORES.validate_json(text)
+
+
+def space_fit_in_child(config: RetrainConfig, packed: PackResult, prep: PrepResult,
+                       on_event: Callable[[ChildEvent], None] = log_child_event) -> None:
+    """`tune.driver.check_space_fits` (the largest model a tuning space can sample fits this
+    machine), in a child process; its ConfigError crosses as one."""
+    call_in_child(STAGE_CHILD_MODULE, SpaceFitRequest(config=config, packed=packed, prep=prep),
+                  "the tuning space's memory check", on_event)
+
+
+def champion_in_child(config: RetrainConfig, on_event: Callable[[ChildEvent], None] = log_child_event
+                      ) -> Champion | None:
+    """`registry.champion.champion_of` (the champion, verified file by file and loaded), in a
+    child process: loading a package needs torch, which the flow's process never imports. The
+    package's files are where the child verified them, in this machine's working copy."""
+    return CHAMPION.validate_json(call_in_child(STAGE_CHILD_MODULE, ChampionRequest(config=config),
+                                                "the champion's check", on_event))

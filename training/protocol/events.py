@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from training.protocol.results import Validation
 
-__all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "JobOrder", "LogLine", "NodeJoined", "Paused", "RankDone",
+__all__ = ["ChildEvent", "CheckpointSaved", "Done", "ErrorReport", "Idle", "InGroup", "JobOrder", "LogLine", "NodeJoined", "Paused", "RankDone",
            "Resumed", "Started", "Validated", "read_event"]
 
 
@@ -105,13 +105,23 @@ class ErrorReport(_Event):
 
 
 class NodeJoined(_Event):
-    """A node of a multi-node job holds the frozen job and goes to the rendezvous (see
-    training.launch.group): the launcher counts them."""
+    """A node of a multi-node job holds the frozen job and starts torchrun, which goes to the
+    rendezvous (see training.launch.group). Started, not yet in the group: `InGroup` says that."""
 
     event: Literal["node"] = "node"
     node: int
     host: str
     endpoint: str
+
+
+class InGroup(_Event):
+    """A node's first rank is in the process group: the rendezvous admitted its node (torchrun's
+    GROUP_RANK), so the launcher counts the nodes that are really training."""
+
+    event: Literal["in_group"] = "in_group"
+    node: int
+    rank: int
+    world_size: int
 
 
 class Idle(_Event):
@@ -121,7 +131,7 @@ class Idle(_Event):
 
 
 ChildEvent = Annotated[Union[Started, Validated, CheckpointSaved, Resumed, Paused, RankDone, Done, LogLine, ErrorReport, NodeJoined,
-                             Idle],
+                             InGroup, Idle],
                        Field(discriminator="event")]
 _ADAPTER: TypeAdapter[ChildEvent] = TypeAdapter(ChildEvent)
 

@@ -6,10 +6,12 @@ training process checks its own numerics against the key, and the trainer applie
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import statistics
 import subprocess
+import sys
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from training.config import RetrainConfig
 from training.errors import ConfigError
 
-__all__ = ["PrecisionPick", "device_for", "gpu_driver_present", "gpu_name", "job_numerics", "pick_precision",
+__all__ = ["PrecisionPick", "device_for", "gpu_driver_present", "gpu_facts", "gpu_name", "job_numerics", "pick_precision",
            "precision_for", "resolved_numerics"]
 
 # An NVIDIA driver (CUDA) or AMD's kernel driver (ROCm, which torch also calls cuda): without
@@ -58,15 +60,41 @@ def precision_for(requested: str, device_type: str, bf16_native: bool) -> str:
 def resolved_numerics(device: str, precision: str) -> tuple[str, str]:
     """(device type, precision) that `train.device` and `train.precision` mean on this machine:
     part of what a run computes, so part of its run key. On a machine with no GPU driver the
-    answer is the CPU's, known without torch; elsewhere torch is asked (which GPU, and whether
-    it has native bf16)."""
+    answer is the CPU's; elsewhere nvidia-smi says whether a GPU is usable and whether it has
+    native bf16 (`gpu_facts`). Never torch in this process: a parent that starts CUDA holds GPU
+    memory for its life, and a child forked from it could not use CUDA at all."""
     if device == "cpu" or (device == "auto" and not gpu_driver_present()):
         return "cpu", precision_for(precision, "cpu", False)
-    import torch  # a GPU driver is present: only torch can say whether its GPU is usable
+    usable, native = gpu_facts()
+    device_type = device_for(device, usable)
+    return device_type, precision_for(precision, device_type, device_type == "cuda" and native)
 
-    device_type = device_for(device, torch.cuda.is_available())
-    native = device_type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
-    return device_type, precision_for(precision, device_type, native)
+
+@functools.lru_cache(maxsize=1)
+def gpu_facts() -> tuple[bool, bool]:
+    """(a CUDA GPU is usable, it has native bf16: compute capability 8.0 or later), for the first
+    GPU this process may use (CUDA_VISIBLE_DEVICES), from nvidia-smi; where it cannot say (AMD's
+    ROCm, no nvidia-smi), from torch in a child process, which is then gone with its CUDA state."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False, False
+    smi = shutil.which("nvidia-smi")
+    if smi is not None:
+        first = (visible or "0").split(",")[0].strip()
+        try:
+            out = subprocess.run([smi, "-i", first, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+            return True, float(out.splitlines()[0]) >= 8.0
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            pass  # an old driver without compute_cap: ask torch, in a child
+    probe = ("import torch; a = torch.cuda.is_available(); "
+             "print(int(a), int(a and torch.cuda.is_bf16_supported(including_emulation=False)))")
+    try:
+        said = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                              check=True).stdout.split()
+        return said[-2] == "1", said[-1] == "1"
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return False, False
 
 
 def job_numerics(config: RetrainConfig) -> tuple[str, str]:

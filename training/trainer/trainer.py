@@ -208,7 +208,7 @@ class Trainer:
                         rows, metric)
         else:
             log.warning("the validation split holds %d rows: validation %s is coarse and noisy there, so early "
-                        "stopping keeps, among equal %s values, the step with the lowest validation %s. More rows "
+                        "stopping keeps, among equal %s values, the step with the lowest validation %s. More rows, "
                         "or a larger data.validation_fraction, make the choice firmer", rows, metric, metric, tiebreak)
 
     def _continue_past_a_budget(self) -> None:

@@ -49,7 +49,9 @@ def open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
 def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
                 on_event: Callable[[ChildEvent], None]) -> Study:
     given, config = config, _resolved(config, packed)
-    _check_space_fits(config, prep)
+    from training.pipeline.stage_calls import space_fit_in_child
+
+    space_fit_in_child(config, packed, prep, on_event)  # torch: in the stage child, never the flow's process
     root = StorageRoot.from_config(config)
     key = study_key(config, packed.fingerprint)
     rel = f"{study_rel(key)}/calibration.json"
@@ -102,8 +104,9 @@ def _resolved(config: RetrainConfig, packed: PackResult) -> RetrainConfig:
     return resolved
 
 
-def _check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
-    """Before any trial: the largest model the space can sample fits this machine's memory."""
+def check_space_fits(config: RetrainConfig, prep: PrepResult) -> None:
+    """Before any trial: the largest model the space can sample fits this machine's memory (in
+    the stage child: `space_fit_in_child`)."""
     from training.data.prepare.features import FeatureStats
     from training.model.memory_fit import check_space_fits
     from training.model.network import ModelSchema

@@ -24,7 +24,6 @@ from training.pipeline.train_stage import build_train_job
 from training.protocol.events import ChildEvent
 from training.protocol.results import RungResult
 from training.protocol.runs import finished_result, paused_result
-from training.registry.champion import check_champion
 from training.storage.root import StorageRoot
 from training.tune.study import STUDY_DIR, RungCost
 
@@ -40,8 +39,9 @@ TRIAL_CHILDREN = WarmPool()
 def rung_stage(config: RetrainConfig, packed: PackResult, prep: PrepResult, step: int,
                on_event: Callable[[ChildEvent], None] = log_child_event) -> RungResult:
     """Train the trial's run until `step` (a rung: paused there) or its end."""
-    root = StorageRoot.from_config(config)
-    champion = check_champion(root, config.model.factory) if config.train.init_from == "champion" else None
+    from training.pipeline.stage_calls import champion_in_child
+
+    champion = champion_in_child(config) if config.train.init_from == "champion" else None  # torch: in the child
     job, _ = build_train_job(config, packed, prep, champion)
     job.pre_train_seconds = 0.0  # the trials share one pack and one preprocessing: the study counts them once
     finished = finished_result(job)

@@ -39,7 +39,7 @@ from training.protocol.job import TrainJob
 from training.protocol.sealed import Sealed
 from training.storage.root import StorageRoot
 
-__all__ = ["main", "node_job", "torchrun_command"]
+__all__ = ["last_call_seconds", "main", "node_job", "torchrun_command"]
 
 
 def _say(event: NodeJoined | ErrorReport) -> None:
@@ -126,6 +126,13 @@ def _bring_down(job: TrainJob, root: StorageRoot, base: Path) -> None:
         raise DataError(f"the warm start's weights {job.init_weights} are not on the storage root; run the flow again")
 
 
+def last_call_seconds(join_timeout: float) -> int:
+    """torchrun's wait, once the fewest nodes (min_nnodes) are in, for more to come: 30 s by
+    default, which a join timeout of 30 s or less would never let start. A quarter of the join
+    timeout, at most 30 s."""
+    return max(1, min(30, int(join_timeout // 4)))
+
+
 def torchrun_command(job: TrainJob, sealed: Sealed, error_path: Path, host: str, port: int) -> list[str]:
     """This node's ranks under torchrun at the c10d rendezvous on `host:port`, under the run key."""
     d = job.config.train.distributed
@@ -133,7 +140,8 @@ def torchrun_command(job: TrainJob, sealed: Sealed, error_path: Path, host: str,
     return with_parent_death_signal([
         sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={d.nproc_per_node}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{port}", f"--rdzv-id={job.run_key}",
-        f"--rdzv-conf=join_timeout={int(d.join_timeout_s)}", f"--max-restarts={d.max_restarts}",
+        f"--rdzv-conf=join_timeout={int(d.join_timeout_s)},last_call_timeout={last_call_seconds(d.join_timeout_s)}",
+        f"--max-restarts={d.max_restarts}",
         "--monitor-interval=0.5", "-m", WORKER_MODULE, sealed.arg(), str(error_path)])
 
 
@@ -146,18 +154,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rank0-env", default="TORCHX_RANK0_HOST")
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
+    # This node's own files stay off the root: the job as rebased here, the ranks' error files.
+    own = Path(tempfile.mkdtemp(prefix=f"retrain-node-{args.node}-"))
+    pid_dir = os.environ.get(PID_DIR_ENV)
+    if pid_dir:  # a node on the launcher's machine: it waits for this process (torchrun, after the exec)
+        (Path(pid_dir) / f"node-{args.node}.pid").write_text(str(os.getpid()))
+        (Path(pid_dir) / f"node-{args.node}.home").write_text(str(own))  # removed when the group ends
     try:
-        job = node_job(args.run_key, args.rel, _storage(), args.job_sha256)
+        storage = _storage()
+        if pid_dir and storage.is_s3:
+            # Nodes that share a machine would share its working copy of the root, and one
+            # node's downloads, evictions and markers would be another's: each has its own.
+            storage = storage.model_copy(update={"local_dir": str(own / "root")})
+        job = node_job(args.run_key, args.rel, storage, args.job_sha256)
     except RetrainError as err:
         _say(ErrorReport(type=type(err).__name__, message=f"node {args.node}: {err}",
                          transient=getattr(err, "transient", False)))
         return EXIT_USER_ERROR
-    # This node's own files stay off the root: the job as rebased here, the ranks' error files.
-    own = Path(tempfile.mkdtemp(prefix=f"retrain-node-{args.node}-"))
     sealed = job.seal(own / "job.json")
-    pid_dir = os.environ.get(PID_DIR_ENV)
-    if pid_dir:  # the launcher on this machine waits for this process (torchrun, after the exec) to end
-        (Path(pid_dir) / f"node-{args.node}.pid").write_text(str(os.getpid()))
     host = os.environ.get(args.rank0_env) or "localhost"
     _say(NodeJoined(node=args.node, host=socket.gethostname(), endpoint=f"{host}:{args.port}"))
     command = torchrun_command(job, sealed, own / "error.json", host, args.port)

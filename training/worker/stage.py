@@ -14,10 +14,15 @@ from training.errors import EXIT_USER_ERROR, RetrainError, StorageError
 from training.pipeline.stage_calls import (
     DIFFERENCE,
     METRIC,
+    CHAMPION,
     REQUEST,
+    SCORES,
+    ChampionRequest,
+    ChampionScoresRequest,
     CompareRequest,
     EvaluateRequest,
     PrecisionRequest,
+    SpaceFitRequest,
     StageRequest,
 )
 from training.protocol.events import ErrorReport
@@ -34,6 +39,20 @@ def _run(request: StageRequest) -> str:
 
     if isinstance(request, PrecisionRequest):
         return measure_precision(request.config, request.packed, request.prep).model_dump_json()
+    if isinstance(request, ChampionScoresRequest):
+        from training.pipeline.decide_stage import champion_scores
+
+        return SCORES.dump_json(champion_scores(request.config, request.packed, Path(request.package),
+                                                request.meta_sha256, request.keys)).decode()
+    if isinstance(request, ChampionRequest):
+        from training.registry.champion import champion_of
+
+        return CHAMPION.dump_json(champion_of(request.config)).decode()
+    if isinstance(request, SpaceFitRequest):
+        from training.tune.driver import check_space_fits
+
+        check_space_fits(request.config, request.prep)
+        return "null"
     if isinstance(request, EvaluateRequest):
         return evaluate_stage(request.config, request.packed, request.trained).model_dump_json()
     if isinstance(request, CompareRequest):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from training.errors import EXIT_PREEMPTED, EXIT_USER_ERROR, ConfigError, Preempted, RetrainError
 from training.protocol.entries import HOLD_FLAG
-from training.protocol.events import Done, ErrorReport, Idle, JobOrder
+from training.protocol.events import Done, ErrorReport, Idle, InGroup, JobOrder
 from training.protocol.job import TrainJob
 from training.protocol.results import RungResult
 from training.protocol.sealed import Sealed
@@ -179,6 +179,8 @@ def _run_job(job: TrainJob, error_path: Path, stop: StopFlag, under_torchrun: bo
     try:
         _numerics_as_keyed(job)
         rank, world = _init_distributed(job)
+        if world > 1 and os.environ.get("LOCAL_RANK", "0") == "0":
+            emit(InGroup(node=int(os.environ.get("GROUP_RANK", "0")), rank=rank, world_size=world))
         try:
             result = train(job, stop, emit, rank=rank, world_size=world)
         except MemoryError as err:  # torch.OutOfMemoryError is a RuntimeError: see _out_of_memory

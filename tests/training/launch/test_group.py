@@ -4,7 +4,13 @@ rendezvous under the run key."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -99,3 +105,60 @@ def test_a_ranks_own_error_on_any_node_is_raised_in_the_flow_and_stops_every_nod
     with pytest.raises(ConfigError, match="was keyed for bf16 on cuda, but this machine resolves"):
         run_group(job)
     assert not list(Path(job.run_dir).glob("checkpoints/step-*"))
+
+
+def _stop_node_at_start(run_dir: str, node: int) -> threading.Thread:
+    """SIGSTOP node `node` as soon as its process has said where it is (its pid file), before it
+    reaches the rendezvous: a node that hangs instead of dying."""
+    def watch() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            for pid_file in Path(run_dir).glob(f"nodes/*/node-{node}.pid"):
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(pid_file.read_text()), signal.SIGSTOP)
+                    return
+            time.sleep(0.005)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_stopped_node_ends_the_attempt_within_the_join_timeout_with_one_line(demo_source: Path,
+                                                                             tmp_path: Path) -> None:
+    """Node 1 is stopped before it joins: its process lives, so TorchX calls the app running,
+    and without a deadline of its own the attempt would hang. It ends once node 0's rendezvous
+    gives up (the join timeout), as a lost node with one line naming node 1, and the stopped
+    node is killed, with no node folder left behind."""
+    job = make_job(_config(tmp_path / "nodes", demo_source, "train.distributed.nnodes=2",
+                           "train.distributed.join_timeout_s=10"))
+    _stop_node_at_start(job.run_dir, 1)
+    events: list[ChildEvent] = []
+    started = time.monotonic()
+    with pytest.raises(Preempted, match=r"lost a node: .*nodes? (0, )?1\b") as err:
+        run_group(job, on_event=events.append)
+    assert time.monotonic() - started < 10 + 60 + 30  # the join timeout, the nodes' start-up, the teardown
+    assert "\n" not in str(err.value)
+    lines = [e.message for e in events if e.event == "log"]
+    assert not any("node 1 is in the group" in line for line in lines)  # counted only once torchrun admits it
+    assert not list(Path(tempfile.gettempdir()).glob(f"retrain-node-*-{job.run_key[:4]}*"))
+    pids = [int(p.read_text()) for p in Path(job.run_dir).glob("nodes/*/node-*.pid")]
+    assert pids and not any(Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text()
+                            .rsplit(") ", 1)[-1][:1] for pid in pids)
+    assert not [h for h in Path(job.run_dir).glob("nodes/*/node-*.home") if Path(h.read_text()).exists()]
+
+
+def test_min_max_trains_with_the_nodes_that_came_and_reports_the_run_complete(demo_source: Path,
+                                                                            tmp_path: Path) -> None:
+    """Three nodes, at least two, a short join timeout: node 2 is stopped before it joins. The
+    last call (a quarter of the join timeout here, not torchrun's fixed 30 s) lets the two that
+    came train; the run is complete, not a lost node, and the stopped node is killed."""
+    job = make_job(_config(tmp_path / "nodes", demo_source, "train.distributed.nnodes=3",
+                           "train.distributed.min_nnodes=2", "train.batch_size=132",
+                           "train.distributed.join_timeout_s=20"))
+    _stop_node_at_start(job.run_dir, 2)
+    events: list[ChildEvent] = []
+    result = run_group(job, on_event=events.append)
+    assert result.steps == 60 and result.world_size == 2
+    lines = [e.message for e in events if e.event == "log"]
+    assert sum("is in the group" in line for line in lines) == 2
