@@ -118,12 +118,13 @@ def test_bad_data_found_while_packing_parts_is_one_line_and_leaves_nothing(
 
     if case == "string-label":
         source = _bad_copy(demo_source, tmp_path / "src", "clicked",
-                           lambda n: pa.array(["yes" if i % 2 else "no" for i in range(n)]))
+                           # Two classes, then a stray third value in the last part only.
+                           lambda n: pa.array(["maybe" if i == n - 1 else "yes" if i % 2 else "no" for i in range(n)]))
         named = "clicked"
     else:
         source = _bad_copy(demo_source, tmp_path / "src", "price", lambda n: pa.nulls(n))
         named = "price"
-    # data.task given: a string label would otherwise be inferred multiclass and train.
+    # data.task given: a three-valued string label would otherwise be inferred multiclass and train.
     args = _sets(small_overrides(tmp_path / "root", source) + ["data.pack_parts=4", "data.task=binary"])
     out = _retrain(args, tmp_path, env=prefect_server.env)  # a running server: no start-up to wait for
     assert out.returncode == 2, out.stderr[-3000:]

@@ -83,14 +83,18 @@ def test_killed_rank_fails_the_job_fast_and_the_retry_resumes_bit_identical(demo
 def test_sigterm_to_one_rank_gives_one_consistent_emergency_checkpoint(demo_source: Path, tmp_path: Path) -> None:
     reference = run_training_process(make_job(_config(tmp_path / "reference", demo_source, "train.distributed.nproc_per_node=2",
                                                       "train.checkpoint.every=1000")))
-    job = make_job(_config(tmp_path / "term", demo_source, "train.distributed.nproc_per_node=2", "train.checkpoint.every=1000"))
+    # Blocks of 5 steps: a stop lands at a block's end, so with auto's blocks (20 steps on a quiet
+    # machine) a signal after step 40 would be heard only at the run's end, step 60.
+    job = make_job(_config(tmp_path / "term", demo_source, "train.distributed.nproc_per_node=2", "train.checkpoint.every=1000",
+                           "train.steps_per_block=5"))
     kill_worker_when(job.run_dir, 33, signal.SIGTERM, rank=1)
     with pytest.raises(Preempted):
         run_training_process(job)
     from training.trainer.checkpoint import latest_verified_checkpoint
 
     path, manifest = latest_verified_checkpoint(Path(job.run_dir) / "checkpoints")
-    assert manifest.emergency and manifest.step >= 33  # both ranks stopped at the step they agreed on
+    # Both ranks stopped at the block's end they agreed on.
+    assert manifest.emergency and manifest.step >= 33 and manifest.step % 5 == 0
     events: list[ChildEvent] = []
     result = run_training_process(job, on_event=events.append)
     assert [e.step for e in events if e.event == "resumed"] == [manifest.step]
