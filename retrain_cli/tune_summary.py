@@ -28,9 +28,12 @@ def tune_summary(report: TuneReport, path: str) -> str:
     lines.append(f"  spent       ${spend.usd:.6f}, {spend.gpu_hours:.6f} GPU-h, {spend.seconds:.1f} machine-s"
                  f" on {report.instance_type} ({report.market}); budget {_budget(report.budget.limits())}")
     saved = report.saved_fraction
-    lines.append(f"  naive       every trial to full fidelity, on {report.market}: ${naive.usd:.6f}, "
-                 f"{naive.seconds:.1f} machine-s" + (f" (saved {saved:.0%})" if saved is not None else
-                                                      " (no model yet: no saving claimed)"))
+    cut = any(t.state in ("pruned", "budget") for t in report.trials)
+    lines.append(f"  naive       every trial until its own early stopping, with the same seed retrains, on "
+                 f"{report.market}: ${naive.usd:.6f}, {naive.seconds:.1f} machine-s"
+                 + (f" (saved {saved:.0%})" if saved is not None else
+                    " (no trial cut: no saving claimed)" if not cut and report.best is not None else
+                    " (no model yet: no saving claimed)"))
     if spend.seed_seconds:
         more = max((len(t.seed_values) for t in report.trials), default=0)
         lines.append(f"  seeds       the best trials retrained with {more} more seeds: {spend.seed_seconds:.1f} "

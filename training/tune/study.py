@@ -412,13 +412,18 @@ class Study:
         trials, pick = self._asha_pick(self._can_start())
         if pick is None:
             return None
-        reserve = self._leader_reserve()
+        reserve = self._leader_reserve() + self._seed_reserve()
         if reserve > 0:
             _, leader = self._asha_pick(can_start=False)
             price = self.price(self.rungs[pick[1] + 1] - self.rungs[pick[1]], trials[pick[0]])
-            if leader is not None and leader != pick and \
-                    self.remaining_seconds() - price < reserve + self._seed_reserve():
+            if leader is not None and leader != pick and self.remaining_seconds() - price < reserve:
                 pick = leader
+        if self.seed_candidates():
+            # Trials to retrain exist: selection is paid first, so no promotion, the leader's
+            # included, spends what their seed retrains need (an unpaid one skips them all).
+            price = self.price(self.rungs[pick[1] + 1] - self.rungs[pick[1]], trials[pick[0]])
+            if self.remaining_seconds() - price < self._seed_reserve():
+                return None
         return self._go_on(trials[pick[0]], pick[1] + 1)
 
     def _capped(self, config: RetrainConfig, spent: float) -> RetrainConfig:
@@ -554,9 +559,11 @@ class Study:
         trials have all of it."""
         from optuna.trial import TrialState
 
-        candidates = self.seed_candidates()
-        if not candidates or self.seeds_skipped is not None or not math.isfinite(self.budget.seconds()):
+        if not self.seeds or self.seeds_skipped is not None or not math.isfinite(self.budget.seconds()):
             return 0.0
+        candidates = self.seed_candidates()
+        if not candidates:
+            return self._seed_reserve_ahead()
         done = self.seed_records()
         have = sum(1 for t, repeat in self._seed_retrains(candidates) if (t.number, repeat) in done)
         # At least one candidate's worth: the trial this reserve lets start may become one.
@@ -567,6 +574,24 @@ class Study:
             return 0.0
         # The candidates retrained, a reserve beyond the budget stops new trials: one that became
         # a candidate could not be retrained, and would leave the seeds' ranking incomplete.
+        return reserve
+
+    def _seed_reserve_ahead(self) -> float:
+        """Before two trials finished (under ASHA, late: its promotions come last): once the
+        first SEED_CANDIDATES trials have started, the seed retrains are kept back from the
+        trials beyond them, each priced as a full run, so selection is paid before the search
+        widens; otherwise the wider search spends what ranking its answer needs. A budget that
+        cannot keep that much back skips them then, so the trials have all of it."""
+        if len(self.study.get_trials(deepcopy=False)) < SEED_CANDIDATES:
+            return 0.0  # the retrains need trials to retrain first
+        full = self.rungs[-1]
+        price = RESERVE_HEADROOM * max([self.price(full)] + [self.price(full, t) for t in self.study.get_trials(
+            deepcopy=False) if t.user_attrs.get("steps")])
+        retrains = SEED_CANDIDATES * self.seeds
+        reserve = retrains * price
+        if reserve > self.remaining_seconds():
+            self._skip_seeds(retrains, reserve)
+            return 0.0
         return reserve
 
     def _skip_seeds(self, retrains: int, price: float) -> None:

@@ -5,6 +5,7 @@ counterfactual, the best trial), `tune_curve.png` (best metric against cumulativ
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -102,8 +103,9 @@ class TuneReport(_Row):
     trials: list[TrialRow]
     spend: Spend
     budget: StudyBudget
-    naive: Spend  # every trial trained to full fidelity, on the study's own market
-    saved_fraction: float | None  # of the naive search's machine seconds (so of its cost at any one rate); None: no model
+    naive: Spend  # every trial trained until its own early stopping, on the study's own market
+    saved_fraction: float | None  # of the naive search's machine seconds (so of its cost at any one rate); None: no
+    # model, or no trial cut (nothing saved)
     best: BestTrial | None
     gate: StudyGate | None = None  # set once the answer went through the gate
 
@@ -149,12 +151,50 @@ def _row(study: Study, trial: Any, seeds: dict[tuple[int, int], float | None]) -
         finished_at=trial.datetime_complete.isoformat() if trial.datetime_complete is not None else None)
 
 
+FINISHED = ("completed", "early_stopped")
+UNFINISHED = ("pruned", "budget")  # stopped by the schedule or the budget, not by the run itself
+
+
+def _patience_steps(study: Study) -> int | None:
+    """Steps early stopping waits without improvement (train.patience validations of
+    train.eval_every steps); None where the study's config left either to auto."""
+    train = study.config.train
+    if train.eval_every == "auto" or train.patience == "auto" or train.patience == 0:  # 0: early stopping off
+        return None
+    return train.patience_validations * train.validate_every
+
+
+def early_stop_step(study: Study, row: TrialRow, median_stop: int | None) -> int:
+    """Where a trial the schedule cut would have ended under the run's own early stopping: its
+    best rung plus patience when its curve already shows that stop, else the study's median
+    stop among finished trials (never before the step it reached, never past train.max_steps)."""
+    last = study.config.train.max_steps
+    if row.state not in UNFINISHED:
+        return row.steps
+    patience = _patience_steps(study)
+    if patience is not None and row.rung_values:
+        # The step early stopping counts from: the last gain beyond train.min_delta.
+        sign, delta = (1.0 if study.maximize else -1.0), study.config.train.min_delta
+        best_step, best = None, -math.inf
+        for step in sorted(row.rung_values):
+            if sign * row.rung_values[step] > best + delta:
+                best_step, best = step, sign * row.rung_values[step]
+        if best_step is not None and best_step + patience <= row.steps:
+            return row.steps  # early stopping would have ended it where the schedule did
+    stop = median_stop if median_stop is not None else last
+    return min(last, max(row.steps, stop))
+
+
 def _naive(study: Study, rows: list[TrialRow]) -> Spend:
-    """Every trial run to train.max_steps, never pruned, at its own measured pace, on the study's
-    own market (like with like: a spot study against an on-demand naive search would count the
-    market's discount as the schedule's saving)."""
-    config, cost = study.config, study.cost
+    """The same search without its schedule: every trial run until the run's own early stopping
+    ends it (a cut trial where its curve or the study's median stop says it would have), at its
+    own measured pace, on the study's own market (like with like: a spot study against an
+    on-demand naive search would count the market's discount as the schedule's saving), with the
+    same seed retrains (selection costs both searches alike)."""
+    cost = study.cost
     rate = study.budget.rate
+    stops = sorted(r.steps for r in rows if r.state in FINISHED and r.steps)
+    median_stop = stops[len(stops) // 2] if stops else None
     seconds = 0.0
     for row in rows:
         per_step = cost.seconds_per_step
@@ -162,11 +202,12 @@ def _naive(study: Study, rows: list[TrialRow]) -> Spend:
             # Its rungs' start-ups are its own extra cost; the naive run pays one.
             rungs = sum(1 for step in study.rungs if step <= row.steps)
             per_step = max(0.0, row.billed_seconds - rungs * cost.startup_seconds) / row.steps or per_step
-        seconds += cost.startup_seconds + config.train.max_steps * per_step
+        seconds += cost.startup_seconds + early_stop_step(study, row, median_stop) * per_step
     setup = study.setup_seconds()
-    total = seconds + sum(v for k, v in setup.items() if k != "calibration")
+    seeds = sum(record.billed_seconds for record in study.seed_records().values())
+    total = seconds + seeds + sum(v for k, v in setup.items() if k != "calibration")
     return Spend(seconds=total, usd=rate * total / SECONDS_PER_HOUR,
-                 gpu_hours=study.budget.gpus * total / SECONDS_PER_HOUR, setup_seconds=setup)
+                 gpu_hours=study.budget.gpus * total / SECONDS_PER_HOUR, setup_seconds=setup, seed_seconds=seeds)
 
 
 def _ranked_from(study: Study, finished: list[TrialRow]) -> list[TrialRow]:
@@ -186,7 +227,7 @@ def build_report(study: Study) -> TuneReport:
     rows = [_row(study, t, seeds) for t in study.trials()]
     spent = study.spent_seconds()
     naive = _naive(study, rows)
-    finished = [r for r in rows if r.state in ("completed", "early_stopped") and r.score is not None]
+    finished = [r for r in rows if r.state in FINISHED and r.score is not None]
     best = None
     if finished:
         sign = 1.0 if study.maximize else -1.0
@@ -207,8 +248,10 @@ def build_report(study: Study) -> TuneReport:
                     seed_seconds=sum(record.billed_seconds for record in study.seed_records().values())),
         budget=StudyBudget(max_usd=t.max_usd, max_gpu_hours=t.max_gpu_hours, max_wall_seconds=t.max_wall_seconds),
         naive=naive, best=best,
-        # A study that produced no model saved nothing: it bought nothing.
-        saved_fraction=(1 - spent / naive.seconds) if best is not None and naive.seconds > 0 else None)
+        # A study that produced no model saved nothing: it bought nothing. One that cut no trial
+        # ran the naive search itself: it claims no saving either.
+        saved_fraction=(1 - spent / naive.seconds) if best is not None and naive.seconds > 0
+        and any(r.state in UNFINISHED for r in rows) else None)
 
 
 def curve_points(report: TuneReport) -> tuple[list[tuple[float, float, str]], list[tuple[float, float]]]:

@@ -16,10 +16,11 @@ from training.tune.study_report import build_report, curve_points
 from training.model.paired import PairedDifference
 
 
-def _study(tmp_path: Path, **tune: object) -> Study:
+def _study(tmp_path: Path, patience: int | None = None, **tune: object) -> Study:
     path = tmp_path / "tune.yaml"
+    train = {"max_steps": 180, "eval_every": 20} | ({} if patience is None else {"patience": patience})
     path.write_text(yaml.safe_dump({
-        "storage": {"root": str(tmp_path / "root")}, "train": {"max_steps": 180, "eval_every": 20},
+        "storage": {"root": str(tmp_path / "root")}, "train": train,
         "cost": {"instance_type": "g4dn.xlarge", "market": "spot"},
         "tune": {"space": {"train.optim.lr": "loguniform(1e-4, 1e-2)"}, "max_trials": 4, "min_resource": 20,
                  "reduction_factor": 3, "pruner": "asha", **tune},
@@ -50,6 +51,56 @@ def test_the_saving_is_like_with_like_and_only_for_a_study_with_a_model(tmp_path
     # The naive search on the study's own market (spot), so the saving is the schedule's alone.
     assert report.naive.usd == pytest.approx(report.naive.seconds * report.rate_per_hour / 3600)
     assert report.saved_fraction == pytest.approx(1 - report.spend.seconds / report.naive.seconds)
+
+
+def _run(study: Study, stop_at: dict[int, int], values: dict[int, list[float]] | None = None) -> None:
+    """Every trial to its rungs; trial n early-stops at `stop_at[n]` when it gets that far; trial
+    n's value at its i-th rung is `values[n][i]` (else 0.6 + 0.01 n)."""
+    while (work := study.next_work()) is not None:
+        stop = stop_at.get(work.trial)
+        step = min(work.step, stop) if stop is not None else work.step
+        status = "early_stopped" if stop is not None and stop <= work.step else (
+            "completed" if step == 180 else "paused")
+        rung = study.rungs.index(work.step)
+        value = (values or {}).get(work.trial, [0.6 + 0.01 * work.trial] * 4)[rung]
+        study.record(work, RungResult(run_key=f"r{work.trial}", status=status, step=step, metric="auc", value=value,
+                                      last_value=value, billed_seconds=step * 0.01))
+
+
+def test_the_naive_search_stops_early_too_and_a_cut_trial_costs_its_median_stop(tmp_path: Path) -> None:
+    study = _study(tmp_path, patience=2)
+    _run(study, stop_at={0: 100})  # the config as given early-stops at step 100
+    report = build_report(study)
+    rows = {r.number: r for r in report.trials}
+    assert rows[0].state == "early_stopped" and any(r.state == "pruned" for r in rows.values())
+    finished = sorted(r.steps for r in rows.values() if r.state in ("completed", "early_stopped"))
+    median = finished[len(finished) // 2]
+    # Each finished trial as it ran; each cut one to the study's median stop (its rungs still
+    # improving), never the full train.max_steps a naive count would charge.
+    expected = sum(r.steps if r.state != "pruned" else max(r.steps, median) for r in rows.values()) * 0.01
+    assert report.naive.seconds == pytest.approx(expected)
+    assert report.naive.seconds < len(rows) * 180 * 0.01
+    assert report.saved_fraction == pytest.approx(1 - report.spend.seconds / report.naive.seconds)
+
+
+def test_a_cut_trial_whose_curve_already_stopped_costs_no_more_than_it_ran(tmp_path: Path) -> None:
+    # eval_every 20, patience 1: trial 1 peaked at its first rung (20) and fell by the second
+    # (60), so the run's own rule would have stopped it there; trials 2 and 3 were cut at their
+    # first rung with nothing to go on: the study's median stop (180).
+    study = _study(tmp_path, patience=1)
+    _run(study, stop_at={}, values={0: [0.7, 0.8, 0.9], 1: [0.9, 0.5, 0.5], 2: [0.6] * 3, 3: [0.6] * 3})
+    report = build_report(study)
+    assert [(r.state, r.steps) for r in report.trials] == [
+        ("completed", 180), ("pruned", 60), ("pruned", 20), ("pruned", 20)]
+    assert report.naive.seconds == pytest.approx((180 + 60 + 180 + 180) * 0.01)
+
+
+def test_a_search_that_cut_nothing_claims_no_saving(tmp_path: Path) -> None:
+    study = _study(tmp_path, pruner="none")
+    _run(study, stop_at={})
+    report = build_report(study)
+    assert report.best is not None and not any(r.state in ("pruned", "budget") for r in report.trials)
+    assert report.saved_fraction is None
 
 
 def test_each_trial_is_plotted_at_the_spend_when_its_last_rung_ended(tmp_path: Path) -> None:

@@ -138,3 +138,27 @@ def test_with_a_seed_retrain_missing_every_trial_ranks_on_its_own_run_alone(tmp_
     report = build_report(_study(tmp_path, train_rows=800))
     assert report.best is not None and (report.best.trial, report.best.seeds) == (2, 1)
     assert report.best.score == pytest.approx(0.83)
+
+
+def test_under_asha_the_seed_retrains_are_kept_back_before_the_search_widens(tmp_path: Path) -> None:
+    """ASHA finishes trials last (promotions wait for the rung to fill): without a reserve from
+    the first few trials on, 30 first rungs and their promotions spend what the retrains need."""
+    study = _study(tmp_path, train_rows=800, pruner="asha", max_trials=30, min_resource=20, reduction_factor=3,
+                   max_wall_seconds=22.0)
+
+    def outcome(work: RungWork) -> RungResult:
+        value = 0.7 + 0.001 * ((work.trial * 7) % 30) + 0.0001 * work.repeat
+        end = work.step == MAX_STEPS
+        return RungResult(run_key=f"r{work.trial}-{work.repeat}", status="completed" if end else "paused",
+                          step=work.step, metric="auc", value=value, last_value=value if end else None,
+                          billed_seconds=work.step * 0.01)
+
+    handed = []
+    while (work := study.next_work()) is not None:
+        handed.append(work)
+        study.record(work, outcome(work))
+    assert study.seeds_skipped is None, study.seeds_skipped
+    assert sum(1 for w in handed if w.repeat) == 6  # three candidates, two more seeds each
+    assert len(study.trials()) < 30 and study.spent_seconds() <= 22.0
+    report = build_report(study)
+    assert report.best is not None and report.best.seeds == 3
