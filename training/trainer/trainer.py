@@ -451,8 +451,10 @@ class Trainer:
         assert progress.micro_batch is not None
         inputs: ResidentInputs | StaticInputs = StaticInputs(self.grad_accum)
         if self.resident:
+            # Room for the longest block: an explicit steps_per_block, or what auto may choose.
+            capacity = max(self.k, min(self.period, 256))
             inputs = ResidentInputs(self.train_batches.tensors, self.grad_accum,  # type: ignore[attr-defined]
-                                    progress.micro_batch, min(self.period, 256), self.device)
+                                    progress.micro_batch, capacity, self.device)
         table = lr_table(tc, float(self.state.scheduler.base_lrs[0]), self.device)
         self.capturable = CapturableStep(self.state.model, self.forward, self.task, self.state.optimizer, table, tc,
                                          self.grad_accum, self.device, self.dtype, inputs)
