@@ -60,7 +60,7 @@ def _stall_rounds(work: Path, checkpointer: AsyncCheckpointer, state: dict[str, 
     """Interleaved rounds, medians with every round beside them (never the best round): each
     round times one background save's stall, a plain torch.save and a synchronous verified save."""
     stalls, plains, syncs = [], [], []
-    background0 = checkpointer.background_seconds
+    background0, cpu0 = checkpointer.background_seconds, checkpointer.background_cpu_seconds
     for step in range(1, ROUNDS + 1):
         checkpointer.wait()  # measure the stall alone, not waiting on the previous write
         t0 = time.perf_counter()
@@ -79,6 +79,9 @@ def _stall_rounds(work: Path, checkpointer: AsyncCheckpointer, state: dict[str, 
         "loop_stall_per_save_seconds": round(statistics.median(stalls), 4),
         "loop_stall_per_save_seconds_per_round": [round(x, 4) for x in stalls],
         "background_write_seconds": round((checkpointer.background_seconds - background0) / len(stalls), 3),
+        # The writer thread's own CPU per save: on a machine with every core busy, training gives
+        # up its share of that (about half beside a one-core burner on two cores).
+        "background_write_cpu_seconds": round((checkpointer.background_cpu_seconds - cpu0) / len(stalls), 3),
         "synchronous_verified_save_seconds": round(statistics.median(syncs), 3),
         "plain_torch_save_seconds": round(statistics.median(plains), 3),
         "plain_torch_save_seconds_per_round": [round(x, 3) for x in plains],
@@ -134,7 +137,7 @@ def _charged_rounds(work: Path, checkpointer: AsyncCheckpointer, state: dict[str
 
     for _ in range(MIN_STEPS):
         step()  # warm the allocator and the kernels
-    charged, durable = [], []
+    charged, durable, again = [], [], []
     planned = MIN_STEPS
     for r in range(ROUNDS):
         if r % 2:  # the steps without a save first, as many as the previous save took
@@ -146,8 +149,13 @@ def _charged_rounds(work: Path, checkpointer: AsyncCheckpointer, state: dict[str
             base = without(steps)
         planned = steps
         charged.append(max(0.0, wall - base))
+        # The noise: the same steps without a save once more, against the first; what that
+        # difference is of a durable save is how far apart the ratio's rounds land with no
+        # save at all.
+        again.append(abs(without(steps) - base))
         durable.append(_durable_torch_save(state, work / "durable.pt"))
     ratios = [a / b for a, b in zip(charged, durable, strict=True)]
+    spreads = [a / b for a, b in zip(again, durable, strict=True)]
     return {
         "charged_threads": threads,
         "charged_stall_per_save_seconds": round(statistics.median(charged), 4),
@@ -156,6 +164,8 @@ def _charged_rounds(work: Path, checkpointer: AsyncCheckpointer, state: dict[str
         "durable_torch_save_seconds_per_round": [round(x, 3) for x in durable],
         "charged_stall_ratio_vs_durable_torch_save": round(statistics.median(ratios), 3),
         "charged_stall_ratio_vs_durable_torch_save_per_round": [round(x, 3) for x in ratios],
+        "charged_again_spread": round(statistics.median(spreads), 3),
+        "charged_again_spread_per_round": [round(x, 3) for x in spreads],
     }
 
 

@@ -54,6 +54,7 @@ _NOT_UNIT = (  # a module, or a module's test (a prefix of the test's id)
     "test_stage_calls.py",  # evaluation in a child process
     "test_sealed_job.py",  # a training child refusing a swapped job
     "test_disk_full.py",  # a training process on a small filesystem
+    "test_checkpoint.py::test_a_writer_killed_during_its_write",  # a writer process, SIGKILLed
     "test_root_lock.py",  # competing processes
     "test_s3_lease.py",  # competing processes on S3
     "test_source_index.py",  # competing writer processes

@@ -111,3 +111,71 @@ def test_background_saves_reuse_one_copy_and_write_each_saves_values(tmp_path: P
     for step in (1, 2, 3):
         saved = load_checkpoint_state(tmp_path / step_dir_name(step))
         assert saved["step"] == step and torch.equal(saved["model"]["w"], torch.full((1000,), float(step)))
+
+
+# The writer is held at one point of its write (its real code, with one function wrapped to stop
+# there and say so), then SIGKILLed: as when a spot machine dies in the middle of a save.
+_HELD_WRITER = r"""
+import sys, threading
+from pathlib import Path
+import torch
+import training.storage.files as files
+import training.trainer.checkpoint as checkpoint
+
+root, where, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+checkpoint.save_checkpoint(root, checkpoint.CheckpointManifest(10, "run", "cfg", {}), {"w": torch.full((64,), 10.0)})
+
+def hold() -> None:
+    marker.write_text("held")
+    threading.Event().wait()  # until the kill
+
+if where == "mid-state":  # part of state.pt written, no manifest yet
+    write = files.HashingWriter.write
+    def held_write(self, data):
+        n = write(self, data)
+        if self.tell() > 1 << 20:
+            self.flush()
+            hold()
+        return n
+    files.HashingWriter.write = held_write
+else:  # state.pt and manifest.json written and synced, the folder not yet renamed
+    sync = checkpoint.fsync_dir
+    def held_sync(path):
+        sync(path)
+        if ".tmp-" in path.name:
+            hold()
+    checkpoint.fsync_dir = held_sync
+checkpoint.save_checkpoint(root, checkpoint.CheckpointManifest(20, "run", "cfg", {}), {"w": torch.randn(1 << 20)})
+"""
+
+
+@pytest.mark.parametrize("where", ["mid-state", "before-rename"])
+def test_a_writer_killed_during_its_write_leaves_the_previous_checkpoint_the_one_resumed(
+        tmp_path: Path, where: str) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root, marker = tmp_path / "checkpoints", tmp_path / "held"
+    writer = subprocess.Popen([sys.executable, "-c", _HELD_WRITER, str(root), where, str(marker)],
+                              cwd=Path(__file__).parents[3])
+    try:
+        while not marker.exists():  # the state the kill must land in, not a duration
+            assert writer.poll() is None, f"the writer exited ({writer.returncode}) before its held point"
+            time.sleep(0.01)
+        os.kill(writer.pid, signal.SIGKILL)
+    finally:
+        writer.kill()
+        writer.wait()
+    (torn,) = root.glob(".step-00000020.tmp-*")
+    assert (torn / "manifest.json").exists() == (where == "before-rename")
+    path, manifest = latest_verified_checkpoint(root)
+    assert manifest.step == 10 and path.name == step_dir_name(10)
+    assert torch.equal(load_checkpoint_state(path)["w"], torch.full((64,), 10.0))
+    # The next save's retention clears the dead writer's leftovers, never the resumed one.
+    _save(root, 30)
+    apply_retention(root, keep_last=2, protect=set())
+    assert not list(root.glob(".step-*")) and [p.name for p in list_checkpoints(root)] == [
+        step_dir_name(30), step_dir_name(10)]
