@@ -9,6 +9,7 @@ import textwrap
 from typing import Any
 
 from benchmarks.headlines import HEADLINES, Headline
+from benchmarks.provenance import code_sha
 
 __all__ = ["summary_svg"]
 
@@ -21,6 +22,11 @@ def _rounds(result: dict[str, Any], key: str | None) -> list[float]:
     return [float(v) for v in values] if isinstance(values, list) else []
 
 
+def is_stale(stem: str, result: dict[str, Any]) -> bool:
+    """The code `stem` measures changed since `result` was recorded (or it names no hash)."""
+    return result.get("code_sha") != code_sha(stem)
+
+
 def _panel(ax: Any, headline: Headline, result: dict[str, Any]) -> None:
     conditions = (("idle", headline.idle, headline.idle_rounds), ("loaded", headline.loaded, headline.loaded_rounds))
     shown = [headline.target]
@@ -31,7 +37,7 @@ def _panel(ax: Any, headline: Headline, result: dict[str, Any]) -> None:
         rounds = _rounds(result, rounds_key)
         shown += [float(value), *rounds]
         noise = result.get(dict(headline.noise).get(condition, ""))
-        colour = COLOURS.get(headline.met(value, noise), UNJUDGED)
+        colour = COLOURS.get(headline.met(value, noise, stale=is_stale(headline.result, result)), UNJUDGED)
         # Rounds spread evenly across the slot (no random jitter: the SVG must be reproducible).
         offsets = [(i - (len(rounds) - 1) / 2) * 0.06 for i in range(len(rounds))]
         ax.scatter([x + o for o in offsets], rounds, s=14, color=colour, alpha=0.45, linewidths=0, zorder=2)

@@ -47,11 +47,14 @@ class Headline:
         except (KeyError, ValueError, TypeError):
             return None
 
-    def met(self, value: float | None, noise: float | None = None) -> str:
+    def met(self, value: float | None, noise: float | None = None, stale: bool = False) -> str:
         """"met" only when the figure clears the target by more than the noise its reference
-        measured against itself; nearer than that, "within noise"."""
+        measured against itself; nearer than that, "within noise". A stale figure (the code it
+        measured has changed since) gets no verdict: it describes other code."""
         if value is None:
             return "not measured"
+        if stale:
+            return "stale: no verdict until rerun"
         if not self.fair:
             return "not judged: reference not yet fair"
         if noise is not None and abs(value - self.target) <= noise:
@@ -115,15 +118,17 @@ HEADLINES = (
              "loaded_charged_stall_ratio_vs_durable_torch_save", 0.3, True,
              "torch.save and fsync; the stall is what a training loop's steps took beyond the same steps without "
              "a save, so the writer's CPU is charged", fair=True,
+             noise=(("idle", "charged_again_spread"), ("loaded", "loaded_charged_again_spread")),
              why=(("loaded", "the loop trains on {loaded_charged_threads} thread in both conditions. Idle, the "
                    "background writer has the second core and a save stalls training {charged_stall_per_save_seconds} "
-                   "s; beside the burner the writer's work (serialising, hashing and fsync: "
-                   "{loaded_background_write_seconds} s per save) competes with training and the burner for the two "
-                   "cores, and the stall is "
-                   "{loaded_charged_stall_per_save_seconds} s, about a durable torch.save's "
+                   "s; beside the burner the writer's work ({loaded_background_write_cpu_seconds} CPU-s per save on "
+                   "its own thread, serialising and hashing, plus the kernel's writeback for the fsync) can only come "
+                   "out of the two busy cores, so training gives up its share of it: the stall is "
+                   "{loaded_charged_stall_per_save_seconds} s against a durable torch.save's "
                    "{loaded_durable_torch_save_seconds} s, while save() itself blocks the loop "
-                   "{loaded_loop_stall_per_save_seconds} s. A machine with a core free beside training is the idle "
-                   "condition."),)),
+                   "{loaded_loop_stall_per_save_seconds} s; the same steps without a save, run twice, land "
+                   "±{loaded_charged_again_spread} of a save apart (rounds: {loaded_charged_again_spread_per_round}). "
+                   "A machine with a core free beside training is the idle condition."),)),
     Headline("predict speed / a bare model loop", "predict", "ratio_predict_vs_bare", "loaded_ratio_predict_vs_bare",
              0.8, False,
              "a bare model(x) loop over the same rows, transformed and in memory, at the same threads", fair=True,

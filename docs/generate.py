@@ -208,25 +208,42 @@ def _headlines(results: dict[str, dict[str, Any]]) -> list[str]:
     misses = []
     # "noise ±x": the reference measured against itself in the same rounds lands a median x
     # apart; a target closer than that to the figure is not resolved by it.
+    machines: dict[str, list[str]] = {}
     for h in HEADLINES:
         result = results.get(h.result, {})
         values = [result.get(h.idle), result.get(h.loaded) if h.loaded else None]
         noise = [result.get(dict(h.noise).get(c, "")) for c in ("idle", "loaded")]
-        cells = [f"{_format(v)} ({h.met(v, n)}{f'; noise ±{_format(n)}' if n is not None else ''})" if v is not None
-                 else "not measured" for v, n in zip(values, noise, strict=True)]
+        is_stale = bool(result) and _stale(h.result, result) is not None
+        cells = [f"{_format(v)} ({h.met(v, n, is_stale)}{f'; noise ±{_format(n)}' if n is not None else ''})"
+                 if v is not None else "not measured" for v, n in zip(values, noise, strict=True)]
         target = f"{'≤' if h.at_most else '≥'} {_format(h.target)}"
-        stale = " (**stale**)" if result and _stale(h.result, result) else ""
+        stale = " (**stale**)" if is_stale else ""
+        machine = _cpu(result)
+        if machine:
+            machines.setdefault(machine, []).append(h.figure)
         lines.append(f"| {h.figure} | {target} | {cells[0]} | {cells[1]} | {h.reference} | "
-                     f"[{h.result}](#{h.result}), {result.get('date', 'no date')}{_load(result)}{stale} |")
+                     f"[{h.result}](#{h.result}), {result.get('date', 'no date')}{_load(result)}"
+                     f"{f', on {machine}' if machine else ''}{stale} |")
         for condition, value, n in zip(("idle", "loaded"), values, noise, strict=True):
-            if value is not None and h.met(value, n) == "not met":
+            if value is not None and h.met(value, n, is_stale) == "not met":
                 why = h.why_missed(condition, result) or "not yet explained by a measurement."
                 misses.append(f"- **{h.figure}, {condition} ({_format(value)}, target {target}):** {why}")
+    if len(machines) > 1:
+        lines += ["", "These rows come from different machines: " + "; ".join(
+            f"{machine} ({len(figures)} row{'s' if len(figures) > 1 else ''})" for machine, figures in machines.items())
+            + ". A ratio is measured within one run on one machine, but rows on different CPUs are not one "
+            "comparison."]
     if misses:
         lines += ["", "Where the project misses a target, and what the measurements say about why:", "", *misses]
     return [*lines, "", "![Each headline figure's rounds (dots) and median (bar), idle and beside a one-core "
                        "burner, against its dashed target: green met, red not met, amber within noise, grey not judged]"
                        "(img/benchmarks-summary.svg)", ""]
+
+
+def _cpu(result: dict[str, Any]) -> str:
+    """The machine a result ran on, as its CPU (`machine` reads "2 cores, AMD EPYC, no GPU, ...")."""
+    parts = [p.strip() for p in str(result.get("machine", "")).split(",")]
+    return ", ".join(parts[:2]) if len(parts) >= 2 else ""
 
 
 def _load(result: dict[str, Any]) -> str:
