@@ -177,9 +177,13 @@ def test_a_study_killed_twice_ends_like_an_uninterrupted_one(tmp_path: Path, dem
 def test_a_budget_smaller_than_one_rung_is_refused_before_any_trial(tmp_path: Path, demo_source: Path,
                                                                     prefect_server) -> None:
     config = _study_config(tmp_path, demo_source, max_usd=1e-7)
+    # A full trial of hours on this CPU: the warning that says so comes before the refusal, since
+    # it says why a bigger budget may be the wrong answer.
+    config.write_text(config.read_text().replace("max_steps: 120", "max_steps: 100000000"))
     code, out, err = _finish(_tune(config, prefect_server.env))
     assert code == 2 and out == ""
     lines = [line for line in err.splitlines() if line.startswith("retrain: error")]
     assert len(lines) == 1 and "tune.max_usd=1e-07 cannot pay for the first rung" in lines[0], err[-3000:]
+    assert "one trial at full fidelity takes about" in err.split(lines[0])[0], err[-3000:]
     assert "Traceback" not in err
     assert not list((tmp_path / "root").glob("runs/*"))

@@ -70,8 +70,10 @@ def _open_study(config: RetrainConfig, packed: PackResult, prep: PrepResult,
         log.warning("%s cannot bind: cost.instance_type %s has no %s; set cost.instance_type and cost.market",
                     ", ".join(study.budget.unpriced), config.cost.instance_type,
                     "price" if study.budget.rate == 0 else "GPUs")
-    study.check_first_rung()
+    # The hours first: a budget refused for its first rung is then refused with the reason a
+    # bigger budget may be the wrong answer (a CPU pricing a model meant for a GPU).
     _warn_of_hours(config, calibration.cost, calibration.device)
+    study.check_first_rung()
     return study
 
 
