@@ -90,10 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="print the plan as one JSON object (the pick, every row, why) instead of the table")
 
     predict = _subcommand(sub, "predict")
-    predict.add_argument("--input", required=True, metavar="PARQUET",
-                         help="a Parquet file, a folder of them, or an s3:// prefix")
-    predict.add_argument("--output", required=True, metavar="PARQUET",
-                         help="the Parquet file to write (a local path or an s3:// key)")
+    predict.add_argument("--input", required=True, metavar="FILES",
+                         help="a Parquet or CSV file, a folder of them, or an s3:// prefix")
+    predict.add_argument("--output", required=True, metavar="FILE",
+                         help="the file to write (a local path or an s3:// key): Parquet, or CSV/TSV for a name ending "
+                         ".csv/.tsv (a multiclass score's probabilities then one column per class)")
     predict.add_argument("--model", default="champion",
                          help="'champion' (default), a promoted model's sha256, or a model package folder")
     predict.add_argument("--keys", default=None, metavar="A,B",

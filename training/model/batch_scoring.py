@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import torch
 
@@ -241,7 +242,8 @@ def scoring_meta(files: list[Path], scoring: ScoringModel, keys: list[str] | Non
 
 def predict_files(files: list[Path], scoring: ScoringModel, output: Path, keys: list[str] | None = None
                   ) -> PredictResult:
-    """Score `files` into the Parquet file `output` (see the module docstring)."""
+    """Score `files` into `output`: Parquet, or CSV/TSV for a .csv/.tsv name (see the module
+    docstring and `_CsvWriter`)."""
     t0 = time.perf_counter()
     _check_output(output, files)
     keys, meta = scoring_meta(files, scoring, keys)
@@ -252,7 +254,7 @@ def predict_files(files: list[Path], scoring: ScoringModel, output: Path, keys: 
     tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        rows = _write(files, scoring, tmp, keys, meta)
+        rows = _write(files, scoring, tmp, keys, meta, output)
         os.replace(tmp, output)
     except OSError as err:  # the inputs' read errors are DataErrors by now: this is the output's
         raise StorageError(f"cannot write the scores to {output}: {_write_failure(err, output)}") from None
@@ -278,7 +280,8 @@ def _check_output(output: Path, files: list[Path]) -> None:
     """The output must be a file that is not one of the inputs: scores never replace the data
     they were computed from, and a folder is not replaced by a file."""
     if output.is_dir():
-        raise ConfigError(f"--output {output} is a folder; name the Parquet file to write, e.g. {output / 'scores.parquet'}")
+        raise ConfigError(f"--output {output} is a folder; name the file to write, e.g. {output / 'scores.parquet'} "
+                          "(or scores.csv)")
     target = output.resolve()
     clash = next((f for f in files if f.resolve() == target), None)
     if clash is not None:
@@ -292,10 +295,11 @@ def _schema(path: Path) -> pa.Schema:
         raise DataError(f"{path}: not a readable Parquet file (truncated or corrupt?): {err}") from None
 
 
-def _write(files: list[Path], scoring: ScoringModel, tmp: Path, keys: list[str], meta: dict[bytes, bytes]) -> int:
+def _write(files: list[Path], scoring: ScoringModel, tmp: Path, keys: list[str], meta: dict[bytes, bytes],
+           output: Path) -> int:
     task = Task.of(scoring.stats)
     scoring.model.eval()
-    writer: pq.ParquetWriter | None = None
+    writer: pq.ParquetWriter | _CsvWriter | None = None
     rows = 0
     # Written on a thread of its own, one batch behind the model (Parquet encoding releases the GIL).
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="predict-write") as pool:
@@ -304,7 +308,7 @@ def _write(files: list[Path], scoring: ScoringModel, tmp: Path, keys: list[str],
             for chunk in _ahead(_prepared(scoring, files, keys)):
                 scored = _score(scoring, task, chunk, keys)
                 if writer is None:
-                    writer = _writer(tmp, scored.schema.with_metadata(meta))
+                    writer = _writer(tmp, scored.schema.with_metadata(meta), output, list(scoring.stats.classes or []))
                 if pending is not None:
                     pending.result()
                 pending = pool.submit(writer.write_table, scored)
@@ -319,7 +323,51 @@ def _write(files: list[Path], scoring: ScoringModel, tmp: Path, keys: list[str],
     return rows
 
 
-def _writer(path: Path, schema: pa.Schema) -> pq.ParquetWriter:
+CSV_DELIMITERS = {".csv": ",", ".tsv": "\t"}  # an output named so is written as text, with a header
+
+
+class _CsvWriter:
+    """Scores as CSV or TSV. Text has no nested or dictionary columns: a multiclass score's
+    probabilities become one column per class (`probability_<class>`, in the model's class
+    order), dictionary keys their values. The model and input the scores came from, which a
+    Parquet output keeps in its metadata, have no place in CSV, so a rerun scores again."""
+
+    def __init__(self, path: Path, schema: pa.Schema, delimiter: str, classes: list[Any]) -> None:
+        self._classes = classes
+        self._writer: pa_csv.CSVWriter | None = None
+        self._path, self._delimiter = path, delimiter
+
+    def _flat(self, table: pa.Table) -> pa.Table:
+        columns, names = [], []
+        for name, column in zip(table.column_names, table.columns, strict=True):
+            if pa.types.is_fixed_size_list(column.type):
+                values = column.combine_chunks().flatten().to_numpy().reshape(-1, len(self._classes))
+                for i, cls in enumerate(self._classes):
+                    columns.append(pa.array(values[:, i]))
+                    names.append(f"probability_{cls}")
+                continue
+            if pa.types.is_dictionary(column.type):
+                column = column.cast(column.type.value_type)
+            columns.append(column)
+            names.append(name)
+        return pa.table(columns, names=names)
+
+    def write_table(self, table: pa.Table) -> None:
+        flat = self._flat(table)
+        if self._writer is None:
+            options = pa_csv.WriteOptions(delimiter=self._delimiter)
+            self._writer = pa_csv.CSVWriter(str(self._path), flat.schema, write_options=options)
+        self._writer.write_table(flat)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def _writer(path: Path, schema: pa.Schema, output: Path, classes: list[Any]) -> pq.ParquetWriter | _CsvWriter:
+    delimiter = CSV_DELIMITERS.get(output.suffix.lower())
+    if delimiter is not None:
+        return _CsvWriter(path, schema, delimiter, classes)
     # Dictionary encoding only for strings: on float columns it was measured to double the
     # write time (the slowest part of scoring) and to make the file larger.
     strings = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)

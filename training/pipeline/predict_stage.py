@@ -115,6 +115,7 @@ def predict_stage(config: RetrainConfig, source: str, output: str, model: str = 
                   keys: list[str] | None = None) -> PredictResult:
     """Score `source` with `model` into `output` (see `training.model.batch_scoring`)."""
     _check_output_outside_input(source, output)
+    nothing_to_score(source)  # a missing local input: one line before the model is fetched and loaded
     scoring = resolve_model(config, model)
     with scoring_threads(config) as threads, tempfile.TemporaryDirectory(prefix="retrain-predict-") as tmp:
         listed = (_download_inputs(config, source, Path(tmp) / "in") if source.startswith("s3://")

@@ -243,3 +243,34 @@ def test_a_csv_input_is_scored_as_its_parquet_is(trained, tmp_path: Path) -> Non
     assert np.allclose(a.column("probability").to_numpy(), b.column("probability").to_numpy(), atol=1e-6)
     again = predict_stage(config, str(folder), str(tmp_path / "b.parquet"), model=str(package))
     assert again.skipped  # the same CSV: nothing written twice
+
+
+def test_an_output_named_csv_is_csv_with_the_parquet_outputs_scores(trained, tmp_path: Path) -> None:
+    import pyarrow.csv as pa_csv
+
+    config, package, _ = trained
+    source = _test_split(config, tmp_path / "in.parquet")
+    scoring = load_scoring_model(package, None)
+    parquet = pq.read_table(predict_files([source], scoring, tmp_path / "scores.parquet", keys=["clicked"]).output)
+    for name, delimiter in (("scores.csv", ","), ("scores.tsv", "\t")):
+        out = tmp_path / name
+        result = predict_files([source], scoring, out, keys=["clicked"])
+        assert out.read_text().splitlines()[0].replace('"', "") == delimiter.join(["clicked", "probability", "prediction"])
+        text = pa_csv.read_csv(out, parse_options=pa_csv.ParseOptions(delimiter=delimiter))
+        assert result.rows == text.num_rows == parquet.num_rows
+        assert np.allclose(text.column("probability").to_numpy(), parquet.column("probability").to_numpy(), atol=1e-6)
+        assert text.column("prediction").to_pylist() == parquet.column("prediction").to_pylist()
+
+
+def test_csv_scores_spread_a_multiclass_score_over_one_column_per_class(tmp_path: Path) -> None:
+    from training.model.batch_scoring import _CsvWriter
+
+    probs = pa.FixedSizeListArray.from_arrays(pa.array([0.1, 0.9, 0.7, 0.3], pa.float32()), 2)
+    keys = pa.array(["a", "b"]).dictionary_encode()
+    table = pa.table({"user": keys, "prediction": pa.array(["yes", "no"]), "probabilities": probs})
+    writer = _CsvWriter(tmp_path / "s.csv", table.schema, ",", ["no", "yes"])
+    writer.write_table(table)
+    writer.write_table(table.slice(1))
+    writer.close()
+    assert (tmp_path / "s.csv").read_text().replace('"', "").splitlines() == [
+        "user,prediction,probability_no,probability_yes", "a,yes,0.1,0.9", "b,no,0.7,0.3", "b,no,0.7,0.3"]
