@@ -113,6 +113,21 @@ def test_one_stray_value_among_numbers_is_reported_not_inferred_as_a_category(tm
         _checked(source, "data.numeric=[x1, x2]", "data.categorical=[]")
 
 
+@pytest.mark.parametrize("row", [6, 4001])
+def test_a_stray_word_early_or_late_in_a_numeric_csv_column_is_the_same_one_line(tmp_path: Path, row: int) -> None:
+    # Early, the reader types the column text from its first rows; the check must still see
+    # the numbers it holds, not a category.
+    lines = ["age,x2,y", *(f"{20 + i % 50},{i % 7},{i % 2}" for i in range(5000))]
+    lines[row] = "unknown,3,1"  # data row `row`
+    source = tmp_path / "people.csv"
+    source.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError) as err:
+        _checked(source)
+    message = str(err.value)
+    assert f"column 'age' reads as text because 1 of its 5000 values are not numbers, the first 'unknown' at row " \
+        f"{row}" in message and "\n" not in message, message
+
+
 def test_a_csv_that_is_not_utf8_or_has_no_rows_is_one_line(tmp_path: Path) -> None:
     header = tmp_path / "header.csv"
     header.write_bytes(b"a,b\xff,y\n1,2,1\n3,4,0\n")
