@@ -69,8 +69,10 @@ def finish_packing(config: RetrainConfig, begun: PackBegun, packed: list[PackedS
     """The dataset's manifest over its segments; retention of what no kept dataset lists."""
     result = pack_finish(config, begun, packed)
     verb = "reused" if result.reused else "packed"
-    task_logger().info("%s dataset %s: %s rows in %d segment(s) (%d packed now), %d shards", verb,
-                       result.fingerprint, result.rows, result.segments, result.segments_packed, result.shards)
+    task_logger().info("%s dataset %s: %s rows in %d segment(s) (%d packed now), %d shards%s", verb,
+                       result.fingerprint, result.rows, result.segments, result.segments_packed, result.shards,
+                       f"; {result.dropped_null_labels} source rows left out for a null label (data.drop_null_labels)"
+                       if result.dropped_null_labels else "")
     return result
 
 

@@ -71,6 +71,7 @@ class SegmentRef:
     rows: dict[str, int]
     classes: list[Any] = field(default_factory=list)  # multiclass: the label value of each stored code
     class_rows: list[int] = field(default_factory=list)  # ... and the file row where each first appears
+    dropped_null_labels: int = 0  # its rows left out for a null label
 
     @property
     def train_rows(self) -> int:
@@ -189,6 +190,11 @@ class DatasetManifest:
         except (ValueError, TypeError, KeyError, AttributeError) as err:  # UnicodeDecodeError is a ValueError
             raise DataError(f"{where} is unreadable ({type(err).__name__}: {err})") from None
         keys = {s.key for s in manifest.segments}
+        bad_count = next((s.key for s in manifest.segments if type(s.dropped_null_labels) is not int
+                          or s.dropped_null_labels < 0), None)
+        if bad_count is not None:
+            raise DataError(f"{where}: segment {bad_count!r} has a dropped_null_labels that is not a row count: "
+                            "damaged or tampered with")
         bad_segment = next((s.key for s in manifest.segments if not is_segment_key(s.key)), None)
         if bad_segment is not None:
             raise DataError(f"{where} lists a segment that is not one ({bad_segment!r}): damaged or tampered with")

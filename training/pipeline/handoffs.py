@@ -54,6 +54,7 @@ class PackResult(Record):
     packed_bytes: int = 0  # written under datasets/ by this run's packing
     segments_removed: int = 0  # by retention
     dataset_bytes: int = 0  # the dataset's shards
+    dropped_null_labels: int = 0  # source rows the dataset leaves out for a null label (data.drop_null_labels)
 
     @property
     def train_rows(self) -> int:

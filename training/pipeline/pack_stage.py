@@ -125,6 +125,7 @@ def _packed(begun: PackBegun, root: StorageRoot, manifest: DatasetManifest, pack
         source_bytes_read=begun.plan.source_bytes_read + sum(p.source_bytes_read for p in packed),
         packed_bytes=sum(p.packed_bytes for p in packed if not p.reused), segments_removed=removed,
         dataset_bytes=sum(s.bytes for s in manifest.shards),
+        dropped_null_labels=sum(s.dropped_null_labels for s in manifest.segments),
     )
 
 

@@ -89,6 +89,10 @@ def test_rows_with_a_null_label_are_left_out_of_the_packed_data(tmp_path: Path) 
                                     "data.numeric=[x1]", "data.categorical=[]", "data.drop_null_labels=true"])
     packed = pack_stage(config)
     assert sum(packed.rows.values()) == 3000 - 300
+    # Counted where the run reports it, and again when the dataset is reused from the root.
+    assert packed.dropped_null_labels == 300
+    again = pack_stage(config)
+    assert again.reused and again.dropped_null_labels == 300
 
 
 def test_the_task_is_read_from_the_whole_folder_not_its_first_file(tmp_path: Path) -> None:
@@ -194,3 +198,22 @@ def test_a_date_feeds_its_parts_and_learns_what_its_weekday_column_would(tmp_pat
     config, _ = checked_source(load_config(overrides=[*small_overrides(tmp_path / "root-none", dated), "data.label=y",
                                                       "data.dates=[]", "data.numeric=[noise]"]))
     assert config.data.dates == [] and config.data.numeric_features == ["noise"]
+
+
+@pytest.mark.parametrize("count", [-1, "300", 2.5, True])
+def test_a_dataset_manifest_whose_dropped_count_is_not_a_row_count_is_refused(tmp_path: Path, count: object) -> None:
+    import json
+
+    from tests.conftest import small_overrides
+    from training.data.manifest import DatasetManifest
+    from training.pipeline.pack_stage import pack_stage
+
+    rng = np.random.default_rng(1)
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.table({"x1": rng.normal(size=500), "y": rng.integers(0, 2, size=500)}), path)
+    packed = pack_stage(load_config(overrides=[*small_overrides(tmp_path / "root", path), "data.label=y",
+                                               "data.numeric=[x1]", "data.categorical=[]"]))
+    raw = json.loads((Path(packed.dataset_dir) / "manifest.json").read_text())
+    raw["segments"][0]["dropped_null_labels"] = count
+    with pytest.raises(DataError, match="dropped_null_labels that is not a row count"):
+        DatasetManifest.from_json(json.dumps(raw))

@@ -264,8 +264,8 @@ def _manifest(source: str, segments: list[SegmentManifest], files: list[SourceFi
         sources=[{"name": f.name, "bytes": f.size, "segments": keys_of[f.name]} for f in files if keys_of[f.name]],
         task=config.task, classes=classes, vector=list(config.vector), vector_dims=dims, text=list(config.text),
         image=list(config.image), source=source,
-        segments=[SegmentRef(s.key, s.source, s.row_groups, s.file_row, s.rows, list(s.classes), list(s.class_rows))
-                  for s in segments],
+        segments=[SegmentRef(s.key, s.source, s.row_groups, s.file_row, s.rows, list(s.classes), list(s.class_rows),
+                             s.dropped_null_labels) for s in segments],
     )
     _check(source, manifest, config)
     return manifest

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from training.config import DataConfig, fingerprint, fingerprinted
 from training.data.ingest.labels import SegmentClasses
@@ -94,6 +94,7 @@ class SegmentManifest(BaseModel):
     time_range: list[float] | None = None  # data.time_column: oldest and newest, seconds since the epoch
     stats_bytes: int = 0
     stats_sha256: str = ""
+    dropped_null_labels: int = Field(0, ge=0)  # rows left out for a null label (data.drop_null_labels)
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(indent=1).encode()
@@ -301,7 +302,8 @@ def _finish(packer: _SegmentPacker, plan: SegmentPlan, config: DataConfig, range
         classes=classes, class_rows=packer.classes.first_rows if packer.classes is not None else [],
         train_classes=sorted(classes[c] for c in packer.train_codes),
         vector_dims=packer.vector_dims or [], time_range=list(packer.time_range) if packer.time_range else None,
-        stats_bytes=len(stats), stats_sha256=hashlib.sha256(stats).hexdigest())
+        stats_bytes=len(stats), stats_sha256=hashlib.sha256(stats).hexdigest(),
+        dropped_null_labels=packer.dropped_null_labels)
     write_atomic(work_dir / MANIFEST, manifest.to_bytes())
     return manifest
 

@@ -85,6 +85,7 @@ class PackSummary(_Part):
     source_bytes_read: int = 0
     packed_bytes: int = 0  # written under datasets/ by this run
     uploaded_bytes: int = 0  # to an s3:// root by this run
+    dropped_null_labels: int = 0  # source rows left out for a null label (data.drop_null_labels)
 
 
 class PreprocessSummary(_Part):
