@@ -20,6 +20,7 @@ from training.config.storage import StorageConfig
 from training.config.train import TrainConfig
 from training.config.tune import TrackingConfig, TuneConfig
 from training.errors import ConfigError
+from training.copies import updated
 
 __all__ = ["RetrainConfig"]
 
@@ -61,7 +62,7 @@ class RetrainConfig(_Section):
 
     def for_train_rows(self, rows: int) -> RetrainConfig:
         """This config with its data-dependent `auto` settings resolved for a train split of `rows` rows."""
-        return self.model_copy(update={"train": self.train.for_train_rows(rows)})
+        return updated(self, {"train": self.train.for_train_rows(rows)})
 
     def with_values(self, values: dict[str, Any], origin: str) -> RetrainConfig:
         """This config with each dotted key of `values` set (e.g. a tuning trial's parameters),

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from training.config.marks import COMPUTED, COMPUTED_SINCE, FLAT_COMPUTED, OPERATIONAL, computed_before
 from training.config.section import _Section
+from training.copies import updated
 
 __all__ = ["CheckpointConfig", "DistributedConfig", "KubernetesNodesConfig", "LoaderConfig", "OptimConfig", "RetryConfig", "ScheduleConfig", "TrainConfig"]
 
@@ -368,7 +369,7 @@ class TrainConfig(_Section):
         every = (self.eval_every if self.eval_every != "auto"
                  else max(10, min(200, math.ceil(rows / (self.batch_size * self.grad_accum)))))
         patience = self.patience if self.patience != "auto" else max(5, math.ceil(500 / every))
-        return self.model_copy(update={"eval_every": every, "patience": patience})
+        return updated(self, {"eval_every": every, "patience": patience})
 
     @property
     def validate_every(self) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 
 from pydantic import BaseModel, ConfigDict
+from training.copies import updated
 
 __all__ = [
     "SECONDS_PER_HOUR",
@@ -71,7 +72,7 @@ class Counterfactual(_Figure):
     rate_per_hour: float | None = None
 
     def with_storage(self, storage_usd: float) -> Counterfactual:
-        return self.model_copy(update={"storage_usd": storage_usd, "total_usd": self.usd + storage_usd})
+        return updated(self, {"storage_usd": storage_usd, "total_usd": self.usd + storage_usd})
 
 
 def compute_cost(stage_seconds: dict[str, float], rate_per_hour: float, gpus: int) -> ComputeCost:

@@ -16,6 +16,7 @@ from training.cost.interruptions import SPOT_BANDS, hourly_rates
 from training.cost.roofline import StepPrediction, predict_step, training_bytes
 from training.cost.spot_risk import spot_outlook
 from training.cost.step_count import StepCosts, StepCount
+from training.copies import updated
 
 __all__ = ["DEADLINE_CONFIDENCE", "THIS_MACHINE", "Calibrated", "HereFigures", "PlanRow", "Variant", "plan_rows",
            "recommended", "variants"]
@@ -134,7 +135,7 @@ def variants(costs: StepCosts, configured_precision: str, micro_batch: int) -> l
     while k <= MAX_ACCUMULATION and micro_batch // k >= 1:
         # Activations shrink with the micro-batch; each optimizer step launches k times the
         # kernels and reads the weights k times.
-        count = base.model_copy(update={
+        count = updated(base, {
             "activation_bytes": int(base.activation_bytes / k), "kernels": base.kernels * k,
             "matmul_bytes": base.matmul_bytes + (k - 1) * 3 * base.parameter_bytes})
         out.append(Variant(name=f"micro-batch {micro_batch // k} x {k} accumulated", accumulation=k, count=count,
@@ -176,7 +177,7 @@ def _step_for(name: str, price: InstancePrice, variant: Variant, config: Retrain
     source = f"predicted: {price.gpu} {pred.precision}, {pred.bound}-bound"
     if calibrated.runs:
         low, high = calibrated.factor_range
-        pred = pred.model_copy(update={"low": pred.low * low,
+        pred = updated(pred, {"low": pred.low * low,
                                        "mid": pred.mid * calibrated.factor, "high": pred.high * high})
         source += f", x{calibrated.factor:.2g} from {calibrated.runs} measured run(s)"
     if here.load_seconds_per_batch is not None and price.vcpus is not None:
@@ -272,12 +273,12 @@ def plan_rows(config: RetrainConfig, names: list[str], costs: StepCosts, micro_b
                                     meets_deadline=False))
                 continue
             row = _row(name, market, rate, price, variant, config, figures, deadline, calibrated or Calibrated())
-            row = row.model_copy(update={"need_gb": need, "here": here})
+            row = updated(row, {"need_gb": need, "here": here})
             alternative = _precision_alternative(price, variant, config, costs, micro_batch)
             if alternative is not None:
                 other, other_need = alternative
-                other_row = _row(name, market, rate, price, other, config, figures, deadline,
-                                 calibrated or Calibrated()).model_copy(update={"need_gb": other_need})
+                other_row = updated(_row(name, market, rate, price, other, config, figures, deadline,
+                                 calibrated or Calibrated()), {"need_gb": other_need})
                 row = min(row, other_row, key=lambda r: r.cost_usd[1])
             rows.append(row)
     return sorted(rows, key=lambda r: (r.here, not r.fits, not r.meets_deadline, r.cost_usd[1]))

@@ -29,6 +29,7 @@ from training.data.prepare.drift import DriftReference, feature_drift
 from training.data.prepare.features import FeatureStats
 from training.errors import DataError
 from training.pipeline.handoffs import PackResult, TrainingDecision
+from training.copies import updated
 
 if TYPE_CHECKING:  # torch: loaded when a champion is checked, not when the flow is imported
     from training.model.package_meta import PackageMeta
@@ -49,7 +50,7 @@ def decide_stage(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
     if mode == "always":
         return TrainingDecision(train=True, reason="train.retrain_when is always", mode=mode)
     decision = _decide(config, packed)
-    decision = decision.model_copy(update={"seconds": time.perf_counter() - t0})
+    decision = updated(decision, {"seconds": time.perf_counter() - t0})
     log.info("%s: %s", "training" if decision.train else "keeping the champion", decision.reason)
     return decision
 
@@ -62,25 +63,25 @@ def _decide(config: RetrainConfig, packed: PackResult) -> TrainingDecision:
     base = TrainingDecision(train=True, reason="", mode=mode, threshold=config.train.drift_threshold, metric=metric)
     champion = champion_in_child(config)  # verified and loaded in the stage child: torch
     if champion is None or not champion.usable:
-        return base.model_copy(update={"reason": "no usable champion to keep"})
+        return updated(base, {"reason": "no usable champion to keep"})
     meta = PackageMeta.read(champion.package)
     stats = meta.stats()
-    base = base.model_copy(update={"champion_sha256": champion.sha256})
+    base = updated(base, {"champion_sha256": champion.sha256})
     manifest = require_manifest(Path(packed.dataset_dir))
     why_not = _incomparable(config, meta, stats, manifest)
     if why_not is not None:
-        return base.model_copy(update={"reason": why_not})
+        return updated(base, {"reason": why_not})
     new = [ref for ref in manifest.segments if ref.key not in set(stats.segments)]
     if not new:
-        return base.model_copy(update={"train": False, "reason": "no data new since the champion was trained"})
+        return updated(base, {"train": False, "reason": "no data new since the champion was trained"})
     drift = _drift(stats, manifest, packed, new)
     drifted = sorted(f for f, v in drift.items() if v > config.train.drift_threshold)
     recorded, now = _champion_scores(config, champion, manifest, packed, [r.key for r in new])
     degraded = _degraded(config, recorded, now)
-    base = base.model_copy(update={
+    base = updated(base, {
         "new_segments": len(new), "new_rows": sum(sum(r.rows.values()) for r in new), "drift": drift,
         "drifted": drifted, "champion_metric": recorded, "champion_metric_new": now})
-    return base.model_copy(update=_verdict(config, mode, drifted, degraded, recorded, now))
+    return updated(base, _verdict(config, mode, drifted, degraded, recorded, now))
 
 
 def _incomparable(config: RetrainConfig, meta: PackageMeta, stats: FeatureStats,

@@ -25,6 +25,7 @@ from training.data.manifest import DatasetManifest
 from training.errors import DataError
 from training.pipeline.handoffs import PackResult
 from training.storage.root import StorageRoot, StorageSummary
+from training.copies import updated
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +68,9 @@ def pack_begin(config: RetrainConfig, defer_footers: bool = False) -> PackBegun:
     plan, legacy = plan_pack(source, config.data, store, config.storage, read_footers=not defer_footers)
     begun = PackBegun(source=source, storage=storage, bayes_auc=bayes_auc, started_at=started, plan=plan)
     if legacy is not None:
-        return begun.model_copy(update={"done": _packed(begun, root, legacy, [], store, reused=True)})
+        return updated(begun, {"done": _packed(begun, root, legacy, [], store, reused=True)})
     if not plan.todo and not plan.unread:
-        return begun.model_copy(update={"done": _finish(config, begun, [], root, store)})
+        return updated(begun, {"done": _finish(config, begun, [], root, store)})
     return begun
 
 
@@ -84,7 +85,7 @@ def with_planned(begun: PackBegun, planned: list[FilesPlanned]) -> PackBegun:
     todo = [*plan.todo, *(p for done in planned for p in done.todo)]
     if not plan.ready and not todo:
         raise DataError(f"{plan.source}: the table is empty (0 rows)")
-    return begun.model_copy(update={"plan": plan.model_copy(update={
+    return updated(begun, {"plan": updated(plan, {
         "todo": todo, "unread": [], "source_bytes_read": plan.source_bytes_read + sum(p.source_bytes_read for p in planned)})})
 
 
@@ -92,13 +93,13 @@ def pack_segment_stage(config: RetrainConfig, plan: SegmentPlan) -> PackedSegmen
     """Pack one segment and publish it to the root (small result: its manifest)."""
     store = DatasetStore(StorageRoot.from_config(config))
     done = pack_segment(open_source(plan.source, config.storage), plan, config.data, store.segments_root())
-    return done.model_copy(update={"uploaded_bytes": store.publish_segment(done.manifest)})
+    return updated(done, {"uploaded_bytes": store.publish_segment(done.manifest)})
 
 
 def pack_finish(config: RetrainConfig, begun: PackBegun, packed: list[PackedSegment]) -> PackResult:
     """The dataset of every segment (the reused one when nothing was packed)."""
     if begun.done is not None:
-        return begun.done.model_copy(update={"seconds": time.time() - begun.started_at})
+        return updated(begun.done, {"seconds": time.time() - begun.started_at})
     root = StorageRoot.from_config(config)
     return _finish(config, begun, packed, root, DatasetStore(root))
 

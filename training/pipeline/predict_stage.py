@@ -24,6 +24,7 @@ from training.protocol.threads import decide_threads
 from training.registry.champion import check_champion
 from training.storage.root import StorageRoot, settings_for
 from training.storage.s3 import S3Store, parse_s3_uri
+from training.copies import updated
 
 __all__ = ["nothing_to_score", "predict_stage", "resolve_model", "scoring_threads"]
 
@@ -58,7 +59,7 @@ def resolve_model(config: RetrainConfig, model: str) -> ScoringModel:
 
 def _s3_store(config: RetrainConfig, uri: str) -> S3Store:
     bucket, prefix = parse_s3_uri(uri)
-    base = settings_for(config.storage.model_copy(update={"root": f"s3://{bucket}"}))
+    base = settings_for(updated(config.storage, {"root": f"s3://{bucket}"}))
     return S3Store(type(base)(**{**base.to_json(), "prefix": prefix}))
 
 
@@ -132,7 +133,7 @@ def predict_stage(config: RetrainConfig, source: str, output: str, model: str = 
             for parquet, original in converted.items():
                 text = text.replace(str(parquet), str(original))
             raise DataError(text) from None
-        return result.model_copy(update={"torch_threads": threads})
+        return updated(result, {"torch_threads": threads})
 
 
 def _as_parquet(path: Path) -> Path:
@@ -173,4 +174,4 @@ def _predict_to_s3(config: RetrainConfig, files: list[Path], scoring: ScoringMod
     result = predict_files(files, scoring, scratch / Path(key).name, keys)
     store.upload_file(key, Path(result.output), tags={**tags, "retrain-rows": str(result.rows)})
     shutil.rmtree(scratch, ignore_errors=True)
-    return result.model_copy(update={"output": output})
+    return updated(result, {"output": output})

@@ -44,6 +44,7 @@ from training.registry.step_times import StepTime, StepTimeBook, step_time_of_ru
 from training.registry.tracking import MlflowTracker, TrackingNotes, flat_params, tracker_for
 from training.storage.files import write_json_atomic
 from training.storage.root import RUN, StorageRoot
+from training.copies import updated
 
 if TYPE_CHECKING:
     pass
@@ -157,7 +158,7 @@ def report_stage(
         tracker.do("report.md and curves.png", lambda c: [c.log_artifact(tracker.notes.run_id, str(f)) for f in files])
         tracker.save()
     report.files = ReportFiles(report_md=str(run_dir / "report.md"), curves_png=str(curves) if curves else None)
-    report.storage = packed.storage.model_copy(update={"run_uri": root.display(run_rel(trained.run_key))})
+    report.storage = updated(packed.storage, {"run_uri": root.display(run_rel(trained.run_key))})
     report.phases = _phases(launch, stage_ends, trained, time.time() - started)
     # One report per flow run (a rerun of the same run key is another flow run: it must not
     # overwrite the record of the first), and report.json the latest of them.

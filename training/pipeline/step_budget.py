@@ -13,6 +13,7 @@ its events, the task's progress and log lines read it there, never the configure
 from __future__ import annotations
 
 from training.config import RetrainConfig
+from training.copies import updated
 
 __all__ = ["for_calibration", "for_warm_start"]
 
@@ -20,8 +21,8 @@ __all__ = ["for_calibration", "for_warm_start"]
 def for_warm_start(config: RetrainConfig, steps: int) -> RetrainConfig:
     """`config` for a warm start of `steps` steps, at train.warm_lr_scale of its learning rate."""
     tc = config.train
-    return config.model_copy(update={"train": tc.model_copy(update={
-        "max_steps": steps, "optim": tc.optim.model_copy(update={"lr": tc.optim.lr * tc.warm_lr_scale})})})
+    return updated(config, {"train": updated(tc, {
+        "max_steps": steps, "optim": updated(tc.optim, {"lr": tc.optim.lr * tc.warm_lr_scale})})})
 
 
 def for_calibration(config: RetrainConfig, steps: int) -> RetrainConfig:

@@ -30,6 +30,7 @@ from training.protocol.results import ChampionCheck, TrainResult, WarmStart
 from training.protocol.runs import RUN_FOLDERS, finished_result, run_rel
 from training.registry.tracking import BackgroundTracker, flat_params, tracker_for
 from training.storage.root import StorageRoot
+from training.copies import updated
 
 if TYPE_CHECKING:
     from training.registry.champion import Champion
@@ -127,7 +128,7 @@ def train_stage(
     except DamagedShard:
         forget_verification(Path(packed.dataset_dir))  # the next pack checks every shard, finds it, repacks
         raise
-    return result.model_copy(update={
+    return updated(result, {
         "run_dir": job.run_dir,
         "run_uri": root.display(job.run_rel),
         "seconds_this_attempt": time.perf_counter() - t0,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
+from training.copies import updated
 
 __all__ = ["CpuClock", "ThreadPolicy", "apply_thread_policy", "cgroup_quota", "decide_threads", "usable_cpus"]
 
@@ -157,6 +158,6 @@ def apply_thread_policy(setting: int | Literal["auto"], loader_workers: int, oth
     policy = decide_threads(setting, loader_workers, int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
                             others_busy=others_busy, loader_busy=loader_busy)
     if kept is not None and setting == "auto":
-        policy = policy.model_copy(update={"threads": kept, "kept_from_checkpoint": True})
+        policy = updated(policy, {"threads": kept, "kept_from_checkpoint": True})
     torch.set_num_threads(policy.threads)
     return policy

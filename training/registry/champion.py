@@ -27,6 +27,7 @@ from training.model.model_ref import ChampionPointer, read_pointer
 from training.model.task_metrics import higher_is_better, is_better, reaches
 from training.storage.files import write_json_atomic
 from training.storage.root import StorageRoot
+from training.copies import updated
 
 if TYPE_CHECKING:
     from training.model.paired import PairedDifference
@@ -167,6 +168,6 @@ def promote(models_root: Path, package_dir: Path, record: ChampionPointer) -> Pa
         aside = models_root / f"champion.not-a-pointer-{uuid.uuid4().hex[:8]}"
         pointer.rename(aside)
         log.warning("models/champion was a folder, not a pointer; moved to %s", aside)
-    written = record.model_copy(update={"meta_sha256": meta_sha256(target), "uri": record.uri or str(target / "model.pt")})
+    written = updated(record, {"meta_sha256": meta_sha256(target), "uri": record.uri or str(target / "model.pt")})
     write_json_atomic(pointer, written.model_dump(mode="json"))
     return target

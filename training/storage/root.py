@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 from training.config import LifecycleConfig, StorageConfig
 from training.storage.files import inside, write_atomic
 from training.storage.s3 import CLASS_TAG, RULE_PREFIX, S3Settings, S3Store, object_tags, parse_s3_uri
+from training.copies import updated
 
 __all__ = ["StorageRoot", "StorageSummary", "local_dir_for", "lifecycle_rules", "CHECKPOINT", "SHARD_CACHE", "MODEL", "RUN", "CACHE"]
 
@@ -153,7 +154,7 @@ class StorageRoot:
         changed = None
         if self.config.lifecycle.manage:
             changed = self.remote.ensure_lifecycle(lifecycle_rules(self.remote.prefix, self.config.lifecycle))
-        return summary.model_copy(update={"bucket": self.remote.bucket, "lifecycle_updated": changed})
+        return updated(summary, {"bucket": self.remote.bucket, "lifecycle_updated": changed})
 
     # -- single objects ---------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from training.trainer.checkpoint import load_checkpoint_state
 from training.trainer.precision import measure_fp32_slowdown
 from training.trainer.throughput import accelerator_stats
 from training.trainer.trainer import steady_step_seconds
+from training.copies import updated
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ def finish_run(trainer: Trainer, status: str) -> TrainResult:
     package = export_model_package(trainer.run_dir / "model", best, trainer.config, trainer.stats, job.run_key,
                                    stopper.best_step, trainer.metric, stopper.best)
     result = _result(trainer, status, package, fp32_slowdown)
-    result = result.model_copy(update=vars(_step_counts(trainer)))
+    result = updated(result, vars(_step_counts(trainer)))
     if status == "budget_stopped" and trainer.rank == 0:
         append_attempt(trainer.run_dir / "attempts.jsonl", AttemptRecord(budget_stopped_at=trainer.state.progress.step))
     write_json_atomic(trainer.run_dir / "result.json", result.to_json())

@@ -21,6 +21,7 @@ from training.storage.root import RUN, StorageRoot
 from training.tune.study import RungCost, RungWork, Study, study_key, study_rel
 from training.tune.trial import TRIAL_CHILDREN, calibrate, read_calibration
 from training.model.paired import PairedDifference
+from training.copies import updated
 
 __all__ = ["base_comparison", "open_study", "drive"]
 
@@ -132,7 +133,7 @@ def base_comparison(config: RetrainConfig, packed: PackResult, on_event: Callabl
             if root.remote is not None:
                 fetch_finished_run(root, run_rel(key))  # a trial finished on another machine
             folders.append(root.path(f"{run_rel(key)}/model"))
-        asked = config.model_copy(update={"eval": config.eval.model_copy(update={"confidence": confidence})})
+        asked = updated(config, {"eval": updated(config.eval, {"confidence": confidence})})
         return compare_in_child(asked, packed, folders[0], folders[1], on_event)
 
     return compare

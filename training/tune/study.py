@@ -53,6 +53,7 @@ from training.storage.root import StorageRoot
 from training.tune.journal import PublishedJournal
 from training.tune.journal_gate import JournalGate
 from training.tune.rungs import rungs
+from training.copies import updated
 
 __all__ = ["RungCost", "RungWork", "Study", "StudyBudget", "asha_pick", "study_key", "study_rel", "STUDY_DIR"]
 
@@ -433,8 +434,7 @@ class Study:
         if not math.isfinite(cap):
             return config
         own = config.budget.max_wall_seconds
-        return config.model_copy(update={"budget": config.budget.model_copy(
-            update={"max_wall_seconds": cap if own is None else min(own, cap)})})
+        return updated(config, {"budget": updated(config.budget, {"max_wall_seconds": cap if own is None else min(own, cap)})})
 
     @staticmethod
     def is_base(frozen: Any) -> bool:

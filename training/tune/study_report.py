@@ -19,6 +19,7 @@ from training.storage.files import write_atomic, write_json_atomic
 from training.storage.root import RUN, StorageRoot
 from training.tune.study import Study, study_rel
 from training.model.paired import PairedDifference
+from training.copies import updated
 
 __all__ = ["BestTrial", "StudyBudget", "StudyGate", "TrialRow", "TuneReport", "build_report", "record_gate",
            "write_report"]
@@ -219,7 +220,7 @@ def _ranked_from(study: Study, finished: list[TrialRow]) -> list[TrialRow]:
     seeded = [r for r in finished if r.number in candidates and len(r.seed_values) == study.seeds]
     if candidates and len(seeded) == len(candidates):
         return seeded
-    return [r.model_copy(update={"score": r.last_value, "seed_values": []}) for r in finished]
+    return [updated(r, {"score": r.last_value, "seed_values": []}) for r in finished]
 
 
 def build_report(study: Study) -> TuneReport:
@@ -351,17 +352,17 @@ def against_base(report: TuneReport, compare: Compare | None, confidence: float 
             f"({diff.confidence:.2%} interval, for the best of {picked_from} trials{ranked}: {diff.low:+.4f} to "
             f"{diff.high:+.4f}, {diff.method}, {diff.rows} rows)")
     if diff.low > 0:
-        return report.model_copy(update={"best": best.model_copy(update={"evidence": f"trial {best.trial}: {said}"})})
+        return updated(report, {"best": updated(best, {"evidence": f"trial {best.trial}: {said}"})})
     assert base.value is not None  # finished trials have one
     kept = BestTrial(trial=base.number, value=base.value, params=base.params, run_key=base.run_key, config=best.config,
                      evidence=f"the config as given: trial {best.trial}'s {said} is within noise", score=base.score,
                      seeds=1 + len(base.seed_values))
-    return report.model_copy(update={"best": kept})
+    return updated(report, {"best": kept})
 
 
 def record_gate(root: StorageRoot, report: TuneReport, gate: StudyGate) -> TuneReport:
     """The gate's decision on the answer, written into the study's tune_report.json."""
-    gated = report.model_copy(update={"gate": gate})
+    gated = updated(report, {"gate": gate})
     rel = f"{study_rel(report.study)}/tune_report.json"
     write_json_atomic(root.path(rel), gated.to_json())
     root.publish(rel, RUN)

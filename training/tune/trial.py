@@ -26,6 +26,7 @@ from training.protocol.results import RungResult
 from training.protocol.runs import finished_result, paused_result
 from training.storage.root import StorageRoot
 from training.tune.study import STUDY_DIR, RungCost
+from training.copies import updated
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def calibrate(config: RetrainConfig, packed: PackResult, prep: PrepResult, study
     run folder that is removed afterwards: the measured start-up and seconds per step price
     every rung until real rungs have been measured."""
     steps = min(config.tune.calibration_steps, config.train.max_steps)
-    calib = for_calibration(config.model_copy(update={"tune": TuneConfig()}), steps)  # its rungs would not fit
+    calib = for_calibration(updated(config, {"tune": TuneConfig()}), steps)  # its rungs would not fit
     calib.budget.max_wall_seconds = None
     job, _ = build_train_job(calib, packed, prep, None)
     scratch = StorageRoot.from_config(config).local / STUDY_DIR / study / "calibration"

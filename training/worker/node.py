@@ -38,6 +38,7 @@ from training.protocol.events import ErrorReport, NodeJoined
 from training.protocol.job import TrainJob
 from training.protocol.sealed import Sealed
 from training.storage.root import StorageRoot
+from training.copies import updated
 
 __all__ = ["last_call_seconds", "main", "node_job", "torchrun_command"]
 
@@ -92,7 +93,7 @@ def node_job(run_key: str, rel: str, storage: StorageConfig, job_sha256: str) ->
         raise ConfigError(f"{where} does not hold what run {run_key[:12]} computes (its settings, dataset or numerics "
                           "differ from the ones its key was made of): damaged or tampered with; run the flow again")
     base = Path(frozen.local_root)
-    job.config = job.config.model_copy(update={"storage": storage})
+    job.config = updated(job.config, {"storage": storage})
     job.run_dir = _rebased(job.run_dir, base, root)
     job.dataset_dir = _rebased(job.dataset_dir, base, root)
     job.stats_path = _rebased(job.stats_path, base, root)
@@ -165,7 +166,7 @@ def main(argv: list[str]) -> int:
         if pid_dir and storage.is_s3:
             # Nodes that share a machine would share its working copy of the root, and one
             # node's downloads, evictions and markers would be another's: each has its own.
-            storage = storage.model_copy(update={"local_dir": str(own / "root")})
+            storage = updated(storage, {"local_dir": str(own / "root")})
         job = node_job(args.run_key, args.rel, storage, args.job_sha256)
     except RetrainError as err:
         _say(ErrorReport(type=type(err).__name__, message=f"node {args.node}: {err}",

@@ -49,6 +49,7 @@ from training.data.manifest import SPLITS, DatasetManifest, SegmentRef, ShardInf
 from training.errors import DataError
 from training.storage.files import sha256_file
 from training.storage.root import StorageRoot
+from training.copies import updated
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def pack_serially(plan: PackPlan, config: DataConfig, store: DatasetStore,
     packed = []
     for segment in plan.todo:
         done = pack_segment(source, segment, config, store.segments_root())
-        packed.append(done.model_copy(update={"uploaded_bytes": store.publish_segment(done.manifest)}))
+        packed.append(updated(done, {"uploaded_bytes": store.publish_segment(done.manifest)}))
     return assemble_dataset(plan, packed, config, store), packed
 
 

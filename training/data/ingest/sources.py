@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from training.config import StorageConfig
 from training.data.ingest.csv_files import CONVERSIONS, CSV_SUFFIXES, is_csv
 from training.errors import DataError
+from training.copies import updated
 
 __all__ = ["LocalSource", "S3Source", "Source", "SourceFile", "open_source", "source_files"]
 
@@ -172,7 +173,7 @@ class S3Source:
         self.only: str | None = None  # an s3:// URI naming one object
         if is_source_file(prefix) and prefix.count("/") > 2:
             prefix, self.only = prefix.rsplit("/", 1)
-        self.store = S3Store(settings_for(storage.model_copy(update={"root": prefix})))
+        self.store = S3Store(settings_for(updated(storage, {"root": prefix})))
         self._counter = _Counter()
 
     @property
