@@ -137,10 +137,11 @@ HEADLINES = (
                         "the Parquet, checking, encoding and transforming the features, writing the scores), on a "
                         "reading and a writing thread beside the model's, so its speed over the bare loop's is about "
                         "the cores it keeps busy over that CPU ratio: " + ("idle" if c == "idle" else "beside the "
-                        "burner") + " it keeps {" + k + "predict_cores_used} cores busy, and the ratio to the no_grad loop, {" + k +
-                        "ratio_predict_vs_bare}, is about {" + k + "predict_cores_used} / {" + k + "cpu_predict_over_"
-                        "bare} (medians of rounds); the inference_mode loop is faster still. Meeting 0.8 takes 0.8 "
-                        "times that CPU ratio in cores, which a machine with a core free beside the model gives it; on 2 cores beside a one-core burner, it "
+                        "burner") + " it keeps {" + k + "predict_cores_used} cores busy, and the ratio to the "
+                        "no_grad loop, {" + k + "ratio_predict_vs_bare}, is about {" + k + "predict_cores_used} / {" + k +
+                        "cpu_predict_over_bare} (medians of rounds); the inference_mode loop is faster still. Meeting "
+                        "0.8 takes 0.8 times that CPU ratio in cores, which a machine with a core free beside the model "
+                        "gives it; on 2 cores beside a one-core burner, it "
                         "takes predict's work beyond the model's falling to a quarter of the model's.")
                        for c, k in (("idle", ""), ("loaded", "loaded_")))),
     Headline("tuning spend to random search's best / random search's", "tuning_replay", "worst_default_ratio", None,

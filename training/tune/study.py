@@ -434,7 +434,8 @@ class Study:
         if not math.isfinite(cap):
             return config
         own = config.budget.max_wall_seconds
-        return updated(config, {"budget": updated(config.budget, {"max_wall_seconds": cap if own is None else min(own, cap)})})
+        budget = updated(config.budget, {"max_wall_seconds": cap if own is None else min(own, cap)})
+        return updated(config, {"budget": budget})
 
     @staticmethod
     def is_base(frozen: Any) -> bool:
